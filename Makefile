@@ -1,0 +1,93 @@
+# Makefile: a thin wrapper over CMake for the common jobs. CMake is the build;
+# this file only names the build directories and the flags each job uses.
+#
+#   make               configure + build into build/, then run the main job
+#                      (`cedar plan cost` on the default plan)
+#   make test          build, then ctest in build/ (the README's test command)
+#   make asan          ASan+UBSan (gcc, CPU-only) build in build-asan/, ctest
+#                      there with LeakSanitizer on
+#   make fuzz          clang libFuzzer build in build-fuzz/; each fuzz target
+#                      runs FUZZ_TIME seconds (default 60) on its corpus
+#   make install-deps  apt-get the Debian 12 packages the build and tests need
+#   make clean         remove build/, build-asan/, build-fuzz/
+#
+# CUDA is optional: with nvcc on PATH or at /usr/local/cuda/bin/nvcc, build/
+# is first configured with CEDAR_CUDA=ON (so the .cu files are proven to
+# compile; GPU tests skip with exit 77 where there is no GPU); without it,
+# CPU-only. `make CUDA=OFF` (or ON) reconfigures build/ that way. Not here: anything CMake can decide itself.
+
+JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
+FUZZ_TIME ?= 60
+NVCC      ?= $(firstword $(shell command -v nvcc 2>/dev/null) \
+                         $(wildcard /usr/local/cuda/bin/nvcc))
+CUDA      ?= $(if $(NVCC),ON,OFF)
+CLANG     ?= clang
+
+# The CUDA choice is made when build/ is first configured, or when CUDA is
+# given on the command line; otherwise an existing build/ keeps its own.
+CUDA_FLAGS = -DCEDAR_CUDA=$(CUDA) $(if $(filter ON,$(CUDA)),-DCMAKE_CUDA_COMPILER=$(NVCC))
+BUILD_FLAGS = $(if $(or $(filter command line,$(origin CUDA)),$(if $(wildcard build/CMakeCache.txt),,fresh)),$(CUDA_FLAGS))
+
+# Test environment: hwloc's PCI plugin leaks under ASan and is slow; LSan on
+# (ASan's default on Linux, stated so a changed default cannot hide leaks);
+# UBSan reports with a stack and fails the test.
+TEST_ENV = HWLOC_COMPONENTS=-pci \
+           ASAN_OPTIONS=detect_leaks=1 \
+           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+# Packages, Debian 12. build: compilers, CMake, the libraries DESIGN.md names;
+# fuzz: clang 14 with its libFuzzer/sanitizer runtimes; tests: numpy oracle,
+# graphviz for DOT checks.
+DEPS = build-essential cmake pkg-config \
+       libyaml-dev libstarpu-dev libhwloc-dev libopenblas-dev libcjson-dev libxxhash-dev \
+       clang libclang-rt-14-dev \
+       python3 python3-numpy graphviz
+
+# Fuzz targets: tests/fuzz/fuzz_<name>.c -> build-fuzz/tests/fuzz_<name>.
+FUZZERS = $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+
+.PHONY: all build run test asan fuzz install-deps clean
+
+all: run
+
+build:
+	cmake -S . -B build $(BUILD_FLAGS)
+	cmake --build build -j$(JOBS)
+
+run: build
+	./build/cedar plan cost
+
+test: build
+	$(TEST_ENV) ctest --test-dir build --output-on-failure -j$(JOBS)
+
+asan:
+	cmake -S . -B build-asan -DCEDAR_SANITIZE=ON -DCEDAR_CUDA=OFF
+	cmake --build build-asan -j$(JOBS)
+	$(TEST_ENV) ctest --test-dir build-asan --output-on-failure -j$(JOBS)
+
+# Each fuzzer writes new inputs to build-fuzz/corpus_<name> (never into the
+# source tree) and reads tests/fuzz/corpus_<name>/ as a seed when it exists;
+# the plan fuzzer is also seeded with plans/*.yaml and tests/plans/**/*.yaml.
+# Crashes land in build-fuzz/artifacts/ and fail the target.
+fuzz:
+	@if [ -z "$(FUZZERS)" ]; then echo "fuzz: no tests/fuzz/fuzz_*.c"; exit 1; fi
+	cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=$(CLANG) -DCEDAR_FUZZ=ON -DCEDAR_CUDA=OFF
+	cmake --build build-fuzz -j$(JOBS) $(addprefix --target ,$(FUZZERS))
+	@mkdir -p build-fuzz/artifacts
+	@set -e; for f in $(FUZZERS); do \
+	  name=$${f#fuzz_}; corpus=build-fuzz/corpus_$$name; mkdir -p $$corpus; \
+	  if [ "$$name" = plan ]; then \
+	    find plans tests/plans -name '*.yaml' -exec cp {} $$corpus/ \; 2>/dev/null || true; \
+	  fi; \
+	  seeds=; [ -d tests/fuzz/corpus_$$name ] && seeds=tests/fuzz/corpus_$$name; \
+	  echo "== $$f: $(FUZZ_TIME) s on $$corpus $$seeds"; \
+	  env $(TEST_ENV) ./build-fuzz/tests/$$f -max_total_time=$(FUZZ_TIME) -timeout=10 \
+	    -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=build-fuzz/artifacts/$$f- \
+	    $$corpus $$seeds; \
+	done
+
+install-deps:
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(DEPS)
+
+clean:
+	rm -rf build build-asan build-fuzz

@@ -1,0 +1,366 @@
+/* formats.c: CPU reference for cedar's KV-cache storage formats.
+ *
+ * What it is: the numerical spec of E2M1 / E4M3 / E8M0 and of the Main-KV,
+ * Indexer-K and SWA entry layouts declared in ops/formats.h. Plain portable C:
+ * rounding is done on the float's bits with integer arithmetic, so the result
+ * does not depend on the FPU rounding mode for the element codecs; the only
+ * float arithmetic (x / s, q * s, amax / 448) is single IEEE operations.
+ *
+ * What it is not: fast. A CUDA twin may use hardware conversions only where
+ * they give the same bytes (check NaN handling: see docs/formats.md).
+ *
+ * Test: ctest --test-dir build -R formats --output-on-failure
+ */
+#include "ops/formats.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "runtime/check.h"
+
+#define E2M1_MAX_CODE 0x7u  /* +6 */
+#define E4M3_MAX_CODE 0x7Eu /* +448 */
+#define E4M3_NAN_CODE 0x7Fu
+#define E8M0_NAN_CODE 0xFFu
+#define FP32_QNAN_BITS 0x7FC00000u
+
+static uint32_t float_bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+static float bits_float(uint32_t u) {
+  float x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+/* m >> shift rounded to nearest, ties to even. 1 <= shift <= 31. */
+static uint32_t rne_shift(uint32_t m, int shift) {
+  uint32_t q = m >> shift;
+  uint32_t rem = m & ((1u << shift) - 1u);
+  uint32_t half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (q & 1u)))
+    q++;
+  return q;
+}
+
+/* The magnitude code of the minifloat (mbits mantissa bits, exponent bias
+ * `bias`, subnormals, no Inf) nearest to a >= 0, ties to even. a must be
+ * finite and not above the format's largest value; callers saturate first.
+ * A carry out of the mantissa rounds into the next exponent, as it should. */
+static unsigned rne_magnitude(float a, int mbits, int bias) {
+  uint32_t u = float_bits(a) & 0x7FFFFFFFu;
+  int E = (int)(u >> 23);
+  uint32_t M = u & 0x7FFFFFu;
+  if (E == 0)
+    E = 1; /* float subnormal: no hidden bit, exponent of the smallest normal */
+  else
+    M |= 0x800000u;
+  int et = E - 127 + bias; /* biased exponent in the target format */
+  /* Normal targets keep mbits bits after the hidden one; subnormal targets
+   * (et < 1) lose 1 - et more, landing on the subnormal quantum. */
+  int shift = 23 - mbits + (et < 1 ? 1 - et : 0);
+  if (shift > 24)
+    return 0; /* a < half the smallest subnormal: rounds to zero */
+  uint32_t q = rne_shift(M, shift);
+  /* q is in [2^mbits, 2^(mbits+1)] for normal targets; adding the exponent
+   * field this way lets q == 2^(mbits+1) carry into the next exponent. */
+  return et >= 1 ? ((unsigned)(et - 1) << mbits) + q : q;
+}
+
+/* ---- element codecs --------------------------------------------------- */
+
+uint8_t op_e2m1_encode(float x) {
+  if (isnan(x))
+    return E2M1_MAX_CODE; /* documented: NaN -> +6, like an Inf that lost its sign */
+  unsigned sign = signbit(x) ? 0x8u : 0u;
+  float a = fabsf(x);
+  if (a >= 6.0f)
+    return (uint8_t)(sign | E2M1_MAX_CODE);
+  return (uint8_t)(sign | rne_magnitude(a, 1, 1));
+}
+
+float op_e2m1_decode(uint8_t code) {
+  static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  float v = mag[code & 0x7u];
+  return (code & 0x8u) ? -v : v;
+}
+
+uint8_t op_e4m3_encode(float x) {
+  if (isnan(x))
+    return E4M3_NAN_CODE;
+  unsigned sign = signbit(x) ? 0x80u : 0u;
+  float a = fabsf(x);
+  if (a >= 448.0f)
+    return (uint8_t)(sign | E4M3_MAX_CODE);
+  return (uint8_t)(sign | rne_magnitude(a, 3, 7));
+}
+
+float op_e4m3_decode(uint8_t code) {
+  unsigned e = (code >> 3) & 0xFu, m = code & 0x7u;
+  float v;
+  if (e == 0xFu && m == 0x7u)
+    return NAN;
+  if (e == 0)
+    v = ldexpf((float)m, -9); /* subnormal: m * 2^-9 */
+  else
+    v = ldexpf((float)(8u + m), (int)e - 10); /* (1 + m/8) * 2^(e-7) */
+  return (code & 0x80u) ? -v : v;
+}
+
+uint8_t op_e4m3_roundup(float x) {
+  if (isnan(x))
+    return E4M3_NAN_CODE;
+  if (!(x > 0.0f))
+    return 0x00;
+  if (x > 448.0f)
+    return E4M3_MAX_CODE; /* saturate: no E4M3 value is >= x */
+  uint8_t c = op_e4m3_encode(x);
+  /* Positive codes are ordered like their values, so the next code up is the
+   * next value up; c < 0x7E here because x <= 448 rounds below 448 or to it. */
+  if (op_e4m3_decode(c) < x)
+    c++;
+  return c;
+}
+
+float op_e8m0_decode(uint8_t code) {
+  if (code == E8M0_NAN_CODE)
+    return NAN;
+  return ldexpf(1.0f, (int)code - 127);
+}
+
+uint8_t op_e8m0_scale(float amax, float qmax, enum op_mx_rule rule) {
+  if (isnan(amax) || isinf(amax))
+    return E8M0_NAN_CODE;
+  if (!(amax > 0.0f))
+    return 0x00; /* all-zero block: the smallest scale */
+  int ea, eq;
+  float fa = frexpf(amax, &ea), fq = frexpf(qmax, &eq); /* both in [0.5, 1) */
+  int k;
+  if (rule == OP_MX_OCP) {
+    k = (ea - 1) - (eq - 1); /* floor(log2 amax) - floor(log2 qmax) */
+  } else {
+    /* Smallest k with qmax * 2^k >= amax. amax/qmax = (fa/fq) 2^(ea-eq) with
+     * fa/fq in (0.5, 2), so k is ea-eq or ea-eq+1; the test is exact. */
+    k = ea - eq + (fa > fq ? 1 : 0);
+  }
+  if (k < -127)
+    k = -127;
+  if (k > 127)
+    k = 127;
+  return (uint8_t)(k + 127);
+}
+
+/* ---- shared block helpers -------------------------------------------- */
+
+/* amax of a block; returns 0 when the block holds NaN or Inf. */
+static int block_amax(const float *x /* (n) */, int n, float *amax) {
+  float m = 0.0f;
+  for (int i = 0; i < n; i++) {
+    if (!isfinite(x[i]))
+      return 0;
+    float a = fabsf(x[i]);
+    if (a > m)
+      m = a;
+  }
+  *amax = m;
+  return 1;
+}
+
+/* E2M1 code of x / s; s == 0 only for an all-zero block, where the code is
+ * the signed zero (x / 0 would be NaN). */
+static unsigned e2m1_scaled(float x, float s) {
+  if (s == 0.0f)
+    return signbit(x) ? 0x8u : 0x0u;
+  return op_e2m1_encode(x / s);
+}
+
+static void e2m1_block_pack(uint8_t *p /* (n/2) */, const float *x /* (n) */,
+                            int n, float s, enum op_nibble_order order) {
+  for (int j = 0; j < n / 2; j++) {
+    unsigned even = e2m1_scaled(x[2 * j], s);
+    unsigned odd = e2m1_scaled(x[2 * j + 1], s);
+    p[j] = (uint8_t)(order == OP_NIBBLE_EVEN_LOW ? (even | odd << 4)
+                                                 : (odd | even << 4));
+  }
+}
+
+/* out[i] = decode(q_i) * s; q * s is exact for E4M3 and E8M0 scales. A NaN
+ * scale makes the whole block NaN, including its zero codes. */
+static void e2m1_block_unpack(float *out /* (n) */, const uint8_t *p /* (n/2) */,
+                              int n, float s, enum op_nibble_order order) {
+  for (int j = 0; j < n / 2; j++) {
+    uint8_t lo = p[j] & 0xFu, hi = p[j] >> 4;
+    uint8_t even = order == OP_NIBBLE_EVEN_LOW ? lo : hi;
+    uint8_t odd = order == OP_NIBBLE_EVEN_LOW ? hi : lo;
+    out[2 * j] = op_e2m1_decode(even) * s;
+    out[2 * j + 1] = op_e2m1_decode(odd) * s;
+  }
+}
+
+static void check_fp4_dims(int W, int block, enum op_nibble_order order) {
+  CEDAR_ASSERT_MSG(op_fp4_bytes(W, block) > 0,
+                   "fp4 entry: W=%d block=%d (need W, block > 0, block even, "
+                   "W %% block == 0)", W, block);
+  CEDAR_ASSERT(order == OP_NIBBLE_EVEN_LOW || order == OP_NIBBLE_EVEN_HIGH);
+}
+
+/* ---- Main KV ---------------------------------------------------------- */
+
+size_t op_fp4_bytes(int W, int block) {
+  if (W <= 0 || block <= 0 || block % 2 != 0 || W % block != 0)
+    return 0;
+  return (size_t)W / 2 + (size_t)(W / block);
+}
+
+/* s = E4M3_roundup(amax/6) exactly, i.e. the smallest E4M3 s with 6s >= amax.
+ * Rounding amax/6 to float cannot move it across an E4M3 value (docs), but it
+ * can underflow to 0 for a subnormal amax; the smallest scale covers that. */
+static uint8_t fp4_scale_code(float amax) {
+  if (amax == 0.0f)
+    return 0x00;
+  uint8_t c = op_e4m3_roundup(amax / 6.0f);
+  return c == 0x00 ? 0x01 : c;
+}
+
+void op_fp4_pack(uint8_t *out, const float *x, int W, int block,
+                 enum op_nibble_order order) {
+  check_fp4_dims(W, block, order);
+  uint8_t *scales = out + W / 2;
+  for (int b = 0; b < W / block; b++) {
+    const float *xb = x + (size_t)b * block;
+    uint8_t *pb = out + (size_t)b * block / 2;
+    float amax;
+    if (!block_amax(xb, block, &amax)) {
+      memset(pb, 0, (size_t)block / 2);
+      scales[b] = E4M3_NAN_CODE;
+      continue;
+    }
+    scales[b] = fp4_scale_code(amax);
+    e2m1_block_pack(pb, xb, block, op_e4m3_decode(scales[b]), order);
+  }
+}
+
+void op_fp4_unpack(float *out, const uint8_t *in, int W, int block,
+                   enum op_nibble_order order) {
+  check_fp4_dims(W, block, order);
+  const uint8_t *scales = in + W / 2;
+  for (int b = 0; b < W / block; b++)
+    e2m1_block_unpack(out + (size_t)b * block, in + (size_t)b * block / 2,
+                      block, op_e4m3_decode(scales[b]), order);
+}
+
+/* ---- Indexer K (MXFP4) ------------------------------------------------ */
+
+size_t op_mxfp4_bytes(int W, int block) { return op_fp4_bytes(W, block); }
+
+void op_mxfp4_pack(uint8_t *out, const float *x, int W, int block,
+                   enum op_mx_rule rule, enum op_nibble_order order) {
+  check_fp4_dims(W, block, order);
+  CEDAR_ASSERT(rule == OP_MX_CEIL || rule == OP_MX_OCP);
+  uint8_t *scales = out + W / 2;
+  for (int b = 0; b < W / block; b++) {
+    const float *xb = x + (size_t)b * block;
+    uint8_t *pb = out + (size_t)b * block / 2;
+    float amax;
+    if (!block_amax(xb, block, &amax)) {
+      memset(pb, 0, (size_t)block / 2);
+      scales[b] = E8M0_NAN_CODE;
+      continue;
+    }
+    scales[b] = op_e8m0_scale(amax, 6.0f, rule);
+    e2m1_block_pack(pb, xb, block, op_e8m0_decode(scales[b]), order);
+  }
+}
+
+void op_mxfp4_unpack(float *out, const uint8_t *in, int W, int block,
+                     enum op_nibble_order order) {
+  check_fp4_dims(W, block, order);
+  const uint8_t *scales = in + W / 2;
+  for (int b = 0; b < W / block; b++)
+    e2m1_block_unpack(out + (size_t)b * block, in + (size_t)b * block / 2,
+                      block, op_e8m0_decode(scales[b]), order);
+}
+
+/* ---- SWA KV (FP8 E4M3) ------------------------------------------------ */
+
+static size_t scale_width(enum op_scale_kind kind) {
+  return kind == OP_SCALE_FP32 ? 4 : 1;
+}
+
+size_t op_fp8_bytes(int W, int block, enum op_scale_kind kind) {
+  if (W <= 0 || block <= 0 || W % block != 0)
+    return 0;
+  if (kind != OP_SCALE_FP32 && kind != OP_SCALE_E8M0)
+    return 0;
+  return (size_t)W + (size_t)(W / block) * scale_width(kind);
+}
+
+static void check_fp8_dims(int W, int block, enum op_scale_kind kind) {
+  CEDAR_ASSERT_MSG(op_fp8_bytes(W, block, kind) > 0,
+                   "fp8 entry: W=%d block=%d kind=%d (need W, block > 0, "
+                   "W %% block == 0, a known scale kind)", W, block, (int)kind);
+}
+
+/* Writes one block's scale at p and returns its value (NaN when poisoned). */
+static float fp8_put_scale(uint8_t *p, enum op_scale_kind kind, int finite,
+                           float amax) {
+  if (kind == OP_SCALE_E8M0) {
+    p[0] = finite ? op_e8m0_scale(amax, 448.0f, OP_MX_CEIL) : E8M0_NAN_CODE;
+    return op_e8m0_decode(p[0]);
+  }
+  float s = amax / 448.0f;
+  if (s < FLT_MIN && amax > 0.0f)
+    s = FLT_MIN; /* keep s normal so x/s <= 448 and the bound holds */
+  uint32_t u = finite ? float_bits(s) : FP32_QNAN_BITS;
+  for (int i = 0; i < 4; i++)
+    p[i] = (uint8_t)(u >> (8 * i)); /* little-endian whatever the host */
+  return bits_float(u);
+}
+
+static float fp8_get_scale(const uint8_t *p, enum op_scale_kind kind) {
+  if (kind == OP_SCALE_E8M0)
+    return op_e8m0_decode(p[0]);
+  uint32_t u = 0;
+  for (int i = 0; i < 4; i++)
+    u |= (uint32_t)p[i] << (8 * i);
+  return bits_float(u);
+}
+
+void op_fp8_pack(uint8_t *out, const float *x, int W, int block,
+                 enum op_scale_kind kind) {
+  check_fp8_dims(W, block, kind);
+  uint8_t *scales = out + W;
+  for (int b = 0; b < W / block; b++) {
+    const float *xb = x + (size_t)b * block;
+    uint8_t *pb = out + (size_t)b * block;
+    float amax = 0.0f;
+    int finite = block_amax(xb, block, &amax);
+    float s = fp8_put_scale(scales + (size_t)b * scale_width(kind), kind,
+                            finite, amax);
+    for (int i = 0; i < block; i++) {
+      if (!finite)
+        pb[i] = 0x00;
+      else if (s == 0.0f)
+        pb[i] = signbit(xb[i]) ? 0x80 : 0x00;
+      else
+        pb[i] = op_e4m3_encode(xb[i] / s);
+    }
+  }
+}
+
+void op_fp8_unpack(float *out, const uint8_t *in, int W, int block,
+                   enum op_scale_kind kind) {
+  check_fp8_dims(W, block, kind);
+  const uint8_t *scales = in + W;
+  for (int b = 0; b < W / block; b++) {
+    float s = fp8_get_scale(scales + (size_t)b * scale_width(kind), kind);
+    for (int i = 0; i < block; i++) {
+      size_t k = (size_t)b * block + (size_t)i;
+      out[k] = op_e4m3_decode(in[k]) * s;
+    }
+  }
+}

@@ -1,0 +1,28 @@
+/* cli.h: the `cedar` subcommands. Each lives in runtime/cmd_<name>.c, takes
+ * argc/argv starting at its own name (so getopt_long sees argv[0] = name) and
+ * returns the process exit status: 0 success, 1 a failed check or bad input,
+ * 2 a usage error. */
+#ifndef CEDAR_CLI_H
+#define CEDAR_CLI_H
+
+#include <stdio.h>
+
+int cmd_version(int argc, char **argv);
+int cmd_env(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
+
+/* Plan subcommands (runtime/cmd_plan.c dispatches). */
+int cmd_plan_check(int argc, char **argv);
+int cmd_plan_show(int argc, char **argv);
+int cmd_plan_cost(int argc, char **argv);
+int cmd_plan_diff(int argc, char **argv);
+int cmd_plan_dot(int argc, char **argv);
+
+/* The plan `cedar` uses when none is given. */
+#define CEDAR_DEFAULT_PLAN "plans/v41-mini.yaml"
+const char *cli_default_plan(void);
+
+/* Print "cedar <cmd>: <msg>" to stderr and return 2 (usage error). */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

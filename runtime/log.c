@@ -1,0 +1,75 @@
+/* log.c: CEDAR_LOG-controlled logging and the small allocation helpers of
+ * check.h. */
+#include "runtime/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/check.h"
+
+static int g_level = -1;
+
+enum cedar_log_level cedar_log_level(void) {
+  if (g_level < 0) {
+    const char *env = getenv("CEDAR_LOG");
+    g_level = CEDAR_LOG_WARN;
+    if (env) {
+      if (!strcmp(env, "error")) g_level = CEDAR_LOG_ERROR;
+      else if (!strcmp(env, "warn")) g_level = CEDAR_LOG_WARN;
+      else if (!strcmp(env, "info")) g_level = CEDAR_LOG_INFO;
+      else if (!strcmp(env, "debug")) g_level = CEDAR_LOG_DEBUG;
+      else fprintf(stderr, "cedar: warning: CEDAR_LOG=%s is not one of error, warn, info, debug; using warn\n", env);
+    }
+  }
+  return (enum cedar_log_level)g_level;
+}
+
+void cedar_log(enum cedar_log_level level, const char *fmt, ...) {
+  static const char *names[] = {"error", "warning", "info", "debug"};
+  if (level > cedar_log_level()) return;
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "cedar: %s: ", names[level]);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
+const char *cedar_status_str(int status) {
+  switch (status) {
+    case CEDAR_OK: return "ok";
+    case CEDAR_EINVAL: return "invalid input";
+    case CEDAR_EIO: return "i/o error";
+    case CEDAR_ENOMEM: return "out of memory";
+    case CEDAR_EFORMAT: return "malformed file";
+    case CEDAR_EUNSUPPORTED: return "unsupported";
+  }
+  return "unknown error";
+}
+
+static void *oom(size_t n) {
+  fprintf(stderr, "cedar: out of memory allocating %zu bytes\n", n);
+  abort();
+}
+
+void *cedar_xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  return p ? p : oom(n);
+}
+
+void *cedar_xcalloc(size_t n, size_t size) {
+  void *p = calloc(n ? n : 1, size ? size : 1);
+  return p ? p : oom(n * size);
+}
+
+void *cedar_xrealloc(void *p, size_t n) {
+  void *q = realloc(p, n ? n : 1);
+  return q ? q : oom(n);
+}
+
+char *cedar_xstrdup(const char *s) {
+  size_t n = strlen(s) + 1;
+  return memcpy(cedar_xmalloc(n), s, n);
+}

@@ -1,0 +1,53 @@
+/* main.c: the `cedar` binary. A short dispatch to the subcommands of
+ * runtime/cmd_*.c; only subcommands that work are listed. */
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/cli.h"
+
+struct command {
+  const char *name;
+  int (*fn)(int argc, char **argv);
+  const char *summary;
+};
+
+static const struct command commands[] = {
+    {"plan", cmd_plan, "check, show, cost, diff and draw execution plans"},
+    {"env", cmd_env, "show library versions, CPU topology, StarPU workers and CUDA devices"},
+    {"version", cmd_version, "print the cedar version"},
+};
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: cedar <command> [options]\n"
+          "\n"
+          "cedar runs DeepSeek-V4.1-Flash-style models from declarative YAML execution plans.\n"
+          "\n"
+          "commands:\n");
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
+  fprintf(f,
+          "\n"
+          "Run 'cedar <command> --help' for a command's options.\n"
+          "The default plan is %s.\n"
+          "Environment: CEDAR_LOG=error|warn|info|debug sets the log level (default warn).\n",
+          CEDAR_DEFAULT_PLAN);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+    usage(stdout);
+    return 0;
+  }
+  if (!strcmp(argv[1], "--version")) return cmd_version(argc - 1, argv + 1);
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+  fprintf(stderr, "cedar: unknown command '%s'\n\n", argv[1]);
+  usage(stderr);
+  return 2;
+}

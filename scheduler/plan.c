@@ -1,0 +1,187 @@
+/* plan.c: plan loading entry points, SPEC defaults and small accessors.
+ *
+ * Loading = plan_yaml.c (syntax, extends) -> plan_load.c + plan_layers.c
+ * (keys, types) -> plan_check.c (rules, derived ownership). Every default
+ * below is SPEC's value for V4.1-Flash; the comment names its section and tag.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/check.h"
+#include "scheduler/plan_internal.h"
+
+static void default_rope(struct plan_rope *r, double theta, bool yarn) {
+  r->theta = theta;
+  r->yarn = yarn;
+  r->yarn_factor = 16;            /* SPEC 1.1 [R-cfg] */
+  r->yarn_original_len = 65536;
+  r->yarn_beta_fast = 32;
+  r->yarn_beta_slow = 1;
+  r->yarn_mscale = false;
+}
+
+void plan__defaults(struct plan *p) {
+  struct plan_model *m = &p->model;
+  m->n_layers = 40, m->hidden = 5120, m->vocab = 129280; /* SPEC 1.1, R.1 */
+  m->norm_eps = 1e-6;                                    /* SPEC 1.1 [R] */
+  m->heads = 64, m->head_dim = 512, m->rope_dim = 64, m->q_rank = 1280;
+  m->q_head_norm = true;                                 /* SPEC 3.5 [R-cfg] */
+  m->o_groups = 8, m->o_rank = 1024;                     /* SPEC 3.12 [R-cfg] */
+  m->softmax_scale = 0;                                  /* 1/sqrt(head_dim) [R-cfg] */
+  m->sink = true;
+  default_rope(&m->rope_swa, 10000, false);              /* SPEC 1.1 [R-cfg] */
+  default_rope(&m->rope_csa, 160000, true);
+  m->idx_heads = 32, m->idx_head_dim = 128, m->idx_rope_dim = 64;
+  m->idx_rope_last = true, m->idx_k_norm = false;        /* SPEC 3.8 [R] */
+  m->topk = 512, m->window = 128;
+  m->cand_block = 8, m->cand_top_blocks = 2048;
+  m->n_routed = 384, m->n_shared = 1, m->n_active = 6;   /* SPEC 1.2 */
+  m->moe_inter = 2304, m->shared_inter = 2304;
+  m->moe_score = PLAN_SCORE_SQRTSOFTPLUS, m->moe_norm_topk = true;
+  m->route_scale = 1.5, m->swiglu_limit = 10;
+  m->hc_streams = 4, m->hc_sinkhorn_iters = 20, m->hc_eps = 1e-6; /* SPEC 1.3 */
+  m->hc_single_pass = true, m->hc_learned_merge = true;
+  m->engram_n_orders = 3;                                /* SPEC 1.4, 3.15 */
+  m->engram_orders[0] = 2, m->engram_orders[1] = 3, m->engram_orders[2] = 4;
+  m->engram_heads = 8, m->engram_head_dim = 256;
+  m->engram_table_base = 16000000, m->engram_compressed_vocab = 99092, m->engram_pad_id = 2;
+  m->engram_seed = 0;
+  m->dspark_blocks = 3, m->dspark_window = 128, m->dspark_draft = 5; /* SPEC 1.5 */
+  m->dspark_markov_rank = 256, m->dspark_experts = 128, m->dspark_active = 3;
+  m->dspark_noise_token = 128799;
+  m->dspark_n_targets = 3;
+  m->dspark_targets[0] = 37, m->dspark_targets[1] = 38, m->dspark_targets[2] = 39;
+  m->vit_layers = 32, m->vit_hidden = 1024, m->vit_heads = 16, m->vit_patch = 14; /* SPEC 1.6 */
+  m->vit_ffn = 2816, m->vit_unshuffle = 3, m->vit_proj_hidden = 5120;
+  m->vit_max_tokens = 1024, m->image_token = 129264;
+  m->main_kv = (struct plan_format){PLAN_E2M1, PLAN_SCALE_E4M3, 16, PLAN_RULE_CEIL};   /* SPEC 4.2 */
+  m->indexer_k = (struct plan_format){PLAN_E2M1, PLAN_SCALE_E8M0, 32, PLAN_RULE_CEIL}; /* SPEC 4.3 */
+  m->swa = (struct plan_format){PLAN_E4M3, PLAN_SCALE_F32, 512, PLAN_RULE_CEIL};       /* SPEC 4.4 [R] */
+  m->nibble_low_first = true;                                                        /* SPEC 4.1 [R] */
+
+  struct plan_serving *s = &p->serving;
+  s->ced = true;
+  s->replay_encoder = s->replay_decoder = -1; /* = window unless set */
+  s->prefill_chunk = 512;
+  s->page_tokens = 64;                         /* even: SPEC 5.4 [R] */
+  s->prefix_block_tokens = 256;
+  s->gpu_cache_bytes = 0, s->host_cache_bytes = 0; /* 0 = no limit set */
+  s->global_ttl_hours = 72;                    /* SPEC 5.3 [A] deployment policy */
+  s->swa_pool_fraction = 0.10, s->swa_pool_ttl_s = 300; /* SPEC 5.2 [A]: ~10%, minutes */
+  s->max_batch = 8;
+  s->prefill_rank = s->decode_rank = 0;
+  s->prefill_device = s->decode_device = PLAN_DEV_CPU;
+}
+
+/* Diagnostics in file order: files in the order their first problem was
+ * found (the plan named on the command line first), then by line and column,
+ * keeping the order of equal places. An insertion sort: lists are short. */
+static int file_rank(const struct plan_diags *d, const char *file) {
+  for (size_t i = 0; i < d->n; i++)
+    if (!strcmp(d->d[i].file ? d->d[i].file : "", file ? file : "")) return (int)i;
+  return (int)d->n;
+}
+
+static void sort_diags(struct plan_diags *d) {
+  int *rank = cedar_xcalloc(d->n + 1, sizeof *rank);
+  for (size_t i = 0; i < d->n; i++) rank[i] = file_rank(d, d->d[i].file);
+  for (size_t i = 1; i < d->n; i++) {
+    struct plan_diag cur = d->d[i];
+    int r = rank[i];
+    size_t j = i;
+    for (; j > 0; j--) {
+      const struct plan_diag *prev = &d->d[j - 1];
+      bool before = r != rank[j - 1] ? r < rank[j - 1]
+                    : cur.mark.line != prev->mark.line ? cur.mark.line < prev->mark.line
+                                                        : cur.mark.col < prev->mark.col;
+      if (!before) break;
+      d->d[j] = d->d[j - 1];
+      rank[j] = rank[j - 1];
+    }
+    d->d[j] = cur;
+    rank[j] = r;
+  }
+  free(rank);
+}
+
+static void ctx_init(struct plan_ctx *ctx, struct plan_diags *diags) {
+  memset(ctx, 0, sizeof *ctx);
+  ctx->diags = diags ? diags : &ctx->own;
+}
+
+/* Build the plan from a merged tree; on errors free what was built. */
+static int finish(struct plan_ctx *ctx, struct pnode *root, struct plan *out) {
+  memset(out, 0, sizeof *out);
+  plan__defaults(out);
+  ctx->root = root;
+  if (root) {
+    plan__from_tree(ctx, root, out);
+    if (!ctx->n_errors) plan__check(ctx, out);
+  }
+  plan__node_free(root);
+  out->strings = ctx->strings;
+  out->n_strings = ctx->n_strings;
+  int rc = ctx->n_errors || !root ? CEDAR_EINVAL : CEDAR_OK;
+  sort_diags(ctx->diags);
+  if (rc) plan_free(out);
+  plan_diags_free(&ctx->own);
+  return rc;
+}
+
+int plan_load(const char *path, struct plan *out, struct plan_diags *diags) {
+  struct plan_ctx ctx;
+  ctx_init(&ctx, diags);
+  struct pnode *root = plan__read_file(&ctx, path);
+  int rc = finish(&ctx, root, out);
+  if (!rc) {
+    out->path = path ? out->strings[0] : NULL; /* the first file interned is `path` */
+    if (!out->name) {
+      const char *slash = strrchr(path, '/');
+      out->name = cedar_xstrdup(slash ? slash + 1 : path);
+    }
+  }
+  return rc;
+}
+
+int plan_load_string(const char *name, const char *text, size_t len, struct plan *out,
+                     struct plan_diags *diags) {
+  struct plan_ctx ctx;
+  ctx_init(&ctx, diags);
+  struct pnode *root = plan__read_string(&ctx, name, text, len);
+  int rc = finish(&ctx, root, out);
+  if (!rc) {
+    out->path = out->strings[0];
+    if (!out->name) out->name = cedar_xstrdup(name);
+  }
+  return rc;
+}
+
+void plan_free(struct plan *p) {
+  if (!p) return;
+  free(p->name);
+  free(p->description);
+  for (size_t i = 0; i < p->n_strings; i++) free(p->strings[i]);
+  free(p->strings);
+  memset(p, 0, sizeof *p);
+}
+
+const char *plan_elem_name(enum plan_elem e) {
+  static const char *n[] = {"e2m1", "e4m3", "bf16", "f32"};
+  return e <= PLAN_F32 ? n[e] : "?";
+}
+
+const char *plan_scale_name(enum plan_scale s) {
+  static const char *n[] = {"none", "e4m3", "e8m0", "f32"};
+  return s <= PLAN_SCALE_F32 ? n[s] : "?";
+}
+
+int plan_count_region(const struct plan *p, enum plan_region r) {
+  int n = 0;
+  for (int i = 0; i < p->n_layers; i++) n += p->layer[i].region == r;
+  return n;
+}
+
+double plan_softmax_scale(const struct plan *p) {
+  return p->model.softmax_scale > 0 ? p->model.softmax_scale : 1.0 / sqrt((double)p->model.head_dim);
+}

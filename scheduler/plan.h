@@ -1,0 +1,204 @@
+/* plan.h: the typed execution plan, cedar's one configuration struct.
+ *
+ * A plan is loaded from YAML (plan_yaml.c: syntax and `extends`; plan_load.c:
+ * keys and types; plan_check.c: semantic rules and derived ownership), then is
+ * read-only. Every value that SPEC marks [R] or [R-cfg] is a field here with
+ * SPEC's default. Layer numbers are never hard-coded elsewhere: code asks the
+ * plan which layer owns which bus.
+ *
+ * Not here: weights, request state, graphs (runtime/, scheduler/compile_*).
+ * Tests: tests/test_plan_load.c, tests/test_plan_rules.c, tests/test_plan_cost.c.
+ */
+#ifndef CEDAR_PLAN_H
+#define CEDAR_PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define PLAN_MAX_LAYERS 1024
+#define PLAN_MAX_ORDERS 8
+#define PLAN_MAX_TARGETS 8
+
+/* Where a value came from, for error messages: file:line:col (1-based). */
+struct plan_mark {
+  const char *file; /* interned in the plan's string arena; NULL = default */
+  int line, col;
+};
+
+enum plan_region { PLAN_ENCODER = 0, PLAN_DECODER = 1 };
+enum plan_mode { PLAN_SWA_ONLY = 0, PLAN_FULL, PLAN_REINDEX, PLAN_REUSE };
+enum plan_cand { PLAN_CAND_NONE = 0, PLAN_CAND_BUILD, PLAN_CAND_READ };
+
+/* Storage format of one cache class: element type, scale type, values per scale. */
+enum plan_elem { PLAN_E2M1 = 0, PLAN_E4M3, PLAN_BF16, PLAN_F32 };
+enum plan_scale { PLAN_SCALE_NONE = 0, PLAN_SCALE_E4M3, PLAN_SCALE_E8M0, PLAN_SCALE_F32 };
+enum plan_scale_rule { PLAN_RULE_CEIL = 0, PLAN_RULE_OCP };
+
+struct plan_format {
+  enum plan_elem elem;
+  enum plan_scale scale;
+  int block;                 /* values per scale */
+  enum plan_scale_rule rule; /* E8M0 scale choice: ceil(log2(amax/6)) or OCP */
+};
+
+struct plan_rope {
+  double theta;
+  bool yarn;
+  double yarn_factor;
+  int64_t yarn_original_len;
+  double yarn_beta_fast, yarn_beta_slow;
+  bool yarn_mscale;
+};
+
+struct plan_model {
+  int n_layers;
+  int hidden;
+  int vocab;
+  double norm_eps;
+
+  /* attention (SPEC 1.1, 3.5, 3.12) */
+  int heads, head_dim, rope_dim, q_rank;
+  bool q_head_norm;
+  int o_groups, o_rank;
+  double softmax_scale; /* 0 = 1/sqrt(head_dim) */
+  bool sink;
+  struct plan_rope rope_swa; /* SWA-only layers */
+  struct plan_rope rope_csa; /* ratio-1 and ratio-2 layers */
+
+  /* lightning indexer (SPEC 3.10-3.11) */
+  int idx_heads, idx_head_dim, idx_rope_dim;
+  bool idx_rope_last; /* rope dims are the last idx_rope_dim of idx_head_dim */
+  bool idx_k_norm;
+  int topk;
+  int window;
+  int cand_block, cand_top_blocks;
+
+  /* MoE (SPEC 1.2, 3.13) */
+  int n_routed, n_shared, n_active, moe_inter, shared_inter;
+  enum { PLAN_SCORE_SQRTSOFTPLUS = 0, PLAN_SCORE_SOFTMAX, PLAN_SCORE_SIGMOID } moe_score;
+  bool moe_norm_topk;
+  double route_scale, swiglu_limit;
+
+  /* mHC (SPEC 1.3, 3.14) */
+  int hc_streams, hc_sinkhorn_iters;
+  double hc_eps;
+  bool hc_single_pass;
+  bool hc_learned_merge;
+
+  /* Engram (SPEC 1.4, 3.15) */
+  int engram_n_orders;
+  int engram_orders[PLAN_MAX_ORDERS];
+  int engram_heads, engram_head_dim;
+  int64_t engram_table_base; /* primes start above this - 1 (engram_vocab_size) */
+  int engram_compressed_vocab, engram_pad_id;
+  uint64_t engram_seed;
+
+  /* DSpark (SPEC 1.5, 3.16) */
+  int dspark_blocks, dspark_window, dspark_draft, dspark_markov_rank;
+  int dspark_experts, dspark_active, dspark_noise_token;
+  int dspark_n_targets;
+  int dspark_targets[PLAN_MAX_TARGETS];
+
+  /* vision (SPEC 1.6, 3.17) */
+  int vit_layers, vit_hidden, vit_heads, vit_patch, vit_ffn, vit_unshuffle;
+  int vit_proj_hidden, vit_max_tokens, image_token;
+
+  /* storage formats (SPEC 4) */
+  struct plan_format main_kv, indexer_k, swa;
+  bool nibble_low_first;
+};
+
+struct plan_layer {
+  int index;
+  enum plan_region region;
+  enum plan_mode mode;
+  int ratio;       /* compress ratio; 0 for swa_only layers */
+  int kv_src;      /* layer whose Main-KV/Indexer-K pool this layer reads; -1 none */
+  int topk_src;    /* layer whose Top-K this layer reads; -1 none */
+  int pool_src;    /* candidate-pool builder this layer reads; -1 none */
+  enum plan_cand cand;
+  bool engram;
+  /* Where each value was set (the layer entry, or the override that changed it). */
+  struct plan_mark mark, mark_mode, mark_ratio, mark_kv, mark_topk, mark_cand, mark_region;
+};
+
+struct plan_serving {
+  bool ced;               /* causal encoder-decoder prefill; off = dense baseline */
+  int replay_encoder;     /* encoder bounded replay on an SWA-snapshot miss */
+  int replay_decoder;     /* decoder bounded replay on every prefill */
+  int prefill_chunk;      /* tokens per prefill chunk */
+  int page_tokens;        /* global KV page size in tokens (even) */
+  int prefix_block_tokens;/* prefix-cache block size in tokens (even) */
+  int64_t gpu_cache_bytes, host_cache_bytes;
+  double global_ttl_hours;
+  double swa_pool_fraction; /* of host DRAM */
+  double swa_pool_ttl_s;
+  int max_batch;
+  int prefill_rank, decode_rank;
+  enum { PLAN_DEV_CPU = 0, PLAN_DEV_CUDA } prefill_device, decode_device;
+  int prefill_device_id, decode_device_id;
+};
+
+struct plan {
+  char *name;
+  char *description;
+  const char *path; /* the file loaded (interned) */
+  struct plan_model model;
+  struct plan_serving serving;
+  struct plan_layer layer[PLAN_MAX_LAYERS];
+  int n_layers;
+  /* internal: string arena for file names; owned by the plan */
+  char **strings;
+  size_t n_strings;
+};
+
+/* Diagnostics collected while loading: each is one "file:line:col: msg" line
+ * plus an optional hint. Loading reports every error it can, not just the
+ * first. */
+struct plan_diag {
+  struct plan_mark mark; /* mark.file points to `file`, owned by the diag */
+  char *file;
+  char *msg;
+  char *hint;
+};
+
+struct plan_diags {
+  struct plan_diag *d;
+  size_t n, cap;
+};
+
+/* Load, merge `extends`, type-check and validate. Returns 0 and fills *out,
+ * or a negative cedar_status with every problem in *diags. On failure *out is
+ * left empty (nothing to free). `diags` may be NULL. */
+int plan_load(const char *path, struct plan *out, struct plan_diags *diags);
+/* Same, from a string (tests, fuzzing); `name` stands in for the file name and
+ * `extends` resolves relative to the current directory. */
+int plan_load_string(const char *name, const char *text, size_t len, struct plan *out,
+                     struct plan_diags *diags);
+void plan_free(struct plan *p);
+
+void plan_diags_print(const struct plan_diags *diags, FILE *f);
+void plan_diags_free(struct plan_diags *diags);
+
+const char *plan_mode_name(enum plan_mode m);
+const char *plan_region_name(enum plan_region r);
+const char *plan_cand_name(enum plan_cand c);
+const char *plan_elem_name(enum plan_elem e);
+const char *plan_scale_name(enum plan_scale s);
+
+/* Derived facts every consumer uses. */
+static inline bool plan_is_csa(const struct plan_layer *l) { return l->mode != PLAN_SWA_ONLY; }
+static inline bool plan_is_kv_source(const struct plan_layer *l) { return l->mode == PLAN_FULL; }
+static inline bool plan_is_index_source(const struct plan_layer *l) {
+  return l->mode == PLAN_FULL || l->mode == PLAN_REINDEX;
+}
+int plan_count_region(const struct plan *p, enum plan_region r);
+double plan_softmax_scale(const struct plan *p);
+
+/* Bytes of one stored vector of `width` values in format f (payload + scales). */
+int64_t plan_format_bytes(const struct plan_format *f, int width);
+int64_t plan_format_payload_bytes(const struct plan_format *f, int width);
+
+#endif

@@ -1,0 +1,284 @@
+/* plan_check.c: pass three of plan loading. Semantic rules over the typed
+ * plan, and the derived ownership SPEC 2.1 defines:
+ *
+ *   kv_src(l)   = latest full layer at or before l in l's region
+ *   topk_src(l) = l for full/reindex layers, else the latest index source
+ *                 before l in its region (reading the same KV source)
+ *   pool_src(l) = the latest candidate-pool builder before l in its region
+ *
+ * An explicit `kv:`, `topk:` or `pool:` in the plan is checked against the
+ * same rules instead of derived. Each rule has a failing plan in
+ * tests/plans/bad/ and a case in tests/test_plan_rules.c.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/check.h"
+#include "scheduler/plan_internal.h"
+
+#define ERR(ctx, mark, hint, ...) plan__error(ctx, mark, hint, __VA_ARGS__)
+
+static const char *rname(const struct plan_layer *l) { return plan_region_name(l->region); }
+
+/* Where a dotted key ("model.attention.rope_dim") was set; if it was not,
+ * where its closest enclosing section was, or the top of the plan file. */
+static struct plan_mark mark_of(struct plan_ctx *ctx, const char *path) {
+  const struct pnode *n = ctx->root, *v;
+  struct plan_mark m = {ctx->strings[0], 1, 1};
+  char key[64];
+  while (n && *path) {
+    size_t len = strcspn(path, ".");
+    if (len >= sizeof key) break;
+    memcpy(key, path, len);
+    key[len] = 0;
+    path += len + (path[len] == '.');
+    v = plan__map_get(n, key);
+    if (!v) break;
+    m = v->mark;
+    n = v;
+  }
+  return m;
+}
+
+static void check_widths(struct plan_ctx *ctx, struct plan *p) {
+  struct plan_model *m = &p->model;
+  struct plan_mark at;
+  at = mark_of(ctx, "model.attention.rope_dim");
+  if (m->rope_dim > m->head_dim || m->rope_dim % 2)
+    ERR(ctx, at, "rope pairs adjacent channels: use an even rope_dim <= head_dim",
+        "model.attention.rope_dim = %d does not fit head_dim %d", m->rope_dim, m->head_dim);
+  at = mark_of(ctx, "model.indexer.rope_dim");
+  if (m->idx_rope_dim > m->idx_head_dim || m->idx_rope_dim % 2)
+    ERR(ctx, at, "use an even indexer.rope_dim <= indexer.head_dim",
+        "model.indexer.rope_dim = %d does not fit indexer head_dim %d", m->idx_rope_dim, m->idx_head_dim);
+  at = mark_of(ctx, "model.attention.o_groups");
+  if (m->heads % m->o_groups)
+    ERR(ctx, at, "choose o_groups dividing heads", "model.attention.heads = %d is not a multiple of o_groups = %d",
+        m->heads, m->o_groups);
+  at = mark_of(ctx, "model.moe.active_experts");
+  if (m->n_active > m->n_routed)
+    ERR(ctx, at, "active_experts must be <= routed_experts", "model.moe.active_experts = %d > routed_experts = %d",
+        m->n_active, m->n_routed);
+  at = mark_of(ctx, "model.dspark.active_experts");
+  if (m->dspark_active > m->dspark_experts)
+    ERR(ctx, at, "active_experts must be <= routed_experts",
+        "model.dspark.active_experts = %d > routed_experts = %d", m->dspark_active, m->dspark_experts);
+  at = mark_of(ctx, "model.dspark.target_layers");
+  for (int i = 0; i < m->dspark_n_targets; i++)
+    if (m->dspark_targets[i] >= m->n_layers)
+      ERR(ctx, at, "target layers must be model layers", "model.dspark.target_layers has %d, but the model has %d layers",
+          m->dspark_targets[i], m->n_layers);
+  at = mark_of(ctx, "model.engram.orders");
+  for (int i = 1; i < m->engram_n_orders; i++)
+    if (m->engram_orders[i] <= m->engram_orders[i - 1])
+      ERR(ctx, at, "list n-gram orders in increasing order without repeats", "model.engram.orders is not increasing");
+}
+
+/* A storage format must tile its width and pack to whole bytes. */
+static void check_format(struct plan_ctx *ctx, const char *name, const struct plan_format *f, int width) {
+  char path[64];
+  snprintf(path, sizeof path, "formats.%s.block", name);
+  struct plan_mark at = mark_of(ctx, path);
+  static const int bits[] = {4, 8, 16, 32};
+  if (f->scale != PLAN_SCALE_NONE && width % f->block)
+    ERR(ctx, at, "choose a block size that divides the vector width",
+        "formats.%s.block = %d does not divide the %d-wide vectors it stores", name, f->block, width);
+  if ((int64_t)width * bits[f->elem] % 8)
+    ERR(ctx, at, "use an even width for 4-bit elements", "formats.%s: %d %s values do not fill whole bytes", name,
+        width, plan_elem_name(f->elem));
+  snprintf(path, sizeof path, "formats.%s.scale", name);
+  at = mark_of(ctx, path);
+  if (f->scale == PLAN_SCALE_NONE && (f->elem == PLAN_E2M1 || f->elem == PLAN_E4M3))
+    ERR(ctx, at, "set `scale: e4m3`, `e8m0` or `f32`", "formats.%s: %s elements need a scale", name,
+        plan_elem_name(f->elem));
+}
+
+static void check_serving(struct plan_ctx *ctx, struct plan *p) {
+  struct plan_serving *s = &p->serving;
+  struct plan_mark at = mark_of(ctx, "serving.cache.page_tokens");
+  if (s->replay_encoder < 0) s->replay_encoder = p->model.window;
+  if (s->replay_decoder < 0) s->replay_decoder = p->model.window;
+  if (s->page_tokens % 2)
+    ERR(ctx, at, "use an even page size so ratio-2 groups never straddle pages (SPEC 5.4)",
+        "serving.cache.page_tokens = %d is odd", s->page_tokens);
+  at = mark_of(ctx, "serving.cache.prefix_block_tokens");
+  if (s->prefix_block_tokens % s->page_tokens)
+    ERR(ctx, at, "make the prefix block a whole number of pages",
+        "serving.cache.prefix_block_tokens = %d is not a multiple of page_tokens = %d", s->prefix_block_tokens,
+        s->page_tokens);
+}
+
+/* Latest layer in [lo, hi] of `region` matching `want`, scanning down. */
+static int latest(const struct plan *p, int lo, int hi, enum plan_region region,
+                  bool (*want)(const struct plan_layer *, int), int arg) {
+  for (int i = hi; i >= lo; i--)
+    if (p->layer[i].region == region && want(&p->layer[i], arg)) return i;
+  return -1;
+}
+
+static bool is_full(const struct plan_layer *l, int kv) { (void)kv; return l->mode == PLAN_FULL; }
+static bool is_index_of(const struct plan_layer *l, int kv) { return plan_is_index_source(l) && l->kv_src == kv; }
+static bool is_builder_of(const struct plan_layer *l, int kv) { return l->cand == PLAN_CAND_BUILD && l->kv_src == kv; }
+
+static void check_kv(struct plan_ctx *ctx, struct plan *p, struct plan_layer *l) {
+  int i = l->index;
+  if (l->mode == PLAN_SWA_ONLY) return;
+  if (l->mode == PLAN_FULL) {
+    if (l->kv_src >= 0 && l->kv_src != i)
+      ERR(ctx, l->mark_kv, "a full layer owns its KV: remove `kv:` or make the mode reuse/reindex",
+          "layer %d: mode full builds its own KV source, but `kv: %d` names another layer", i, l->kv_src);
+    l->kv_src = i;
+    return;
+  }
+  if (l->kv_src == -2) {
+    l->kv_src = latest(p, 0, i, l->region, is_full, 0);
+    if (l->kv_src < 0) {
+      ERR(ctx, l->mark_mode, "make an earlier layer of this region `mode: full`, or this one",
+          "layer %d: mode %s needs a KV source (a full layer) at or before it in the %s", i, plan_mode_name(l->mode),
+          rname(l));
+      return;
+    }
+  }
+  const struct plan_layer *s = &p->layer[l->kv_src];
+  if (s->mode != PLAN_FULL)
+    ERR(ctx, l->mark_kv, "point `kv:` at a layer with `mode: full`",
+        "layer %d: `kv: %d` is not a KV source: layer %d is %s, only full layers own KV", i, l->kv_src, l->kv_src,
+        plan_mode_name(s->mode));
+  else if (s->index > i || s->region != l->region)
+    ERR(ctx, l->mark_kv, "a layer reads a KV source at or before it in its own region",
+        "layer %d (%s): `kv: %d` is %s", i, rname(l), l->kv_src,
+        s->index > i ? "after it" : "in the other region");
+  else if (s->ratio != l->ratio)
+    ERR(ctx, l->mark_ratio, "a layer reading a KV source uses the source's compress ratio",
+        "layer %d: ratio %d differs from its KV source layer %d (ratio %d)", i, l->ratio, s->index, s->ratio);
+}
+
+static void check_topk(struct plan_ctx *ctx, struct plan *p, struct plan_layer *l) {
+  int i = l->index;
+  if (l->mode == PLAN_SWA_ONLY) return;
+  if (plan_is_index_source(l)) {
+    if (l->topk_src >= 0 && l->topk_src != i)
+      ERR(ctx, l->mark_topk, "full and reindex layers publish their own Top-K: remove `topk:` or use mode reuse",
+          "layer %d: mode %s computes its own Top-K, but `topk: %d` names another layer", i, plan_mode_name(l->mode),
+          l->topk_src);
+    l->topk_src = i;
+    return;
+  }
+  if (l->kv_src < 0) return; /* already reported */
+  if (l->topk_src == -2) {
+    l->topk_src = latest(p, 0, i - 1, l->region, is_index_of, l->kv_src);
+    if (l->topk_src < 0)
+      ERR(ctx, l->mark_mode, "make an earlier layer reading the same KV source full or reindex",
+          "layer %d: mode reuse needs an index source before it in the %s reading KV source %d", i, rname(l),
+          l->kv_src);
+    return;
+  }
+  const struct plan_layer *s = &p->layer[l->topk_src];
+  if (!plan_is_index_source(s))
+    ERR(ctx, l->mark_topk, "point `topk:` at a full or reindex layer",
+        "layer %d: `topk: %d` is not an index source (layer %d is %s)", i, l->topk_src, s->index,
+        plan_mode_name(s->mode));
+  else if (s->index >= i || s->region != l->region)
+    ERR(ctx, l->mark_topk, "a reuse layer reads the Top-K of an earlier layer of its own region",
+        "layer %d (%s): `topk: %d` is %s", i, rname(l), l->topk_src,
+        s->index >= i ? "not before it" : "in the other region");
+  else if (s->kv_src != l->kv_src)
+    ERR(ctx, l->mark_topk, "Top-K indices point into one KV source: read the Top-K of a layer with the same `kv`",
+        "layer %d reads KV source %d but `topk: %d` indexes KV source %d", i, l->kv_src, l->topk_src, s->kv_src);
+}
+
+static void check_pool(struct plan_ctx *ctx, struct plan *p, struct plan_layer *l) {
+  int i = l->index;
+  if (l->mode == PLAN_SWA_ONLY) return;
+  if (l->cand == PLAN_CAND_BUILD && l->mode != PLAN_FULL)
+    ERR(ctx, l->mark_cand, "only a full layer scans every entry and can build the pool",
+        "layer %d: `candidates: build` needs mode full, not %s", i, plan_mode_name(l->mode));
+  if (l->cand != PLAN_CAND_READ) {
+    if (l->pool_src >= 0)
+      ERR(ctx, l->mark_cand, "add `candidates: read` or remove `pool:`", "layer %d sets `pool:` but does not read candidates", i);
+    l->pool_src = -1;
+    return;
+  }
+  if (l->mode != PLAN_REINDEX) {
+    ERR(ctx, l->mark_cand, "only reindex layers search inside a candidate pool",
+        "layer %d: `candidates: read` needs mode reindex, not %s", i, plan_mode_name(l->mode));
+    return;
+  }
+  if (l->pool_src == -2) {
+    l->pool_src = latest(p, 0, i - 1, l->region, is_builder_of, l->kv_src);
+    if (l->pool_src < 0)
+      ERR(ctx, l->mark_cand, "set `candidates: build` on an earlier full layer of the same KV source",
+          "layer %d reads a candidate pool but no layer before it in the %s builds one for KV source %d", i,
+          rname(l), l->kv_src);
+    return;
+  }
+  const struct plan_layer *s = &p->layer[l->pool_src];
+  if (s->cand != PLAN_CAND_BUILD || s->index >= i || s->region != l->region || s->kv_src != l->kv_src)
+    ERR(ctx, l->mark_cand, "point `pool:` at an earlier layer of this region with `candidates: build` and the same `kv`",
+        "layer %d: `pool: %d` is not a candidate source for it", i, l->pool_src);
+}
+
+static void check_layer_shape(struct plan_ctx *ctx, struct plan *p, struct plan_layer *l) {
+  int i = l->index;
+  if (l->mode == PLAN_SWA_ONLY) {
+    if (l->ratio > 0)
+      ERR(ctx, l->mark_ratio, "remove `ratio:` (an SWA-only layer keeps no global memory)",
+          "layer %d: mode swa_only has no compress ratio", i);
+    if (l->kv_src >= 0 || l->topk_src >= 0 || l->cand != PLAN_CAND_NONE)
+      ERR(ctx, l->mark, "remove kv/topk/candidates from SWA-only layers", "layer %d: mode swa_only reads no shared state", i);
+    l->ratio = 0, l->kv_src = l->topk_src = l->pool_src = -1;
+    return;
+  }
+  if (l->ratio < 0) {
+    ERR(ctx, l->mark, "add `ratio: 1` or `ratio: 2`", "layer %d: mode %s needs a compress ratio", i, plan_mode_name(l->mode));
+    l->ratio = 1;
+  } else if ((p->serving.page_tokens % 2 == 0 && p->serving.page_tokens % l->ratio) || l->ratio > p->model.window) {
+    char hint[160];
+    snprintf(hint, sizeof hint, "use a ratio that divides serving.cache.page_tokens (%d) and is at most the window (%d)",
+             p->serving.page_tokens, p->model.window);
+    ERR(ctx, l->mark_ratio, hint, "layer %d: compress ratio %d cannot be stored: a %d-token page would split a group",
+        i, l->ratio, p->serving.page_tokens);
+  }
+}
+
+static void check_regions(struct plan_ctx *ctx, struct plan *p) {
+  int n_dec = 0, n_enc = 0;
+  for (int i = 0; i < p->n_layers; i++) {
+    const struct plan_layer *l = &p->layer[i];
+    if (l->region == PLAN_DECODER) n_dec++;
+    else n_enc++;
+    if (i && l->region == PLAN_ENCODER && p->layer[i - 1].region == PLAN_DECODER)
+      ERR(ctx, l->mark_region, "put every encoder layer before the first decoder layer",
+          "layer %d is an encoder layer after decoder layer %d", i, i - 1);
+  }
+  if (p->serving.ced && (!n_dec || !n_enc))
+    ERR(ctx, mark_of(ctx, "serving.ced"),
+        "give the plan encoder and decoder layers, or set `serving.ced: false`",
+        "CED prefill needs both an encoder and a decoder region (this plan has %d encoder and %d decoder layers)",
+        n_enc, n_dec);
+}
+
+static void check_candidates(struct plan_ctx *ctx, struct plan *p) {
+  const struct plan_model *m = &p->model;
+  bool used = false;
+  for (int i = 0; i < p->n_layers; i++) used |= p->layer[i].cand != PLAN_CAND_NONE;
+  if (used && (int64_t)m->cand_top_blocks * m->cand_block - (m->cand_block - 1) < m->topk)
+    ERR(ctx, mark_of(ctx, "model.candidates.top_blocks"), "grow candidates.top_blocks or shrink indexer.topk",
+        "a pool of %d blocks of %d may hold fewer than topk = %d entries (SPEC R.5 needs top_blocks*block - (block-1) >= topk)",
+        m->cand_top_blocks, m->cand_block, m->topk);
+}
+
+void plan__check(struct plan_ctx *ctx, struct plan *p) {
+  check_widths(ctx, p);
+  check_format(ctx, "main_kv", &p->model.main_kv, p->model.head_dim);
+  check_format(ctx, "indexer_k", &p->model.indexer_k, p->model.idx_head_dim);
+  check_format(ctx, "swa", &p->model.swa, p->model.head_dim);
+  check_serving(ctx, p);
+  check_regions(ctx, p);
+  for (int i = 0; i < p->n_layers; i++) check_layer_shape(ctx, p, &p->layer[i]);
+  if (ctx->n_errors) return;
+  for (int i = 0; i < p->n_layers; i++) check_kv(ctx, p, &p->layer[i]);
+  for (int i = 0; i < p->n_layers; i++) check_topk(ctx, p, &p->layer[i]);
+  for (int i = 0; i < p->n_layers; i++) check_pool(ctx, p, &p->layer[i]);
+  check_candidates(ctx, p);
+}
