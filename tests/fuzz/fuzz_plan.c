@@ -1,6 +1,6 @@
 /* fuzz_plan.c: libFuzzer target for the plan loader (all three passes).
  * Build with -DCEDAR_FUZZ=ON (clang); run `make fuzz` for a bounded run with
- * plans/*.yaml as the seed corpus. Any input must load or fail with a
+ * the shipped plans as the seed corpus. Any input must load or fail with a
  * diagnostic, never crash, hang or leak. `extends` resolves relative to
  * plans/ (the name given below), so the corpus can reach the real plans. */
 #include <stddef.h>
