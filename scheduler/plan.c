@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "runtime/check.h"
+#include "runtime/log.h"
 #include "scheduler/plan_internal.h"
 
 static void default_rope(struct plan_rope *r, double theta, bool yarn) {
@@ -123,6 +124,7 @@ static int finish(struct plan_ctx *ctx, struct pnode *root, struct plan *out) {
   out->strings = ctx->strings;
   out->n_strings = ctx->n_strings;
   int rc = ctx->n_errors || !root ? CEDAR_EINVAL : CEDAR_OK;
+  LOG_DEBUG("plan: %s, %d layer(s), %d error(s)", rc ? "rejected" : "resolved", out->n_layers, ctx->n_errors);
   sort_diags(ctx->diags);
   if (rc) plan_free(out);
   plan_diags_free(&ctx->own);

@@ -22,6 +22,7 @@
 #include <yaml.h>
 
 #include "runtime/check.h"
+#include "runtime/log.h"
 #include "scheduler/plan_internal.h"
 
 #define PLAN_MAX_DEPTH 64   /* nesting; plans need about 5 */
@@ -404,6 +405,7 @@ static struct pnode *read_file_rec(struct plan_ctx *ctx, const char *path, struc
     return NULL;
   }
   chain->real[chain->n++] = real;
+  LOG_DEBUG("plan: reading %s (%s), extends depth %d", path, real, chain->n - 1);
   size_t len = 0;
   int err = 0;
   char *text = slurp(path, &len, &err);

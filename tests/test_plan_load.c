@@ -16,6 +16,7 @@
 
 #include "scheduler/plan.h"
 #include "scheduler/plan_bus.h"
+#include "ops/formats.h"
 
 static int failures;
 
@@ -106,6 +107,17 @@ static void check_flash(void) {
          "indexer k");
   EXPECT(fabs(plan_softmax_scale(&p) - 1 / sqrt(512.0)) < 1e-15, "softmax scale default");
   EXPECT(m->norm_eps == 1e-6, "norm eps");
+  /* The plan's byte accounting and the ops' packed layouts agree (docs/formats.md). */
+  EXPECT(plan_format_bytes(&m->main_kv, m->head_dim) == (int64_t)op_fp4_bytes(m->head_dim, m->main_kv.block) &&
+             plan_format_bytes(&m->main_kv, m->head_dim) == 288,
+         "main KV entry bytes");
+  EXPECT(plan_format_bytes(&m->indexer_k, m->idx_head_dim) ==
+                 (int64_t)op_mxfp4_bytes(m->idx_head_dim, m->indexer_k.block) &&
+             plan_format_bytes(&m->indexer_k, m->idx_head_dim) == 68,
+         "indexer K entry bytes");
+  EXPECT(plan_format_bytes(&m->swa, m->head_dim) ==
+             (int64_t)op_fp8_bytes(m->head_dim, m->swa.block, OP_SCALE_FP32),
+         "SWA entry bytes");
   /* SPEC 8.1.3-4 on the bus table. */
   struct plan_bus *bus = calloc(200, sizeof *bus);
   int n = plan_buses(&p, bus, 200);

@@ -68,4 +68,9 @@ for sub in check show cost diff dot; do
   "$cedar" plan "$sub" --help | grep -q "usage: cedar plan $sub" || fail "plan $sub --help"
 done
 "$cedar" --help | grep -q 'plan' || fail "cedar --help lists plan"
+# CEDAR_LOG=debug shows the loader's steps on stderr; the default level is quiet.
+CEDAR_LOG=debug "$cedar" plan check plans/v41-mini.yaml 2> "$tmp/debug.txt" > /dev/null
+grep -q 'debug: plan: reading .*v41-flash.yaml' "$tmp/debug.txt" || fail "CEDAR_LOG=debug shows no extends chain"
+"$cedar" plan check plans/v41-mini.yaml 2> "$tmp/quiet.txt" > /dev/null
+[ ! -s "$tmp/quiet.txt" ] || fail "stderr not quiet by default"
 echo "plan tools: ok"

@@ -1,0 +1,41 @@
+/* basic.h: the small ops everything else is built from (SPEC 3.1-3.2):
+ * embedding lookup, RMSNorm, linear layers (OpenBLAS sgemm), and the scalar
+ * activations. Row-major throughout; a weight W of a linear map from `in` to
+ * `out` features is stored (out, in), as checkpoints store it.
+ *
+ * Not here: anything that knows a plan, a layer or a request.
+ * Test: tests/test_ops_basic.c (ctest -R ops_basic).
+ */
+#ifndef CEDAR_OPS_BASIC_H
+#define CEDAR_OPS_BASIC_H
+
+#include <math.h>
+#include <stdint.h>
+
+/* BLAS runs on one thread inside ops: parallelism comes from the task graph,
+ * and sgemm results must not depend on the thread count (DESIGN.md facts).
+ * Call once at start-up (the binary and every op test do). */
+void op_blas_init(void);
+
+/* out[i] = table[tok[i]]; returns the index of the first out-of-range token,
+ * or -1 when all are in [0, vocab). Rows of bad tokens are left untouched. */
+int op_embed(float *out /* (n, d) */, const float *table /* (vocab, d) */, const int32_t *tok /* (n) */, int n,
+             int d, int vocab);
+
+/* out = x / sqrt(mean(x^2) + eps) * gamma, per row; accumulates in fp32
+ * (SPEC 3.2). out may alias x. gamma may be NULL (no weight). */
+void op_rmsnorm(float *out /* (n, d) */, const float *x /* (n, d) */, const float *gamma /* (d) or NULL */, int n,
+                int d, float eps);
+
+/* y = x W^T: y (n, out), x (n, in), W (out, in), through cblas_sgemm.
+ * ldx/ldy are the row strides of x and y (>= in, >= out) so a caller can
+ * read or write a column slice of a wider matrix. */
+void op_linear(float *y /* (n, ldy) */, const float *x /* (n, ldx) */, const float *W /* (out, in) */, int n, int in,
+               int out, int ldx, int ldy);
+
+static inline float op_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float op_silu(float x) { return x / (1.0f + expf(-x)); }
+/* softplus(x) = log(1 + e^x), computed without overflow for large x. */
+static inline float op_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+#endif

@@ -1,0 +1,61 @@
+/* rope.h: partial rotary position embedding (SPEC 1.1, 3.5, 3.12, R.2).
+ *
+ * Rotates the last `rope_dim` of `dim` channels of each row (or the first,
+ * when `last` is false), pairing ADJACENT channels (2i, 2i+1) of that slice:
+ *   (a, b) -> (a cos t - b sin t, a sin t + b cos t),  t = pos * freq[i]
+ * freq[i] = theta^(-2i/rope_dim), corrected by YaRN when enabled (R.2:
+ * freq = freq/factor*(1-smooth) + freq*smooth, smooth = 1 - ramp over the
+ * dimension index between the beta_fast/beta_slow correction range for
+ * original_len). The angle pos*freq is formed in double precision (SPEC 3.1
+ * precision note) before sin/cos. Inverse RoPE is the same with -pos.
+ *
+ * YaRN correction range, as DeepSeek's reference precompute_freqs_cis:
+ *   c(beta) = rope_dim * ln(original_len / (2 pi beta)) / (2 ln theta)
+ *   low = max(floor(c(beta_fast)), 0), high = min(ceil(c(beta_slow)), rope_dim-1)
+ *   (high += 0.001 when low == high), ramp(i) = clamp((i-low)/(high-low), 0, 1)
+ * The clamp bound is rope_dim - 1 (the reference's `dim - 1`), not the last
+ * pair index rope_dim/2 - 1; the two agree whenever ceil(c(beta_slow)) <=
+ * rope_dim/2 - 1, as at SPEC's defaults (theta 160000, 65536, 32/1, 64 dims:
+ * low 15, high 25). mscale is not applied (SPEC 1.1: disabled).
+ * Precision: cos and sin are taken in double and rounded to float; each
+ * output is then one fp32 two-term combination, a*c - b*s or a*s + b*c.
+ *
+ * Not here: which layers use which theta (the plan decides; ops take the
+ * parameters).
+ * Test: tests/test_ops_rope.c (ctest -R ops_rope).
+ */
+#ifndef CEDAR_OPS_ROPE_H
+#define CEDAR_OPS_ROPE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct op_rope {
+  int dim;       /* row width */
+  int rope_dim;  /* rotated channels (even) */
+  bool last;     /* rotate the last rope_dim channels (else the first) */
+  double theta;
+  bool yarn;
+  double yarn_factor, yarn_beta_fast, yarn_beta_slow;
+  int64_t yarn_original_len;
+  double freq[512]; /* rope_dim/2 inverse frequencies, filled by op_rope_init */
+};
+
+/* Fill r->freq from the parameters; returns 0, or -1 (r untouched) when
+ * rope_dim is odd, negative, larger than dim or than 1024, when theta is not
+ * a positive finite number, or, with yarn, when theta <= 1, factor <= 0,
+ * original_len <= 0 or a beta <= 0 (the correction range divides by
+ * ln theta and takes ln(original_len / beta)). SPEC defaults [R-cfg]:
+ * CSA2 layers theta 160000, YaRN factor 16, original_len 65536, beta_fast
+ * 32, beta_slow 1; SWA-only layers theta 10000 without YaRN. */
+int op_rope_init(struct op_rope *r, int dim, int rope_dim, bool last, double theta, bool yarn, double factor,
+                 int64_t original_len, double beta_fast, double beta_slow);
+
+/* Rotate rows in place. x: (n, heads, dim) with row stride ld (>= heads*dim);
+ * every head of row i uses position pos[i]. sign = +1 for RoPE, -1 (any
+ * negative value) for the inverse. Only the rope slice of each head is
+ * written; other channels and the columns past heads*dim keep their bits. */
+void op_rope_apply(float *x /* (n, ld) */, const struct op_rope *r, const int64_t *pos /* (n) */, int n, int heads,
+                   int ld, int sign);
+
+#endif

@@ -1,0 +1,73 @@
+/* harness.h: the shared op-test harness (STYLE.md 7). Every op test
+ * (tests/test_ops_<family>.c) builds on it:
+ *
+ *   - h_alloc/h_check: outputs live between sentinel bytes; a write outside
+ *     the documented range fails the test;
+ *   - h_fill: seeded random inputs, never zero, in a chosen range;
+ *   - h_finite: the NaN/Inf check that runs before any comparison;
+ *   - h_close: compare an fp32 result with a float64 reference under a
+ *     tolerance derived from the reduction, not tuned: for a sum of K terms
+ *     computed in fp32, |got - ref| <= gamma(K) * sum|terms| with
+ *     gamma(K) = K*u / (1 - K*u), u = 2^-24 (Higham, Accuracy and Stability
+ *     of Numerical Algorithms, 3.1), plus `extra` ulps of |ref| for what the
+ *     op does after the sum (a division, a sqrt, an exp: each adds <= 1-2 u
+ *     relative; the caller says how many and why);
+ *   - EXPECT / h_report: count failures, print each, exit non-zero.
+ *
+ * A test that prints its verdict and returns 0 anyway is a defect: use
+ * h_report() as main's return value.
+ */
+#ifndef CEDAR_TESTS_HARNESS_H
+#define CEDAR_TESTS_HARNESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+extern int h_failures;
+
+#define EXPECT(cond, ...)                                          \
+  do {                                                             \
+    if (!(cond)) {                                                 \
+      h_failures++;                                                \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);         \
+      fprintf(stderr, __VA_ARGS__);                                \
+      fputc('\n', stderr);                                         \
+    }                                                              \
+  } while (0)
+
+#define H_U32 (1.0 / 16777216.0) /* unit roundoff of fp32, 2^-24 */
+
+/* gamma(K) = K u / (1 - K u): the relative bound of a K-term fp32 sum. */
+double h_gamma(double k);
+
+/* A float buffer of n elements with 64 sentinel bytes on each side. */
+float *h_alloc(size_t n);
+/* true when both sentinels are intact; frees nothing. */
+bool h_sentinels_ok(const float *buf, size_t n);
+/* Check sentinels (EXPECT) and free. */
+void h_free(float *buf, size_t n, const char *what);
+/* Same for raw bytes. */
+uint8_t *h_alloc_bytes(size_t n);
+void h_free_bytes(uint8_t *buf, size_t n, const char *what);
+
+/* Seeded uniform values in [lo, hi] with |x| >= 1e-3 * max(|lo|, |hi|) (never zero). */
+void h_fill(float *x, size_t n, uint64_t *seed, float lo, float hi);
+/* A uniform double in [0, 1). */
+double h_uniform(uint64_t *seed);
+
+/* EXPECT that all n values are finite. Returns true when they are. */
+bool h_finite(const float *x, size_t n, const char *what);
+
+/* Compare got[i] with ref[i]: |got - ref| <= h_gamma(k) * absref[i]
+ * + extra_ulps * u * |ref[i]| + abs_floor. absref[i] = sum of |terms| of the
+ * reduction that produced element i (pass NULL to use |ref[i]|).
+ * Reports the worst element on failure; returns true when all pass. */
+bool h_close(const float *got, const double *ref, const double *absref, size_t n, double k, double extra_ulps,
+             double abs_floor, const char *what);
+
+/* Print a summary and return main's exit status (0 or 1). */
+int h_report(const char *suite);
+
+#endif
