@@ -7,9 +7,13 @@
  * (MXFP4, op_mxfp4 layout) at idx_off inside one entry of entry_bytes; entry
  * e lives in page e / page_entries at slot e % page_entries.
  *
- * SWA ring: `window` slots of FP8 entries (op_fp8 layout); slot s holds the
+ * SWA ring: `n_slots` slots of FP8 entries (op_fp8 layout); slot s holds the
  * entry of absolute position pos[s] (-1 = empty). Slot and position are kept
  * apart (SPEC 3.6): visibility is decided on pos, never on the slot index.
+ * n_slots is the ring's capacity, not the model's window W: a ring may be
+ * larger (window + max draft for speculation, SPEC 7.8). The positions held
+ * by the slots are distinct (the ring's owner keeps it so); attention's bound
+ * of at most topk + W entries per query relies on it (SPEC 8.4.20).
  */
 #ifndef CEDAR_OPS_KVVIEW_H
 #define CEDAR_OPS_KVVIEW_H
@@ -36,9 +40,9 @@ static inline const uint8_t *op_kv_entry(const struct op_kv_view *v, int64_t e) 
 }
 
 struct op_swa_view {
-  const uint8_t *slots;  /* (window, entry_bytes) */
-  const int64_t *pos;    /* (window): absolute position held by each slot, -1 = empty */
-  int window;
+  const uint8_t *slots;  /* (n_slots, entry_bytes) */
+  const int64_t *pos;    /* (n_slots): absolute position held by each slot, -1 = empty */
+  int n_slots;
   size_t entry_bytes;
   int w, block;          /* entry width (head_dim) and values per scale */
   enum op_scale_kind scale;

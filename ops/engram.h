@@ -1,0 +1,130 @@
+/* engram.h: Engram conditional memory (SPEC 1.4, 3.15, 8.6 items 28-30, R.8):
+ * the prime-sized hash tables, n-gram hashing of token ids, the FP8 row
+ * gather, and the gated injection into the mHC residual streams.
+ *
+ * The flow for one Engram layer (module m):
+ *   1. op_engram_tables_init once per model: primes, offsets, rows.
+ *   2. op_engram_multipliers once per layer: the hash multipliers.
+ *   3. op_engram_hash: row indices from token ids alone (SPEC 8.6.28); it
+ *      can run at tokenization time, before any hidden state exists.
+ *   4. op_engram_gather: dequantize the rows into e (n, tables * head_dim).
+ *   5. op_engram_inject: X_i += gate_i * value for each residual stream.
+ *
+ * Prime rule [R-cfg, R.8]: iterate (module, order, head) in that order; each
+ * prime is the smallest prime greater than the previous one, the first the
+ * smallest prime > table_base - 1 (table_base = engram_vocab_size, 16e6 in
+ * V4.1-Flash), so all primes are distinct. Table (m, o, h) has prime rows;
+ * module m's table has the sum of its primes as rows; offset (m, o, h) is
+ * the prefix sum of the primes before it inside module m. Primality is
+ * decided by Miller-Rabin with the first 12 prime bases, which is exact for
+ * every n < 3.3e24, so for all int64.
+ *
+ * Hash [R-cfg/R, R.8; cedar choices marked]:
+ *   c_t   = cmap[tok_t], the compressed id (a text normalizer's table in
+ *           the checkpoint; op_engram_cmap_modulo, identity or t mod C, for
+ *           synthetic weights);
+ *   g_k   = the id k positions back (k = 0 is the current token). It is the
+ *           pad id when that position is before the start of the sequence,
+ *           or when the n-gram reaches back across a dead (image) position:
+ *           [cedar] a dead position acts like the start of the sequence, so
+ *           every g_k with t-k <= the last dead position <= t is pad (a dead
+ *           position's own n-grams are all pad);
+ *   mix_n = XOR_{k<n} (g_k * mult[k])  in uint64 arithmetic (wraps mod 2^64);
+ *   row   = (mix_n mod prime[o][h]) + offset[o][h]   (uint64 mod [cedar]).
+ * Multipliers [cedar generator; R.8 seeding]: splitmix64 (ops/sample.h)
+ * seeded with seed + 10007 * layer, one draw per multiplier k = 0..max_order-1.
+ * With id_bound > 0 each is 2 * (draw mod h) + 1, h = max(1, (INT64_MAX /
+ * id_bound) / 2): the public Engram demo's range, in which g * mult never
+ * passes INT64_MAX, so signed (the demo's numpy int64) and unsigned hashing
+ * agree. id_bound = 0 gives full-range odd multipliers (draw | 1), whose
+ * products wrap. A real checkpoint's multipliers come from its loader; the
+ * hash takes them as an array.
+ *
+ * Row format [R-cfg, R.8]: head_dim E4M3 values then head_dim/block E8M0
+ * scales: exactly the SWA E8M0 entry of ops/formats.h (docs/formats.md 2.3),
+ * 256 + 8 = 264 bytes at head_dim 256, block 32.
+ *
+ * Injection [R, R.8 form; SPEC 3.15's simpler gate is the other reading]:
+ *   kv = e W_kv^T, (hc + 1) * hidden wide: key i in columns
+ *        [i*hidden, (i+1)*hidden) for i < hc, the value in the last hidden;
+ *   dot_i  = (RMSNorm(x_i) * q_w[i]) . (RMSNorm(key_i) * k_w[i]) / sqrt(hidden)
+ *   gate_i = sigmoid(sign(dot_i) * sqrt(max(|dot_i|, dot_floor)))   (1e-6)
+ *   x_i   += gate_i * value.
+ * RMSNorm as op_rmsnorm (eps is the model's norm eps). The checkpoint's FP8
+ * projection weights are dequantized to fp32 by the loader before this op.
+ *
+ * Not here: prefetching rows from host memory, table storage, plans.
+ * Test: tests/test_ops_engram.c (ctest -R ops_engram).
+ */
+#ifndef CEDAR_OPS_ENGRAM_H
+#define CEDAR_OPS_ENGRAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The table layout of every Engram module of a model. */
+struct op_engram_tables {
+  int n_modules, n_orders, n_heads;
+  int64_t table_base;
+  int64_t *prime;  /* (n_modules, n_orders, n_heads) */
+  int64_t *offset; /* (n_modules, n_orders, n_heads): first row inside the module's table */
+  int64_t *rows;   /* (n_modules): rows of each module's table */
+};
+
+/* Fill t by the prime rule. Returns 0, or -1 (t zeroed, nothing allocated)
+ * when a count is not positive, table_base < 2, a row sum would overflow
+ * int64, or allocation fails. */
+int op_engram_tables_init(struct op_engram_tables *t, int n_modules, int n_orders, int n_heads, int64_t table_base);
+void op_engram_tables_free(struct op_engram_tables *t);
+
+/* Module m's (n_orders, n_heads) primes and offsets, for op_engram_hash. */
+static inline const int64_t *op_engram_primes_of(const struct op_engram_tables *t, int m) {
+  return t->prime + (size_t)m * t->n_orders * t->n_heads;
+}
+static inline const int64_t *op_engram_offsets_of(const struct op_engram_tables *t, int m) {
+  return t->offset + (size_t)m * t->n_orders * t->n_heads;
+}
+
+/* true when n is prime (deterministic for all n >= 0). */
+int op_engram_is_prime(int64_t n);
+
+/* cmap[t] = t mod compressed_vocab: the identity when compressed_vocab >=
+ * vocab. The synthetic-weights stand-in for the checkpoint's normalizer. */
+void op_engram_cmap_modulo(int32_t *cmap /* (vocab) */, int vocab, int compressed_vocab);
+
+/* The max_order odd multipliers of one Engram layer (see the header). */
+void op_engram_multipliers(uint64_t *mult /* (max_order) */, uint64_t seed, int layer, int max_order,
+                           int64_t id_bound);
+
+/* Row indices (inside the module's table) of positions n_hist .. n_hist+n-1
+ * of tok. The first n_hist ids are history only (a decode step passes the
+ * last max_order - 1 ids, SPEC 3.15); positions before tok[0] count as
+ * before the sequence start. orders are the n-gram lengths (>= 1, at most
+ * 64; SPEC: 2, 3, 4); mult has max(orders) entries. Returns -1 on success,
+ * or the index in tok of the first id outside [0, vocab), writing nothing. */
+int op_engram_hash(int64_t *row /* (n, n_orders, n_heads) */, const int32_t *tok /* (n_hist + n) */,
+                   const uint8_t *dead /* (n_hist + n) or NULL */, const int32_t *cmap /* (vocab) */,
+                   const uint64_t *mult /* (max order) */, const int *orders /* (n_orders) */,
+                   const int64_t *prime /* (n_orders, n_heads) */, const int64_t *offset /* (n_orders, n_heads) */,
+                   int n_hist, int n, int vocab, int n_orders, int n_heads, int32_t pad_id);
+
+/* Bytes of one table row: op_fp8_bytes(head_dim, block, E8M0); 0 if invalid. */
+size_t op_engram_row_bytes(int head_dim, int block);
+
+/* e[i, j*head_dim ...] = dequant(table[row[i, j]]) for the n_tables rows of
+ * each position (j runs over (order, head) as op_engram_hash writes them).
+ * table holds n_rows rows of op_engram_row_bytes bytes; a row index outside
+ * [0, n_rows) is an internal error (assert). */
+void op_engram_gather(float *e /* (n, n_tables * head_dim) */, const uint8_t *table /* (n_rows, row_bytes) */,
+                      const int64_t *row /* (n, n_tables) */, int n, int n_tables, int head_dim, int block,
+                      int64_t n_rows);
+
+/* Gated injection (see the header). x is updated in place; kv receives
+ * e W_kv^T; gate (optional) receives gate_i per position and stream. */
+void op_engram_inject(float *x /* (n, hc, hidden) */, float *kv /* (n, (hc + 1) * hidden) */,
+                      float *gate /* (n, hc) or NULL */, const float *e /* (n, d_e) */,
+                      const float *w_kv /* ((hc + 1) * hidden, d_e) */, const float *q_w /* (hc, hidden) */,
+                      const float *k_w /* (hc, hidden) */, int n, int d_e, int hidden, int hc, float norm_eps,
+                      float dot_floor);
+
+#endif

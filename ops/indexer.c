@@ -1,0 +1,289 @@
+/* indexer.c: lightning indexer, Top-K, candidate pool and reindex (see
+ * indexer.h for the math, the ranking rule and the parameters).
+ *
+ * What it is: the CPU reference, in plain loops. Three layers of code:
+ *   1. score_entry: one query against one dequantized key, fixed reduction
+ *      order; every path below scores through it, so their scores are equal
+ *      bit for bit;
+ *   2. selection: a bounded heap of indices ranked by (score desc, index asc),
+ *      used for Top-K over entries and for Top-blocks over block scores;
+ *   3. the chunk entry points: a full scan that tiles queries x entries so a
+ *      key is dequantized once per tile, and reindex, which gathers the pool's
+ *      keys first and scores only them.
+ *
+ * What it is not: fast at flash scale (no SIMD beyond what the compiler finds,
+ * no threads: parallelism comes from the task graph).
+ *
+ * Test: ctest --test-dir build -R ops_indexer --output-on-failure
+ */
+#include "ops/indexer.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/formats.h"
+#include "runtime/check.h"
+
+#define LANES 8  /* partial sums of a dot product: fixes the order, lets it vectorize */
+#define QTILE 8  /* queries scored together in op_indexer_topk */
+#define ETILE 64 /* keys dequantized at a time: 64 x 128 floats = 32 KiB at flash width */
+
+/* ---- scoring ----------------------------------------------------------- */
+
+/* sum a[i] b[i] in LANES interleaved partial sums (the tail goes to the first
+ * lanes), combined pairwise. Any fixed order meets the gamma(n) bound. */
+static float dot(const float *a, const float *b, int n) {
+  float acc[LANES] = {0};
+  int i = 0;
+  for (; i + LANES <= n; i += LANES)
+    for (int j = 0; j < LANES; j++) acc[j] += a[i + j] * b[i + j];
+  for (int j = 0; i < n; i++, j++) acc[j] += a[i] * b[i];
+  for (int half = LANES / 2; half > 0; half /= 2)
+    for (int j = 0; j < half; j++) acc[j] += acc[j + half];
+  return acc[0];
+}
+
+/* I = sum_h w_h ReLU(q_h . key), heads summed in order. ReLU keeps a NaN (a
+ * poisoned key must stay visible, see the ranking rule in indexer.h). */
+static float score_entry(const float *q /* (heads, hd) */, const float *w /* (heads) */,
+                         const float *key /* (hd) */, int heads, int hd) {
+  float s = 0.0f;
+  for (int h = 0; h < heads; h++) {
+    float d = dot(q + (size_t)h * hd, key, hd);
+    s += w[h] * (d < 0.0f ? 0.0f : d);
+  }
+  return s;
+}
+
+static void unpack_key(float *key /* (kv->idx_w) */, const struct op_kv_view *kv, int64_t e) {
+  op_mxfp4_unpack(key, op_kv_entry(kv, e) + kv->idx_off, kv->idx_w, kv->idx_block, kv->nibble);
+}
+
+static void check_view(const struct op_kv_view *kv, int heads) {
+  CEDAR_ASSERT_MSG(kv->ratio >= 1 && kv->n_entries >= 0 && kv->page_entries >= 1,
+                   "indexer: kv view ratio=%d n_entries=%lld page_entries=%d", kv->ratio,
+                   (long long)kv->n_entries, kv->page_entries);
+  CEDAR_ASSERT_MSG(op_mxfp4_bytes(kv->idx_w, kv->idx_block) > 0 && heads >= 1,
+                   "indexer: idx_w=%d idx_block=%d heads=%d", kv->idx_w, kv->idx_block, heads);
+}
+
+int64_t op_indexer_visible(const struct op_kv_view *kv, int64_t pos) {
+  CEDAR_ASSERT_MSG(pos >= 0 && kv->ratio >= 1, "indexer: pos=%lld ratio=%d", (long long)pos, kv->ratio);
+  int64_t n = (pos + 1) / kv->ratio; /* entry s visible iff r*s + r - 1 <= pos */
+  return n < kv->n_entries ? n : kv->n_entries;
+}
+
+void op_indexer_score(float *scores, const float *q, const float *w, const struct op_kv_view *kv, int64_t pos,
+                      int heads) {
+  check_view(kv, heads);
+  int64_t n_vis = op_indexer_visible(kv, pos);
+  float *key = cedar_xmalloc((size_t)kv->idx_w * sizeof *key);
+  for (int64_t s = 0; s < n_vis; s++) {
+    unpack_key(key, kv, s);
+    scores[s] = score_entry(q, w, key, heads, kv->idx_w);
+  }
+  free(key);
+}
+
+/* ---- selection --------------------------------------------------------- */
+
+/* Total order of scores: NaN above every number (as torch.topk), -0 == +0. */
+static int score_cmp(float a, float b) {
+  int an = isnan(a), bn = isnan(b);
+  if (an || bn) return an - bn;
+  return (a > b) - (a < b);
+}
+
+/* Index i ranks above index j: a better score, or an equal one and i < j. */
+static bool ranks_above(const float *sc, int32_t i, int32_t j) {
+  int c = score_cmp(sc[i], sc[j]);
+  return c > 0 || (c == 0 && i < j);
+}
+
+/* heap[0 .. m) is a heap of kept indices whose root is the WORST one: every
+ * child ranks above its parent, so the root is the one a newcomer must beat. */
+static void sift_up(int32_t *heap, int at, const float *sc) {
+  while (at > 0) {
+    int parent = (at - 1) / 2;
+    if (!ranks_above(sc, heap[parent], heap[at])) return;
+    int32_t t = heap[parent];
+    heap[parent] = heap[at], heap[at] = t;
+    at = parent;
+  }
+}
+
+static void sift_down(int32_t *heap, int m, const float *sc) {
+  int at = 0;
+  for (;;) {
+    int l = 2 * at + 1, r = l + 1, worst = at;
+    if (l < m && ranks_above(sc, heap[worst], heap[l])) worst = l;
+    if (r < m && ranks_above(sc, heap[worst], heap[r])) worst = r;
+    if (worst == at) return;
+    int32_t t = heap[worst];
+    heap[worst] = heap[at], heap[at] = t;
+    at = worst;
+  }
+}
+
+static int cmp_i32(const void *a, const void *b) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y);
+}
+
+int op_topk_select(int32_t *out, const float *scores, int64_t n, int k) {
+  CEDAR_ASSERT_MSG(k >= 1 && n >= 0 && n <= INT32_MAX, "topk: k=%d n=%lld", k, (long long)n);
+  int m = 0;
+  if (n <= k) { /* everything is selected, already in ascending order */
+    for (; m < (int)n; m++) out[m] = m;
+  } else {
+    for (int32_t i = 0; i < (int32_t)n; i++) {
+      if (m < k) {
+        out[m] = i;
+        sift_up(out, m++, scores);
+      } else if (ranks_above(scores, i, out[0])) {
+        out[0] = i;
+        sift_down(out, k, scores);
+      }
+    }
+    qsort(out, (size_t)m, sizeof *out, cmp_i32);
+  }
+  for (int j = m; j < k; j++) out[j] = -1;
+  return m;
+}
+
+int op_pool_select(int32_t *blocks, float *block_scores, const float *scores, int64_t n_vis, int block,
+                   int top_blocks) {
+  CEDAR_ASSERT_MSG(block >= 1 && top_blocks >= 1 && n_vis >= 0, "pool: block=%d top_blocks=%d n_vis=%lld", block,
+                   top_blocks, (long long)n_vis);
+  int64_t n_blocks = (n_vis + block - 1) / block;
+  for (int64_t b = 0; b < n_blocks; b++) { /* best visible score of the block */
+    int64_t s0 = b * block, s1 = s0 + block < n_vis ? s0 + block : n_vis;
+    float best = scores[s0];
+    for (int64_t s = s0 + 1; s < s1; s++)
+      if (score_cmp(scores[s], best) > 0) best = scores[s];
+    block_scores[b] = best;
+  }
+  return op_topk_select(blocks, block_scores, n_blocks, top_blocks);
+}
+
+int64_t op_pool_expand(int32_t *entries, const int32_t *blocks, int top_blocks, int block, int64_t n_vis) {
+  CEDAR_ASSERT_MSG(block >= 1 && n_vis <= INT32_MAX, "pool: block=%d n_vis=%lld", block, (long long)n_vis);
+  int64_t n = 0;
+  for (int i = 0; i < top_blocks; i++) {
+    if (blocks[i] < 0) continue;
+    int64_t s0 = (int64_t)blocks[i] * block, s1 = s0 + block < n_vis ? s0 + block : n_vis;
+    for (int64_t s = s0; s < s1; s++) entries[n++] = (int32_t)s;
+  }
+  return n;
+}
+
+/* ---- a chunk of queries: full scan -------------------------------------- */
+
+static int64_t widest_visible(const struct op_kv_view *kv, const int64_t *pos, int S) {
+  int64_t ld = 0;
+  for (int i = 0; i < S; i++) {
+    int64_t n = op_indexer_visible(kv, pos[i]);
+    if (n > ld) ld = n;
+  }
+  return ld;
+}
+
+size_t op_indexer_topk_work_bytes(const struct op_kv_view *kv, const int64_t *pos, int S, int pool_block) {
+  if (S <= 0) return 0;
+  int64_t ld = widest_visible(kv, pos, S);
+  size_t rows = S < QTILE ? (size_t)S : QTILE;
+  size_t n_blocks = pool_block > 0 ? (size_t)((ld + pool_block - 1) / pool_block) : 0;
+  return ((size_t)ETILE * (size_t)kv->idx_w + rows * (size_t)ld + n_blocks) * sizeof(float);
+}
+
+/* scores[i * ld + s] = I of query i over its entries [0, nvis[i]), for nq
+ * queries: a tile of ETILE keys is dequantized once and scored for every
+ * query that sees it. */
+static void score_queries(float *scores /* (nq, ld) */, int64_t ld, float *keys /* (ETILE, hd) */,
+                          const float *q /* (nq, heads, hd) */, const float *w /* (nq, heads) */,
+                          const int64_t *nvis /* (nq) */, int nq, const struct op_kv_view *kv, int heads) {
+  int hd = kv->idx_w;
+  int64_t n_max = 0;
+  for (int i = 0; i < nq; i++) n_max = nvis[i] > n_max ? nvis[i] : n_max;
+  for (int64_t e0 = 0; e0 < n_max; e0 += ETILE) {
+    int64_t e1 = e0 + ETILE < n_max ? e0 + ETILE : n_max;
+    for (int64_t e = e0; e < e1; e++) unpack_key(keys + (size_t)(e - e0) * hd, kv, e);
+    for (int i = 0; i < nq; i++) {
+      const float *qi = q + (size_t)i * heads * hd, *wi = w + (size_t)i * heads;
+      int64_t end = e1 < nvis[i] ? e1 : nvis[i];
+      for (int64_t e = e0; e < end; e++)
+        scores[(size_t)i * ld + e] = score_entry(qi, wi, keys + (size_t)(e - e0) * hd, heads, hd);
+    }
+  }
+}
+
+void op_indexer_topk(int32_t *topk, int32_t *pool, void *work, const float *q, const float *w, const int64_t *pos,
+                     const struct op_kv_view *kv, int S, int heads, int k, int pool_block, int pool_top) {
+  check_view(kv, heads);
+  CEDAR_ASSERT_MSG(k >= 1 && (!pool || (pool_block >= 1 && pool_top >= 1)), "indexer: k=%d block=%d top=%d", k,
+                   pool_block, pool_top);
+  if (S <= 0) return;
+  int hd = kv->idx_w;
+  int64_t ld = widest_visible(kv, pos, S);
+  size_t rows = S < QTILE ? (size_t)S : QTILE; /* as op_indexer_topk_work_bytes */
+  float *keys = work, *scores = keys + (size_t)ETILE * hd, *block_scores = scores + rows * (size_t)ld;
+  for (int q0 = 0; q0 < S; q0 += QTILE) {
+    int nq = S - q0 < QTILE ? S - q0 : QTILE;
+    int64_t nvis[QTILE];
+    for (int i = 0; i < nq; i++) nvis[i] = op_indexer_visible(kv, pos[q0 + i]);
+    score_queries(scores, ld, keys, q + (size_t)q0 * heads * hd, w + (size_t)q0 * heads, nvis, nq, kv, heads);
+    for (int i = 0; i < nq; i++) {
+      const float *sc = scores + (size_t)i * ld;
+      op_topk_select(topk + (size_t)(q0 + i) * k, sc, nvis[i], k);
+      if (pool) op_pool_select(pool + (size_t)(q0 + i) * pool_top, block_scores, sc, nvis[i], pool_block, pool_top);
+    }
+  }
+}
+
+/* ---- a chunk of queries: reindex inside the pool ------------------------ */
+
+size_t op_indexer_reindex_work_bytes(const struct op_kv_view *kv, int pool_block, int pool_top) {
+  size_t cap = (size_t)pool_block * (size_t)pool_top; /* |C_p| <= top_blocks * block */
+  return ((size_t)ETILE * (size_t)kv->idx_w + cap) * sizeof(float) + ((size_t)pool_top + cap) * sizeof(int32_t);
+}
+
+/* scores[c] = I of one query for the gathered entries ids[c], ETILE keys at a time. */
+static void score_gathered(float *scores /* (n) */, float *keys /* (ETILE, hd) */, const int32_t *ids /* (n) */,
+                           int64_t n, const float *q /* (heads, hd) */, const float *w /* (heads) */,
+                           const struct op_kv_view *kv, int heads) {
+  int hd = kv->idx_w;
+  for (int64_t c0 = 0; c0 < n; c0 += ETILE) {
+    int64_t c1 = c0 + ETILE < n ? c0 + ETILE : n;
+    for (int64_t c = c0; c < c1; c++) unpack_key(keys + (size_t)(c - c0) * hd, kv, ids[c]);
+    for (int64_t c = c0; c < c1; c++) scores[c] = score_entry(q, w, keys + (size_t)(c - c0) * hd, heads, hd);
+  }
+}
+
+void op_indexer_reindex(int32_t *topk, void *work, const int32_t *pool, const float *q, const float *w,
+                        const int64_t *pos, const struct op_kv_view *kv, int S, int heads, int k, int pool_block,
+                        int pool_top) {
+  check_view(kv, heads);
+  CEDAR_ASSERT_MSG(k >= 1 && pool_block >= 1 && pool_top >= 1, "reindex: k=%d block=%d top=%d", k, pool_block,
+                   pool_top);
+  int hd = kv->idx_w;
+  size_t cap = (size_t)pool_block * (size_t)pool_top;
+  float *keys = work, *cand_scores = keys + (size_t)ETILE * hd;
+  int32_t *blocks = (int32_t *)(cand_scores + cap), *ids = blocks + pool_top;
+  for (int i = 0; i < S; i++) {
+    /* Sorted blocks give ascending entry ids, so a candidate's position in
+     * ids orders like its entry id and the tie rule carries over. */
+    memcpy(blocks, pool + (size_t)i * pool_top, (size_t)pool_top * sizeof *blocks);
+    qsort(blocks, (size_t)pool_top, sizeof *blocks, cmp_i32);
+    for (int b = 1; b < pool_top; b++)
+      CEDAR_ASSERT_MSG(blocks[b] < 0 || blocks[b] != blocks[b - 1], "reindex: block %d twice in the pool of query %d",
+                       blocks[b], i);
+    int64_t n_c = op_pool_expand(ids, blocks, pool_top, pool_block, op_indexer_visible(kv, pos[i]));
+    const float *qi = q + (size_t)i * heads * hd, *wi = w + (size_t)i * heads;
+    score_gathered(cand_scores, keys, ids, n_c, qi, wi, kv, heads);
+    int32_t *out = topk + (size_t)i * k;
+    int m = op_topk_select(out, cand_scores, n_c, k);
+    for (int j = 0; j < m; j++) out[j] = ids[out[j]]; /* candidate position -> entry id */
+  }
+}

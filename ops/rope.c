@@ -1,0 +1,96 @@
+/* rope.c: partial rotary position embedding with optional YaRN (see rope.h).
+ *
+ * What it is: the CPU reference of RoPE and inverse RoPE (SPEC 3.5, 3.6,
+ * 3.12, R.2). Frequencies and angles are double; each rotation is applied in
+ * float from cos/sin rounded to float, so a CUDA twin that takes its cos/sin
+ * from a double-precision table reproduces these results to a few ulps.
+ *
+ * What it is not: a position table cache. sin/cos are recomputed per call,
+ * once per (row, pair) and shared by all heads of the row.
+ *
+ * Test: ctest --test-dir build -R ops_rope --output-on-failure
+ */
+#include "ops/rope.h"
+
+#include <math.h>
+#include <string.h>
+
+/* M_PI is not in strict C11 (<math.h> under _POSIX_C_SOURCE only). */
+#define ROPE_PI 3.14159265358979323846
+#define ROPE_MAX_PAIRS ((int)(sizeof(((struct op_rope *)0)->freq) / sizeof(double)))
+
+/* The dimension index at which a frequency makes `rotations` full turns over
+ * `len` positions, solved from len * theta^(-2i/rope_dim) = 2 pi rotations
+ * (YaRN's "correction dimension", in pair-index units of rope_dim/2 when
+ * rope_dim is the full rotated width). */
+static double yarn_correction_dim(double rotations, int rope_dim, double theta, double len) {
+  return rope_dim * log(len / (rotations * 2.0 * ROPE_PI)) / (2.0 * log(theta));
+}
+
+/* YaRN (R.2): pairs below `low` (many turns within the original length) keep
+ * their frequency, pairs above `high` are interpolated (divided by factor),
+ * and a linear ramp blends the two in between. The range is clamped to
+ * [0, rope_dim - 1] as DeepSeek's reference precompute_freqs_cis does (not to
+ * rope_dim/2 - 1: see the note in rope.h). */
+static void yarn_correct(double *freq, int rope_dim, double theta, double factor, double len, double beta_fast,
+                         double beta_slow) {
+  double low = floor(yarn_correction_dim(beta_fast, rope_dim, theta, len));
+  double high = ceil(yarn_correction_dim(beta_slow, rope_dim, theta, len));
+  if (low < 0) low = 0;
+  if (high > rope_dim - 1) high = rope_dim - 1;
+  if (low == high) high += 0.001; /* the reference's guard against a zero-width ramp */
+  for (int i = 0; i < rope_dim / 2; i++) {
+    double ramp = (i - low) / (high - low);
+    ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+    double smooth = 1.0 - ramp;
+    freq[i] = freq[i] / factor * (1.0 - smooth) + freq[i] * smooth;
+  }
+}
+
+int op_rope_init(struct op_rope *r, int dim, int rope_dim, bool last, double theta, bool yarn, double factor,
+                 int64_t original_len, double beta_fast, double beta_slow) {
+  if (rope_dim < 0 || rope_dim % 2 != 0 || rope_dim > dim || rope_dim / 2 > ROPE_MAX_PAIRS) return -1;
+  if (!(theta > 0) || !isfinite(theta)) return -1;
+  /* YaRN divides by log(theta) and takes log(original_len / beta). */
+  if (yarn && (!(theta > 1) || !(factor > 0) || !isfinite(factor) || original_len <= 0 || !(beta_fast > 0) ||
+               !(beta_slow > 0)))
+    return -1;
+
+  memset(r, 0, sizeof *r);
+  r->dim = dim;
+  r->rope_dim = rope_dim;
+  r->last = last;
+  r->theta = theta;
+  r->yarn = yarn;
+  r->yarn_factor = factor;
+  r->yarn_beta_fast = beta_fast;
+  r->yarn_beta_slow = beta_slow;
+  r->yarn_original_len = original_len;
+  for (int i = 0; i < rope_dim / 2; i++) r->freq[i] = 1.0 / pow(theta, (2.0 * i) / rope_dim);
+  if (yarn) yarn_correct(r->freq, rope_dim, theta, factor, (double)original_len, beta_fast, beta_slow);
+  return 0;
+}
+
+void op_rope_apply(float *x, const struct op_rope *r, const int64_t *pos, int n, int heads, int ld, int sign) {
+  const int half = r->rope_dim / 2;
+  const int off = r->last ? r->dim - r->rope_dim : 0;
+  float cs[ROPE_MAX_PAIRS], sn[ROPE_MAX_PAIRS];
+  for (int i = 0; i < n; i++) {
+    /* SPEC 3.1 precision note: pos * freq in double, so the angle keeps
+     * ~1e-10 rad at pos 1e6 where float would lose ~0.06 rad. sin(-t) is
+     * -sin(t) exactly, so the inverse is the transpose bit for bit. */
+    for (int j = 0; j < half; j++) {
+      double t = (double)pos[i] * r->freq[j];
+      cs[j] = (float)cos(t);
+      sn[j] = (float)(sign < 0 ? -sin(t) : sin(t));
+    }
+    for (int h = 0; h < heads; h++) {
+      float *v = x + (size_t)i * ld + (size_t)h * r->dim + off;
+      for (int j = 0; j < half; j++) {
+        float a = v[2 * j], b = v[2 * j + 1];
+        v[2 * j] = a * cs[j] - b * sn[j];
+        v[2 * j + 1] = a * sn[j] + b * cs[j];
+      }
+    }
+  }
+}

@@ -1,0 +1,68 @@
+/* sample.h: token sampling from logits: greedy, temperature, top-p (nucleus),
+ * with cedar's own seeded generator (used by decode and by the DSpark
+ * drafter, SPEC 3.16).
+ *
+ * Generator [cedar]: splitmix64 (Steele, Lea, Flood 2014; the constants of
+ * java.util.SplittableRandom): state += 0x9E3779B97F4A7C15, then the output
+ * mix z = (z ^ z>>30) * 0xBF58476D1CE4E5B9, z = (z ^ z>>27) * 0x94D049BB133111EB,
+ * z ^ z>>31. A uniform double is the top 53 bits times 2^-53, in [0, 1).
+ * Pure 64-bit integer arithmetic: the same seed gives the same sequence on
+ * every platform and run (never rand()). One sampled token consumes exactly
+ * one draw; a greedy pick consumes none.
+ *
+ * The distribution [cedar where SPEC is silent]:
+ *   p(y) = exp((l_y - max l) / T) / sum, in fp32 (the sum too);
+ *   top-p: ids sorted by p descending, equal p by increasing id; keep the
+ *   smallest prefix whose mass (accumulated in double) is >= top_p times the
+ *   total mass, at least one id; renormalize the kept mass to 1.
+ *   draw: u = uniform * (kept mass, double), walk ids in increasing order,
+ *   pick the first id whose running mass exceeds u.
+ * Logits must be finite or -inf (a masked id). A NaN or +inf logit, or no
+ * finite logit at all, is an upstream bug: the functions return -1 instead
+ * of hiding it. temperature <= 0 means greedy; top_p >= 1 means no nucleus.
+ * Reproducibility: the draw itself is bit-exact everywhere; the fp32 exp()
+ * of the platform's libm can move a probability by an ulp, which changes a
+ * draw only when u falls within that ulp of a boundary.
+ *
+ * Not here: batching, repetition penalties, top-k, speculative acceptance.
+ * Test: tests/test_ops_dspark.c (ctest -R ops_dspark) covers sampling too.
+ */
+#ifndef CEDAR_OPS_SAMPLE_H
+#define CEDAR_OPS_SAMPLE_H
+
+#include <stdint.h>
+
+/* splitmix64: advances *state and returns the next 64-bit output. */
+uint64_t op_rng_next(uint64_t *state /* splitmix64 state */);
+/* A uniform double in [0, 1) from the top 53 bits of one op_rng_next. */
+double op_rng_uniform(uint64_t *state /* splitmix64 state */);
+
+/* argmax; equal maxima go to the lower id. -1 when a logit is NaN or +inf,
+ * or every logit is -inf. */
+int32_t op_sample_greedy(const float *logits /* (V) */, int V);
+
+/* prob = softmax(logits / temperature), temperature > 0. Returns 0, or -1
+ * (prob untouched) on NaN/+inf logits or when every logit is -inf. */
+int op_sample_softmax(float *prob /* (V) */, const float *logits /* (V) */, int V, float temperature);
+
+/* Nucleus filter of a probability vector (non-negative, any total mass),
+ * in place: order receives the ids sorted as described above (all V of
+ * them); ids outside the kept prefix get prob 0 and the kept ones are
+ * renormalized to sum 1. top_p >= 1 keeps every id with p > 0 (order is
+ * still filled). Returns the number of ids kept (>= 1), or -1 when the total
+ * mass is not positive and finite. */
+int op_sample_top_p(float *prob /* (V) */, int32_t *order /* (V) */, int V, float top_p);
+
+/* One draw from a non-negative prob vector (any positive total mass): one
+ * op_rng_next. Returns -1 when the mass is not positive and finite. */
+int32_t op_sample_draw(const float *prob /* (V) */, int V, uint64_t *rng /* splitmix64 state */);
+
+/* The whole sampler. temperature <= 0: greedy, prob becomes one-hot at the
+ * pick (the drafter's q distribution), rng and order untouched (order may be
+ * NULL then). Otherwise softmax, top-p (order is workspace, (V)), one draw;
+ * prob holds the distribution the token was drawn from. Returns the id, or
+ * -1 as above. */
+int32_t op_sample(float *prob /* (V) */, int32_t *order /* (V) */, const float *logits /* (V) */, int V,
+                  float temperature, float top_p, uint64_t *rng /* splitmix64 state */);
+
+#endif
