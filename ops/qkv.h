@@ -1,0 +1,84 @@
+/* qkv.h: the per-position projections every attention layer runs before it
+ * looks at any cache (SPEC 3.5, 3.6, R.2, R.4):
+ *
+ *   c_q = RMSNorm_q(W_qa u)                          op_q_latent
+ *   q   = W_qb c_q, per-head RMS norm, RoPE          op_q_main
+ *   qI  = W_iq c_q, indexer RoPE                     op_q_indexer  (full/reindex layers)
+ *   w   = scale * W_w u                              op_index_weights (full/reindex layers)
+ *   kS  = RMSNorm_swa(W_kv^swa u), RoPE              op_swa_kv (float)
+ *   SWA entry bytes = FP8(kS)                        op_swa_pack
+ *
+ * Every function works on a batch of n positions (row i of u is position
+ * pos[i]; positions need not be contiguous), writes only into the caller's
+ * output arrays and allocates nothing: the projections are written straight
+ * into the output and normalised/rotated in place.
+ *
+ * Parameters SPEC marks [R]/[R-cfg] are arguments, with SPEC's default named
+ * beside them; RoPE parameters come as a `struct op_rope` (ops/rope.h)
+ * because SWA-only layers and CSA2 layers use different thetas (SPEC 1.1).
+ *
+ * Not here: where the SWA entry goes (the ring slot p mod W is the runtime's
+ * business, SPEC 3.6), the compressor (ops/compressor.h), scoring.
+ * Test: tests/test_ops_qkv.c (ctest -R ops_qkv).
+ */
+#ifndef CEDAR_OPS_QKV_H
+#define CEDAR_OPS_QKV_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ops/formats.h"
+#include "ops/rope.h"
+
+/* c_q = RMSNorm(W_qa u) * gamma_q, the query latent (SPEC 3.5; q_rank 1280
+ * [A]). eps: model.norm_eps (default 1e-6 [R]). */
+void op_q_latent(float *cq /* (n, q_rank) */, const float *u /* (n, hidden) */,
+                 const float *W_qa /* (q_rank, hidden) */, const float *gamma_q /* (q_rank) or NULL */, int n,
+                 int hidden, int q_rank, float eps);
+
+/* Main query heads (SPEC 3.5, R.2): q = W_qb c_q viewed (heads, head_dim);
+ * when head_norm, every head is scaled by rsqrt(mean(q_h^2) + eps) with no
+ * weight (plan `q_head_norm`, default true [R-cfg, unverified]); then RoPE on
+ * each head's rope slice at pos[i]. rope->dim must equal head_dim. */
+void op_q_main(float *q /* (n, heads * head_dim) */, const float *cq /* (n, q_rank) */,
+               const float *W_qb /* (heads * head_dim, q_rank) */, const int64_t *pos /* (n) */,
+               const struct op_rope *rope, int n, int q_rank, int heads, int head_dim, bool head_norm, float eps);
+
+/* Indexer query heads (SPEC 3.5, R.4): qI = W_iq c_q viewed (idx_heads,
+ * idx_dim), indexer RoPE at pos[i] (rope_i->dim must equal idx_dim; default
+ * 64 of 128 dims, last [R-cfg]). No per-head norm (R.4 has none). */
+void op_q_indexer(float *qI /* (n, idx_heads * idx_dim) */, const float *cq /* (n, q_rank) */,
+                  const float *W_iq /* (idx_heads * idx_dim, q_rank) */, const int64_t *pos /* (n) */,
+                  const struct op_rope *rope_i, int n, int q_rank, int idx_heads, int idx_dim);
+
+/* Indexer head weights w = scale * (W_w u), from the query hidden u, not from
+ * c_q (SPEC 3.5 [A]). A positive scale never changes Top-K (SPEC 3.10), so it
+ * matters only for the score values; the default a plan should pass is R.4's,
+ * op_index_weight_scale(). scale == 1 skips the multiply. */
+void op_index_weights(float *w /* (n, idx_heads) */, const float *u /* (n, hidden) */,
+                      const float *W_w /* (idx_heads, hidden) */, int n, int hidden, int idx_heads, float scale);
+
+/* R.4's weight scale: idx_dim^-0.5 * idx_heads^-0.5 (128^-0.5 * 32^-0.5 for
+ * V4.1-Flash), rounded to float once. */
+static inline float op_index_weight_scale(int idx_heads, int idx_dim) {
+  return (float)(1.0 / sqrt((double)idx_heads * (double)idx_dim));
+}
+
+/* SWA key/value, float path (SPEC 3.6): kS = RMSNorm(W_kv u) * gamma, then
+ * RoPE on the rope slice at pos[i]. rope->dim must equal head_dim. This is the
+ * layer's own projection, never the global compressor's (SPEC 8.10). */
+void op_swa_kv(float *kS /* (n, head_dim) */, const float *u /* (n, hidden) */,
+               const float *W_kv /* (head_dim, hidden) */, const float *gamma /* (head_dim) or NULL */,
+               const int64_t *pos /* (n) */, const struct op_rope *rope, int n, int hidden, int head_dim, float eps);
+
+/* SWA entries (SPEC 4.4, R.2): row i of kS packed with op_fp8_pack into
+ * out + i * stride; stride >= op_fp8_bytes(w, block, kind), and bytes past
+ * the entry inside a stride are left untouched. Plan `formats.swa`: default
+ * one FP32 scale per entry (block = w) [R]; R.2's serving layout is
+ * block 32 with E8M0 scales (528 B). */
+void op_swa_pack(uint8_t *out /* (n, stride) */, const float *kS /* (n, w) */, int n, int w, int block,
+                 enum op_scale_kind kind, size_t stride);
+
+#endif
