@@ -4,6 +4,9 @@
 #include <cblas.h>
 #include <string.h>
 
+#include "ops/registry.h"
+#include "runtime/check.h"
+
 void openblas_set_num_threads(int n);
 
 void op_blas_init(void) { openblas_set_num_threads(1); }
@@ -39,3 +42,70 @@ void op_linear(float *y, const float *x, const float *W, int n, int in, int out,
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, ldx, W, in, 0.0f, y, ldy);
 }
+
+/* ---- registry descriptors (ops/registry.h) ------------------------------ */
+
+static int embed_run(const struct op_desc *self, struct op_io *io) {
+  int64_t td[2], nd[1];
+  const struct op_tensor *table = op_io_in(self, io, "table", 2, td);
+  const struct op_tensor *tok = table ? op_io_in(self, io, "tokens", 1, nd) : NULL;
+  if (!tok) return CEDAR_EINVAL;
+  float *out = op_io_out(self, io, "out", 2, (int64_t[]){nd[0], td[1]});
+  if (!out) return CEDAR_ENOMEM;
+  int bad = op_embed(out, table->data, tok->data, (int)nd[0], (int)td[1], (int)td[0]);
+  if (bad >= 0)
+    return op_io_fail(io, "embed: token %d at position %d is outside the vocabulary [0, %lld)",
+                      ((const int32_t *)tok->data)[bad], bad, (long long)td[0]);
+  return 0;
+}
+
+const struct op_desc op_desc_embed = {
+    .name = "embed",
+    .summary = "embedding lookup: out[i] = table[tokens[i]] (SPEC 3.1)",
+    .inputs = (const struct op_arg[]){{"table", OP_F32, "(vocab, d)", "embedding table"},
+                                      {"tokens", OP_I32, "(n)", "token ids"},
+                                      {0}},
+    .outputs = (const struct op_arg[]){{"out", OP_F32, "(n, d)", "embedded rows"}, {0}},
+    .run = embed_run,
+};
+
+static int rmsnorm_run(const struct op_desc *self, struct op_io *io) {
+  int64_t xd[2], gd[1];
+  const struct op_tensor *x = op_io_in(self, io, "x", 2, xd);
+  const struct op_tensor *g = x ? op_io_in(self, io, "gamma", 1, gd) : NULL;
+  if (!g) return CEDAR_EINVAL;
+  if (gd[0] != xd[1]) return op_io_fail(io, "rmsnorm: gamma has %lld values for rows of %lld", (long long)gd[0], (long long)xd[1]);
+  float *out = op_io_out(self, io, "out", 2, xd);
+  if (!out) return CEDAR_ENOMEM;
+  op_rmsnorm(out, x->data, g->data, (int)xd[0], (int)xd[1], (float)op_io_param(self, io, "eps"));
+  return 0;
+}
+
+const struct op_desc op_desc_rmsnorm = {
+    .name = "rmsnorm",
+    .summary = "RMSNorm per row: x / sqrt(mean(x^2) + eps) * gamma (SPEC 3.2)",
+    .inputs = (const struct op_arg[]){{"x", OP_F32, "(n, d)", "rows"}, {"gamma", OP_F32, "(d)", "weight"}, {0}},
+    .outputs = (const struct op_arg[]){{"out", OP_F32, "(n, d)", "normalised rows"}, {0}},
+    .params = (const struct op_param[]){{"eps", OP_PARAM_FLOAT, 1e-6, "epsilon [R]"}, {0}},
+    .run = rmsnorm_run,
+};
+
+static int linear_run(const struct op_desc *self, struct op_io *io) {
+  int64_t xd[2], wd[2];
+  const struct op_tensor *x = op_io_in(self, io, "x", 2, xd);
+  const struct op_tensor *w = x ? op_io_in(self, io, "w", 2, wd) : NULL;
+  if (!w) return CEDAR_EINVAL;
+  if (wd[1] != xd[1]) return op_io_fail(io, "linear: w is (%lld, %lld) but x rows have %lld values", (long long)wd[0], (long long)wd[1], (long long)xd[1]);
+  float *y = op_io_out(self, io, "y", 2, (int64_t[]){xd[0], wd[0]});
+  if (!y) return CEDAR_ENOMEM;
+  op_linear(y, x->data, w->data, (int)xd[0], (int)xd[1], (int)wd[0], (int)xd[1], (int)wd[0]);
+  return 0;
+}
+
+const struct op_desc op_desc_linear = {
+    .name = "linear",
+    .summary = "linear layer y = x W^T through OpenBLAS sgemm, fp32",
+    .inputs = (const struct op_arg[]){{"x", OP_F32, "(n, in)", "rows"}, {"w", OP_F32, "(out, in)", "weight"}, {0}},
+    .outputs = (const struct op_arg[]){{"y", OP_F32, "(n, out)", "result"}, {0}},
+    .run = linear_run,
+};

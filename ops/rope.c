@@ -15,6 +15,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "ops/registry.h"
+#include "runtime/check.h"
+
 /* M_PI is not in strict C11 (<math.h> under _POSIX_C_SOURCE only). */
 #define ROPE_PI 3.14159265358979323846
 #define ROPE_MAX_PAIRS ((int)(sizeof(((struct op_rope *)0)->freq) / sizeof(double)))
@@ -94,3 +97,46 @@ void op_rope_apply(float *x, const struct op_rope *r, const int64_t *pos, int n,
     }
   }
 }
+
+/* ---- registry descriptor (ops/registry.h) ------------------------------- */
+
+static int rope_run(const struct op_desc *self, struct op_io *io) {
+  int64_t xd[3], pd[1];
+  const struct op_tensor *x = op_io_in(self, io, "x", 3, xd);
+  const struct op_tensor *pos = x ? op_io_in(self, io, "pos", 1, pd) : NULL;
+  if (!pos) return CEDAR_EINVAL;
+  if (pd[0] != xd[0]) return op_io_fail(io, "rope: %lld positions for %lld rows", (long long)pd[0], (long long)xd[0]);
+  struct op_rope r;
+  if (op_rope_init(&r, (int)xd[2], (int)op_io_param(self, io, "rope_dim"), op_io_param(self, io, "last") != 0,
+                   op_io_param(self, io, "theta"), op_io_param(self, io, "yarn") != 0, op_io_param(self, io, "yarn_factor"),
+                   (int64_t)op_io_param(self, io, "yarn_original_len"), op_io_param(self, io, "yarn_beta_fast"),
+                   op_io_param(self, io, "yarn_beta_slow")))
+    return op_io_fail(io, "rope: invalid parameters (rope_dim must be even and <= the row width %lld; theta, "
+                          "factor, lengths and betas positive)", (long long)xd[2]);
+  float *y = op_io_out(self, io, "y", 3, xd);
+  if (!y) return CEDAR_ENOMEM;
+  memcpy(y, x->data, (size_t)(xd[0] * xd[1] * xd[2]) * sizeof *y);
+  op_rope_apply(y, &r, pos->data, (int)xd[0], (int)xd[1], (int)(xd[1] * xd[2]),
+                op_io_param(self, io, "inverse") != 0 ? -1 : 1);
+  return 0;
+}
+
+const struct op_desc op_desc_rope = {
+    .name = "rope",
+    .summary = "partial RoPE on adjacent pairs, with YaRN; inverse with inverse=1 (SPEC 3.5, 3.12)",
+    .inputs = (const struct op_arg[]){{"x", OP_F32, "(n, heads, dim)", "rows to rotate"},
+                                      {"pos", OP_I64, "(n)", "absolute position of each row"},
+                                      {0}},
+    .outputs = (const struct op_arg[]){{"y", OP_F32, "(n, heads, dim)", "rotated rows"}, {0}},
+    .params = (const struct op_param[]){{"rope_dim", OP_PARAM_INT, 64, "rotated channels [A]"},
+                                        {"last", OP_PARAM_BOOL, 1, "rotate the last rope_dim channels (else the first)"},
+                                        {"theta", OP_PARAM_FLOAT, 160000, "RoPE base [R-cfg]"},
+                                        {"yarn", OP_PARAM_BOOL, 1, "YaRN correction [R-cfg]"},
+                                        {"yarn_factor", OP_PARAM_FLOAT, 16, "[R-cfg]"},
+                                        {"yarn_original_len", OP_PARAM_INT, 65536, "[R-cfg]"},
+                                        {"yarn_beta_fast", OP_PARAM_FLOAT, 32, "[R-cfg]"},
+                                        {"yarn_beta_slow", OP_PARAM_FLOAT, 1, "[R-cfg]"},
+                                        {"inverse", OP_PARAM_BOOL, 0, "rotate by -pos"},
+                                        {0}},
+    .run = rope_run,
+};

@@ -71,3 +71,35 @@ bool h_close(const float *got, const double *ref, const double *absref, size_t n
 int h_report(const char *suite);
 
 #endif
+
+/* ---- a memory-backed op_io (ops/registry.h), for descriptor tests -------- */
+
+#include "ops/registry.h"
+
+#define H_IO_MAX 32
+
+struct h_io {
+  struct op_io io;
+  const char *in_name[H_IO_MAX];
+  struct op_tensor in[H_IO_MAX];
+  int n_in;
+  const char *out_name[H_IO_MAX];
+  struct op_tensor out[H_IO_MAX];
+  int n_out;
+  const char *p_name[H_IO_MAX];
+  double p_val[H_IO_MAX];
+  int n_param;
+  char error[512];
+};
+
+/* Start an empty call. */
+void h_io_init(struct h_io *h);
+/* Add an input (the data is borrowed) or a parameter. */
+void h_io_input(struct h_io *h, const char *name, enum op_dtype dtype, int ndim, const int64_t *shape, void *data);
+void h_io_param(struct h_io *h, const char *name, double value);
+/* Run `name` through the registry; returns the op's status. */
+int h_io_run(struct h_io *h, const char *name);
+/* The output called `name` (NULL if the op made none). */
+const struct op_tensor *h_io_output(const struct h_io *h, const char *name);
+/* Free the outputs. */
+void h_io_free(struct h_io *h);

@@ -1,0 +1,129 @@
+/* registry.h: every op registered once (STYLE.md 2-3).
+ *
+ * CEDAR_OPS below is the one list of ops. It generates the op enum, the name
+ * table that plans and traces use, and the table of descriptors that `cedar
+ * op` runs (and, later, the StarPU codelet table). Adding an op edits this
+ * list and its family's file pair, where the descriptor lives beside the op:
+ *
+ *   const struct op_desc op_desc_rmsnorm = {
+ *       .name = "rmsnorm", .summary = "...",
+ *       .inputs = (const struct op_arg[]){{"x", OP_F32, "(n, d)", "rows"}, ..., {0}},
+ *       .outputs = ..., .params = ..., .run = rmsnorm_run};
+ *
+ * A descriptor's `run` reads named inputs and parameters through `struct
+ * op_io` and allocates named outputs through it; it checks shapes and returns
+ * a negative cedar_status through op_io_fail on bad input. ops/ still know
+ * nothing of files: `cedar op` (runtime/cmd_op.c) backs op_io with
+ * safetensors, and tests back it with memory.
+ */
+#ifndef CEDAR_OPS_REGISTRY_H
+#define CEDAR_OPS_REGISTRY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define OP_MAX_DIMS 8
+
+enum op_dtype { OP_F32 = 0, OP_I32, OP_I64, OP_U8 };
+
+struct op_arg {
+  const char *name;
+  enum op_dtype dtype;
+  const char *shape; /* documentation, e.g. "(n, d)" */
+  const char *doc;
+};
+
+enum op_ptype { OP_PARAM_INT = 0, OP_PARAM_FLOAT, OP_PARAM_BOOL };
+
+struct op_param {
+  const char *name;
+  enum op_ptype type;
+  double def; /* SPEC's default */
+  const char *doc;
+};
+
+/* A tensor handed to an op. */
+struct op_tensor {
+  enum op_dtype dtype;
+  int ndim;
+  int64_t shape[OP_MAX_DIMS];
+  void *data;
+};
+
+/* The caller's side of a call: named inputs, outputs, parameters, errors. */
+struct op_io {
+  void *ctx;
+  /* The input called `name`, or NULL when the caller has none. */
+  const struct op_tensor *(*input)(struct op_io *io, const char *name);
+  /* Allocate (zeroed) and register an output; NULL when out of memory. */
+  void *(*output)(struct op_io *io, const char *name, enum op_dtype dtype, int ndim, const int64_t *shape);
+  /* Was parameter `name` given? If so its value in *out. */
+  bool (*param)(struct op_io *io, const char *name, double *out);
+  /* Record a user-facing error message. */
+  void (*fail)(struct op_io *io, const char *msg);
+};
+
+struct op_desc {
+  const char *name;
+  const char *summary;
+  const struct op_arg *inputs;    /* terminated by {0} */
+  const struct op_arg *outputs;   /* terminated by {0} */
+  const struct op_param *params;  /* terminated by {0}; may be NULL */
+  int (*run)(const struct op_desc *self, struct op_io *io);
+};
+
+/* The one list of ops, grouped by family file. Keep each family's lines
+ * together under its marker. */
+#define CEDAR_OPS(X)                  \
+  /* ops/basic.c */                   \
+  X(embed)                            \
+  X(rmsnorm)                          \
+  X(linear)                           \
+  /* ops/rope.c */                    \
+  X(rope)                             \
+  /* ops/formats.c */                 \
+  /* ops/qkv.c */                     \
+  /* ops/compressor.c */              \
+  /* ops/indexer.c */                 \
+  /* ops/attention.c */               \
+  /* ops/moe.c */                     \
+  /* ops/mhc.c */                     \
+  /* ops/engram.c */                  \
+  /* ops/dspark.c */                  \
+  /* ops/sample.c */
+
+enum op_id {
+#define OP_ENUM_(name) OP_ID_##name,
+  CEDAR_OPS(OP_ENUM_)
+#undef OP_ENUM_
+  OP_COUNT
+};
+
+#define OP_DECL_(name) extern const struct op_desc op_desc_##name;
+CEDAR_OPS(OP_DECL_)
+#undef OP_DECL_
+
+extern const struct op_desc *const op_registry[OP_COUNT];
+const char *op_name(enum op_id id);
+const struct op_desc *op_find(const char *name);
+const char *op_dtype_name(enum op_dtype t);
+size_t op_dtype_size(enum op_dtype t);
+
+/* ---- helpers for descriptors' run functions ---------------------------- */
+
+/* Format an error into io->fail and return CEDAR_EINVAL. */
+int op_io_fail(struct op_io *io, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The input `name` of `self`, checked against its declared dtype and `ndim`;
+ * its dims land in dims[0..ndim). NULL after op_io_fail when it is missing or
+ * has the wrong dtype or rank. */
+const struct op_tensor *op_io_in(const struct op_desc *self, struct op_io *io, const char *name, int ndim,
+                                 int64_t *dims);
+/* Allocate output `name` of `self` with its declared dtype; NULL after
+ * op_io_fail when out of memory. */
+void *op_io_out(const struct op_desc *self, struct op_io *io, const char *name, int ndim, const int64_t *shape);
+/* Parameter `name` of `self`: the caller's value or the declared default. */
+double op_io_param(const struct op_desc *self, struct op_io *io, const char *name);
+
+#endif
