@@ -1,0 +1,108 @@
+/* mhc.h: manifold-constrained hyper-connections, the residual streams around every
+ * sublayer (SPEC 1.3, 3.3, 3.14, R.7).
+ *
+ * What it is: the CPU reference for the mHC coefficients, the input mix, the state update,
+ * the single-pass fused update and the head merge. The state of one position is X (hc,
+ * hidden): hc residual streams (4 [A]). With M = (2 + hc) * hc rows of W_fn and
+ * xf = X flattened (hc * hidden):
+ *   mixes = (W_fn xf) * rsqrt(mean(xf^2) + norm_eps)                   (M)
+ *   pre   = sigmoid(mixes[0:hc]   * scale[0] + base[0:hc])   + hc_eps   in (0, 1 + hc_eps]
+ *   post  = 2 sigmoid(mixes[hc:2hc] * scale[1] + base[hc:2hc])           in (0, 2)
+ *   C     = Sinkhorn(softmax_rows(mixes[2hc:] * scale[2] + base[2hc:] viewed (hc, hc)) + hc_eps)
+ *   u     = sum_i pre[i] X_i                 sublayer input, BEFORE the sublayer's RMSNorm
+ *   X'_j  = post[j] F + sum_i C[i][j] X_i     F = the sublayer's output for this position
+ * Sinkhorn in R.7's order: C /= (column sums + eps); then (iters - 1) times
+ * { C /= (row sums + eps); C /= (column sums + eps) }. Column sums are 1 to rounding after
+ * it; row sums converge slowly for spread-out logits (tests/test_ops_mhc.c measures it).
+ * In fp32 the open intervals close at saturation: sigmoid rounds to 1 for z >~ 17 (post =
+ * 2 exactly) and to 0 below about -88 (post = 0).
+ *
+ * Single pass (SPEC 3.14 [A]): the coefficients split into statistics of a state
+ * (op_mhc_stats: the M dot products W_fn xf and the sum of squares) and a cheap per-row
+ * transform (op_mhc_coeffs_from_stats). op_mhc_update_mix_fused writes X', mixes
+ * u_next = sum_i pre_next[i] X'_i with a pre that was predicted earlier, and accumulates
+ * the statistics of X' in one pass over X, tile by tile. Which sublayer's coefficients
+ * those statistics feed (SPEC 3.14: pre of the next sublayer, post and C of this one) is the
+ * executor's wiring: the fused op takes any m rows of weights. X' and u_next are bit-equal
+ * to op_mhc_update then op_mhc_mix (same per-element expressions, same order); the
+ * statistics differ from op_mhc_stats by summation order only (tiles of OP_MHC_TILE against
+ * sgemm's blocking and one sequential sum of squares), within 2 gamma(hc * hidden) of the
+ * sum of |terms|. Step 5 of SPEC's pass (pre-norm and FP8 cast of u) is not fused here: the
+ * RMSNorm of u needs u's whole row first.
+ *
+ * Decisions where SPEC is silent: sums over streams run i = 0..hc-1 in fp32; X'_j adds
+ * post[j] F after the stream sum; the sum of squares accumulates in fp32 (SPEC 3.2).
+ * The plain-sum merge (plan `merge: sum`) is op_mhc_mix with pre = 1.
+ *
+ * What it is not: the sublayers, their RMSNorm, or any knowledge of which layer owns which
+ * W_fn (separate W_fn/scale/base per sublayer and one for the head, R.7).
+ * Test: tests/test_ops_mhc.c (ctest -R ops_mhc).
+ */
+#ifndef CEDAR_OPS_MHC_H
+#define CEDAR_OPS_MHC_H
+
+/* Dimensions and [R]/[R-cfg] parameters (plan: model.mhc.*). */
+struct op_mhc_cfg {
+  int hc;             /* residual streams: 4 [A] */
+  int hidden;         /* d: 5120 */
+  int sinkhorn_iters; /* 20 [R-cfg]; >= 1 */
+  float hc_eps;       /* 1e-6 [R-cfg] */
+  float norm_eps;     /* eps inside rsqrt(mean(xf^2) + eps): the model's norm_eps (R.1 reports
+                         1e-20, SPEC 1.1 defaults RMSNorm eps to 1e-6) */
+};
+
+/* Rows of a sublayer's W_fn: (2 + hc) * hc (24 for hc = 4). */
+static inline int op_mhc_rows(int hc) { return (2 + hc) * hc; }
+
+/* Width of a tile of the fused pass, per stream: the order of its statistic sums. */
+#define OP_MHC_TILE 256
+
+/* Initial state: every stream of position t is h[t] (SPEC 3.1 [R]). */
+void op_mhc_expand(float *X /* (n, hc, d) */, const float *h /* (n, d) */, int n, int hc, int d);
+
+/* Statistics of n states: dots = xf W^T (op_linear), sumsq = sum(xf^2) in fp32.
+ * width = hc * d. */
+void op_mhc_stats(float *dots /* (n, m) */, float *sumsq /* (n) */, const float *X /* (n, width) */,
+                  const float *W /* (m, width) */, int n, int m, int width);
+
+/* pre, post, C from the statistics (R.7). scale (3), base (M). */
+void op_mhc_coeffs_from_stats(float *pre /* (n, hc) */, float *post /* (n, hc) */, float *C /* (n, hc, hc) */,
+                              const float *dots /* (n, M) */, const float *sumsq /* (n) */,
+                              const float *scale /* (3) */, const float *base /* (M) */, int n,
+                              const struct op_mhc_cfg *c);
+
+/* op_mhc_stats then op_mhc_coeffs_from_stats; dots and sumsq are outputs too (traces). */
+void op_mhc_coeffs(float *pre /* (n, hc) */, float *post /* (n, hc) */, float *C /* (n, hc, hc) */,
+                   float *dots /* (n, M) */, float *sumsq /* (n) */, const float *X /* (n, hc, d) */,
+                   const float *W_fn /* (M, hc * d) */, const float *scale /* (3) */, const float *base /* (M) */,
+                   int n, const struct op_mhc_cfg *c);
+
+/* H_res of one position: C = Sinkhorn(softmax_rows(logits) + eps), iters >= 1, in R.7's
+ * order. C may alias logits. */
+void op_mhc_sinkhorn(float *C /* (hc, hc) */, const float *logits /* (hc, hc) */, int hc, int iters, float eps);
+
+/* u = sum_i pre[i] X_i. */
+void op_mhc_mix(float *u /* (n, d) */, const float *X /* (n, hc, d) */, const float *pre /* (n, hc) */, int n, int hc,
+                int d);
+
+/* X'_j = sum_i C[i][j] X_i + post[j] F. Xn must not alias X. */
+void op_mhc_update(float *Xn /* (n, hc, d) */, const float *X /* (n, hc, d) */, const float *C /* (n, hc, hc) */,
+                   const float *post /* (n, hc) */, const float *F /* (n, d) */, int n, int hc, int d);
+
+/* One pass: Xn = op_mhc_update(X, C, post, F); u_next = op_mhc_mix(Xn, pre_next);
+ * dots, sumsq = the statistics of Xn against W (m, hc * d), accumulated tile by tile.
+ * Xn must not alias X. */
+void op_mhc_update_mix_fused(float *Xn /* (n, hc, d) */, float *u_next /* (n, d) */, float *dots /* (n, m) */,
+                             float *sumsq /* (n) */, const float *X /* (n, hc, d) */, const float *C /* (n, hc, hc) */,
+                             const float *post /* (n, hc) */, const float *F /* (n, d) */,
+                             const float *pre_next /* (n, hc) */, const float *W /* (m, hc * d) */, int n, int m,
+                             int hc, int d);
+
+/* Head merge (R.7 last lines): pre = sigmoid(mixes * scale + base) + hc_eps with
+ * mixes = (W_fn xf) * rsqrt(mean(xf^2) + norm_eps), y = sum_i pre[i] X_i; no Sinkhorn.
+ * pre is returned too. */
+void op_mhc_merge(float *y /* (n, d) */, float *pre /* (n, hc) */, const float *X /* (n, hc, d) */,
+                  const float *W_fn /* (hc, hc * d) */, float scale, const float *base /* (hc) */, int n,
+                  const struct op_mhc_cfg *c);
+
+#endif
