@@ -181,3 +181,217 @@ void op_grouped_oproj(float *a, float *z, const float *o, const float *w_oa, con
               ld_z);
   op_linear(a, z, w_ob, S, ld_z, hidden, ld_z, hidden);
 }
+
+/* ---- registry descriptors (ops/registry.h) ------------------------------ */
+/* `cedar op sparse_attn` over packed entries given as tensors (the global
+ * source as a one-page view, the SWA ring as its slots and positions), and
+ * `cedar op oproj`. Test: tests/test_op_desc_attn.c (ctest -R op_desc_attn). */
+
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdbool.h>
+
+#include "ops/registry.h"
+
+/* One sparse_attn call: inputs, views and parameters. */
+struct attn_call {
+  const float *q;
+  const int64_t *pos;
+  const int32_t *topk;
+  const uint8_t *page; /* the entries tensor: the global view's only page */
+  struct op_kv_view kv;
+  struct op_swa_view swa;
+  bool has_swa;
+  struct op_rope rope;
+  struct op_attn_params pr;
+  int S;
+};
+
+/* q (S, heads, head_dim), pos (S) >= 0, topk (S, k) and sink (heads). */
+static int attn_queries(const struct op_desc *self, struct op_io *io, struct attn_call *c) {
+  int64_t qd[3], pd[1], td[2] = {0, 0}, sd[1];
+  const struct op_tensor *q = op_io_in(self, io, "q", 3, qd), *t = NULL, *s = NULL;
+  const struct op_tensor *pos = q ? op_io_in(self, io, "pos", 1, pd) : NULL;
+  if (!pos || (io->input(io, "topk") && !(t = op_io_in(self, io, "topk", 2, td))) ||
+      (io->input(io, "sink") && !(s = op_io_in(self, io, "sink", 1, sd))))
+    return CEDAR_EINVAL;
+  if (qd[1] < 1 || qd[2] < 1)
+    return op_io_fail(io, "sparse_attn: q is (%lld, %lld, %lld): it needs heads >= 1 and head_dim >= 1",
+                      (long long)qd[0], (long long)qd[1], (long long)qd[2]);
+  if (pd[0] != qd[0])
+    return op_io_fail(io, "sparse_attn: pos has %lld positions but q has %lld queries", (long long)pd[0],
+                      (long long)qd[0]);
+  if (t && td[0] != qd[0])
+    return op_io_fail(io, "sparse_attn: topk is (%lld, %lld) but q has %lld queries", (long long)td[0],
+                      (long long)td[1], (long long)qd[0]);
+  if (s && sd[0] != qd[1])
+    return op_io_fail(io, "sparse_attn: sink has %lld values but q has %lld heads", (long long)sd[0],
+                      (long long)qd[1]);
+  c->q = q->data, c->pos = pos->data, c->topk = t ? t->data : NULL, c->S = (int)qd[0];
+  c->pr = (struct op_attn_params){.heads = (int)qd[1], .head_dim = (int)qd[2], .topk = t ? (int)td[1] : 0,
+                                  .sink = s ? s->data : NULL};
+  for (int i = 0; i < c->S; i++)
+    if (c->pos[i] < 0 || c->pos[i] > ((int64_t)1 << 53))
+      return op_io_fail(io, "sparse_attn: pos[%d] = %lld is outside [0, 2^53]", i, (long long)c->pos[i]);
+  return 0;
+}
+
+/* entries (n, bytes): the Main-KV part at main_off of each row. Needed
+ * exactly when topk is given. */
+static int attn_global(const struct op_desc *self, struct op_io *io, struct attn_call *c) {
+  int64_t ed[2];
+  double block, off, nibble;
+  if (!c->topk) {
+    if (io->input(io, "entries"))
+      return op_io_fail(io, "sparse_attn: entries given without topk (the Top-K list picks the global entries)");
+    return 0;
+  }
+  const struct op_tensor *e = op_io_in(self, io, "entries", 2, ed);
+  if (!e || !op_io_param_in(self, io, "main_block", 2, INT_MAX, &block) ||
+      !op_io_param_in(self, io, "main_off", 0, INT_MAX, &off) || !op_io_param_in(self, io, "nibble", 0, 1, &nibble))
+    return CEDAR_EINVAL;
+  const int hd = c->pr.head_dim;
+  size_t bytes = op_fp4_bytes(hd, (int)block);
+  if (!bytes)
+    return op_io_fail(io, "sparse_attn: main_block %d must be even and divide head_dim %d", (int)block, hd);
+  if ((int64_t)off + (int64_t)bytes > ed[1])
+    return op_io_fail(io, "sparse_attn: entries rows have %lld bytes but a Main-KV entry of %d values (block %d) at "
+                          "main_off %d needs %lld", (long long)ed[1], hd, (int)block, (int)off,
+                      (long long)off + (long long)bytes);
+  c->page = e->data;
+  c->kv = (struct op_kv_view){.pages = &c->page, .page_entries = ed[0] > 0 ? (int)ed[0] : 1,
+                              .entry_bytes = (size_t)ed[1], .main_off = (size_t)off, .n_entries = ed[0],
+                              .ratio = 1, .main_w = hd, .main_block = (int)block,
+                              .nibble = (enum op_nibble_order)nibble};
+  return 0;
+}
+
+/* swa (slots, bytes) FP8 entries and swa_pos (slots): both or neither. */
+static int attn_ring(const struct op_desc *self, struct op_io *io, struct attn_call *c) {
+  int64_t sd[2], pd[1];
+  double block, scale;
+  bool has = io->input(io, "swa") != NULL;
+  if (has != (io->input(io, "swa_pos") != NULL))
+    return op_io_fail(io, "sparse_attn: give both swa and swa_pos, or neither (got only %s)",
+                      has ? "swa" : "swa_pos");
+  if (!has) return 0;
+  const struct op_tensor *s = op_io_in(self, io, "swa", 2, sd);
+  const struct op_tensor *p = s ? op_io_in(self, io, "swa_pos", 1, pd) : NULL;
+  if (!p || !op_io_param_in(self, io, "swa_block", 0, INT_MAX, &block) || !op_io_param_in(self, io, "swa_scale", 0, 1, &scale))
+    return CEDAR_EINVAL;
+  if (pd[0] != sd[0])
+    return op_io_fail(io, "sparse_attn: swa_pos has %lld positions but swa has %lld slots", (long long)pd[0],
+                      (long long)sd[0]);
+  const int hd = c->pr.head_dim, blk = block ? (int)block : hd;
+  size_t bytes = op_fp8_bytes(hd, blk, (enum op_scale_kind)scale);
+  if (!bytes || (int64_t)bytes != sd[1])
+    return op_io_fail(io, "sparse_attn: swa rows have %lld bytes but an FP8 entry of head_dim %d with swa_block %d "
+                          "and swa_scale %d has %zu (0: the block does not divide head_dim)", (long long)sd[1], hd,
+                      blk, (int)scale, bytes);
+  c->swa = (struct op_swa_view){.slots = s->data, .pos = p->data, .n_slots = (int)sd[0], .entry_bytes = bytes,
+                                .w = hd, .block = blk, .scale = (enum op_scale_kind)scale};
+  c->has_swa = true;
+  return 0;
+}
+
+static int attn_scalars(const struct op_desc *self, struct op_io *io, struct attn_call *c) {
+  double window, r0, tau;
+  if (!op_io_param_in(self, io, "window", 0, INT_MAX, &window) || !op_io_param_in(self, io, "r0", -0x1p53, 0x1p53, &r0) ||
+      !op_io_param_in(self, io, "tau", -DBL_MAX, DBL_MAX, &tau) || !op_rope_from_params(self, io, "rope_dim", "last", c->pr.head_dim, &c->rope))
+    return CEDAR_EINVAL;
+  c->pr.window = (int)window;
+  c->pr.r0 = (int64_t)r0;
+  c->pr.tau = tau == 0 ? op_attn_tau_default(c->pr.head_dim) : (float)tau;
+  c->pr.rope = c->rope.rope_dim > 0 ? &c->rope : NULL;
+  return 0;
+}
+
+static int sparse_attn_run(const struct op_desc *self, struct op_io *io) {
+  struct attn_call c = {0};
+  int rc = attn_queries(self, io, &c);
+  if (!rc) rc = attn_global(self, io, &c);
+  if (!rc) rc = attn_ring(self, io, &c);
+  if (!rc) rc = attn_scalars(self, io, &c);
+  if (rc) return rc;
+  const struct op_attn_params *pr = &c.pr;
+  float *o = op_io_out(self, io, "o", 3, (int64_t[]){c.S, pr->heads, pr->head_dim});
+  int32_t *n_used = o ? op_io_out(self, io, "n_used", 1, (int64_t[]){c.S}) : NULL;
+  if (!n_used) return CEDAR_ENOMEM;
+  op_sparse_attn(o, n_used, c.q, c.pos, c.topk, c.topk ? &c.kv : NULL, c.has_swa ? &c.swa : NULL, c.S, pr);
+  return 0;
+}
+
+static int oproj_run(const struct op_desc *self, struct op_io *io) {
+  int64_t od[3], ad[3], bd[2];
+  const struct op_tensor *o = op_io_in(self, io, "o", 3, od);
+  const struct op_tensor *wa = o ? op_io_in(self, io, "W_oa", 3, ad) : NULL;
+  const struct op_tensor *wb = wa ? op_io_in(self, io, "W_ob", 2, bd) : NULL;
+  if (!wb) return CEDAR_EINVAL;
+  const int64_t G = ad[0], heads = od[1], hd = od[2];
+  if (G < 1 || heads % G != 0 || ad[2] != heads / G * hd)
+    return op_io_fail(io, "oproj: W_oa is (%lld, %lld, %lld) but o is (%lld, %lld, %lld): it needs (G, o_rank, "
+                          "heads/G * head_dim) with G >= 1 dividing heads", (long long)ad[0], (long long)ad[1],
+                      (long long)ad[2], (long long)od[0], (long long)heads, (long long)hd);
+  if (bd[1] != G * ad[1])
+    return op_io_fail(io, "oproj: W_ob is (%lld, %lld) but W_oa is (%lld, %lld, %lld): W_ob needs %lld columns",
+                      (long long)bd[0], (long long)bd[1], (long long)ad[0], (long long)ad[1], (long long)ad[2],
+                      (long long)(G * ad[1]));
+  float *a = op_io_out(self, io, "a", 2, (int64_t[]){od[0], bd[0]});
+  float *z = a ? op_io_out(self, io, "z", 2, (int64_t[]){od[0], bd[1]}) : NULL;
+  if (!z) return CEDAR_ENOMEM;
+  op_grouped_oproj(a, z, o->data, wa->data, wb->data, (int)od[0], (int)heads, (int)hd, (int)G, (int)ad[1],
+                   (int)bd[0]);
+  return 0;
+}
+
+const struct op_desc op_desc_sparse_attn = {
+    .name = "sparse_attn",
+    .summary = "sparse attention over Top-K global entries and the SWA ring, one softmax with sink, inverse "
+               "RoPE (SPEC 3.12)",
+    .inputs = (const struct op_arg[]){
+        {"q", OP_F32, "(S, heads, head_dim)", "main queries, RoPE'd (q_main)"},
+        {"pos", OP_I64, "(S)", "absolute query positions, >= 0"},
+        {"topk", OP_I32, "(S, k)", "optional: global entry ids per query, -1 = none (absent: SWA-only layer)"},
+        {"entries", OP_U8, "(n, bytes)", "with topk only: global entries, Main-KV (fp4) part at main_off"},
+        {"swa", OP_U8, "(slots, bytes)", "optional: SWA ring slots, FP8 (fp8_pack / swa_kv pack=1)"},
+        {"swa_pos", OP_I64, "(slots)", "with swa: absolute position held by each slot, < 0 = empty"},
+        {"sink", OP_F32, "(heads)", "optional: sink logit per head, unscaled (absent: no sink)"},
+        {0}},
+    .outputs = (const struct op_arg[]){{"o", OP_F32, "(S, heads, head_dim)", "attention output, inverse RoPE'd"},
+                                       {"n_used", OP_I32, "(S)", "entries each query attended to"},
+                                       {0}},
+    .params = (const struct op_param[]){
+        {"window", OP_PARAM_INT, 128, "SWA visibility span W [A]; 0 = no local entries"},
+        {"r0", OP_PARAM_INT, 0, "replay start: SWA positions < r0 are invisible (SPEC 3.9)"},
+        {"tau", OP_PARAM_FLOAT, 0, "softmax scale; 0 = 1/sqrt(head_dim) [R-cfg]"},
+        {"main_block", OP_PARAM_INT, 16, "values per E4M3 scale in Main KV [A]"},
+        {"main_off", OP_PARAM_INT, 0, "byte offset of the Main-KV part in an entries row (compress: 0)"},
+        {"nibble", OP_PARAM_INT, 0, "Main KV: 0 element 2j in the low nibble, 1 in the high one [R]"},
+        {"swa_block", OP_PARAM_INT, 0, "values per SWA scale; 0 = one per entry [R] (R.2 serving: 32)"},
+        {"swa_scale", OP_PARAM_INT, 0, "SWA scales: 0 FP32 [R], 1 E8M0 (R.2)"},
+        {"rope_dim", OP_PARAM_INT, 64, "channels of the inverse RoPE, 0 = none [A]"},
+        {"last", OP_PARAM_BOOL, 1, "rotate the last rope_dim channels, else the first [A]"},
+        {"theta", OP_PARAM_FLOAT, 160000, "RoPE base [R-cfg]: 160000 on CSA2 layers, 10000 (yarn=0) SWA-only"},
+        {"yarn", OP_PARAM_BOOL, 1, "YaRN correction [R-cfg]: on for CSA2 layers, off for SWA-only ones"},
+        {"yarn_factor", OP_PARAM_FLOAT, 16, "YaRN factor [R-cfg]"},
+        {"yarn_original_len", OP_PARAM_INT, 65536, "YaRN original length [R-cfg]"},
+        {"yarn_beta_fast", OP_PARAM_FLOAT, 32, "YaRN beta_fast [R-cfg]"},
+        {"yarn_beta_slow", OP_PARAM_FLOAT, 1, "YaRN beta_slow [R-cfg]"},
+        {0}},
+    .run = sparse_attn_run,
+};
+
+const struct op_desc op_desc_oproj = {
+    .name = "oproj",
+    .summary = "grouped output projection: z_g = W_oa[g] o_group(g), a = W_ob z (SPEC 3.12, R.2)",
+    .inputs = (const struct op_arg[]){
+        {"o", OP_F32, "(S, heads, head_dim)", "attention output (sparse_attn)"},
+        {"W_oa", OP_F32, "(G, o_rank, heads/G*head_dim)", "per-group down-projection; G = o_groups (8 [R-cfg])"},
+        {"W_ob", OP_F32, "(hidden, G*o_rank)", "up-projection (o_rank 1024, hidden 5120 [R-cfg])"},
+        {0}},
+    .outputs = (const struct op_arg[]){{"a", OP_F32, "(S, hidden)", "attention branch output"},
+                                       {"z", OP_F32, "(S, G*o_rank)", "the concatenated group projections"},
+                                       {0}},
+    .run = oproj_run,
+};

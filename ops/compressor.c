@@ -164,3 +164,191 @@ int op_compress(const struct op_comp_out *out, struct op_comp_tail *tail, float 
   op_comp_project(v, g, u, n, L);
   return op_comp_push(out, tail, work, v, g, a, n, L);
 }
+
+/* ---- registry descriptors (ops/registry.h) ------------------------------ */
+/* `cedar op compress`: one op_compress call from an empty tail whose group
+ * starts at parameter `start`; it writes the emitted entries, their
+ * positions and the tail left behind (the pending projected rows).
+ * Test: tests/test_op_desc_attn.c (ctest -R op_desc_attn). */
+
+#include <float.h>
+#include <limits.h>
+#include <stdlib.h>
+
+#include "ops/registry.h"
+
+/* Input `name` of (rows, cols) exactly, or a message naming both shapes. */
+static const float *in_shape(const struct op_desc *self, struct op_io *io, const char *name, int64_t rows,
+                             int64_t cols, const char *why) {
+  int64_t d[2];
+  const struct op_tensor *t = op_io_in(self, io, name, 2, d);
+  if (t && (d[0] != rows || d[1] != cols)) {
+    op_io_fail(io, "compress: %s is (%lld, %lld) but %s needs (%lld, %lld)", name, (long long)d[0], (long long)d[1],
+               why, (long long)rows, (long long)cols);
+    return NULL;
+  }
+  return t ? t->data : NULL;
+}
+
+/* An optional vector of `len` floats: true with *out NULL when absent, false
+ * after op_io_fail when present but misshapen. */
+static bool in_vector(const struct op_desc *self, struct op_io *io, const char *name, int64_t len, const char *why,
+                      const float **out) {
+  int64_t d[1];
+  *out = NULL;
+  if (!io->input(io, name)) return true;
+  const struct op_tensor *t = op_io_in(self, io, name, 1, d);
+  if (!t) return false;
+  if (d[0] != len)
+    return op_io_fail(io, "compress: %s has %lld values but %s has %lld", name, (long long)d[0], why,
+                      (long long)len),
+           false;
+  *out = t->data;
+  return true;
+}
+
+/* Everything of one call: the layer, its ropes, the inputs and the start. */
+struct comp_call {
+  struct op_comp_layer L;
+  struct op_rope rope, rope_i;
+  const float *u;
+  int n;
+  int64_t start;
+};
+
+static int comp_params(const struct op_desc *self, struct op_io *io, struct comp_call *c) {
+  double ratio, start, eps, mb, ib, rule, nibble, k_norm;
+  if (!op_io_param_in(self, io, "ratio", 1, INT_MAX, &ratio) || !op_io_param_in(self, io, "start", 0, 0x1p53, &start) ||
+      !op_io_param_in(self, io, "eps", 0, DBL_MAX, &eps) || !op_io_param_in(self, io, "main_block", 2, INT_MAX, &mb) ||
+      !op_io_param_in(self, io, "idx_block", 2, INT_MAX, &ib) || !op_io_param_in(self, io, "scale_rule", 0, 1, &rule) ||
+      !op_io_param_in(self, io, "nibble", 0, 1, &nibble) || !op_io_param_in(self, io, "k_norm", 0, 1, &k_norm))
+    return CEDAR_EINVAL;
+  if ((int64_t)start % (int64_t)ratio != 0)
+    return op_io_fail(io, "compress: start %lld is not a multiple of ratio %d (a group cannot begin mid-group)",
+                      (long long)start, (int)ratio);
+  c->start = (int64_t)start;
+  c->L = (struct op_comp_layer){.ratio = (int)ratio, .k_norm = k_norm != 0, .eps = (float)eps,
+                                .rope = &c->rope, .rope_i = &c->rope_i, .main_block = (int)mb,
+                                .idx_block = (int)ib, .mx = (enum op_mx_rule)rule,
+                                .nibble = (enum op_nibble_order)nibble};
+  return 0;
+}
+
+/* The tensors, checked against W_kv (d, hidden) and W_ik (idx_dim, d). */
+static int comp_inputs(const struct op_desc *self, struct op_io *io, struct comp_call *c) {
+  struct op_comp_layer *L = &c->L;
+  int64_t ud[2], kd[2], id[2];
+  const struct op_tensor *u = op_io_in(self, io, "u", 2, ud);
+  const struct op_tensor *Wkv = u ? op_io_in(self, io, "W_kv", 2, kd) : NULL;
+  const struct op_tensor *Wik = Wkv ? op_io_in(self, io, "W_ik", 2, id) : NULL;
+  if (!Wik) return CEDAR_EINVAL;
+  if (kd[1] != ud[1])
+    return op_io_fail(io, "compress: W_kv is (%lld, %lld) but u is (%lld, %lld): widths differ", (long long)kd[0],
+                      (long long)kd[1], (long long)ud[0], (long long)ud[1]);
+  if (id[1] != kd[0])
+    return op_io_fail(io, "compress: W_ik is (%lld, %lld) but W_kv is (%lld, %lld): W_ik needs %lld columns",
+                      (long long)id[0], (long long)id[1], (long long)kd[0], (long long)kd[1], (long long)kd[0]);
+  c->u = u->data, c->n = (int)ud[0];
+  L->hidden = (int)ud[1], L->d = (int)kd[0], L->idx_dim = (int)id[0];
+  L->W_kv = Wkv->data, L->W_ik = Wik->data;
+  if (L->ratio == 1 && io->input(io, "W_gate"))
+    return op_io_fail(io, "compress: W_gate given at ratio 1; a ratio-1 layer has no gate weights (SPEC 3.7)");
+  if (L->ratio > 1 && !(L->W_gate = in_shape(self, io, "W_gate", kd[0], kd[1], "W_kv's shape")))
+    return CEDAR_EINVAL;
+  if (!L->k_norm && io->input(io, "k_gamma"))
+    return op_io_fail(io, "compress: k_gamma given but k_norm is off (set k_norm=1 to use it)");
+  if (!in_vector(self, io, "gamma_c", kd[0], "d (the rows of W_kv)", &L->gamma) ||
+      !in_vector(self, io, "k_gamma", id[0], "idx_dim (the rows of W_ik)", &L->k_gamma))
+    return CEDAR_EINVAL;
+  if (!op_fp4_bytes(L->d, L->main_block) || !op_mxfp4_bytes(L->idx_dim, L->idx_block))
+    return op_io_fail(io, "compress: main_block %d must be even and divide d = %d, and idx_block %d even and "
+                          "divide idx_dim = %d", L->main_block, L->d, L->idx_block, L->idx_dim);
+  if (!op_rope_from_params(self, io, "rope_dim", "last", L->d, &c->rope) ||
+      !op_rope_from_params(self, io, "idx_rope_dim", "idx_rope_last", L->idx_dim, &c->rope_i))
+    return CEDAR_EINVAL;
+  return 0;
+}
+
+/* Run the call into the outputs: entries (Main-KV part first, then the
+ * Indexer-K part), their positions and the tail left behind. */
+static int comp_outputs(const struct op_desc *self, struct op_io *io, struct comp_call *c) {
+  const struct op_comp_layer *L = &c->L;
+  const int r = L->ratio, d = L->d, n_emit = c->n / r, left = c->n % r;
+  size_t mb = op_fp4_bytes(d, L->main_block), ib = op_mxfp4_bytes(L->idx_dim, L->idx_block);
+  struct op_comp_out out = {.entry_bytes = mb + ib, .main_off = 0, .idx_off = mb, .max_entries = n_emit};
+  float *tv = NULL, *tg = NULL;
+  int64_t *tpos = NULL;
+  if (!(out.entries = op_io_out(self, io, "entries", 2, (int64_t[]){n_emit, (int64_t)(mb + ib)})) ||
+      !(out.pos = op_io_out(self, io, "pos", 1, (int64_t[]){n_emit})) ||
+      !(tv = op_io_out(self, io, "tail_v", 2, (int64_t[]){left, d})) ||
+      !(tg = op_io_out(self, io, "tail_g", 2, (int64_t[]){left, d})) ||
+      !(tpos = op_io_out(self, io, "tail_pos", 1, (int64_t[]){left})))
+    return CEDAR_ENOMEM;
+  float *scratch = calloc(op_comp_scratch_floats(c->n, r, d, L->idx_dim), sizeof *scratch);
+  float *tbuf = r > 1 ? calloc(op_comp_tail_floats(r, d), sizeof *tbuf) : NULL;
+  if (!scratch || (r > 1 && !tbuf)) {
+    free(scratch), free(tbuf);
+    return op_io_fail(io, "compress: cannot allocate the scratch for %d rows of %d", c->n, d), CEDAR_ENOMEM;
+  }
+  struct op_comp_tail tail;
+  int rc = op_comp_tail_init(&tail, tbuf, r, d, c->start);
+  if (rc == 0) rc = op_compress(&out, &tail, scratch, c->u, c->start, c->n, L);
+  CEDAR_ASSERT_MSG(rc == n_emit && tail.count == left, "compress: emitted %d of %d", rc, n_emit);
+  if (left) {
+    memcpy(tv, tail.v, (size_t)left * d * sizeof *tv);
+    memcpy(tg, tail.g, (size_t)left * d * sizeof *tg);
+  }
+  for (int i = 0; i < left; i++) tpos[i] = tail.pos0 + i;
+  free(scratch), free(tbuf);
+  return 0;
+}
+
+static int compress_run(const struct op_desc *self, struct op_io *io) {
+  struct comp_call c;
+  int rc = comp_params(self, io, &c);
+  if (!rc) rc = comp_inputs(self, io, &c);
+  if (!rc) rc = comp_outputs(self, io, &c);
+  return rc;
+}
+
+const struct op_desc op_desc_compress = {
+    .name = "compress",
+    .summary = "KV-source compressor, one call from an empty tail: gated pooling, RMSNorm, Main-KV + "
+               "Indexer-K entries (SPEC 3.7-3.8)",
+    .inputs = (const struct op_arg[]){
+        {"u", OP_F32, "(n, hidden)", "attention input rows of positions start .. start+n-1"},
+        {"W_kv", OP_F32, "(d, hidden)", "compressor KV projection (d = head_dim, 512 [A])"},
+        {"W_gate", OP_F32, "(d, hidden)", "gate projection; required when ratio > 1, refused at ratio 1"},
+        {"gamma_c", OP_F32, "(d)", "optional: norm_c weight (absent = 1)"},
+        {"W_ik", OP_F32, "(idx_dim, d)", "indexer key projection (idx_dim 128 [A])"},
+        {"k_gamma", OP_F32, "(idx_dim)", "optional, with k_norm=1 only: k_norm weight (absent = 1)"},
+        {0}},
+    .outputs = (const struct op_arg[]){
+        {"entries", OP_U8, "(n/ratio, main+idx bytes)", "Main-KV part (fp4) at 0, Indexer-K part (mxfp4) after it"},
+        {"pos", OP_I64, "(n/ratio)", "entry positions, each its group's first token"},
+        {"tail_v", OP_F32, "(n%ratio, d)", "the tail after the call: projected values of the pending rows"},
+        {"tail_g", OP_F32, "(n%ratio, d)", "their gate scores"},
+        {"tail_pos", OP_I64, "(n%ratio)", "their positions (the next call starts after the last)"},
+        {0}},
+    .params = (const struct op_param[]){
+        {"ratio", OP_PARAM_INT, 2, "tokens per entry r [A]: 2 encoder sources, 1 L20"},
+        {"start", OP_PARAM_INT, 0, "position of u's first row, a multiple of ratio (the tail starts empty)"},
+        {"eps", OP_PARAM_FLOAT, 1e-6, "epsilon of both norms, model.norm_eps [R]"},
+        {"k_norm", OP_PARAM_BOOL, 0, "RMSNorm on kI, plan indexer.k_norm [R]"},
+        {"main_block", OP_PARAM_INT, 16, "values per E4M3 scale in Main KV [A]"},
+        {"idx_block", OP_PARAM_INT, 32, "values per E8M0 scale in Indexer K [A]"},
+        {"scale_rule", OP_PARAM_INT, 0, "Indexer-K scale: 0 ceil [R-cfg, R.9], 1 OCP MX"},
+        {"nibble", OP_PARAM_INT, 0, "0: element 2j in the low nibble, 1: in the high one [R]"},
+        {"rope_dim", OP_PARAM_INT, 64, "main RoPE channels of d [A]"},
+        {"last", OP_PARAM_BOOL, 1, "main RoPE on the last rope_dim channels [A]"},
+        {"idx_rope_dim", OP_PARAM_INT, 64, "indexer RoPE channels of idx_dim [R-cfg]"},
+        {"idx_rope_last", OP_PARAM_BOOL, 1, "indexer RoPE on the last channels [R-cfg]"},
+        {"theta", OP_PARAM_FLOAT, 160000, "RoPE base of both [R-cfg]"},
+        {"yarn", OP_PARAM_BOOL, 1, "YaRN correction [R-cfg]"},
+        {"yarn_factor", OP_PARAM_FLOAT, 16, "YaRN factor [R-cfg]"},
+        {"yarn_original_len", OP_PARAM_INT, 65536, "YaRN original length [R-cfg]"},
+        {"yarn_beta_fast", OP_PARAM_FLOAT, 32, "YaRN beta_fast [R-cfg]"},
+        {"yarn_beta_slow", OP_PARAM_FLOAT, 1, "YaRN beta_slow [R-cfg]"},
+        {0}},
+    .run = compress_run,
+};

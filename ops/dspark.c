@@ -2,10 +2,16 @@
  * and verify-length choice (see dspark.h). */
 #include "ops/dspark.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "ops/basic.h"
+#include "ops/registry.h"
 #include "ops/sample.h"
 #include "runtime/check.h"
 
@@ -55,3 +61,141 @@ int op_dspark_verify_len(float *score, const float *a, const float *t_round, int
   }
   return best;
 }
+
+/* ---- registry descriptors (ops/registry.h) ------------------------------ */
+
+/* Shape checks for the descriptors. (The same small helpers sit in each
+ * family file that registers ops: registry.c offers none that format
+ * shapes.) */
+
+/* -- dspark_draft --
+ * Each position is one op_dspark_markov_draft call of length 1 continuing
+ * from the previous draft with the same generator: the same arithmetic and
+ * the same draws as one call of length L, and it keeps every position's
+ * sampling distribution (the op keeps only the last), which acceptance
+ * needs. */
+
+static int dspark_draft_run(const struct op_desc *self, struct op_io *io) {
+  int64_t bd[2], ad[2], ud[2], y0;
+  double given;
+  const struct op_tensor *base = op_io_in(self, io, "base", 2, bd), *A = NULL, *U = NULL;
+  if (!base || !(A = op_io_in(self, io, "A", 2, ad)) || !(U = op_io_in(self, io, "U", 2, ud)) ||
+      !op_io_dims_fit_int(io, self->name, "base", bd, 2) || !op_io_dims_fit_int(io, self->name, "A", ad, 2))
+    return CEDAR_EINVAL;
+  int64_t L = bd[0], V = bd[1], rank = ad[1];
+  if (V < 1 || rank < 1)
+    return op_io_fail(io, "dspark_draft: needs a vocabulary V >= 1 (base is (%lld, %lld)) and rank >= 1 (A is "
+                          "(%lld, %lld))", (long long)L, (long long)V, (long long)ad[0], (long long)rank);
+  if (!op_io_dims_match(io, self->name, "A", ad, (int64_t[]){V, rank}, 2, "base", bd, 2) ||
+      !op_io_dims_match(io, self->name, "U", ud, ad, 2, "A", ad, 2))
+    return CEDAR_EINVAL;
+  if (!io->param(io, "y0", &given))
+    return op_io_fail(io, "dspark_draft: parameter y0 (the last committed token) is required");
+  float temperature, top_p;
+  uint64_t rng;
+  if (!op_io_param_int(self, io, "y0", 0, V - 1, &y0) || !op_sample_params(self, io, &temperature, &top_p, &rng))
+    return CEDAR_EINVAL;
+  int32_t *draft = op_io_out(self, io, "draft", 1, (int64_t[]){L});
+  float *logits = draft ? op_io_out(self, io, "logits", 2, bd) : NULL;
+  float *prob = logits ? op_io_out(self, io, "prob", 2, bd) : NULL;
+  if (!prob) return CEDAR_ENOMEM;
+  int32_t *order = malloc((size_t)V * sizeof *order);
+  if (!order) return op_io_fail(io, "dspark_draft: cannot allocate %lld ids of workspace", (long long)V), CEDAR_ENOMEM;
+  int rc = 0;
+  int32_t prev = (int32_t)y0;
+  for (int64_t i = 0; i < L; i++) {
+    if (op_dspark_markov_draft(draft + i, logits + i * V, prob + i * V, order, (const float *)base->data + i * V,
+                               A->data, U->data, prev, 1, (int)V, (int)rank, temperature, top_p, &rng)) {
+      rc = op_io_fail(io, "dspark_draft: the logits of draft position %lld hold NaN or +inf, or no finite value",
+                      (long long)i);
+      break;
+    }
+    prev = draft[i];
+  }
+  free(order);
+  return rc;
+}
+
+const struct op_desc op_desc_dspark_draft = {
+    .name = "dspark_draft",
+    .summary = "DSpark Markov head: draft L tokens left to right from base_i + U A[y_{i-1}] (SPEC 3.16)",
+    .inputs = (const struct op_arg[]){{"base", OP_F32, "(L, V)", "the drafter's base logits of the L positions"},
+                                      {"A", OP_F32, "(V, rank)", "embedding of the previous token"},
+                                      {"U", OP_F32, "(V, rank)", "rank -> V map, stored (out, in)"},
+                                      {0}},
+    .outputs = (const struct op_arg[]){{"draft", OP_I32, "(L)", "draft token ids"},
+                                       {"logits", OP_F32, "(L, V)", "base_i + U A[y_{i-1}]"},
+                                       {"prob", OP_F32, "(L, V)", "distribution each draft was drawn from (one-hot "
+                                                                  "when greedy)"},
+                                       {0}},
+    .params = (const struct op_param[]){{"y0", OP_PARAM_INT, -1, "last committed token, required [R]"},
+                                        {"temperature", OP_PARAM_FLOAT, 0, "0 = greedy [cedar; SPEC silent]"},
+                                        {"top_p", OP_PARAM_FLOAT, 1, "nucleus mass, 1 = off [cedar; SPEC silent]"},
+                                        {"seed", OP_PARAM_INT, 0, "splitmix64 seed of the draws [cedar]"},
+                                        {0}},
+    .run = dspark_draft_run,
+};
+
+/* -- dspark_confidence -- */
+
+static int dspark_confidence_run(const struct op_desc *self, struct op_io *io) {
+  int64_t hd[2], wd[1], bd[1];
+  const struct op_tensor *h = op_io_in(self, io, "h", 2, hd), *w = NULL, *b = NULL;
+  if (!h || !(w = op_io_in(self, io, "w_c", 1, wd)) || !(b = op_io_in(self, io, "b_c", 1, bd)) ||
+      !op_io_dims_fit_int(io, self->name, "h", hd, 2) ||
+      !op_io_dims_match(io, self->name, "w_c", wd, (int64_t[]){hd[1]}, 1, "h", hd, 2) ||
+      !op_io_dims_match(io, self->name, "b_c", bd, (int64_t[]){1}, 1, "the head's one bias", NULL, 0))
+    return CEDAR_EINVAL;
+  float *a = op_io_out(self, io, "a", 1, (int64_t[]){hd[0]});
+  if (!a) return CEDAR_ENOMEM;
+  op_dspark_confidence(a, h->data, w->data, ((const float *)b->data)[0], (int)hd[0], (int)hd[1]);
+  return 0;
+}
+
+const struct op_desc op_desc_dspark_confidence = {
+    .name = "dspark_confidence",
+    .summary = "DSpark confidence head: a_i = sigmoid(w_c . h_i + b_c) (SPEC 3.16)",
+    .inputs = (const struct op_arg[]){{"h", OP_F32, "(L, d)", "hidden states of the draft positions"},
+                                      {"w_c", OP_F32, "(d)", "confidence weight"},
+                                      {"b_c", OP_F32, "(1)", "confidence bias"},
+                                      {0}},
+    .outputs = (const struct op_arg[]){{"a", OP_F32, "(L)", "P(draft i accepted | drafts before it accepted)"}, {0}},
+    .run = dspark_confidence_run,
+};
+
+/* -- dspark_verify_len -- */
+
+static int dspark_verify_len_run(const struct op_desc *self, struct op_io *io) {
+  int64_t ad[1], td[1];
+  const struct op_tensor *a = op_io_in(self, io, "a", 1, ad), *t = NULL;
+  if (!a || !(t = op_io_in(self, io, "t_round", 1, td)) || !op_io_dims_fit_int(io, self->name, "a", ad, 1) ||
+      !op_io_dims_match(io, self->name, "t_round", td, (int64_t[]){ad[0] + 1}, 1, "a (Lmax + 1 lengths 0..Lmax)", ad, 1))
+    return CEDAR_EINVAL;
+  int Lmax = (int)ad[0];
+  float *e = op_io_out(self, io, "expected", 1, td);
+  float *score = e ? op_io_out(self, io, "score", 1, td) : NULL;
+  int32_t *best = score ? op_io_out(self, io, "L_star", 1, (int64_t[]){1}) : NULL;
+  if (!best) return CEDAR_ENOMEM;
+  op_dspark_expected_accept(e, a->data, Lmax);
+  best[0] = op_dspark_verify_len(score, a->data, t->data, Lmax);
+  const float *tr = t->data;
+  for (int L = 0; best[0] < 0 && L <= Lmax; L++)
+    if (!(tr[L] > 0.0f) || !isfinite(tr[L]))
+      return op_io_fail(io, "dspark_verify_len: t_round[%d] = %g is not positive and finite (a measurement bug)", L,
+                        (double)tr[L]);
+  return 0;
+}
+
+const struct op_desc op_desc_dspark_verify_len = {
+    .name = "dspark_verify_len",
+    .summary = "DSpark verify length: E[A(L)] and L* = argmax (1 + E[A(L)]) / t_round(L) (SPEC 3.16)",
+    .inputs = (const struct op_arg[]){{"a", OP_F32, "(Lmax)", "confidence of each draft"},
+                                      {"t_round", OP_F32, "(Lmax + 1)", "measured time of a round verifying L = "
+                                                                        "0..Lmax drafts"},
+                                      {0}},
+    .outputs = (const struct op_arg[]){{"expected", OP_F32, "(Lmax + 1)", "E[A(L)], L = 0..Lmax"},
+                                       {"score", OP_F32, "(Lmax + 1)", "(1 + E[A(L)]) / t_round[L]"},
+                                       {"L_star", OP_I32, "(1)", "the chosen length (ties to the shorter)"},
+                                       {0}},
+    .run = dspark_verify_len_run,
+};

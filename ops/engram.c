@@ -2,12 +2,16 @@
  * for the rules and the choices made where SPEC is silent). */
 #include "ops/engram.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ops/basic.h"
 #include "ops/formats.h"
+#include "ops/registry.h"
 #include "ops/sample.h"
 #include "runtime/check.h"
 
@@ -211,3 +215,263 @@ void op_engram_inject(float *x, float *kv, float *gate, const float *e, const fl
     }
   }
 }
+
+/* ---- registry descriptors (ops/registry.h) ------------------------------ */
+
+/* Shape checks for the descriptors. (The same small helpers sit in each
+ * family file that registers ops: registry.c offers none that format
+ * shapes.) */
+
+/* -- engram_hash --
+ * The orders are four parameters o1..o4 (0 = unused) rather than a tensor:
+ * SPEC's orders (2, 3, 4) are then the defaults, a CLI call needs no extra
+ * tensor, and engram_max_ngram_size (4, R.1) bounds how many there are. The
+ * tables are laid out for modules 0..module only: a module's primes depend
+ * on the modules before it, never on those after it. */
+
+#define ENGRAM_MAX_ORDERS 4
+#define ENGRAM_MAX_TABLES 65536 /* primes one call may search (a typo such as heads=1e8 would run for minutes) */
+#define ENGRAM_EXACT ((int64_t)1 << 53) /* integer parameters are doubles: exact up to here */
+
+struct hash_args {
+  int64_t module, layer, table_base, heads, seed, id_bound, pad_id, vocab, cvocab, n_hist;
+  int orders[ENGRAM_MAX_ORDERS], n_orders, max_order;
+};
+
+struct hash_in {
+  const struct op_tensor *tok, *dead, *cmap, *mult;
+  int64_t td[1], dd[1], cd[1], md[1];
+};
+
+static bool hash_orders(const struct op_desc *self, struct op_io *io, struct hash_args *a) {
+  static const char *const names[ENGRAM_MAX_ORDERS] = {"o1", "o2", "o3", "o4"};
+  a->n_orders = a->max_order = 0;
+  for (int k = 0; k < ENGRAM_MAX_ORDERS; k++) {
+    int64_t o;
+    if (!op_io_param_int(self, io, names[k], 0, 64, &o)) return false;
+    if (o == 0) continue;
+    if (a->n_orders != k)
+      return op_io_fail(io, "engram_hash: %s = %lld follows an unused order (0); give the orders from o1 on",
+                        names[k], (long long)o),
+             false;
+    a->orders[a->n_orders++] = (int)o;
+    if (o > a->max_order) a->max_order = (int)o;
+  }
+  if (a->n_orders == 0) return op_io_fail(io, "engram_hash: no n-gram order: o1 must be at least 1"), false;
+  return true;
+}
+
+static bool hash_params(const struct op_desc *self, struct op_io *io, struct hash_args *a) {
+  if (!op_io_param_int(self, io, "module", 0, 1023, &a->module) || !op_io_param_int(self, io, "layer", 0, INT_MAX, &a->layer) ||
+      !op_io_param_int(self, io, "table_base", 2, ENGRAM_EXACT, &a->table_base) ||
+      !op_io_param_int(self, io, "heads", 1, ENGRAM_MAX_TABLES, &a->heads) ||
+      !op_io_param_int(self, io, "seed", 0, ENGRAM_EXACT, &a->seed) ||
+      !op_io_param_int(self, io, "id_bound", 0, ENGRAM_EXACT, &a->id_bound) ||
+      !op_io_param_int(self, io, "pad_id", INT32_MIN, INT32_MAX, &a->pad_id) ||
+      !op_io_param_int(self, io, "vocab", 1, INT_MAX, &a->vocab) ||
+      !op_io_param_int(self, io, "compressed_vocab", 1, INT_MAX, &a->cvocab) ||
+      !op_io_param_int(self, io, "n_hist", 0, INT_MAX, &a->n_hist) || !hash_orders(self, io, a))
+    return false;
+  int64_t tables = (a->module + 1) * a->n_orders * a->heads;
+  if (tables > ENGRAM_MAX_TABLES)
+    return op_io_fail(io, "engram_hash: modules 0..%lld x %d orders x %lld heads = %lld tables; at most %d",
+                      (long long)a->module, a->n_orders, (long long)a->heads, (long long)tables, ENGRAM_MAX_TABLES),
+           false;
+  return true;
+}
+
+static bool hash_inputs(const struct op_desc *self, struct op_io *io, struct hash_args *a, struct hash_in *h) {
+  bool ok = true;
+  if (!(h->tok = op_io_in(self, io, "tokens", 1, h->td))) return false;
+  h->dead = op_io_in_opt(self, io, "dead", 1, h->dd, &ok);
+  h->cmap = op_io_in_opt(self, io, "cmap", 1, h->cd, &ok);
+  h->mult = op_io_in_opt(self, io, "mult", 1, h->md, &ok);
+  if (!ok || !op_io_dims_fit_int(io, self->name, "tokens", h->td, 1)) return false;
+  if (a->n_hist > h->td[0])
+    return op_io_fail(io, "engram_hash: n_hist = %lld but tokens holds %lld ids", (long long)a->n_hist,
+                      (long long)h->td[0]),
+           false;
+  if ((h->dead && !op_io_dims_match(io, self->name, "dead", h->dd, h->td, 1, "tokens", h->td, 1)) ||
+      (h->mult && !op_io_dims_match(io, self->name, "mult", h->md, (int64_t[]){a->max_order}, 1, "the longest order", NULL, 0)))
+    return false;
+  if (h->cmap) { /* the table's length is the vocabulary */
+    if (h->cd[0] < 1 || !op_io_dims_fit_int(io, self->name, "cmap", h->cd, 1))
+      return op_io_fail(io, "engram_hash: cmap is (%lld); it needs one compressed id per token id", (long long)h->cd[0]),
+             false;
+    a->vocab = h->cd[0];
+  }
+  return true;
+}
+
+/* The multipliers, the cmap, the outputs and the op, once the tables exist. */
+static int hash_call(const struct op_desc *self, struct op_io *io, const struct hash_args *a, const struct hash_in *h,
+                     const struct op_engram_tables *t) {
+  uint64_t mult[64];
+  if (h->mult)
+    for (int k = 0; k < a->max_order; k++) mult[k] = (uint64_t)((const int64_t *)h->mult->data)[k];
+  else
+    op_engram_multipliers(mult, (uint64_t)a->seed, (int)a->layer, a->max_order, a->id_bound);
+  int32_t *own = NULL;
+  if (!h->cmap && !(own = malloc((size_t)a->vocab * sizeof *own)))
+    return op_io_fail(io, "engram_hash: cannot allocate a cmap of %lld ids", (long long)a->vocab), CEDAR_ENOMEM;
+  if (own) op_engram_cmap_modulo(own, (int)a->vocab, (int)a->cvocab);
+  int n = (int)(h->td[0] - a->n_hist), rc = 0;
+  int64_t *rows = op_io_out(self, io, "rows", 3, (int64_t[]){n, a->n_orders, a->heads});
+  int64_t *table_rows = rows ? op_io_out(self, io, "table_rows", 1, (int64_t[]){1}) : NULL;
+  if (!table_rows) {
+    rc = CEDAR_ENOMEM;
+  } else {
+    table_rows[0] = t->rows[a->module];
+    int bad = op_engram_hash(rows, h->tok->data, h->dead ? h->dead->data : NULL, own ? own : h->cmap->data, mult,
+                             a->orders, op_engram_primes_of(t, (int)a->module), op_engram_offsets_of(t, (int)a->module),
+                             (int)a->n_hist, n, (int)a->vocab, a->n_orders, (int)a->heads, (int32_t)a->pad_id);
+    if (bad >= 0)
+      rc = op_io_fail(io, "engram_hash: token %d at position %d is outside the vocabulary [0, %lld)",
+                      ((const int32_t *)h->tok->data)[bad], bad, (long long)a->vocab);
+  }
+  free(own);
+  return rc;
+}
+
+static int engram_hash_run(const struct op_desc *self, struct op_io *io) {
+  struct hash_args a;
+  struct hash_in h;
+  if (!hash_params(self, io, &a) || !hash_inputs(self, io, &a, &h)) return CEDAR_EINVAL;
+  struct op_engram_tables t;
+  if (op_engram_tables_init(&t, (int)a.module + 1, a.n_orders, (int)a.heads, a.table_base))
+    return op_io_fail(io, "engram_hash: no table layout from table_base %lld (a module's rows would pass INT64_MAX, "
+                          "or out of memory)", (long long)a.table_base);
+  int rc = hash_call(self, io, &a, &h, &t);
+  op_engram_tables_free(&t);
+  return rc;
+}
+
+const struct op_desc op_desc_engram_hash = {
+    .name = "engram_hash",
+    .summary = "Engram n-gram hash: table rows of each position from token ids alone (SPEC 3.15, R.8)",
+    .inputs =
+        (const struct op_arg[]){
+            {"tokens", OP_I32, "(n_hist + n)", "token ids; the first n_hist are history only"},
+            {"dead", OP_U8, "(n_hist + n)", "optional: non-zero at dead (image) positions, which act as a sequence start"},
+            {"cmap", OP_I32, "(vocab)", "optional: token id -> compressed id (the checkpoint's normalizer); its length "
+                                        "is the vocabulary. Absent: id mod compressed_vocab"},
+            {"mult", OP_I64, "(max order)", "optional: the layer's hash multipliers. Absent: from seed and layer"},
+            {0}},
+    .outputs = (const struct op_arg[]){{"rows", OP_I64, "(n, orders, heads)", "row of each table inside the module's table"},
+                                       {"table_rows", OP_I64, "(1)", "rows of the module's table (sum of its primes)"},
+                                       {0}},
+    .params = (const struct op_param[]){{"module", OP_PARAM_INT, 0, "Engram module index (0 at L1, 1 at L14) [A]"},
+                                        {"layer", OP_PARAM_INT, 1, "the module's layer, seeds the multipliers [A]"},
+                                        {"table_base", OP_PARAM_INT, 16000000, "primes start above this - 1 [R-cfg]"},
+                                        {"heads", OP_PARAM_INT, 8, "hash heads per order [A]"},
+                                        {"o1", OP_PARAM_INT, 2, "first n-gram order [A]"},
+                                        {"o2", OP_PARAM_INT, 3, "second order, 0 = none [A]"},
+                                        {"o3", OP_PARAM_INT, 4, "third order, 0 = none [A]"},
+                                        {"o4", OP_PARAM_INT, 0, "fourth order, 0 = none [cedar: room for max_ngram_size 4]"},
+                                        {"seed", OP_PARAM_INT, 0, "multiplier seed [R]"},
+                                        {"id_bound", OP_PARAM_INT, 0, "0: full-range odd multipliers; > 0: the demo's "
+                                                                      "range for ids below it [R]"},
+                                        {"pad_id", OP_PARAM_INT, 2, "engram_pad_id [R-cfg]"},
+                                        {"vocab", OP_PARAM_INT, 129280, "token ids are in [0, vocab) [R]; cmap's "
+                                                                        "length when given"},
+                                        {"compressed_vocab", OP_PARAM_INT, 99092, "for the modulo cmap [R-cfg]"},
+                                        {"n_hist", OP_PARAM_INT, 0, "leading history ids (decode: max order - 1)"},
+                                        {0}},
+    .run = engram_hash_run,
+};
+
+/* -- engram_gather -- */
+
+static int engram_gather_run(const struct op_desc *self, struct op_io *io) {
+  int64_t td[2], rd[3], hd, blk;
+  const struct op_tensor *table = op_io_in(self, io, "table", 2, td), *rows = NULL;
+  if (!table || !(rows = op_io_in(self, io, "rows", 3, rd)) || !op_io_param_int(self, io, "head_dim", 1, INT_MAX, &hd) ||
+      !op_io_param_int(self, io, "block", 1, INT_MAX, &blk) || !op_io_dims_fit_int(io, self->name, "rows", rd, 3))
+    return CEDAR_EINVAL;
+  size_t rb = op_engram_row_bytes((int)hd, (int)blk);
+  if (!rb)
+    return op_io_fail(io, "engram_gather: head_dim %lld is not a multiple of block %lld", (long long)hd,
+                      (long long)blk);
+  if (td[1] != (int64_t)rb)
+    return op_io_fail(io, "engram_gather: table rows are %lld bytes; head_dim %lld with block %lld needs %zu "
+                          "(E4M3 values, then E8M0 scales)", (long long)td[1], (long long)hd, (long long)blk, rb);
+  int64_t n = rd[0], tables = rd[1] * rd[2];
+  if (tables > INT_MAX) return op_io_fail(io, "engram_gather: %lld tables per position is too many", (long long)tables);
+  const int64_t *r = rows->data;
+  for (int64_t j = 0; j < n * tables; j++)
+    if (r[j] < 0 || r[j] >= td[0])
+      return op_io_fail(io, "engram_gather: rows[%lld, %lld, %lld] = %lld is outside the table's %lld rows",
+                        (long long)(j / tables), (long long)(j % tables / rd[2]), (long long)(j % rd[2]),
+                        (long long)r[j], (long long)td[0]);
+  float *e = op_io_out(self, io, "e", 2, (int64_t[]){n, tables * hd});
+  if (!e) return CEDAR_ENOMEM;
+  op_engram_gather(e, table->data, r, (int)n, (int)tables, (int)hd, (int)blk, td[0]);
+  return 0;
+}
+
+const struct op_desc op_desc_engram_gather = {
+    .name = "engram_gather",
+    .summary = "Engram row gather: dequantize the FP8 rows of each position and concatenate (SPEC 3.15, R.8)",
+    .inputs = (const struct op_arg[]){{"table", OP_U8, "(table_rows, row_bytes)", "the module's table, one packed "
+                                                                                   "row each (264 B at 256/32)"},
+                                      {"rows", OP_I64, "(n, orders, heads)", "row indices, as engram_hash writes them"},
+                                      {0}},
+    .outputs = (const struct op_arg[]){{"e", OP_F32, "(n, orders * heads * head_dim)", "concatenated rows"}, {0}},
+    .params = (const struct op_param[]){{"head_dim", OP_PARAM_INT, 256, "values per row [R-cfg]"},
+                                        {"block", OP_PARAM_INT, 32, "values per E8M0 scale [R-cfg]"},
+                                        {0}},
+    .run = engram_gather_run,
+};
+
+/* -- engram_inject -- */
+
+static int engram_inject_run(const struct op_desc *self, struct op_io *io) {
+  int64_t xd[3], ed[2], wd[2], qd[2], kd[2];
+  const struct op_tensor *X = op_io_in(self, io, "X", 3, xd), *e = NULL, *w = NULL, *q = NULL, *k = NULL;
+  if (!X || !(e = op_io_in(self, io, "e", 2, ed)) || !(w = op_io_in(self, io, "w_kv", 2, wd)) ||
+      !(q = op_io_in(self, io, "q_w", 2, qd)) || !(k = op_io_in(self, io, "k_w", 2, kd)) ||
+      !op_io_dims_fit_int(io, self->name, "X", xd, 3) || !op_io_dims_fit_int(io, self->name, "e", ed, 2))
+    return CEDAR_EINVAL;
+  int64_t n = xd[0], hc = xd[1], hidden = xd[2], kvw = (hc + 1) * hidden;
+  if (hc < 1 || hidden < 1 || kvw > INT_MAX) {
+    char b[192];
+    return op_io_fail(io, "engram_inject: X is %s; it needs hc >= 1 streams of hidden >= 1 values, (hc + 1) * hidden "
+                          "at most %d", op_dims_str(b, sizeof b, xd, 3), INT_MAX);
+  }
+  float norm_eps, dot_floor;
+  if (!op_io_dims_match(io, self->name, "e", ed, (int64_t[]){n, ed[1]}, 2, "X", xd, 3) ||
+      !op_io_dims_match(io, self->name, "w_kv", wd, (int64_t[]){kvw, wd[1]}, 2, "X", xd, 3) ||
+      !op_io_dims_match(io, self->name, "w_kv", wd, (int64_t[]){kvw, ed[1]}, 2, "e", ed, 2) ||
+      !op_io_dims_match(io, self->name, "q_w", qd, (int64_t[]){hc, hidden}, 2, "X", xd, 3) ||
+      !op_io_dims_match(io, self->name, "k_w", kd, (int64_t[]){hc, hidden}, 2, "X", xd, 3) ||
+      !op_io_param_nonneg(self, io, "norm_eps", &norm_eps) || !op_io_param_nonneg(self, io, "dot_floor", &dot_floor))
+    return CEDAR_EINVAL;
+  float *Xn = op_io_out(self, io, "X_next", 3, xd);
+  float *kv = Xn ? op_io_out(self, io, "kv", 2, (int64_t[]){n, kvw}) : NULL;
+  float *gate = kv ? op_io_out(self, io, "gate", 2, (int64_t[]){n, hc}) : NULL;
+  if (!gate) return CEDAR_ENOMEM;
+  memcpy(Xn, X->data, (size_t)(n * hc * hidden) * sizeof *Xn);
+  op_engram_inject(Xn, kv, gate, e->data, w->data, q->data, k->data, (int)n, (int)ed[1], (int)hidden, (int)hc,
+                   norm_eps, dot_floor);
+  return 0;
+}
+
+const struct op_desc op_desc_engram_inject = {
+    .name = "engram_inject",
+    .summary = "Engram gated injection: X_i += sigmoid(gate_i) * value for each stream (SPEC 3.15, R.8)",
+    .inputs = (const struct op_arg[]){{"X", OP_F32, "(n, hc, hidden)", "residual streams"},
+                                      {"e", OP_F32, "(n, d_e)", "gathered rows (engram_gather)"},
+                                      {"w_kv", OP_F32, "((hc + 1) * hidden, d_e)", "hc keys then the value"},
+                                      {"q_w", OP_F32, "(hc, hidden)", "RMSNorm weight of each stream"},
+                                      {"k_w", OP_F32, "(hc, hidden)", "RMSNorm weight of each key"},
+                                      {0}},
+    .outputs = (const struct op_arg[]){{"X_next", OP_F32, "(n, hc, hidden)", "streams after the injection"},
+                                       {"kv", OP_F32, "(n, (hc + 1) * hidden)", "e w_kv^T"},
+                                       {"gate", OP_F32, "(n, hc)", "gate of each stream"},
+                                       {0}},
+    .params = (const struct op_param[]){{"norm_eps", OP_PARAM_FLOAT, 1e-6, "RMSNorm eps [R] (SPEC 1.1; R.1 reports "
+                                                                           "1e-20)"},
+                                        {"dot_floor", OP_PARAM_FLOAT, 1e-6, "floor of |dot| under the sqrt [R]"},
+                                        {0}},
+    .run = engram_inject_run,
+};

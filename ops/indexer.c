@@ -287,3 +287,185 @@ void op_indexer_reindex(int32_t *topk, void *work, const int32_t *pool, const fl
     for (int j = 0; j < m; j++) out[j] = ids[out[j]]; /* candidate position -> entry id */
   }
 }
+
+/* ---- registry descriptors (ops/registry.h) ------------------------------ */
+/* `cedar op indexer_topk` and `reindex`: the keys are one tensor of packed
+ * rows, seen through a one-page op_kv_view (entry e = row e).
+ * Test: tests/test_op_desc_attn.c (ctest -R op_desc_attn). */
+
+#include <limits.h>
+
+#include "ops/registry.h"
+
+/* The inputs and parameters both descriptors share. */
+struct idx_call {
+  const float *q, *w;
+  const int64_t *pos;
+  const uint8_t *page; /* the keys tensor: the view's only page */
+  struct op_kv_view kv;
+  int S, heads, k, pool_block;
+};
+
+/* q (S, heads, idx_w), w (S, heads), pos (S) >= 0. */
+static int idx_queries(const struct op_desc *self, struct op_io *io, struct idx_call *c, int64_t *qd) {
+  int64_t wd[2], pd[1];
+  const struct op_tensor *q = op_io_in(self, io, "q", 3, qd);
+  const struct op_tensor *w = q ? op_io_in(self, io, "w", 2, wd) : NULL;
+  const struct op_tensor *pos = w ? op_io_in(self, io, "pos", 1, pd) : NULL;
+  if (!pos) return CEDAR_EINVAL;
+  if (wd[0] != qd[0] || wd[1] != qd[1])
+    return op_io_fail(io, "%s: w is (%lld, %lld) but q is (%lld, %lld, %lld): w needs (%lld, %lld)", self->name,
+                      (long long)wd[0], (long long)wd[1], (long long)qd[0], (long long)qd[1], (long long)qd[2],
+                      (long long)qd[0], (long long)qd[1]);
+  if (pd[0] != qd[0])
+    return op_io_fail(io, "%s: pos has %lld positions but q has %lld queries", self->name, (long long)pd[0],
+                      (long long)qd[0]);
+  if (qd[1] < 1)
+    return op_io_fail(io, "%s: q is (%lld, 0, %lld): it needs at least one head", self->name, (long long)qd[0],
+                      (long long)qd[2]);
+  c->q = q->data, c->w = w->data, c->pos = pos->data;
+  c->S = (int)qd[0], c->heads = (int)qd[1];
+  for (int i = 0; i < c->S; i++)
+    if (c->pos[i] < 0 || c->pos[i] > ((int64_t)1 << 53))
+      return op_io_fail(io, "%s: pos[%d] = %lld is outside [0, 2^53]", self->name, i, (long long)c->pos[i]);
+  return 0;
+}
+
+/* keys (n_entries, row bytes) with the MXFP4 part at idx_off, and the view. */
+static int idx_keys(const struct op_desc *self, struct op_io *io, struct idx_call *c, int idx_w) {
+  int64_t kd[2];
+  double ratio, k, block, nibble, off, pool_block;
+  if (!op_io_param_in(self, io, "ratio", 1, INT_MAX, &ratio) || !op_io_param_in(self, io, "k", 1, INT_MAX, &k) ||
+      !op_io_param_in(self, io, "idx_block", 2, INT_MAX, &block) || !op_io_param_in(self, io, "nibble", 0, 1, &nibble) ||
+      !op_io_param_in(self, io, "idx_off", 0, INT_MAX, &off) || !op_io_param_in(self, io, "pool_block", 1, INT_MAX, &pool_block))
+    return CEDAR_EINVAL;
+  const struct op_tensor *keys = op_io_in(self, io, "keys", 2, kd);
+  if (!keys) return CEDAR_EINVAL;
+  size_t bytes = op_mxfp4_bytes(idx_w, (int)block);
+  if (!bytes)
+    return op_io_fail(io, "%s: idx_block %d must be even and divide the key width %d (q's last dim)", self->name,
+                      (int)block, idx_w);
+  if ((int64_t)off + (int64_t)bytes > kd[1])
+    return op_io_fail(io, "%s: keys rows have %lld bytes but an MXFP4 key of %d values (block %d) at idx_off %d "
+                          "needs %lld", self->name, (long long)kd[1], idx_w, (int)block, (int)off,
+                      (long long)(off + (double)bytes));
+  c->page = keys->data;
+  c->kv = (struct op_kv_view){.pages = &c->page, .page_entries = kd[0] > 0 ? (int)kd[0] : 1,
+                              .entry_bytes = (size_t)kd[1], .idx_off = (size_t)off, .n_entries = kd[0],
+                              .ratio = (int)ratio, .idx_w = idx_w, .idx_block = (int)block,
+                              .nibble = (enum op_nibble_order)nibble};
+  c->k = (int)k, c->pool_block = (int)pool_block;
+  return 0;
+}
+
+static int idx_read(const struct op_desc *self, struct op_io *io, struct idx_call *c) {
+  int64_t qd[3];
+  int rc = idx_queries(self, io, c, qd);
+  return rc ? rc : idx_keys(self, io, c, (int)qd[2]);
+}
+
+static int indexer_topk_run(const struct op_desc *self, struct op_io *io) {
+  struct idx_call c;
+  double build, top;
+  int rc = idx_read(self, io, &c);
+  if (rc) return rc;
+  if (!op_io_param_in(self, io, "build_pool", 0, 1, &build) || !op_io_param_in(self, io, "pool_top", 1, INT_MAX, &top))
+    return CEDAR_EINVAL;
+  int32_t *topk = op_io_out(self, io, "topk", 2, (int64_t[]){c.S, c.k});
+  int32_t *pool = topk && build ? op_io_out(self, io, "pool", 2, (int64_t[]){c.S, (int64_t)top}) : NULL;
+  if (!topk || (build && !pool)) return CEDAR_ENOMEM;
+  size_t wb = op_indexer_topk_work_bytes(&c.kv, c.pos, c.S, build ? c.pool_block : 0);
+  void *work = malloc(wb ? wb : 1);
+  if (!work) return op_io_fail(io, "indexer_topk: cannot allocate %zu bytes of workspace", wb), CEDAR_ENOMEM;
+  op_indexer_topk(topk, pool, work, c.q, c.w, c.pos, &c.kv, c.S, c.heads, c.k, c.pool_block, (int)top);
+  free(work);
+  return 0;
+}
+
+static int cmp_block(const void *a, const void *b) { return cmp_i32(a, b); }
+
+/* pool (S, pool_top): block ids, -1 padded, no block twice in a row (the op
+ * asserts that), and pool_top * pool_block within int32 (entry ids). */
+static const int32_t *reindex_pool(const struct op_desc *self, struct op_io *io, const struct idx_call *c,
+                                   int *pool_top) {
+  int64_t pd[2];
+  const struct op_tensor *t = op_io_in(self, io, "pool", 2, pd);
+  if (!t) return NULL;
+  if (pd[0] != c->S || pd[1] < 1 || pd[1] * c->pool_block > INT32_MAX) {
+    op_io_fail(io, "reindex: pool is (%lld, %lld) for %d queries; it needs (%d, pool_top) with pool_top >= 1 and "
+                   "pool_top * pool_block (%d) <= 2^31 - 1", (long long)pd[0], (long long)pd[1], c->S, c->S,
+               c->pool_block);
+    return NULL;
+  }
+  int32_t *row = malloc((size_t)pd[1] * sizeof *row);
+  if (!row) return op_io_fail(io, "reindex: out of memory"), NULL;
+  const int32_t *pool = t->data;
+  bool ok = true;
+  for (int i = 0; i < c->S && ok; i++) {
+    memcpy(row, pool + (size_t)i * pd[1], (size_t)pd[1] * sizeof *row);
+    qsort(row, (size_t)pd[1], sizeof *row, cmp_block);
+    for (int64_t b = 1; b < pd[1] && ok; b++)
+      if (row[b] >= 0 && row[b] == row[b - 1])
+        ok = !op_io_fail(io, "reindex: block %d appears twice in the pool of query %d", (int)row[b], i);
+  }
+  free(row);
+  *pool_top = (int)pd[1];
+  return ok ? pool : NULL;
+}
+
+static int reindex_run(const struct op_desc *self, struct op_io *io) {
+  struct idx_call c;
+  int top;
+  int rc = idx_read(self, io, &c);
+  if (rc) return rc;
+  const int32_t *pool = reindex_pool(self, io, &c, &top);
+  if (!pool) return CEDAR_EINVAL;
+  int32_t *topk = op_io_out(self, io, "topk", 2, (int64_t[]){c.S, c.k});
+  if (!topk) return CEDAR_ENOMEM;
+  size_t wb = op_indexer_reindex_work_bytes(&c.kv, c.pool_block, top);
+  void *work = malloc(wb);
+  if (!work) return op_io_fail(io, "reindex: cannot allocate %zu bytes of workspace", wb), CEDAR_ENOMEM;
+  op_indexer_reindex(topk, work, pool, c.q, c.w, c.pos, &c.kv, c.S, c.heads, c.k, c.pool_block, top);
+  free(work);
+  return 0;
+}
+
+#define IDX_INPUTS_                                                                                    \
+  {"q", OP_F32, "(S, heads, idx_w)", "indexer queries, RoPE'd (q_indexer)"},                           \
+  {"w", OP_F32, "(S, heads)", "head weights, scale folded in (index_weights)"},                        \
+  {"pos", OP_I64, "(S)", "absolute query positions, >= 0"},                                            \
+  {"keys", OP_U8, "(n_entries, bytes)", "Indexer-K entries: mxfp4_pack rows, or compress entries with idx_off"}
+#define IDX_PARAMS_                                                                                    \
+  {"ratio", OP_PARAM_INT, 2, "tokens per entry of the source [A]: 2 encoder, 1 decoder (L20)"},        \
+  {"k", OP_PARAM_INT, 512, "Top-K length, index_topk [A]"},                                            \
+  {"idx_block", OP_PARAM_INT, 32, "values per E8M0 scale [A]"},                                        \
+  {"nibble", OP_PARAM_INT, 0, "0: element 2j in the low nibble, 1: in the high one [R]"},              \
+  {"idx_off", OP_PARAM_INT, 0, "byte offset of the key in a keys row (compress entries: main bytes)"}, \
+  {"pool_block", OP_PARAM_INT, 8, "entries per candidate block, candidate_block_size [A]"}
+
+const struct op_desc op_desc_indexer_topk = {
+    .name = "indexer_topk",
+    .summary = "lightning indexer: scores over the visible keys, Top-K and optionally the candidate pool "
+               "(SPEC 3.10-3.11)",
+    .inputs = (const struct op_arg[]){IDX_INPUTS_, {0}},
+    .outputs = (const struct op_arg[]){{"topk", OP_I32, "(S, k)", "selected entry ids, ascending, -1 padded"},
+                                       {"pool", OP_I32, "(S, pool_top)", "with build_pool=1: candidate block ids"},
+                                       {0}},
+    .params = (const struct op_param[]){IDX_PARAMS_,
+                                        {"pool_top", OP_PARAM_INT, 2048, "blocks kept, candidate_topk_blocks [A]"},
+                                        {"build_pool", OP_PARAM_BOOL, 0, "also build the candidate pool (L20)"},
+                                        {0}},
+    .run = indexer_topk_run,
+};
+
+const struct op_desc op_desc_reindex = {
+    .name = "reindex",
+    .summary = "reindex: score only the visible entries of the candidate pool's blocks, Top-K (SPEC 3.11)",
+    .inputs = (const struct op_arg[]){IDX_INPUTS_,
+                                      {"pool", OP_I32, "(S, pool_top)", "candidate block ids (indexer_topk), -1 "
+                                                                        "padded, none twice"},
+                                      {0}},
+    .outputs = (const struct op_arg[]){{"topk", OP_I32, "(S, k)", "selected entry ids, ascending, -1 padded"}, {0}},
+    .params = (const struct op_param[]){IDX_PARAMS_, {0}},
+    .run = reindex_run,
+};

@@ -2,10 +2,15 @@
  * (see moe.h for the math and the decisions). */
 #include "ops/moe.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops/basic.h"
+#include "ops/registry.h"
+#include "runtime/check.h"
 
 /* ---- router ------------------------------------------------------------ */
 
@@ -200,3 +205,119 @@ void op_moe_forward(float *y, int32_t *sel, float *weight, const float *x, const
     }
   }
 }
+
+/* ---- registry descriptor (ops/registry.h) -------------------------------------------- */
+
+
+/* The tensors of one call, cross-checked: n and hidden come from x, n_routed from router,
+ * inter from w_gate, the shared width S from shared_gate. */
+struct moe_in {
+  const struct op_tensor *x, *router, *bias, *modality, *gate, *up, *down, *sgate, *sup, *sdown;
+  int64_t xd[2], rd[2], bd[2], md[1], gd[3], ud[3], dd[3], sgd[2], sud[2], sdd[2];
+};
+
+/* The shared expert: all three matrices or none. */
+static bool moe_shared_inputs(const struct op_desc *self, struct op_io *io, struct moe_in *m) {
+  bool ok = true;
+  m->sgate = op_io_in_opt(self, io, "shared_gate", 2, m->sgd, &ok);
+  m->sup = op_io_in_opt(self, io, "shared_up", 2, m->sud, &ok);
+  m->sdown = op_io_in_opt(self, io, "shared_down", 2, m->sdd, &ok);
+  if (!ok) return false;
+  int given = !!m->sgate + !!m->sup + !!m->sdown;
+  if (given == 0) return true;
+  if (given != 3)
+    return op_io_fail(io, "moe: the shared expert needs shared_gate, shared_up and shared_down together (missing:%s%s%s)",
+                      m->sgate ? "" : " shared_gate", m->sup ? "" : " shared_up", m->sdown ? "" : " shared_down"),
+           false;
+  int64_t hidden = m->xd[1], S = m->sgd[0];
+  return op_io_dims_fit_int(io, "moe", "shared_gate", m->sgd, 2) &&
+         op_io_dims_match(io, "moe", "shared_gate", m->sgd, (int64_t[]){S, hidden}, 2, "x", m->xd, 2) &&
+         op_io_dims_match(io, "moe", "shared_up", m->sud, m->sgd, 2, "shared_gate", m->sgd, 2) &&
+         op_io_dims_match(io, "moe", "shared_down", m->sdd, (int64_t[]){hidden, S}, 2, "shared_gate", m->sgd, 2);
+}
+
+static bool moe_inputs(const struct op_desc *self, struct op_io *io, struct moe_in *m) {
+  bool ok = true;
+  if (!(m->x = op_io_in(self, io, "x", 2, m->xd)) || !(m->router = op_io_in(self, io, "router", 2, m->rd)) ||
+      !(m->gate = op_io_in(self, io, "w_gate", 3, m->gd)) || !(m->up = op_io_in(self, io, "w_up", 3, m->ud)) ||
+      !(m->down = op_io_in(self, io, "w_down", 3, m->dd)))
+    return false;
+  m->bias = op_io_in_opt(self, io, "bias", 2, m->bd, &ok);
+  m->modality = op_io_in_opt(self, io, "modality", 1, m->md, &ok);
+  if (!ok) return false;
+  int64_t n = m->xd[0], hidden = m->xd[1], r = m->rd[0], inter = m->gd[1];
+  return op_io_dims_fit_int(io, "moe", "x", m->xd, 2) && op_io_dims_fit_int(io, "moe", "router", m->rd, 2) &&
+         op_io_dims_fit_int(io, "moe", "w_gate", m->gd, 3) &&
+         op_io_dims_match(io, "moe", "router", m->rd, (int64_t[]){r, hidden}, 2, "x", m->xd, 2) &&
+         op_io_dims_match(io, "moe", "w_gate", m->gd, (int64_t[]){r, inter, hidden}, 3, "router", m->rd, 2) &&
+         op_io_dims_match(io, "moe", "w_up", m->ud, m->gd, 3, "w_gate", m->gd, 3) &&
+         op_io_dims_match(io, "moe", "w_down", m->dd, (int64_t[]){r, hidden, inter}, 3, "w_gate", m->gd, 3) &&
+         (!m->bias || op_io_dims_match(io, "moe", "bias", m->bd, (int64_t[]){2, r}, 2, "router", m->rd, 2)) &&
+         (!m->modality || op_io_dims_match(io, "moe", "modality", m->md, (int64_t[]){n}, 1, "x", m->xd, 2)) &&
+         moe_shared_inputs(self, io, m);
+}
+
+/* The config from the shapes and the parameters; false after op_io_fail. */
+static bool moe_config(const struct op_desc *self, struct op_io *io, const struct moe_in *m, struct op_moe_cfg *c) {
+  int64_t k, score;
+  if (!op_io_param_int(self, io, "n_active", 1, m->rd[0], &k) || !op_io_param_int(self, io, "score", 0, 2, &score)) return false;
+  double limit = op_io_param(self, io, "limit"), scale = op_io_param(self, io, "route_scale");
+  if (!(limit > 0) || !isfinite(limit) || !isfinite(scale))
+    return op_io_fail(io, "moe: limit (%g) must be positive and finite, route_scale (%g) finite", limit, scale), false;
+  *c = (struct op_moe_cfg){.hidden = (int)m->xd[1], .n_routed = (int)m->rd[0], .n_active = (int)k,
+                           .inter = (int)m->gd[1], .n_shared = m->sgate ? 1 : 0,
+                           .shared_inter = m->sgate ? (int)m->sgd[0] : 0, .score = (enum op_moe_score)score,
+                           .norm_topk = op_io_param(self, io, "norm_topk") != 0, .route_scale = (float)scale,
+                           .limit = (float)limit};
+  return true;
+}
+
+static int moe_run(const struct op_desc *self, struct op_io *io) {
+  struct moe_in m;
+  struct op_moe_cfg c;
+  if (!moe_inputs(self, io, &m) || !moe_config(self, io, &m, &c)) return CEDAR_EINVAL;
+  int n = (int)m.xd[0];
+  float *y = op_io_out(self, io, "y", 2, m.xd);
+  int32_t *sel = y ? op_io_out(self, io, "selected", 2, (int64_t[]){n, c.n_active}) : NULL;
+  float *weight = sel ? op_io_out(self, io, "weights", 2, (int64_t[]){n, c.n_active}) : NULL;
+  if (!weight) return CEDAR_ENOMEM;
+  size_t bytes = op_moe_workspace_bytes(n, &c);
+  void *ws = malloc(bytes ? bytes : 1);
+  if (!ws) return op_io_fail(io, "moe: cannot allocate %zu bytes of workspace", bytes), CEDAR_ENOMEM;
+  struct op_moe_weights w = {
+      .router = m.router->data, .bias = m.bias ? m.bias->data : NULL, .gate = m.gate->data, .up = m.up->data,
+      .down = m.down->data, .shared_gate = m.sgate ? m.sgate->data : NULL, .shared_up = m.sup ? m.sup->data : NULL,
+      .shared_down = m.sdown ? m.sdown->data : NULL};
+  op_moe_forward(y, sel, weight, m.x->data, &w, m.modality ? m.modality->data : NULL, n, &c, ws);
+  free(ws);
+  return 0;
+}
+
+const struct op_desc op_desc_moe = {
+    .name = "moe",
+    .summary = "MoE sublayer: router, bias-corrected top-k, clamped SwiGLU experts + shared expert (SPEC 3.13, R.6)",
+    .inputs =
+        (const struct op_arg[]){
+            {"x", OP_F32, "(n, hidden)", "normalised sublayer input u'"},
+            {"router", OP_F32, "(n_routed, hidden)", "router weight e_i (its rows give n_routed)"},
+            {"bias", OP_F32, "(2, n_routed)", "optional: selection bias, row 0 text, row 1 image (absent = 0)"},
+            {"modality", OP_U8, "(n)", "optional: 0 = text, else image (absent = all text)"},
+            {"w_gate", OP_F32, "(n_routed, inter, hidden)", "W_gate (w1) of every routed expert, stacked"},
+            {"w_up", OP_F32, "(n_routed, inter, hidden)", "W_up (w3), stacked"},
+            {"w_down", OP_F32, "(n_routed, hidden, inter)", "W_down (w2), stacked"},
+            {"shared_gate", OP_F32, "(S, hidden)", "optional, with shared_up/down: shared experts as one FFN of width S"},
+            {"shared_up", OP_F32, "(S, hidden)", "optional: shared W_up"},
+            {"shared_down", OP_F32, "(hidden, S)", "optional: shared W_down"},
+            {0}},
+    .outputs = (const struct op_arg[]){{"y", OP_F32, "(n, hidden)", "FFN_shared(x) + sum of weighted routed experts"},
+                                       {"selected", OP_I32, "(n, n_active)", "selected expert ids, ascending"},
+                                       {"weights", OP_F32, "(n, n_active)", "routing weight of each selected expert"},
+                                       {0}},
+    .params = (const struct op_param[]){{"n_active", OP_PARAM_INT, 6, "experts per token [A]"},
+                                        {"score", OP_PARAM_INT, 0, "0 sqrtsoftplus, 1 softmax, 2 sigmoid [R-cfg]"},
+                                        {"norm_topk", OP_PARAM_BOOL, 1, "normalise weights over the selection [R-cfg]"},
+                                        {"route_scale", OP_PARAM_FLOAT, 1.5, "routed_scaling_factor [R-cfg]"},
+                                        {"limit", OP_PARAM_FLOAT, 10, "swiglu_limit [A]"},
+                                        {0}},
+    .run = moe_run,
+};

@@ -83,15 +83,43 @@ struct op_desc {
   /* ops/rope.c */                    \
   X(rope)                             \
   /* ops/formats.c */                 \
+  X(fp4_pack)                         \
+  X(fp4_unpack)                       \
+  X(mxfp4_pack)                       \
+  X(mxfp4_unpack)                     \
+  X(fp8_pack)                         \
+  X(fp8_unpack)                       \
   /* ops/qkv.c */                     \
+  X(q_latent)                         \
+  X(q_main)                           \
+  X(q_indexer)                        \
+  X(index_weights)                    \
+  X(swa_kv)                           \
   /* ops/compressor.c */              \
+  X(compress)                         \
   /* ops/indexer.c */                 \
+  X(indexer_topk)                     \
+  X(reindex)                          \
   /* ops/attention.c */               \
+  X(sparse_attn)                      \
+  X(oproj)                            \
   /* ops/moe.c */                     \
+  X(moe)                              \
   /* ops/mhc.c */                     \
+  X(mhc_coeffs)                       \
+  X(mhc_mix)                          \
+  X(mhc_update)                       \
+  X(mhc_merge)                        \
   /* ops/engram.c */                  \
+  X(engram_hash)                      \
+  X(engram_gather)                    \
+  X(engram_inject)                    \
   /* ops/dspark.c */                  \
-  /* ops/sample.c */
+  X(dspark_draft)                     \
+  X(dspark_confidence)                \
+  X(dspark_verify_len)                \
+  /* ops/sample.c */                  \
+  X(sample)
 
 enum op_id {
 #define OP_ENUM_(name) OP_ID_##name,
@@ -116,14 +144,38 @@ size_t op_dtype_size(enum op_dtype t);
 int op_io_fail(struct op_io *io, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* The input `name` of `self`, checked against its declared dtype and `ndim`;
- * its dims land in dims[0..ndim). NULL after op_io_fail when it is missing or
- * has the wrong dtype or rank. */
+ * its dims land in dims[0..ndim). NULL after op_io_fail when it is missing,
+ * has the wrong dtype or rank, or a dim past INT_MAX (ops take int dims). */
 const struct op_tensor *op_io_in(const struct op_desc *self, struct op_io *io, const char *name, int ndim,
                                  int64_t *dims);
+/* The same for an input the op may go without: NULL when the caller has
+ * none; when present it is checked as op_io_in does, and *ok becomes false
+ * (after op_io_fail) when it is malformed. */
+const struct op_tensor *op_io_in_opt(const struct op_desc *self, struct op_io *io, const char *name, int ndim,
+                                     int64_t *dims, bool *ok);
 /* Allocate output `name` of `self` with its declared dtype; NULL after
  * op_io_fail when out of memory. */
 void *op_io_out(const struct op_desc *self, struct op_io *io, const char *name, int ndim, const int64_t *shape);
 /* Parameter `name` of `self`: the caller's value or the declared default. */
 double op_io_param(const struct op_desc *self, struct op_io *io, const char *name);
+/* The same within [lo, hi], and integral when declared int or bool; false
+ * after op_io_fail otherwise. */
+bool op_io_param_in(const struct op_desc *self, struct op_io *io, const char *name, double lo, double hi,
+                    double *out);
+/* A float parameter that is finite and >= 0 (the epsilons); false after
+ * op_io_fail otherwise. */
+bool op_io_param_nonneg(const struct op_desc *self, struct op_io *io, const char *name, float *out);
+/* "(a, b, c)" into buf; 192 bytes hold OP_MAX_DIMS dims of any value. */
+const char *op_dims_str(char *buf, size_t size, const int64_t *d, int nd);
+/* true when tensor `name` of op `op` has dims `want`; else op_io_fail naming
+ * it, both shapes and `ref`, the tensor the expected shape comes from (with
+ * its dims ref_dims, or NULL). */
+bool op_io_dims_match(struct op_io *io, const char *op, const char *name, const int64_t *got, const int64_t *want,
+                      int nd, const char *ref, const int64_t *ref_dims, int ref_nd);
+/* false after op_io_fail when a derived dim of `name` exceeds INT_MAX. */
+bool op_io_dims_fit_int(struct op_io *io, const char *op, const char *name, const int64_t *d, int nd);
+/* An integer parameter in [lo, hi]; false after op_io_fail otherwise. */
+bool op_io_param_int(const struct op_desc *self, struct op_io *io, const char *name, int64_t lo, int64_t hi,
+                     int64_t *out);
 
 #endif

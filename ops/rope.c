@@ -12,6 +12,7 @@
  */
 #include "ops/rope.h"
 
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -100,6 +101,23 @@ void op_rope_apply(float *x, const struct op_rope *r, const int64_t *pos, int n,
 
 /* ---- registry descriptor (ops/registry.h) ------------------------------- */
 
+bool op_rope_from_params(const struct op_desc *self, struct op_io *io, const char *dim_param,
+                         const char *last_param, int dim, struct op_rope *r) {
+  double rd, last, yarn, olen;
+  if (!op_io_param_in(self, io, dim_param, 0, INT_MAX, &rd) || !op_io_param_in(self, io, last_param, 0, 1, &last) ||
+      !op_io_param_in(self, io, "yarn", 0, 1, &yarn) ||
+      !op_io_param_in(self, io, "yarn_original_len", 1, 0x1p53, &olen))
+    return false;
+  if (op_rope_init(r, dim, (int)rd, last != 0, op_io_param(self, io, "theta"), yarn != 0,
+                   op_io_param(self, io, "yarn_factor"), (int64_t)olen, op_io_param(self, io, "yarn_beta_fast"),
+                   op_io_param(self, io, "yarn_beta_slow"))) {
+    op_io_fail(io, "%s: invalid RoPE: %s %d must be even, <= the row width %d and <= 1024; theta positive (> 1 "
+                   "with yarn); yarn_factor and betas positive", self->name, dim_param, (int)rd, dim);
+    return false;
+  }
+  return true;
+}
+
 static int rope_run(const struct op_desc *self, struct op_io *io) {
   int64_t xd[3], pd[1];
   const struct op_tensor *x = op_io_in(self, io, "x", 3, xd);
@@ -107,12 +125,7 @@ static int rope_run(const struct op_desc *self, struct op_io *io) {
   if (!pos) return CEDAR_EINVAL;
   if (pd[0] != xd[0]) return op_io_fail(io, "rope: %lld positions for %lld rows", (long long)pd[0], (long long)xd[0]);
   struct op_rope r;
-  if (op_rope_init(&r, (int)xd[2], (int)op_io_param(self, io, "rope_dim"), op_io_param(self, io, "last") != 0,
-                   op_io_param(self, io, "theta"), op_io_param(self, io, "yarn") != 0, op_io_param(self, io, "yarn_factor"),
-                   (int64_t)op_io_param(self, io, "yarn_original_len"), op_io_param(self, io, "yarn_beta_fast"),
-                   op_io_param(self, io, "yarn_beta_slow")))
-    return op_io_fail(io, "rope: invalid parameters (rope_dim must be even and <= the row width %lld; theta, "
-                          "factor, lengths and betas positive)", (long long)xd[2]);
+  if (!op_rope_from_params(self, io, "rope_dim", "last", (int)xd[2], &r)) return CEDAR_EINVAL;
   float *y = op_io_out(self, io, "y", 3, xd);
   if (!y) return CEDAR_ENOMEM;
   memcpy(y, x->data, (size_t)(xd[0] * xd[1] * xd[2]) * sizeof *y);

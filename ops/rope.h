@@ -58,4 +58,13 @@ int op_rope_init(struct op_rope *r, int dim, int rope_dim, bool last, double the
 void op_rope_apply(float *x /* (n, ld) */, const struct op_rope *r, const int64_t *pos /* (n) */, int n, int heads,
                    int ld, int sign);
 
+/* For op descriptors (ops/registry.h): the RoPE described by a descriptor's
+ * parameters `dim_param` (rotated channels), `last_param`, and the shared
+ * theta, yarn, yarn_factor, yarn_original_len, yarn_beta_fast and
+ * yarn_beta_slow, for rows of `dim`; false after op_io_fail when invalid. */
+struct op_desc;
+struct op_io;
+bool op_rope_from_params(const struct op_desc *self, struct op_io *io, const char *dim_param,
+                         const char *last_param, int dim, struct op_rope *r);
+
 #endif

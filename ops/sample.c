@@ -3,6 +3,12 @@
 #include "ops/sample.h"
 
 #include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "ops/registry.h"
+#include "runtime/check.h"
 
 uint64_t op_rng_next(uint64_t *state) {
   uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
@@ -121,3 +127,62 @@ int32_t op_sample(float *prob, int32_t *order, const float *logits, int V, float
   if (top_p < 1.0f && op_sample_top_p(prob, order, V, top_p) < 0) return -1;
   return op_sample_draw(prob, V, rng);
 }
+
+/* ---- registry descriptor (ops/registry.h) ------------------------------- */
+
+/* temperature (finite, >= 0; 0 = greedy), top_p in (0, 1], seed an integer a
+ * double holds exactly; false after op_io_fail otherwise. */
+bool op_sample_params(const struct op_desc *self, struct op_io *io, float *temperature, float *top_p,
+                           uint64_t *seed) {
+  double t = op_io_param(self, io, "temperature"), p = op_io_param(self, io, "top_p");
+  int64_t s;
+  if (!(t >= 0) || !isfinite(t) || !(p > 0 && p <= 1))
+    return op_io_fail(io, "%s: temperature = %g must be finite and >= 0 (0 = greedy), top_p = %g in (0, 1]",
+                      self->name, t, p),
+           false;
+  if (!op_io_param_int(self, io, "seed", 0, (int64_t)1 << 53, &s)) return false;
+  *temperature = (float)t, *top_p = (float)p, *seed = (uint64_t)s;
+  return true;
+}
+
+/* Rows are sampled in order from one generator seeded once: row i's draw is
+ * the i-th draw of the sequence (greedy rows take none). */
+static int sample_run(const struct op_desc *self, struct op_io *io) {
+  int64_t ld[2];
+  float temperature, top_p;
+  uint64_t rng;
+  const struct op_tensor *logits = op_io_in(self, io, "logits", 2, ld);
+  if (!logits || !op_sample_params(self, io, &temperature, &top_p, &rng)) return CEDAR_EINVAL;
+  if (ld[0] > INT32_MAX || ld[1] < 1 || ld[1] > INT32_MAX)
+    return op_io_fail(io, "sample: logits is (%lld, %lld); it needs rows of 1 to %d values", (long long)ld[0],
+                      (long long)ld[1], INT32_MAX);
+  int64_t n = ld[0], V = ld[1];
+  int32_t *ids = op_io_out(self, io, "ids", 1, (int64_t[]){n});
+  float *prob = ids ? op_io_out(self, io, "prob", 2, ld) : NULL;
+  if (!prob) return CEDAR_ENOMEM;
+  int32_t *order = malloc((size_t)V * sizeof *order);
+  if (!order) return op_io_fail(io, "sample: cannot allocate %lld ids of workspace", (long long)V), CEDAR_ENOMEM;
+  int rc = 0;
+  for (int64_t i = 0; i < n && !rc; i++) {
+    ids[i] = op_sample(prob + i * V, order, (const float *)logits->data + i * V, (int)V, temperature, top_p, &rng);
+    if (ids[i] < 0) rc = op_io_fail(io, "sample: logits row %lld holds NaN or +inf, or no finite value", (long long)i);
+  }
+  free(order);
+  return rc;
+}
+
+const struct op_desc op_desc_sample = {
+    .name = "sample",
+    .summary = "token sampling per row: greedy, or temperature + top-p with a seeded splitmix64",
+    .inputs = (const struct op_arg[]){{"logits", OP_F32, "(n, V)", "one row of logits per token (-inf = masked)"},
+                                      {0}},
+    .outputs = (const struct op_arg[]){{"ids", OP_I32, "(n)", "chosen token ids"},
+                                       {"prob", OP_F32, "(n, V)", "distribution each id was drawn from (one-hot when "
+                                                                  "greedy)"},
+                                       {0}},
+    .params = (const struct op_param[]){{"temperature", OP_PARAM_FLOAT, 0, "0 = greedy [cedar; SPEC silent]"},
+                                        {"top_p", OP_PARAM_FLOAT, 1, "nucleus mass, 1 = off [cedar; SPEC silent]"},
+                                        {"seed", OP_PARAM_INT, 0, "splitmix64 seed, one draw per sampled row [cedar]"},
+                                        {0}},
+    .run = sample_run,
+};

@@ -30,6 +30,7 @@
 #ifndef CEDAR_OPS_SAMPLE_H
 #define CEDAR_OPS_SAMPLE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* splitmix64: advances *state and returns the next 64-bit output. */
@@ -64,5 +65,13 @@ int32_t op_sample_draw(const float *prob /* (V) */, int V, uint64_t *rng /* spli
  * -1 as above. */
 int32_t op_sample(float *prob /* (V) */, int32_t *order /* (V) */, const float *logits /* (V) */, int V,
                   float temperature, float top_p, uint64_t *rng /* splitmix64 state */);
+
+/* For op descriptors (ops/registry.h): read the parameters temperature
+ * (finite, >= 0; 0 = greedy), top_p in (0, 1] and seed (an integer a double
+ * holds exactly); false after op_io_fail otherwise. */
+struct op_desc;
+struct op_io;
+bool op_sample_params(const struct op_desc *self, struct op_io *io, float *temperature, float *top_p,
+                      uint64_t *seed);
 
 #endif

@@ -131,7 +131,11 @@ static void op_help(const struct op_desc *d) {
   printf("parameters:\n");
   if (!d->params || !d->params->name) printf("  (none)\n");
   for (const struct op_param *p = d->params; p && p->name; p++)
-    printf("  %-18s %-5s default %-10g %s\n", p->name, ptype[p->type], p->def, p->doc);
+  {
+    char def[32]; /* integers in full (1.6e+07 would hide a table size) */
+    snprintf(def, sizeof def, p->type == OP_PARAM_FLOAT ? "%g" : "%.0f", p->def);
+    printf("  %-18s %-5s default %-10s %s\n", p->name, ptype[p->type], def, p->doc);
+  }
 }
 
 static void op_list(bool json) {
@@ -224,7 +228,9 @@ static int run_op(const struct op_desc *d, struct io_ctx *c, const char *in, con
   }
   struct op_io io = {.ctx = c, .input = io_input, .output = io_output, .param = io_param, .fail = io_fail};
   op_blas_init();
-  if (d->run(d, &io)) {
+  /* An error recorded while the op ran fails the call even if the op went
+   * on (e.g. an optional input present in the file but unreadable). */
+  if (d->run(d, &io) || c->error[0]) {
     fprintf(stderr, "cedar op %s: %s\n", d->name, c->error[0] ? c->error : "failed");
     return 1;
   }

@@ -1,6 +1,8 @@
 /* harness.c: see harness.h. Linked into every tests/test_ops_*.c. */
 #include "tests/harness.h"
 
+#include "ops/rope.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,6 +141,11 @@ void h_io_input(struct h_io *h, const char *name, enum op_dtype dtype, int ndim,
 }
 
 void h_io_param(struct h_io *h, const char *name, double value) {
+  for (int i = 0; i < h->n_param; i++)
+    if (!strcmp(h->p_name[i], name)) { /* a second value replaces the first */
+      h->p_val[i] = value;
+      return;
+    }
   if (h->n_param == H_IO_MAX) return;
   h->p_name[h->n_param] = name;
   h->p_val[h->n_param++] = value;
@@ -159,4 +166,79 @@ const struct op_tensor *h_io_output(const struct h_io *h, const char *name) {
 void h_io_free(struct h_io *h) {
   for (int i = 0; i < h->n_out; i++) free(h->out[i].data);
   h->n_out = 0;
+}
+
+/* ---- float64 references with propagated error bounds ------------------- */
+
+/* Each h_ref_* computes its op in double and, beside every value y, a bound
+ * yb on |fp32 op - y| given inputs off by at most xb (NULL = exact inputs):
+ * chained stages pass their bounds on. Derivations: linear, gamma(K) on
+ * sum|w|(|x| + xb) plus the propagated sum|w| xb; RMSNorm, a perturbation
+ * bound through the rms plus gamma(d)/2 + 6u for its own rounding; RoPE, the
+ * rotation keeps the input bound and adds 3u (tests/test_ops_qkv.c and
+ * tests/test_ops_compressor.c explain them in full). */
+void h_ref_linear(double *y, double *yb, const float *W, const double *x, const double *xb, int n, int in,
+                       int out) {
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < out; j++) {
+      double s = 0, a = 0, e = 0;
+      for (int k = 0; k < in; k++) {
+        double w = W[(size_t)j * in + k], xv = x[(size_t)i * in + k], xe = xb ? xb[(size_t)i * in + k] : 0;
+        s += w * xv, a += fabs(w) * fabs(xv), e += fabs(w) * xe;
+      }
+      y[(size_t)i * out + j] = s;
+      yb[(size_t)i * out + j] = h_gamma(in) * (a + e) + e;
+    }
+}
+
+/* In place allowed (y == x, yb == xb). */
+void h_ref_rmsnorm(double *y, double *yb, const double *x, const double *xb, const float *gamma, int n, int d,
+                        float eps) {
+  for (int i = 0; i < n; i++) {
+    const double *xi = x + (size_t)i * d, *ei = xb + (size_t)i * d;
+    double ss = 0, dl = 0;
+    for (int j = 0; j < d; j++) ss += xi[j] * xi[j], dl += ei[j] * ei[j];
+    double rms = sqrt(ss / d + (double)eps), delta = sqrt(dl), lo = rms - delta / sqrt((double)d);
+    EXPECT(lo > 0.5 * rms, "rmsnorm reference: input error %g too close to rms %g for a perturbation bound", delta,
+           rms);
+    double own = h_gamma(d) / 2 + 6 * H_U32;
+    for (int j = 0; j < d; j++) {
+      double g = gamma ? gamma[j] : 1.0, xv = xi[j], xe = ei[j];
+      double v = xv * g / rms;
+      double prop = fabs(g) * (xe / lo + fabs(xv) * delta / (sqrt((double)d) * rms * lo));
+      y[(size_t)i * d + j] = v;
+      yb[(size_t)i * d + j] = prop + own * (fabs(v) + prop);
+    }
+  }
+}
+
+/* x: (n, heads * r->dim), rotated in place with its bounds. */
+void h_ref_rope(double *x, double *xb, const struct op_rope *r, const int64_t *pos, int n, int heads) {
+  int off = r->last ? r->dim - r->rope_dim : 0;
+  for (int i = 0; i < n; i++)
+    for (int h = 0; h < heads; h++)
+      for (int j = 0; j < r->rope_dim / 2; j++) {
+        size_t ia = (size_t)i * heads * r->dim + (size_t)h * r->dim + off + 2 * j, ib = ia + 1;
+        double t = (double)pos[i] * r->freq[j], c = cos(t), s = sin(t);
+        double a = x[ia], b = x[ib], ea = xb[ia], eb = xb[ib];
+        double A = fabs(a) + ea, B = fabs(b) + eb;
+        x[ia] = a * c - b * s;
+        x[ib] = a * s + b * c;
+        xb[ia] = ea * fabs(c) + eb * fabs(s) + 3 * H_U32 * (A * fabs(c) + B * fabs(s));
+        xb[ib] = ea * fabs(s) + eb * fabs(c) + 3 * H_U32 * (A * fabs(s) + B * fabs(c));
+      }
+}
+
+bool h_within(const float *got, const double *ref, const double *bound, size_t n, const char *what) {
+  if (!h_finite(got, n, what)) return false;
+  size_t worst = 0;
+  double wr = 0;
+  for (size_t i = 0; i < n; i++) {
+    double err = fabs((double)got[i] - ref[i]);
+    double r = bound[i] > 0 ? err / bound[i] : (err > 0 ? INFINITY : 0);
+    if (r > wr) wr = r, worst = i;
+  }
+  EXPECT(wr <= 1.0, "%s: element %zu got %.9g, reference %.17g (error %.3g x the derived bound %.3g)", what, worst,
+         got[worst], ref[worst], wr, bound[worst]);
+  return wr <= 1.0;
 }

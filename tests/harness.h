@@ -67,10 +67,21 @@ bool h_finite(const float *x, size_t n, const char *what);
 bool h_close(const float *got, const double *ref, const double *absref, size_t n, double k, double extra_ulps,
              double abs_floor, const char *what);
 
+/* EXPECT |got[i] - ref[i]| <= bound[i] for every element (NaN/Inf first);
+ * reports the worst element. For ops whose bound is derived per element. */
+bool h_within(const float *got, const double *ref, const double *bound, size_t n, const char *what);
+
+/* float64 references that carry an error bound beside each value (see
+ * harness.c): y (n, out) = x W^T; RMSNorm rows (in place allowed); RoPE of
+ * (n, heads * r->dim) rows in place. xb may be NULL for exact inputs. */
+struct op_rope;
+void h_ref_linear(double *y, double *yb, const float *W, const double *x, const double *xb, int n, int in, int out);
+void h_ref_rmsnorm(double *y, double *yb, const double *x, const double *xb, const float *gamma, int n, int d,
+                   float eps);
+void h_ref_rope(double *x, double *xb, const struct op_rope *r, const int64_t *pos, int n, int heads);
+
 /* Print a summary and return main's exit status (0 or 1). */
 int h_report(const char *suite);
-
-#endif
 
 /* ---- a memory-backed op_io (ops/registry.h), for descriptor tests -------- */
 
@@ -94,7 +105,8 @@ struct h_io {
 
 /* Start an empty call. */
 void h_io_init(struct h_io *h);
-/* Add an input (the data is borrowed) or a parameter. */
+/* Add an input (the data is borrowed) or a parameter (a repeated name
+ * replaces the earlier value). */
 void h_io_input(struct h_io *h, const char *name, enum op_dtype dtype, int ndim, const int64_t *shape, void *data);
 void h_io_param(struct h_io *h, const char *name, double value);
 /* Run `name` through the registry; returns the op's status. */
@@ -103,3 +115,5 @@ int h_io_run(struct h_io *h, const char *name);
 const struct op_tensor *h_io_output(const struct h_io *h, const char *name);
 /* Free the outputs. */
 void h_io_free(struct h_io *h);
+
+#endif

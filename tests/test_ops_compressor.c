@@ -51,54 +51,6 @@ static double *dalloc(size_t n) {
   return p;
 }
 
-static void ref_linear(double *y, double *yb, const float *W, const double *x, const double *xb, int n, int in,
-                       int out) {
-  for (int i = 0; i < n; i++)
-    for (int j = 0; j < out; j++) {
-      double s = 0, a = 0, e = 0;
-      for (int k = 0; k < in; k++) {
-        double w = W[(size_t)j * in + k], xv = x[(size_t)i * in + k], xe = xb ? xb[(size_t)i * in + k] : 0;
-        s += w * xv, a += fabs(w) * fabs(xv), e += fabs(w) * xe;
-      }
-      y[(size_t)i * out + j] = s;
-      yb[(size_t)i * out + j] = h_gamma(in) * (a + e) + e;
-    }
-}
-
-/* In place allowed. */
-static void ref_rmsnorm(double *y, double *yb, const double *x, const double *xb, const float *gamma, int n, int d,
-                        float eps) {
-  for (int i = 0; i < n; i++) {
-    const double *xi = x + (size_t)i * d, *ei = xb + (size_t)i * d;
-    double ss = 0, dl = 0;
-    for (int j = 0; j < d; j++) ss += xi[j] * xi[j], dl += ei[j] * ei[j];
-    double rms = sqrt(ss / d + (double)eps), delta = sqrt(dl), lo = rms - delta / sqrt((double)d);
-    EXPECT(lo > 0.5 * rms, "rmsnorm reference: input error %g too close to rms %g", delta, rms);
-    double own = h_gamma(d) / 2 + 6 * U;
-    for (int j = 0; j < d; j++) {
-      double g = gamma ? gamma[j] : 1.0, xv = xi[j], xe = ei[j];
-      double v = xv * g / rms, prop = fabs(g) * (xe / lo + fabs(xv) * delta / (sqrt((double)d) * rms * lo));
-      y[(size_t)i * d + j] = v;
-      yb[(size_t)i * d + j] = prop + own * (fabs(v) + prop);
-    }
-  }
-}
-
-/* x: (n, r->dim), row i rotated at pos[i], in place with its bounds. */
-static void ref_rope(double *x, double *xb, const struct op_rope *r, const int64_t *pos, int n) {
-  int off = r->last ? r->dim - r->rope_dim : 0;
-  for (int i = 0; i < n; i++)
-    for (int j = 0; j < r->rope_dim / 2; j++) {
-      size_t ia = (size_t)i * r->dim + off + 2 * j, ib = ia + 1;
-      double t = (double)pos[i] * r->freq[j], c = cos(t), s = sin(t);
-      double a = x[ia], b = x[ib], ea = xb[ia], eb = xb[ib], A = fabs(a) + ea, B = fabs(b) + eb;
-      x[ia] = a * c - b * s;
-      x[ib] = a * s + b * c;
-      xb[ia] = ea * fabs(c) + eb * fabs(s) + 3 * U * (A * fabs(c) + B * fabs(s));
-      xb[ib] = ea * fabs(s) + eb * fabs(c) + 3 * U * (A * fabs(s) + B * fabs(c));
-    }
-}
-
 /* One group: v, g (r, d) rows with bounds -> c_hat (d) with bound. */
 static void ref_pool(double *ch, double *chb, const double *v, const double *vb, const double *g, const double *gb,
                      int r, int d) {
@@ -259,20 +211,20 @@ static void cref_build(struct cref *R, const struct cdata *D, const float *u, in
   R->c = dalloc((size_t)R->E * d), R->cb = dalloc((size_t)R->E * d);
   R->kM = dalloc((size_t)R->E * d), R->kMb = dalloc((size_t)R->E * d);
   R->kI = dalloc((size_t)R->E * di), R->kIb = dalloc((size_t)R->E * di);
-  ref_linear(R->v, R->vb, D->W_kv, ud, NULL, N, h, d);
-  if (r > 1) ref_linear(g, gb, D->W_gate, ud, NULL, N, h, d);
+  h_ref_linear(R->v, R->vb, D->W_kv, ud, NULL, N, h, d);
+  if (r > 1) h_ref_linear(g, gb, D->W_gate, ud, NULL, N, h, d);
   for (int j = 0; j < R->E; j++) {
     size_t o = (size_t)j * r * d;
     ref_pool(R->c + (size_t)j * d, R->cb + (size_t)j * d, R->v + o, R->vb + o, g + o, gb + o, r, d);
     R->pos[j] = start + (int64_t)j * r;
   }
-  ref_rmsnorm(R->c, R->cb, R->c, R->cb, D->gamma, R->E, d, EPS);
-  ref_linear(R->kI, R->kIb, D->W_ik, R->c, R->cb, R->E, d, di);
-  if (D->c.k_norm) ref_rmsnorm(R->kI, R->kIb, R->kI, R->kIb, D->k_gamma, R->E, di, EPS);
-  ref_rope(R->kI, R->kIb, &D->rope_i, R->pos, R->E);
+  h_ref_rmsnorm(R->c, R->cb, R->c, R->cb, D->gamma, R->E, d, EPS);
+  h_ref_linear(R->kI, R->kIb, D->W_ik, R->c, R->cb, R->E, d, di);
+  if (D->c.k_norm) h_ref_rmsnorm(R->kI, R->kIb, R->kI, R->kIb, D->k_gamma, R->E, di, EPS);
+  h_ref_rope(R->kI, R->kIb, &D->rope_i, R->pos, R->E, 1);
   memcpy(R->kM, R->c, (size_t)R->E * d * sizeof *R->kM);
   memcpy(R->kMb, R->cb, (size_t)R->E * d * sizeof *R->kMb);
-  ref_rope(R->kM, R->kMb, &D->rope, R->pos, R->E);
+  h_ref_rope(R->kM, R->kMb, &D->rope, R->pos, R->E, 1);
   free(ud);
 }
 
@@ -471,7 +423,7 @@ static void test_equal_gates(uint64_t *seed) {
     ref_pool(pool, b, vd, zero, gd, zero, r, d);
     for (int k = 0; k < d; k++)
       EXPECT(fabs(pool[k] - mean[k]) <= 1e-15 * (1 + fabs(mean[k])), "reference pooling is not the mean");
-    ref_rmsnorm(mean, b, mean, b, D.gamma, 1, d, EPS);
+    h_ref_rmsnorm(mean, b, mean, b, D.gamma, 1, d, EPS);
     check(o.c, mean, b, d, r == 2 ? "equal gates r=2: c" : "equal gates r=3: c");
     if (r == 2) {
       float *want = h_alloc(d);
@@ -566,10 +518,10 @@ static void test_rope_position(uint64_t *seed) {
       for (int shift = 0; shift <= 1; shift++) {
         int64_t p = (int64_t)r * j + shift;
         for (int i = 0; i < d; i++) m[i] = o.c[(size_t)j * d + i], mb[i] = 0;
-        ref_linear(k, kb, D.W_ik, m, zero, 1, d, di);
-        ref_rmsnorm(k, kb, k, kb, D.k_gamma, 1, di, EPS);
-        ref_rope(k, kb, &D.rope_i, &p, 1);
-        ref_rope(m, mb, &D.rope, &p, 1);
+        h_ref_linear(k, kb, D.W_ik, m, zero, 1, d, di);
+        h_ref_rmsnorm(k, kb, k, kb, D.k_gamma, 1, di, EPS);
+        h_ref_rope(k, kb, &D.rope_i, &p, 1, 1);
+        h_ref_rope(m, mb, &D.rope, &p, 1, 1);
         double wm = worst_ratio(o.kM + (size_t)j * d, m, mb, d), wi = worst_ratio(o.kI + (size_t)j * di, k, kb, di);
         if (shift == 0)
           EXPECT(wm <= 1 && wi <= 1, "r=%d entry %d: not rotated at %lld (kM %.3g, kI %.3g x bound)", r, j,
@@ -634,14 +586,14 @@ static void test_indexer_independent(uint64_t *seed) {
     int64_t p = 2 * e, minus = -p;
     op_fp4_unpack(deq, o[0].entries + (size_t)e * o[0].entry_bytes + o[0].main_off, d, c.main_block, D.L.nibble);
     for (int i = 0; i < d; i++) x[i] = deq[i], xb[i] = 0;
-    ref_rope(x, xb, &D.rope, &minus, 1);
-    ref_linear(k, kb, D.W_ik, x, NULL, 1, d, di);
-    ref_rope(k, kb, &D.rope_i, &p, 1);
+    h_ref_rope(x, xb, &D.rope, &minus, 1, 1);
+    h_ref_linear(k, kb, D.W_ik, x, NULL, 1, d, di);
+    h_ref_rope(k, kb, &D.rope_i, &p, 1, 1);
     /* the op's own bound for kI, from its own c */
     for (int i = 0; i < d; i++) x[i] = o[0].c[(size_t)e * d + i], xb[i] = 0;
     double *kr = dalloc(di), *krb = dalloc(di);
-    ref_linear(kr, krb, D.W_ik, x, NULL, 1, d, di);
-    ref_rope(kr, krb, &D.rope_i, &p, 1);
+    h_ref_linear(kr, krb, D.W_ik, x, NULL, 1, d, di);
+    h_ref_rope(kr, krb, &D.rope_i, &p, 1, 1);
     EXPECT(worst_ratio(o[0].kI + (size_t)e * di, kr, krb, di) <= 1, "8.2.11: entry %d kI is not W_ik c", e);
     worst = fmax(worst, worst_ratio(o[0].kI + (size_t)e * di, k, krb, di));
     free(kr), free(krb);

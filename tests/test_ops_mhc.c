@@ -23,21 +23,6 @@
 
 /* ---- helpers ----------------------------------------------------------------------- */
 
-/* EXPECT |got - ref| <= bound elementwise (NaN/Inf first); reports the worst element. */
-static bool check_within(const float *got, const double *ref, const double *bound, size_t n, const char *what) {
-  if (!h_finite(got, n, what)) return false;
-  size_t worst = 0;
-  double wr = 0;
-  for (size_t i = 0; i < n; i++) {
-    double err = fabs((double)got[i] - ref[i]);
-    double r = bound[i] > 0 ? err / bound[i] : (err > 0 ? INFINITY : 0);
-    if (r > wr) wr = r, worst = i;
-  }
-  EXPECT(wr <= 1.0, "%s: element %zu got %.9g, reference %.17g (error %.3g x the derived bound %.3g)", what, worst,
-         got[worst], ref[worst], wr, bound[worst]);
-  return wr <= 1.0;
-}
-
 static float *fvec(size_t n, uint64_t *seed, float lo, float hi) {
   float *v = malloc((n ? n : 1) * sizeof(float));
   h_fill(v, n, seed, lo, hi);
@@ -115,7 +100,7 @@ static void check_sinkhorn_ref(int hc, int iters, float spread, uint64_t *seed) 
   ref_sinkhorn(ref, zd, hc, iters, 1e-6);
   sinkhorn_bound(bd, ref, zd, 0, hc, iters);
   op_mhc_sinkhorn(C, z, hc, iters, 1e-6f);
-  check_within(C, ref, bd, q2, what);
+  h_within(C, ref, bd, q2, what);
   memcpy(Cin, z, q2 * sizeof(float));
   op_mhc_sinkhorn(Cin, Cin, hc, iters, 1e-6f);
   EXPECT(memcmp(C, Cin, q2 * sizeof(float)) == 0, "%s: in place differs", what);
@@ -251,9 +236,9 @@ static void check_coeffs(int n, int hc, int d, float scale_mag, uint64_t *seed) 
   for (int t = 0; t < n; t++)
     ref_coeffs(rp + t * hc, bp + t * hc, rq + t * hc, bq + t * hc, rc + (size_t)t * hc * hc, bc + (size_t)t * hc * hc,
                &m, t);
-  check_within(pre, rp, bp, nh, what);
-  check_within(post, rq, bq, nh, what);
-  check_within(C, rc, bc, nc, what);
+  h_within(pre, rp, bp, nh, what);
+  h_within(post, rq, bq, nh, what);
+  h_within(C, rc, bc, nc, what);
   int out = 0; /* post is open (0, 2) where the reference is 2^-20 clear of the ends */
   for (size_t q = 0; q < nh; q++) {
     bool inner = rq[q] > 0x1p-20 && rq[q] < 2 - 0x1p-20;
@@ -314,9 +299,9 @@ static void check_mix_update(int n, int hc, int d, uint64_t *seed) {
       }
     }
   op_mhc_mix(u, X, pre, n, hc, d);
-  check_within(u, ru, bu, lu, what);
+  h_within(u, ru, bu, lu, what);
   op_mhc_update(Xn, X, C, post, F, n, hc, d);
-  check_within(Xn, rx, bx, lx, what);
+  h_within(Xn, rx, bx, lx, what);
   h_free(u, lu, what), h_free(Xn, lx, what);
   free(X), free(F), free(pre), free(post), free(C), free(ru), free(bu), free(rx), free(bx);
 }
@@ -357,8 +342,8 @@ static void check_merge(int n, int hc, int d, uint64_t *seed) {
     }
   }
   op_mhc_merge(y, pre, m.X, m.W, m.scale[0], m.base, n, &m.c);
-  check_within(pre, rp, bp, nh, what);
-  check_within(y, ry, by, lu, what);
+  h_within(pre, rp, bp, nh, what);
+  h_within(y, ry, by, lu, what);
   h_free(y, lu, what), h_free(pre, nh, what);
   free(ry), free(by), free(rp), free(bp), free(tq), free(tb), free(tc), free(tcb);
   case_free(&m);
@@ -401,8 +386,8 @@ static void check_fused(int n, int hc, int d, int m, uint64_t *seed) {
       rd[(size_t)t * m + q] = du[(size_t)t * m + q], bd[(size_t)t * m + q] = 2 * h_gamma(width) * ad;
     }
   }
-  check_within(df, rd, bd, nm, what);
-  check_within(sf, rs, bs, n, what);
+  h_within(df, rd, bd, nm, what);
+  h_within(sf, rs, bs, n, what);
   h_free(Xf, lx, what), h_free(uf, lu, what), h_free(df, nm, what), h_free(sf, n, what);
   h_free(Xu, lx, what), h_free(uu, lu, what), h_free(du, nm, what), h_free(su, n, what);
   free(X), free(F), free(post), free(pre), free(z), free(C), free(W), free(rd), free(bd), free(rs), free(bs);

@@ -27,21 +27,6 @@
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-/* EXPECT |got - ref| <= bound elementwise (NaN/Inf first); reports the worst element. */
-static bool check_within(const float *got, const double *ref, const double *bound, size_t n, const char *what) {
-  if (!h_finite(got, n, what)) return false;
-  size_t worst = 0;
-  double wr = 0;
-  for (size_t i = 0; i < n; i++) {
-    double err = fabs((double)got[i] - ref[i]);
-    double r = bound[i] > 0 ? err / bound[i] : (err > 0 ? INFINITY : 0);
-    if (r > wr) wr = r, worst = i;
-  }
-  EXPECT(wr <= 1.0, "%s: element %zu got %.9g, reference %.17g (error %.3g x the derived bound %.3g)", what, worst,
-         got[worst], ref[worst], wr, bound[worst]);
-  return wr <= 1.0;
-}
-
 static float *fvec(size_t n, uint64_t *seed, float lo, float hi) {
   float *v = malloc((n ? n : 1) * sizeof(float));
   h_fill(v, n, seed, lo, hi);
@@ -179,7 +164,7 @@ static void check_routing(const int32_t *sel, const float *weight, const double 
   }
   EXPECT(bad_ids == 0, "%s: %d tokens with invalid, repeated or unsorted expert ids", what, bad_ids);
   EXPECT(bad_sel == 0, "%s: %d (selected, unselected) pairs out of order beyond the bound", what, bad_sel);
-  if (bad_ids == 0) check_within(weight, gref, gbd, (size_t)n * k, what);
+  if (bad_ids == 0) h_within(weight, gref, gbd, (size_t)n * k, what);
   free(gref), free(gbd), free(in);
 }
 
@@ -315,7 +300,7 @@ static void check_ffn_clamp(int n, int H, int I, float L, uint64_t *seed) {
   op_moe_ffn(y2, x, Wg2, Wu, Wd, NULL, n, H, I, L, ws);
   op_moe_ffn(y3, x, Wg, Wu2, Wd, NULL, n, H, I, L, ws);
   ref_ffn(ref, bd, x, Wg, Wu, Wd, NULL, n, H, I, L);
-  check_within(y, ref, bd, len, what);
+  h_within(y, ref, bd, len, what);
   EXPECT(memcmp(y, y2, len * sizeof(float)) == 0, "%s: doubling gate pre-activations above L changed y", what);
   EXPECT(memcmp(y, y3, len * sizeof(float)) == 0, "%s: doubling |up| above L changed y", what);
   ref_ffn(ref, bd, x, Wg, Wu, Wd, NULL, n, H, I, 1e30f); /* no clamp: much larger */
@@ -419,7 +404,7 @@ static void check_forward(struct op_moe_cfg c, int n, uint64_t *seed) {
   double *yref = malloc(len * sizeof(double)), *ybd = malloc(len * sizeof(double));
   op_moe_scores(s, m.x, m.router, n, &c);
   ref_scores(sref, sbd, m.x, m.router, n, &c);
-  check_within(s, sref, sbd, ns, what);
+  h_within(s, sref, sbd, ns, what);
   h_free(s, ns, what);
 
   float *y, *w;
@@ -427,7 +412,7 @@ static void check_forward(struct op_moe_cfg c, int n, uint64_t *seed) {
   run_forward(&y, &sel, &w, &m, m.x, m.mod, n);
   check_routing(sel, w, sref, sbd, m.bias, m.mod, n, &c, what);
   ref_moe(yref, ybd, &m, sel, w);
-  check_within(y, yref, ybd, len, what);
+  h_within(y, yref, ybd, len, what);
 
   int differ = 0;
   for (int t = 0; t < n && n > 1; t++) {
@@ -437,7 +422,7 @@ static void check_forward(struct op_moe_cfg c, int n, uint64_t *seed) {
     EXPECT(memcmp(s1, sel + (size_t)t * c.n_active, c.n_active * sizeof(int32_t)) == 0,
            "%s: token %d alone selects differently", what, t);
     if (memcmp(s1, sel + (size_t)t * c.n_active, c.n_active * sizeof(int32_t)) == 0) {
-      check_within(y1, yref + (size_t)t * c.hidden, ybd + (size_t)t * c.hidden, c.hidden, what);
+      h_within(y1, yref + (size_t)t * c.hidden, ybd + (size_t)t * c.hidden, c.hidden, what);
       differ += memcmp(y1, y + (size_t)t * c.hidden, c.hidden * sizeof(float)) != 0;
     }
     free_forward(y1, s1, w1, 1, &c, what);

@@ -42,58 +42,6 @@ static const float EPS = 1e-6f;
 
 /* ---- float64 references with error bounds (see the header) ----------- */
 
-static void ref_linear(double *y, double *yb, const float *W, const double *x, const double *xb, int n, int in,
-                       int out) {
-  for (int i = 0; i < n; i++)
-    for (int j = 0; j < out; j++) {
-      double s = 0, a = 0, e = 0;
-      for (int k = 0; k < in; k++) {
-        double w = W[(size_t)j * in + k], xv = x[(size_t)i * in + k], xe = xb ? xb[(size_t)i * in + k] : 0;
-        s += w * xv, a += fabs(w) * fabs(xv), e += fabs(w) * xe;
-      }
-      y[(size_t)i * out + j] = s;
-      yb[(size_t)i * out + j] = h_gamma(in) * (a + e) + e;
-    }
-}
-
-/* In place allowed (y == x, yb == xb). */
-static void ref_rmsnorm(double *y, double *yb, const double *x, const double *xb, const float *gamma, int n, int d,
-                        float eps) {
-  for (int i = 0; i < n; i++) {
-    const double *xi = x + (size_t)i * d, *ei = xb + (size_t)i * d;
-    double ss = 0, dl = 0;
-    for (int j = 0; j < d; j++) ss += xi[j] * xi[j], dl += ei[j] * ei[j];
-    double rms = sqrt(ss / d + (double)eps), delta = sqrt(dl), lo = rms - delta / sqrt((double)d);
-    EXPECT(lo > 0.5 * rms, "rmsnorm reference: input error %g too close to rms %g for a perturbation bound", delta,
-           rms);
-    double own = h_gamma(d) / 2 + 6 * U;
-    for (int j = 0; j < d; j++) {
-      double g = gamma ? gamma[j] : 1.0, xv = xi[j], xe = ei[j];
-      double v = xv * g / rms;
-      double prop = fabs(g) * (xe / lo + fabs(xv) * delta / (sqrt((double)d) * rms * lo));
-      y[(size_t)i * d + j] = v;
-      yb[(size_t)i * d + j] = prop + own * (fabs(v) + prop);
-    }
-  }
-}
-
-/* x: (n, heads * r->dim), rotated in place with its bounds. */
-static void ref_rope(double *x, double *xb, const struct op_rope *r, const int64_t *pos, int n, int heads) {
-  int off = r->last ? r->dim - r->rope_dim : 0;
-  for (int i = 0; i < n; i++)
-    for (int h = 0; h < heads; h++)
-      for (int j = 0; j < r->rope_dim / 2; j++) {
-        size_t ia = (size_t)i * heads * r->dim + (size_t)h * r->dim + off + 2 * j, ib = ia + 1;
-        double t = (double)pos[i] * r->freq[j], c = cos(t), s = sin(t);
-        double a = x[ia], b = x[ib], ea = xb[ia], eb = xb[ib];
-        double A = fabs(a) + ea, B = fabs(b) + eb;
-        x[ia] = a * c - b * s;
-        x[ib] = a * s + b * c;
-        xb[ia] = ea * fabs(c) + eb * fabs(s) + 3 * U * (A * fabs(c) + B * fabs(s));
-        xb[ib] = ea * fabs(s) + eb * fabs(c) + 3 * U * (A * fabs(s) + B * fabs(c));
-      }
-}
-
 static double *dalloc(size_t n) {
   double *p = calloc(n ? n : 1, sizeof *p);
   if (!p) abort();
@@ -188,9 +136,9 @@ static void test_q_main(const struct qdata *D, const float *cq, const double *cq
   for (int hn = 0; hn <= 1; hn++) {
     float *q = h_alloc(nq);
     op_q_main(q, cq, D->W_qb, D->pos, &D->rope, c->n, c->q_rank, c->heads, c->head_dim, hn, EPS);
-    ref_linear(qr, qb, D->W_qb, cqr, cqb, c->n, c->q_rank, W);
-    if (hn) ref_rmsnorm(qr, qb, qr, qb, NULL, c->n * c->heads, c->head_dim, EPS);
-    ref_rope(qr, qb, &D->rope, D->pos, c->n, c->heads);
+    h_ref_linear(qr, qb, D->W_qb, cqr, cqb, c->n, c->q_rank, W);
+    if (hn) h_ref_rmsnorm(qr, qb, qr, qb, NULL, c->n * c->heads, c->head_dim, EPS);
+    h_ref_rope(qr, qb, &D->rope, D->pos, c->n, c->heads);
     char what[128];
     snprintf(what, sizeof what, "%s: q (q_head_norm %s)", name, hn ? "on" : "off");
     check(q, qr, qb, nq, what);
@@ -222,8 +170,8 @@ static void test_indexer(const struct qdata *D, const float *cq, const double *c
   double *r = dalloc(nqi), *b = dalloc(nqi);
   float *qI = h_alloc(nqi);
   op_q_indexer(qI, cq, D->W_iq, D->pos, &D->rope_i, c->n, c->q_rank, c->idx_heads, c->idx_dim);
-  ref_linear(r, b, D->W_iq, cqr, cqb, c->n, c->q_rank, c->idx_heads * c->idx_dim);
-  ref_rope(r, b, &D->rope_i, D->pos, c->n, c->idx_heads);
+  h_ref_linear(r, b, D->W_iq, cqr, cqb, c->n, c->q_rank, c->idx_heads * c->idx_dim);
+  h_ref_rope(r, b, &D->rope_i, D->pos, c->n, c->idx_heads);
   char what[128];
   snprintf(what, sizeof what, "%s: qI", name);
   check(qI, r, b, nqi, what);
@@ -240,7 +188,7 @@ static void test_indexer(const struct qdata *D, const float *cq, const double *c
     if (s == 0) memcpy(w1, w, nw * sizeof *w);
     for (size_t i = 0; s && i < nw; i++)
       EXPECT(w[i] == w1[i] * scales[s], "%s: w[%zu] = %.9g is not fl(%.9g * %.9g)", name, i, w[i], w1[i], scales[s]);
-    ref_linear(r, b, D->W_w, D->ud, NULL, c->n, c->hidden, c->idx_heads);
+    h_ref_linear(r, b, D->W_w, D->ud, NULL, c->n, c->hidden, c->idx_heads);
     for (size_t i = 0; i < nw; i++) {
       r[i] *= scales[s], b[i] *= scales[s];
       b[i] += (s ? U : 0) * (fabs(r[i]) + b[i]);
@@ -262,9 +210,9 @@ static void test_swa(const struct qdata *D, const char *name) {
   float *kS = h_alloc(nk);
   double *r = dalloc(nk), *b = dalloc(nk);
   op_swa_kv(kS, D->u, D->W_kv, D->g_kv, D->pos, &D->rope_swa, c->n, c->hidden, hd, EPS);
-  ref_linear(r, b, D->W_kv, D->ud, NULL, c->n, c->hidden, hd);
-  ref_rmsnorm(r, b, r, b, D->g_kv, c->n, hd, EPS);
-  ref_rope(r, b, &D->rope_swa, D->pos, c->n, 1);
+  h_ref_linear(r, b, D->W_kv, D->ud, NULL, c->n, c->hidden, hd);
+  h_ref_rmsnorm(r, b, r, b, D->g_kv, c->n, hd, EPS);
+  h_ref_rope(r, b, &D->rope_swa, D->pos, c->n, 1);
   char what[128];
   snprintf(what, sizeof what, "%s: kS", name);
   check(kS, r, b, nk, what);
@@ -300,8 +248,8 @@ static void run_case(const struct qcase *c, uint64_t *seed) {
   float *cq = h_alloc(ncq);
   double *cqr = dalloc(ncq), *cqb = dalloc(ncq);
   op_q_latent(cq, D.u, D.W_qa, D.g_q, c->n, c->hidden, c->q_rank, EPS);
-  ref_linear(cqr, cqb, D.W_qa, D.ud, NULL, c->n, c->hidden, c->q_rank);
-  ref_rmsnorm(cqr, cqb, cqr, cqb, D.g_q, c->n, c->q_rank, EPS);
+  h_ref_linear(cqr, cqb, D.W_qa, D.ud, NULL, c->n, c->hidden, c->q_rank);
+  h_ref_rmsnorm(cqr, cqb, cqr, cqb, D.g_q, c->n, c->q_rank, EPS);
   char what[128];
   snprintf(what, sizeof what, "%s: c_q", name);
   check(cq, cqr, cqb, ncq, what);

@@ -15,20 +15,10 @@
 #include <string.h>
 
 #include "scheduler/plan.h"
+#include "tests/harness.h"
 #include "scheduler/plan_bus.h"
 #include "ops/formats.h"
 
-static int failures;
-
-#define EXPECT(cond, ...)                                          \
-  do {                                                             \
-    if (!(cond)) {                                                 \
-      failures++;                                                  \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);         \
-      fprintf(stderr, __VA_ARGS__);                                \
-      fputc('\n', stderr);                                         \
-    }                                                              \
-  } while (0)
 
 static bool load(const char *path, struct plan *p) {
   struct plan_diags d = {0};
@@ -212,10 +202,6 @@ int main(void) {
   check_mini_and_dense();
   check_alternatives();
   check_string_plan();
-  if (failures) {
-    fprintf(stderr, "%d failure(s)\n", failures);
-    return 1;
-  }
-  printf("plan load: flash, mini, dense, alternatives and defaults as SPEC says\n");
-  return 0;
+  if (!h_failures) printf("plan load: flash, mini, dense, alternatives and defaults as SPEC says\n");
+  return h_report("plan load");
 }

@@ -13,18 +13,8 @@
 #include <string.h>
 
 #include "scheduler/plan.h"
+#include "tests/harness.h"
 
-static int failures;
-
-#define EXPECT(cond, ...)                                          \
-  do {                                                             \
-    if (!(cond)) {                                                 \
-      failures++;                                                  \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);         \
-      fprintf(stderr, __VA_ARGS__);                                \
-      fputc('\n', stderr);                                         \
-    }                                                              \
-  } while (0)
 
 struct bad_case {
   const char *name;  /* tests/plans/bad/<name>.yaml */
@@ -163,11 +153,7 @@ int main(void) {
   load_damaged("model:\0 {hidden: 4}", 19);
   load_damaged("\xff\xfe\x00\x01", 4);
   load_damaged("", 0);
-  if (failures) {
-    fprintf(stderr, "%d failure(s)\n", failures);
-    return 1;
-  }
-  printf("plan rules: %zu failing plans rejected at the right place; damaged inputs handled\n",
+  if (!h_failures) printf("plan rules: %zu failing plans rejected at the right place; damaged inputs handled\n",
          sizeof cases / sizeof cases[0]);
-  return 0;
+  return h_report("plan rules");
 }
