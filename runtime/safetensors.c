@@ -1,4 +1,4 @@
-/* safetensors.c: the safetensors reader and writer (see safetensors.h and
+/* safetensors.c: the safetensors reader (see safetensors.h and
  * docs/safetensors.md).
  *
  * Reading checks, in order: the 8-byte length against the file and the 100 MB
@@ -16,6 +16,7 @@
  * never does that (it renames a new file over the old one). read() is the
  * fallback where mmap is refused.
  *
+ * The writer is runtime/safetensors_write.c.
  * Test: tests/test_safetensors.c; fuzz: tests/fuzz/fuzz_safetensors.c.
  */
 #include "runtime/safetensors.h"
@@ -36,6 +37,7 @@
 #include <unistd.h>
 
 #include "runtime/check.h"
+#include "runtime/safetensors_internal.h"
 
 struct st_file {
   struct st_tensor *tensors;        /* n, in data-buffer order */
@@ -74,18 +76,10 @@ int st_dtype_parse(const char *s, enum st_dtype *out) {
 
 /* ---- messages ------------------------------------------------------------ */
 
-struct ctx {
-  const char *label; /* the file, for messages */
-  char *err;
-  size_t err_len;
-};
-
-#define QUOTE_MAX 72
-
 /* A name made safe to print: control bytes become '?', long names are cut at
  * a UTF-8 character boundary and end in "...". */
-static const char *quote(char out[QUOTE_MAX], const char *s, size_t len) {
-  size_t max = QUOTE_MAX - 4, k = len < max ? len : max;
+const char *st__quote(char out[ST__QUOTE_MAX], const char *s, size_t len) {
+  size_t max = ST__QUOTE_MAX - 4, k = len < max ? len : max;
   if (k < len)
     while (k > 0 && ((unsigned char)s[k] & 0xC0) == 0x80) k--;
   for (size_t i = 0; i < k; i++) {
@@ -98,11 +92,10 @@ static const char *quote(char out[QUOTE_MAX], const char *s, size_t len) {
 
 /* Fill the message "<file>: tensor '<name>': <what>" (or "<file>: <what>"
  * when tensor is NULL) and return status. */
-__attribute__((format(printf, 4, 5))) static int fail(const struct ctx *c, int status, const char *tensor,
-                                                      const char *fmt, ...) {
+int st__fail(const struct st__ctx *c, int status, const char *tensor, const char *fmt, ...) {
   if (!c->err || !c->err_len) return status;
-  char q[QUOTE_MAX];
-  int k = tensor ? snprintf(c->err, c->err_len, "%s: tensor '%s': ", c->label, quote(q, tensor, strlen(tensor)))
+  char q[ST__QUOTE_MAX];
+  int k = tensor ? snprintf(c->err, c->err_len, "%s: tensor '%s': ", c->label, st__quote(q, tensor, strlen(tensor)))
                  : snprintf(c->err, c->err_len, "%s: ", c->label);
   if (k >= 0 && (size_t)k < c->err_len) {
     va_list ap;
@@ -122,7 +115,7 @@ static const char *json_kind(const cJSON *v) {
   return "null";
 }
 
-static void fmt_shape(char *out, size_t len, const struct st_tensor *t) {
+void st__fmt_shape(char *out, size_t len, const struct st_tensor *t) {
   size_t k = (size_t)snprintf(out, len, "[");
   for (int i = 0; i < t->ndim && k < len; i++)
     k += (size_t)snprintf(out + k, len - k, "%s%" PRId64, i ? ", " : "", t->shape[i]);
@@ -133,7 +126,7 @@ static void fmt_shape(char *out, size_t len, const struct st_tensor *t) {
 
 /* Strict UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
  * Returns the offset of the first bad byte, or n when all is well. */
-static size_t utf8_check(const unsigned char *s, size_t n) {
+size_t st__utf8_check(const unsigned char *s, size_t n) {
   size_t i = 0;
   while (i < n) {
     unsigned char b = s[i];
@@ -168,15 +161,15 @@ static bool plain_int(const char *s, size_t n) {
 struct lex_finding {
   bool found;
   size_t at, len;
-  char key[QUOTE_MAX];
+  char key[ST__QUOTE_MAX];
 };
 
 /* What cJSON lets through but JSON (and serde_json, the official parser)
  * does not: raw control bytes, and number syntax other than plain integers.
  * Also refuses \u0000, which C strings cannot hold. `key` tracks the last
  * top-level key (the tensor) for messages. */
-static int lex_check(const struct ctx *c, const char *h, size_t n, struct lex_finding *bad) {
-  char key[QUOTE_MAX] = "";
+static int lex_check(const struct st__ctx *c, const char *h, size_t n, struct lex_finding *bad) {
+  char key[ST__QUOTE_MAX] = "";
   int depth = 0;
   for (size_t i = 0; i < n;) {
     unsigned char ch = (unsigned char)h[i];
@@ -188,14 +181,14 @@ static int lex_check(const struct ctx *c, const char *h, size_t n, struct lex_fi
       while (i < n && h[i] != '"') {
         unsigned char b = (unsigned char)h[i];
         if (b < 0x20)
-          return fail(c, CEDAR_EFORMAT, who,
+          return st__fail(c, CEDAR_EFORMAT, who,
                       "raw control byte 0x%02x inside a string at header byte %zu; JSON requires it escaped", b, i);
         if (b == '\\' && i + 5 < n && h[i + 1] == 'u' && !memcmp(h + i + 2, "0000", 4))
-          return fail(c, CEDAR_EFORMAT, who,
+          return st__fail(c, CEDAR_EFORMAT, who,
                       "\\u0000 (NUL) in a string at header byte %zu; cedar accepts no NUL in names or metadata", i);
         i += b == '\\' ? 2 : 1;
       }
-      if (depth == 1) quote(key, h + s, (i < n ? i : n) - s);
+      if (depth == 1) st__quote(key, h + s, (i < n ? i : n) - s);
       i++;
     } else if (ch == '-' || (ch >= '0' && ch <= '9')) {
       size_t s = i;
@@ -208,7 +201,7 @@ static int lex_check(const struct ctx *c, const char *h, size_t n, struct lex_fi
       if (ch == '{' || ch == '[') depth++;
       else if (ch == '}' || ch == ']') depth--;
       else if (ch < 0x20 && ch != '\t' && ch != '\n' && ch != '\r')
-        return fail(c, CEDAR_EFORMAT, NULL, "control byte 0x%02x at header byte %zu, outside any string", ch, i);
+        return st__fail(c, CEDAR_EFORMAT, NULL, "control byte 0x%02x at header byte %zu, outside any string", ch, i);
       i++;
     }
   }
@@ -218,46 +211,46 @@ static int lex_check(const struct ctx *c, const char *h, size_t n, struct lex_fi
 /* ---- entries ------------------------------------------------------------- */
 
 /* A JSON number that is an integer in [0, 2^53). */
-static int get_uint(const struct ctx *c, const char *tensor, const cJSON *v, const char *what, uint64_t *out) {
+static int get_uint(const struct st__ctx *c, const char *tensor, const cJSON *v, const char *what, uint64_t *out) {
   if (!cJSON_IsNumber(v))
-    return fail(c, CEDAR_EFORMAT, tensor, "%s is %s, not an integer", what, json_kind(v));
+    return st__fail(c, CEDAR_EFORMAT, tensor, "%s is %s, not an integer", what, json_kind(v));
   double d = v->valuedouble;
   if (d < 0 || signbit(d))
-    return fail(c, CEDAR_EFORMAT, tensor, "%s is %g; it must be a non-negative integer", what, d);
+    return st__fail(c, CEDAR_EFORMAT, tensor, "%s is %g; it must be a non-negative integer", what, d);
   if (d >= (double)ST_MAX_INT)
-    return fail(c, CEDAR_EFORMAT, tensor, "%s is %.17g, not below 2^53 (the largest cedar reads exactly)", what, d);
-  if (d != floor(d)) return fail(c, CEDAR_EFORMAT, tensor, "%s is %g, not an integer", what, d);
+    return st__fail(c, CEDAR_EFORMAT, tensor, "%s is %.17g, not below 2^53 (the largest cedar reads exactly)", what, d);
+  if (d != floor(d)) return st__fail(c, CEDAR_EFORMAT, tensor, "%s is %g, not an integer", what, d);
   *out = (uint64_t)d;
   return CEDAR_OK;
 }
 
 static const char *const subbyte_dtypes[] = {"F4", "F6_E2M3", "F6_E3M2"};
 
-static int parse_dtype(const struct ctx *c, const char *name, const cJSON *v, struct st_tensor *t) {
+static int parse_dtype(const struct st__ctx *c, const char *name, const cJSON *v, struct st_tensor *t) {
   if (!cJSON_IsString(v))
-    return fail(c, CEDAR_EFORMAT, name, "dtype is %s; expected a string such as \"F32\"", json_kind(v));
+    return st__fail(c, CEDAR_EFORMAT, name, "dtype is %s; expected a string such as \"F32\"", json_kind(v));
   if (st_dtype_parse(v->valuestring, &t->dtype) == CEDAR_OK) return CEDAR_OK;
-  char q[QUOTE_MAX];
-  quote(q, v->valuestring, strlen(v->valuestring));
+  char q[ST__QUOTE_MAX];
+  st__quote(q, v->valuestring, strlen(v->valuestring));
   for (size_t i = 0; i < sizeof subbyte_dtypes / sizeof *subbyte_dtypes; i++)
     if (!strcmp(v->valuestring, subbyte_dtypes[i]))
-      return fail(c, CEDAR_EUNSUPPORTED, name, "dtype %s packs elements below one byte; cedar does not read it", q);
+      return st__fail(c, CEDAR_EUNSUPPORTED, name, "dtype %s packs elements below one byte; cedar does not read it", q);
   char known[256];
   size_t k = 0;
   for (int i = 0; i < ST_DTYPE_COUNT && k < sizeof known; i++)
     k += (size_t)snprintf(known + k, sizeof known - k, "%s%s", i ? " " : "", dtypes[i].name);
-  return fail(c, CEDAR_EFORMAT, name, "unknown dtype '%s' (known: %s)", q, known);
+  return st__fail(c, CEDAR_EFORMAT, name, "unknown dtype '%s' (known: %s)", q, known);
 }
 
 /* shape -> t->ndim, t->shape, t->nbytes (overflow-checked, in order, as the
  * official implementation does). */
-static int parse_shape(const struct ctx *c, const char *name, const cJSON *v, struct st_tensor *t) {
+static int parse_shape(const struct st__ctx *c, const char *name, const cJSON *v, struct st_tensor *t) {
   if (!cJSON_IsArray(v))
-    return fail(c, CEDAR_EFORMAT, name, "shape is %s; expected an array of integers", json_kind(v));
+    return st__fail(c, CEDAR_EFORMAT, name, "shape is %s; expected an array of integers", json_kind(v));
   int nd = cJSON_GetArraySize(v);
   if (nd > ST_MAX_DIMS)
-    return fail(c, CEDAR_EUNSUPPORTED, name, "shape has %d dimensions; cedar reads at most %d", nd, ST_MAX_DIMS);
-  uint64_t count = 1, size = dtypes[t->dtype].size;
+    return st__fail(c, CEDAR_EUNSUPPORTED, name, "shape has %d dimensions; cedar reads at most %d", nd, ST_MAX_DIMS);
+  uint64_t count = 1, size = st_dtype_size(t->dtype);
   t->ndim = 0;
   for (const cJSON *d = v->child; d; d = d->next) {
     char what[32];
@@ -267,63 +260,63 @@ static int parse_shape(const struct ctx *c, const char *name, const cJSON *v, st
     if (rc) return rc;
     t->shape[t->ndim++] = (int64_t)dim;
     if (dim && count > UINT64_MAX / dim)
-      return fail(c, CEDAR_EFORMAT, name, "shape has 2^64 elements or more (overflow at shape[%d])", t->ndim - 1);
+      return st__fail(c, CEDAR_EFORMAT, name, "shape has 2^64 elements or more (overflow at shape[%d])", t->ndim - 1);
     count *= dim;
   }
   if (count > UINT64_MAX / size) {
     char s[160];
-    fmt_shape(s, sizeof s, t);
-    return fail(c, CEDAR_EFORMAT, name, "shape %s of %s is 2^64 bytes or more", s, dtypes[t->dtype].name);
+    st__fmt_shape(s, sizeof s, t);
+    return st__fail(c, CEDAR_EFORMAT, name, "shape %s of %s is 2^64 bytes or more", s, st_dtype_name(t->dtype));
   }
   t->nbytes = count * size;
   return CEDAR_OK;
 }
 
-static int parse_offsets(const struct ctx *c, const char *name, const cJSON *v, uint64_t data_len,
+static int parse_offsets(const struct st__ctx *c, const char *name, const cJSON *v, uint64_t data_len,
                          struct st_tensor *t) {
   if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != 2)
-    return fail(c, CEDAR_EFORMAT, name, "data_offsets must be an array of two integers [begin, end]");
+    return st__fail(c, CEDAR_EFORMAT, name, "data_offsets must be an array of two integers [begin, end]");
   uint64_t b, e;
   int rc = get_uint(c, name, v->child, "data_offsets[0]", &b);
   if (!rc) rc = get_uint(c, name, v->child->next, "data_offsets[1]", &e);
   if (rc) return rc;
-  if (e < b) return fail(c, CEDAR_EFORMAT, name, "data_offsets [%" PRIu64 ", %" PRIu64 "] end before they begin", b, e);
+  if (e < b) return st__fail(c, CEDAR_EFORMAT, name, "data_offsets [%" PRIu64 ", %" PRIu64 "] end before they begin", b, e);
   if (e > data_len)
-    return fail(c, CEDAR_EFORMAT, name,
+    return st__fail(c, CEDAR_EFORMAT, name,
                 "data_offsets [%" PRIu64 ", %" PRIu64 "] reach past the end of the %" PRIu64
                 "-byte data buffer; the file may be truncated",
                 b, e, data_len);
   if (e - b != t->nbytes) {
     char s[160];
-    fmt_shape(s, sizeof s, t);
-    return fail(c, CEDAR_EFORMAT, name,
+    st__fmt_shape(s, sizeof s, t);
+    return st__fail(c, CEDAR_EFORMAT, name,
                 "data_offsets [%" PRIu64 ", %" PRIu64 "] hold %" PRIu64 " bytes, but %s shape %s needs %" PRIu64, b, e,
-                e - b, dtypes[t->dtype].name, s, t->nbytes);
+                e - b, st_dtype_name(t->dtype), s, t->nbytes);
   }
   t->offset = b;
   return CEDAR_OK;
 }
 
-static int parse_entry(const struct ctx *c, const cJSON *e, uint64_t data_len, struct st_tensor *t) {
+static int parse_entry(const struct st__ctx *c, const cJSON *e, uint64_t data_len, struct st_tensor *t) {
   const char *name = t->name;
   if (!cJSON_IsObject(e))
-    return fail(c, CEDAR_EFORMAT, name, "entry is %s; expected an object with dtype, shape and data_offsets",
+    return st__fail(c, CEDAR_EFORMAT, name, "entry is %s; expected an object with dtype, shape and data_offsets",
                 json_kind(e));
   const cJSON *dtype = NULL, *shape = NULL, *offsets = NULL;
-  char q[QUOTE_MAX];
+  char q[ST__QUOTE_MAX];
   for (const cJSON *k = e->child; k; k = k->next) {
     const cJSON **slot = !strcmp(k->string, "dtype")          ? &dtype
                          : !strcmp(k->string, "shape")        ? &shape
                          : !strcmp(k->string, "data_offsets") ? &offsets
                                                               : NULL;
     if (!slot)
-      return fail(c, CEDAR_EFORMAT, name, "unknown key '%s'; a tensor entry has dtype, shape and data_offsets",
-                  quote(q, k->string, strlen(k->string)));
-    if (*slot) return fail(c, CEDAR_EFORMAT, name, "key '%s' appears twice", k->string);
+      return st__fail(c, CEDAR_EFORMAT, name, "unknown key '%s'; a tensor entry has dtype, shape and data_offsets",
+                  st__quote(q, k->string, strlen(k->string)));
+    if (*slot) return st__fail(c, CEDAR_EFORMAT, name, "key '%s' appears twice", k->string);
     *slot = k;
   }
   const char *missing = !dtype ? "dtype" : !shape ? "shape" : !offsets ? "data_offsets" : NULL;
-  if (missing) return fail(c, CEDAR_EFORMAT, name, "entry has no '%s'", missing);
+  if (missing) return st__fail(c, CEDAR_EFORMAT, name, "entry has no '%s'", missing);
   int rc = parse_dtype(c, name, dtype, t);
   if (!rc) rc = parse_shape(c, name, shape, t);
   if (!rc) rc = parse_offsets(c, name, offsets, data_len, t);
@@ -334,45 +327,45 @@ static int cmp_meta(const void *a, const void *b) {
   return strcmp(((const struct st_meta *)a)->key, ((const struct st_meta *)b)->key);
 }
 
-static int parse_meta(const struct ctx *c, const cJSON *m, struct st_file *f) {
+static int parse_meta(const struct st__ctx *c, const cJSON *m, struct st_file *f) {
   if (cJSON_IsNull(m)) return CEDAR_OK; /* serde reads null as "no metadata" */
   if (!cJSON_IsObject(m))
-    return fail(c, CEDAR_EFORMAT, NULL, "__metadata__ is %s; it must be an object of string values", json_kind(m));
+    return st__fail(c, CEDAR_EFORMAT, NULL, "__metadata__ is %s; it must be an object of string values", json_kind(m));
   f->meta = calloc((size_t)cJSON_GetArraySize(m) + 1, sizeof *f->meta);
-  if (!f->meta) return fail(c, CEDAR_ENOMEM, NULL, "out of memory reading __metadata__");
-  char q[QUOTE_MAX];
+  if (!f->meta) return st__fail(c, CEDAR_ENOMEM, NULL, "out of memory reading __metadata__");
+  char q[ST__QUOTE_MAX];
   for (const cJSON *k = m->child; k; k = k->next) {
     if (!cJSON_IsString(k))
-      return fail(c, CEDAR_EFORMAT, NULL, "__metadata__: key '%s' has %s value; metadata values must be strings",
-                  quote(q, k->string, strlen(k->string)), json_kind(k));
+      return st__fail(c, CEDAR_EFORMAT, NULL, "__metadata__: key '%s' has %s value; metadata values must be strings",
+                  st__quote(q, k->string, strlen(k->string)), json_kind(k));
     struct st_meta *p = &f->meta[f->n_meta];
     p->key = strdup(k->string);
     p->value = strdup(k->valuestring);
     if (p->key || p->value) f->n_meta++; /* st_close frees what was copied */
-    if (!p->key || !p->value) return fail(c, CEDAR_ENOMEM, NULL, "out of memory reading __metadata__");
+    if (!p->key || !p->value) return st__fail(c, CEDAR_ENOMEM, NULL, "out of memory reading __metadata__");
   }
   qsort(f->meta, f->n_meta, sizeof *f->meta, cmp_meta);
   for (size_t i = 1; i < f->n_meta; i++)
     if (!strcmp(f->meta[i - 1].key, f->meta[i].key))
-      return fail(c, CEDAR_EFORMAT, NULL, "__metadata__: key '%s' appears twice",
-                  quote(q, f->meta[i].key, strlen(f->meta[i].key)));
+      return st__fail(c, CEDAR_EFORMAT, NULL, "__metadata__: key '%s' appears twice",
+                  st__quote(q, f->meta[i].key, strlen(f->meta[i].key)));
   return CEDAR_OK;
 }
 
 /* Every top-level member: "__metadata__" or a tensor. */
-static int parse_members(const struct ctx *c, const cJSON *root, uint64_t data_len, struct st_file *f) {
+static int parse_members(const struct st__ctx *c, const cJSON *root, uint64_t data_len, struct st_file *f) {
   f->tensors = calloc((size_t)cJSON_GetArraySize(root) + 1, sizeof *f->tensors);
-  if (!f->tensors) return fail(c, CEDAR_ENOMEM, NULL, "out of memory reading the header");
+  if (!f->tensors) return st__fail(c, CEDAR_ENOMEM, NULL, "out of memory reading the header");
   bool seen_meta = false;
   for (const cJSON *k = root->child; k; k = k->next) {
     int rc;
     if (!strcmp(k->string, "__metadata__")) {
-      if (seen_meta) return fail(c, CEDAR_EFORMAT, NULL, "__metadata__ appears twice");
+      if (seen_meta) return st__fail(c, CEDAR_EFORMAT, NULL, "__metadata__ appears twice");
       seen_meta = true;
       rc = parse_meta(c, k, f);
     } else {
       struct st_tensor *t = &f->tensors[f->n];
-      if (!(t->name = strdup(k->string))) return fail(c, CEDAR_ENOMEM, NULL, "out of memory reading the header");
+      if (!(t->name = strdup(k->string))) return st__fail(c, CEDAR_ENOMEM, NULL, "out of memory reading the header");
       f->n++;
       rc = parse_entry(c, k, data_len, t);
     }
@@ -394,45 +387,45 @@ static int cmp_name_ptr(const void *a, const void *b) {
   return strcmp((*(const struct st_tensor *const *)a)->name, (*(const struct st_tensor *const *)b)->name);
 }
 
-static int index_names(const struct ctx *c, struct st_file *f) {
+static int index_names(const struct st__ctx *c, struct st_file *f) {
   f->by_name = malloc((f->n + 1) * sizeof *f->by_name);
-  if (!f->by_name) return fail(c, CEDAR_ENOMEM, NULL, "out of memory indexing tensor names");
+  if (!f->by_name) return st__fail(c, CEDAR_ENOMEM, NULL, "out of memory indexing tensor names");
   for (size_t i = 0; i < f->n; i++) f->by_name[i] = &f->tensors[i];
   qsort(f->by_name, f->n, sizeof *f->by_name, cmp_name_ptr);
   for (size_t i = 1; i < f->n; i++)
     if (!strcmp(f->by_name[i - 1]->name, f->by_name[i]->name))
-      return fail(c, CEDAR_EFORMAT, f->by_name[i]->name, "appears twice in the header; names must be unique");
+      return st__fail(c, CEDAR_EFORMAT, f->by_name[i]->name, "appears twice in the header; names must be unique");
   return CEDAR_OK;
 }
 
 /* Tensors sorted by offset must tile [0, data_len) exactly: no overlap, no
  * hole, nothing after the last one (the official rule; it also rules out
  * polyglot files). */
-static int check_layout(const struct ctx *c, const struct st_file *f, uint64_t data_len) {
+static int check_layout(const struct st__ctx *c, const struct st_file *f, uint64_t data_len) {
   uint64_t pos = 0;
   const struct st_tensor *prev = NULL; /* the last tensor that ends at pos */
-  char q[QUOTE_MAX];
+  char q[ST__QUOTE_MAX];
   for (size_t i = 0; i < f->n; i++) {
     const struct st_tensor *t = &f->tensors[i];
     if (t->offset > pos && prev)
-      return fail(c, CEDAR_EFORMAT, t->name,
+      return st__fail(c, CEDAR_EFORMAT, t->name,
                   "data begins at %" PRIu64 ", but tensor '%s' ends at %" PRIu64 ": bytes [%" PRIu64 ", %" PRIu64
                   ") belong to no tensor, and safetensors forbids holes",
-                  t->offset, quote(q, prev->name, strlen(prev->name)), pos, pos, t->offset);
+                  t->offset, st__quote(q, prev->name, strlen(prev->name)), pos, pos, t->offset);
     if (t->offset > pos)
-      return fail(c, CEDAR_EFORMAT, t->name,
+      return st__fail(c, CEDAR_EFORMAT, t->name,
                   "data begins at %" PRIu64 ": bytes [0, %" PRIu64
                   ") belong to no tensor, and safetensors forbids holes",
                   t->offset, t->offset);
     if (t->offset < pos)
-      return fail(c, CEDAR_EFORMAT, t->name,
+      return st__fail(c, CEDAR_EFORMAT, t->name,
                   "data_offsets [%" PRIu64 ", %" PRIu64 "] overlap tensor '%s' [%" PRIu64 ", %" PRIu64 "]", t->offset,
-                  t->offset + t->nbytes, quote(q, prev->name, strlen(prev->name)), prev->offset,
+                  t->offset + t->nbytes, st__quote(q, prev->name, strlen(prev->name)), prev->offset,
                   prev->offset + prev->nbytes);
     if (t->nbytes) prev = t, pos = t->offset + t->nbytes;
   }
   if (pos != data_len)
-    return fail(c, CEDAR_EFORMAT, NULL,
+    return st__fail(c, CEDAR_EFORMAT, NULL,
                 "the data buffer is %" PRIu64 " bytes but its tensors end at %" PRIu64 ": bytes [%" PRIu64 ", %" PRIu64
                 ") belong to no tensor, and safetensors forbids holes",
                 data_len, pos, pos, data_len);
@@ -448,24 +441,24 @@ static uint64_t le64(const unsigned char *p) {
 }
 
 /* The JSON text of the header -> f's tensors and metadata (entry checks). */
-static int parse_json(const struct ctx *c, const char *h, size_t n, uint64_t data_len, struct st_file *f) {
+static int parse_json(const struct st__ctx *c, const char *h, size_t n, uint64_t data_len, struct st_file *f) {
   struct lex_finding bad = {0};
   int rc = lex_check(c, h, n, &bad);
   if (rc) return rc;
   /* A NUL-terminated copy: cJSON then cannot read past the header. */
   char *text = malloc(n + 1);
-  if (!text) return fail(c, CEDAR_ENOMEM, NULL, "out of memory copying the %zu-byte header", n);
+  if (!text) return st__fail(c, CEDAR_ENOMEM, NULL, "out of memory copying the %zu-byte header", n);
   memcpy(text, h, n);
   text[n] = '\0';
   const char *end = NULL;
   cJSON *root = cJSON_ParseWithLengthOpts(text, n, &end, 0);
   if (!root) {
-    rc = fail(c, CEDAR_EFORMAT, NULL, "header is not valid JSON (error near header byte %zu)",
+    rc = st__fail(c, CEDAR_EFORMAT, NULL, "header is not valid JSON (error near header byte %zu)",
               end ? (size_t)(end - text) : (size_t)0);
   } else {
     for (const char *p = end; p < text + n && !rc; p++)
       if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r')
-        rc = fail(c, CEDAR_EFORMAT, NULL,
+        rc = st__fail(c, CEDAR_EFORMAT, NULL,
                   "header has bytes after its JSON object (at header byte %zu); only spaces may pad it",
                   (size_t)(p - text));
     if (!rc) rc = parse_members(c, root, data_len, f);
@@ -473,32 +466,32 @@ static int parse_json(const struct ctx *c, const char *h, size_t n, uint64_t dat
   cJSON_Delete(root);
   free(text);
   if (!rc && bad.found) {
-    char num[QUOTE_MAX];
-    rc = fail(c, CEDAR_EFORMAT, *bad.key ? bad.key : NULL,
+    char num[ST__QUOTE_MAX];
+    rc = st__fail(c, CEDAR_EFORMAT, *bad.key ? bad.key : NULL,
               "number '%s' at header byte %zu is not written as a plain integer (no fraction, exponent, "
               "'+' or leading zero)",
-              quote(num, h + bad.at, bad.len), bad.at);
+              st__quote(num, h + bad.at, bad.len), bad.at);
   }
   return rc;
 }
 
-static int parse_into(const struct ctx *c, const unsigned char *p, size_t len, struct st_file *f) {
+static int parse_into(const struct st__ctx *c, const unsigned char *p, size_t len, struct st_file *f) {
   if (len < 8)
-    return fail(c, CEDAR_EFORMAT, NULL, "file is %zu bytes, shorter than the 8-byte header length it must start with",
+    return st__fail(c, CEDAR_EFORMAT, NULL, "file is %zu bytes, shorter than the 8-byte header length it must start with",
                 len);
   uint64_t n = le64(p);
   if (n > ST_MAX_HEADER)
-    return fail(c, CEDAR_EFORMAT, NULL, "header length %" PRIu64 " is over the %u-byte limit; not a safetensors file?", n,
+    return st__fail(c, CEDAR_EFORMAT, NULL, "header length %" PRIu64 " is over the %u-byte limit; not a safetensors file?", n,
                 ST_MAX_HEADER);
   if (n > len - 8)
-    return fail(c, CEDAR_EFORMAT, NULL,
+    return st__fail(c, CEDAR_EFORMAT, NULL,
                 "header length %" PRIu64 " is larger than the %zu bytes after it; the file is truncated or not "
                 "safetensors",
                 n, len - 8);
   const char *h = (const char *)p + 8;
-  if (n == 0 || h[0] != '{') return fail(c, CEDAR_EFORMAT, NULL, "header does not start with '{'");
-  size_t bad = utf8_check((const unsigned char *)h, n);
-  if (bad != n) return fail(c, CEDAR_EFORMAT, NULL, "header is not valid UTF-8 (at header byte %zu)", bad);
+  if (n == 0 || h[0] != '{') return st__fail(c, CEDAR_EFORMAT, NULL, "header does not start with '{'");
+  size_t bad = st__utf8_check((const unsigned char *)h, n);
+  if (bad != n) return st__fail(c, CEDAR_EFORMAT, NULL, "header is not valid UTF-8 (at header byte %zu)", bad);
   uint64_t data_len = len - 8 - n;
   int rc = parse_json(c, h, n, data_len, f);
   if (rc) return rc;
@@ -509,12 +502,12 @@ static int parse_into(const struct ctx *c, const unsigned char *p, size_t len, s
 }
 
 int st_parse(const char *label, const void *buf, size_t len, st_file_t **out, char *err, size_t err_len) {
-  struct ctx c = {label ? label : "<buffer>", err, err_len};
+  struct st__ctx c = {label ? label : "<buffer>", err, err_len};
   if (err && err_len) err[0] = '\0';
   *out = NULL;
-  if (!buf && len) return fail(&c, CEDAR_EINVAL, NULL, "no buffer given");
+  if (!buf && len) return st__fail(&c, CEDAR_EINVAL, NULL, "no buffer given");
   struct st_file *f = calloc(1, sizeof *f);
-  if (!f) return fail(&c, CEDAR_ENOMEM, NULL, "out of memory");
+  if (!f) return st__fail(&c, CEDAR_ENOMEM, NULL, "out of memory");
   int rc = parse_into(&c, buf ? buf : "", len, f);
   if (rc) {
     st_close(f);
@@ -525,16 +518,16 @@ int st_parse(const char *label, const void *buf, size_t len, st_file_t **out, ch
 }
 
 /* read() into a buffer, for files mmap refuses. */
-static int read_whole(const struct ctx *c, int fd, size_t len, void **out) {
+static int read_whole(const struct st__ctx *c, int fd, size_t len, void **out) {
   unsigned char *buf = malloc(len);
-  if (!buf) return fail(c, CEDAR_ENOMEM, NULL, "out of memory reading %zu bytes", len);
+  if (!buf) return st__fail(c, CEDAR_ENOMEM, NULL, "out of memory reading %zu bytes", len);
   for (size_t got = 0; got < len;) {
     ssize_t k = pread(fd, buf + got, len - got < (1u << 30) ? len - got : (1u << 30), (off_t)got);
     if (k < 0 && errno == EINTR) continue;
     if (k <= 0) {
       int e = k < 0 ? errno : 0;
       free(buf);
-      return fail(c, CEDAR_EIO, NULL, "read failed at byte %zu: %s", got, e ? strerror(e) : "file shrank");
+      return st__fail(c, CEDAR_EIO, NULL, "read failed at byte %zu: %s", got, e ? strerror(e) : "file shrank");
     }
     got += (size_t)k;
   }
@@ -543,16 +536,16 @@ static int read_whole(const struct ctx *c, int fd, size_t len, void **out) {
 }
 
 int st_open(const char *path, st_file_t **out, char *err, size_t err_len) {
-  struct ctx c = {path, err, err_len};
+  struct st__ctx c = {path, err, err_len};
   if (err && err_len) err[0] = '\0';
   *out = NULL;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return fail(&c, CEDAR_EIO, NULL, "cannot open: %s", strerror(errno));
+  if (fd < 0) return st__fail(&c, CEDAR_EIO, NULL, "cannot open: %s", strerror(errno));
   struct stat sb;
   int rc = CEDAR_OK;
-  if (fstat(fd, &sb)) rc = fail(&c, CEDAR_EIO, NULL, "cannot stat: %s", strerror(errno));
-  else if (!S_ISREG(sb.st_mode)) rc = fail(&c, CEDAR_EIO, NULL, "not a regular file");
-  else if ((uintmax_t)sb.st_size > SIZE_MAX) rc = fail(&c, CEDAR_EIO, NULL, "file too large to map");
+  if (fstat(fd, &sb)) rc = st__fail(&c, CEDAR_EIO, NULL, "cannot stat: %s", strerror(errno));
+  else if (!S_ISREG(sb.st_mode)) rc = st__fail(&c, CEDAR_EIO, NULL, "not a regular file");
+  else if ((uintmax_t)sb.st_size > SIZE_MAX) rc = st__fail(&c, CEDAR_EIO, NULL, "file too large to map");
   size_t len = rc ? 0 : (size_t)sb.st_size;
   void *map = NULL, *owned = NULL;
   if (!rc && len) {
@@ -614,284 +607,3 @@ const char *st_meta_get(const st_file_t *f, const char *key) {
   return hit ? hit->value : NULL;
 }
 
-/* ---- writer --------------------------------------------------------------- */
-
-/* A growing byte string; oom latches the first failed allocation. */
-struct sbuf {
-  char *p;
-  size_t len, cap;
-  bool oom;
-};
-
-static void sb_put(struct sbuf *b, const char *s, size_t n) {
-  if (b->oom) return;
-  if (n > b->cap - b->len) {
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap - b->len < n) {
-      if (cap > SIZE_MAX / 2) {
-        b->oom = true;
-        return;
-      }
-      cap *= 2;
-    }
-    char *p = realloc(b->p, cap);
-    if (!p) {
-      b->oom = true;
-      return;
-    }
-    b->p = p, b->cap = cap;
-  }
-  memcpy(b->p + b->len, s, n);
-  b->len += n;
-}
-
-static void sb_puts(struct sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-static void sb_u64(struct sbuf *b, uint64_t v) {
-  char t[24];
-  sb_put(b, t, (size_t)snprintf(t, sizeof t, "%" PRIu64, v));
-}
-
-/* A JSON string as serde_json (the official writer) escapes it: '"', '\' and
- * control bytes; UTF-8 passes as is. */
-static void sb_json_str(struct sbuf *b, const char *s) {
-  sb_put(b, "\"", 1);
-  for (; *s; s++) {
-    unsigned char ch = (unsigned char)*s;
-    const char *esc = ch == '"'    ? "\\\""
-                      : ch == '\\' ? "\\\\"
-                      : ch == '\n' ? "\\n"
-                      : ch == '\r' ? "\\r"
-                      : ch == '\t' ? "\\t"
-                      : ch == '\b' ? "\\b"
-                      : ch == '\f' ? "\\f"
-                                   : NULL;
-    char u[8];
-    if (!esc && ch < 0x20) snprintf(u, sizeof u, "\\u%04x", ch), esc = u;
-    if (esc) sb_puts(b, esc);
-    else sb_put(b, s, 1);
-  }
-  sb_put(b, "\"", 1);
-}
-
-/* What goes to disk: the tensors in file order and the padded header. */
-struct layout {
-  const struct st_tensor **order;
-  struct sbuf hdr;
-  uint64_t data_len;
-};
-
-static void layout_free(struct layout *l) {
-  free(l->order);
-  free(l->hdr.p);
-}
-
-static bool is_utf8(const char *s) { return utf8_check((const unsigned char *)s, strlen(s)) == strlen(s); }
-
-static int check_tensor_input(const struct ctx *c, const struct st_tensor *t) {
-  if (!t->name) return fail(c, CEDAR_EINVAL, NULL, "a tensor has no name");
-  if (!is_utf8(t->name)) return fail(c, CEDAR_EINVAL, t->name, "name is not valid UTF-8");
-  if (!strcmp(t->name, "__metadata__")) return fail(c, CEDAR_EINVAL, t->name, "the name is reserved for metadata");
-  if ((unsigned)t->dtype >= ST_DTYPE_COUNT) return fail(c, CEDAR_EINVAL, t->name, "dtype %d is not an st_dtype", (int)t->dtype);
-  if (t->ndim < 0 || t->ndim > ST_MAX_DIMS)
-    return fail(c, CEDAR_EINVAL, t->name, "ndim %d is outside 0..%d", t->ndim, ST_MAX_DIMS);
-  uint64_t count = 1, size = dtypes[t->dtype].size;
-  for (int i = 0; i < t->ndim; i++) {
-    uint64_t d = (uint64_t)t->shape[i];
-    if (t->shape[i] < 0 || d >= ST_MAX_INT)
-      return fail(c, CEDAR_EINVAL, t->name, "shape[%d] = %" PRId64 " is outside [0, 2^53)", i, t->shape[i]);
-    if (d && count > UINT64_MAX / d) return fail(c, CEDAR_EINVAL, t->name, "shape has 2^64 elements or more");
-    count *= d;
-  }
-  if (count > UINT64_MAX / size) return fail(c, CEDAR_EINVAL, t->name, "tensor is 2^64 bytes or more");
-  if (count * size != t->nbytes) {
-    char s[160];
-    fmt_shape(s, sizeof s, t);
-    return fail(c, CEDAR_EINVAL, t->name, "nbytes is %" PRIu64 ", but %s shape %s needs %" PRIu64, t->nbytes,
-                dtypes[t->dtype].name, s, count * size);
-  }
-  if (t->nbytes && !t->data) return fail(c, CEDAR_EINVAL, t->name, "data is NULL");
-  return CEDAR_OK;
-}
-
-/* Largest element first, then by name: the official writer's order, which
- * keeps every tensor aligned to its element size. */
-static int cmp_write_order(const void *a, const void *b) {
-  const struct st_tensor *x = *(const struct st_tensor *const *)a, *y = *(const struct st_tensor *const *)b;
-  if (x->dtype != y->dtype) return x->dtype > y->dtype ? -1 : 1;
-  return strcmp(x->name, y->name);
-}
-
-static int cmp_meta_ptr(const void *a, const void *b) {
-  return strcmp((*(const struct st_meta *const *)a)->key, (*(const struct st_meta *const *)b)->key);
-}
-
-/* The metadata object, keys sorted (deterministic output). */
-static int put_meta(const struct ctx *c, const struct st_meta *meta, size_t n_meta, struct sbuf *h) {
-  const struct st_meta **mo = malloc((n_meta + 1) * sizeof *mo);
-  if (!mo) return fail(c, CEDAR_ENOMEM, NULL, "out of memory");
-  int rc = CEDAR_OK;
-  for (size_t i = 0; i < n_meta && !rc; i++) {
-    mo[i] = &meta[i];
-    if (!meta[i].key || !meta[i].value) rc = fail(c, CEDAR_EINVAL, NULL, "metadata entry %zu has a NULL key or value", i);
-    else if (!is_utf8(meta[i].key) || !is_utf8(meta[i].value))
-      rc = fail(c, CEDAR_EINVAL, NULL, "metadata entry %zu is not valid UTF-8", i);
-  }
-  if (!rc) qsort(mo, n_meta, sizeof *mo, cmp_meta_ptr);
-  for (size_t i = 1; i < n_meta && !rc; i++)
-    if (!strcmp(mo[i - 1]->key, mo[i]->key)) {
-      char q[QUOTE_MAX];
-      rc = fail(c, CEDAR_EINVAL, NULL, "metadata key '%s' given twice", quote(q, mo[i]->key, strlen(mo[i]->key)));
-    }
-  if (!rc) {
-    sb_puts(h, "\"__metadata__\":{");
-    for (size_t i = 0; i < n_meta; i++) {
-      if (i) sb_puts(h, ",");
-      sb_json_str(h, mo[i]->key);
-      sb_puts(h, ":");
-      sb_json_str(h, mo[i]->value);
-    }
-    sb_puts(h, "}");
-  }
-  free(mo);
-  return rc;
-}
-
-static int layout_build(const struct ctx *c, const struct st_tensor *ts, size_t n, const struct st_meta *meta,
-                        size_t n_meta, struct layout *l) {
-  memset(l, 0, sizeof *l);
-  if ((n && !ts) || (n_meta && !meta)) return fail(c, CEDAR_EINVAL, NULL, "the tensor or metadata list is NULL");
-  for (size_t i = 0; i < n; i++) {
-    int rc = check_tensor_input(c, &ts[i]);
-    if (rc) return rc;
-  }
-  if (!(l->order = malloc((n + 1) * sizeof *l->order))) return fail(c, CEDAR_ENOMEM, NULL, "out of memory");
-  for (size_t i = 0; i < n; i++) l->order[i] = &ts[i];
-  qsort(l->order, n, sizeof *l->order, cmp_write_order);
-  for (size_t i = 1; i < n; i++)
-    if (!strcmp(l->order[i - 1]->name, l->order[i]->name))
-      return fail(c, CEDAR_EINVAL, l->order[i]->name, "given twice; names must be unique");
-  struct sbuf *h = &l->hdr;
-  sb_puts(h, "{");
-  if (n_meta) {
-    int rc = put_meta(c, meta, n_meta, h);
-    if (rc) return rc;
-  }
-  for (size_t i = 0; i < n; i++) {
-    const struct st_tensor *t = l->order[i];
-    if (t->nbytes > ST_MAX_INT - 1 - l->data_len)
-      return fail(c, CEDAR_EINVAL, t->name, "the data buffer would reach 2^53 bytes");
-    if (i || n_meta) sb_puts(h, ",");
-    sb_json_str(h, t->name);
-    sb_puts(h, ":{\"dtype\":");
-    sb_json_str(h, dtypes[t->dtype].name);
-    sb_puts(h, ",\"shape\":[");
-    for (int d = 0; d < t->ndim; d++) {
-      if (d) sb_puts(h, ",");
-      sb_u64(h, (uint64_t)t->shape[d]);
-    }
-    sb_puts(h, "],\"data_offsets\":[");
-    sb_u64(h, l->data_len);
-    sb_puts(h, ",");
-    sb_u64(h, l->data_len += t->nbytes);
-    sb_puts(h, "]}");
-  }
-  sb_puts(h, "}");
-  while (h->len % 8) sb_puts(h, " "); /* the official padding: data starts 8-aligned */
-  if (h->oom) return fail(c, CEDAR_ENOMEM, NULL, "out of memory building the header");
-  if (h->len > ST_MAX_HEADER)
-    return fail(c, CEDAR_EINVAL, NULL, "the header would be %zu bytes, over the %u-byte limit", h->len, ST_MAX_HEADER);
-  return CEDAR_OK;
-}
-
-static void put_le64(unsigned char *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-
-int st_serialize(const struct st_tensor *tensors, size_t n, const struct st_meta *meta, size_t n_meta, void **out,
-                 size_t *out_len, char *err, size_t err_len) {
-  struct ctx c = {"<memory>", err, err_len};
-  if (err && err_len) err[0] = '\0';
-  *out = NULL, *out_len = 0;
-  struct layout l;
-  int rc = layout_build(&c, tensors, n, meta, n_meta, &l);
-  unsigned char *buf = NULL;
-  if (!rc && l.data_len > SIZE_MAX - 8 - l.hdr.len) rc = fail(&c, CEDAR_ENOMEM, NULL, "file too large for memory");
-  if (!rc && !(buf = malloc(8 + l.hdr.len + (size_t)l.data_len)))
-    rc = fail(&c, CEDAR_ENOMEM, NULL, "out of memory for %" PRIu64 " bytes", 8 + l.hdr.len + l.data_len);
-  if (!rc) {
-    put_le64(buf, l.hdr.len);
-    memcpy(buf + 8, l.hdr.p, l.hdr.len);
-    size_t pos = 8 + l.hdr.len;
-    for (size_t i = 0; i < n; i++) {
-      if (l.order[i]->nbytes) memcpy(buf + pos, l.order[i]->data, (size_t)l.order[i]->nbytes);
-      pos += (size_t)l.order[i]->nbytes;
-    }
-    *out = buf, *out_len = pos;
-  }
-  layout_free(&l);
-  return rc;
-}
-
-static int write_all(const struct ctx *c, int fd, const void *buf, uint64_t n, const char *tmp) {
-  const unsigned char *p = buf;
-  while (n) {
-    ssize_t k = write(fd, p, n < (1u << 30) ? (size_t)n : (1u << 30));
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return fail(c, CEDAR_EIO, NULL, "write to '%s' failed: %s", tmp, k < 0 ? strerror(errno) : "no progress");
-    p += k, n -= (uint64_t)k;
-  }
-  return CEDAR_OK;
-}
-
-/* Make the rename durable. Best effort where the directory cannot be opened;
- * EINVAL means the file system does not sync directories. */
-static int sync_dir(const struct ctx *c, const char *path) {
-  const char *slash = strrchr(path, '/');
-  char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-  if (!dir) return fail(c, CEDAR_ENOMEM, NULL, "out of memory");
-  int rc = CEDAR_OK, fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    if (fsync(fd) && errno != EINVAL)
-      rc = fail(c, CEDAR_EIO, NULL, "written, but fsync of directory '%s' failed: %s", dir, strerror(errno));
-    close(fd);
-  }
-  free(dir);
-  return rc;
-}
-
-int st_write(const char *path, const struct st_tensor *tensors, size_t n, const struct st_meta *meta, size_t n_meta,
-             char *err, size_t err_len) {
-  static atomic_uint tmp_counter;
-  struct ctx c = {path ? path : "<null path>", err, err_len};
-  if (err && err_len) err[0] = '\0';
-  if (!path || !*path) return fail(&c, CEDAR_EINVAL, NULL, "no path given");
-  struct layout l;
-  int rc = layout_build(&c, tensors, n, meta, n_meta, &l);
-  size_t tmp_len = strlen(path) + 48;
-  char *tmp = rc ? NULL : malloc(tmp_len);
-  if (!tmp) {
-    layout_free(&l);
-    return rc ? rc : fail(&c, CEDAR_ENOMEM, NULL, "out of memory");
-  }
-  snprintf(tmp, tmp_len, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&tmp_counter, 1u));
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (fd < 0) {
-    rc = fail(&c, CEDAR_EIO, NULL, "cannot create temporary file '%s': %s", tmp, strerror(errno));
-  } else {
-    unsigned char len8[8];
-    put_le64(len8, l.hdr.len);
-    rc = write_all(&c, fd, len8, 8, tmp);
-    if (!rc) rc = write_all(&c, fd, l.hdr.p, l.hdr.len, tmp);
-    for (size_t i = 0; i < n && !rc; i++) rc = write_all(&c, fd, l.order[i]->data, l.order[i]->nbytes, tmp);
-    if (!rc && fsync(fd)) rc = fail(&c, CEDAR_EIO, NULL, "fsync of '%s' failed: %s", tmp, strerror(errno));
-    if (close(fd) && !rc) rc = fail(&c, CEDAR_EIO, NULL, "close of '%s' failed: %s", tmp, strerror(errno));
-    if (!rc && rename(tmp, path))
-      rc = fail(&c, CEDAR_EIO, NULL, "cannot rename '%s' to the final name: %s", tmp, strerror(errno));
-    if (rc) unlink(tmp);
-    else rc = sync_dir(&c, path);
-  }
-  free(tmp);
-  layout_free(&l);
-  return rc;
-}
