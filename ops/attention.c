@@ -6,8 +6,11 @@
  * Accumulation is fp32 throughout; a twin that rounds P to bf16 before P@V
  * (R.2) is compared under a tolerance that says so.
  *
- * What it is not: fast. Queries are independent (each reads its own entries
- * once); parallelism comes from the task graph.
+ * Speed: blocks of 32 entries (attention.h: "How"); the inner loops run over
+ * independent lanes (the block's entries for the logits, channels for the
+ * accumulation) so the compiler vectorizes them without reordering any sum.
+ * One thread: queries are independent (each reads its own entries once);
+ * parallelism comes from the task graph.
  *
  * Test: ctest --test-dir build -R ops_attention --output-on-failure
  */
@@ -31,31 +34,44 @@ struct entry_src {
   int slots;
 };
 
-/* Per-query running state of the online softmax, one set per head. */
+/* Entries are taken ATTN_BLOCK at a time (the reference kernel's tile is 64):
+ * a block is dequantized once into kb, its logits for every head computed
+ * together, and the accumulator rescaled at most once per block and head. */
+#define ATTN_BLOCK 32
+
+/* Per-query running state of the online softmax, one set per head, and the
+ * buffers of the block being filled. */
 struct online {
   const float *q; /* (heads, d) this query's rows */
   float *acc;     /* (heads, d) running numerator: the output row itself */
   float *m, *l;   /* (heads) running max and running sum */
-  int heads, d;
+  float *kb;      /* (ATTN_BLOCK, d) the block's entries, one row each */
+  float *kt;      /* (d, ATTN_BLOCK) the same transposed; columns >= nb are 0 */
+  float *z;       /* (heads, ATTN_BLOCK) the block's logits, then weights */
+  int heads, d, nb; /* nb: entries in the block so far */
   float tau;
 };
 
-static const float *swa_entry(const struct entry_src *src, int slot, int d, float *buf /* (d) */) {
-  if (src->sf) return src->sf + (size_t)slot * d;
+static void swa_entry(float *row /* (d) */, const struct entry_src *src, int slot, int d) {
+  if (src->sf) {
+    memcpy(row, src->sf + (size_t)slot * d, (size_t)d * sizeof *row);
+    return;
+  }
   const struct op_swa_view *v = src->swa;
-  op_fp8_unpack(buf, v->slots + (size_t)slot * v->entry_bytes, v->w, v->block, v->scale);
-  return buf;
+  op_fp8_unpack(row, v->slots + (size_t)slot * v->entry_bytes, v->w, v->block, v->scale);
 }
 
-static const float *global_entry(const struct entry_src *src, int64_t e, int d, float *buf /* (d) */) {
-  if (src->gf) return src->gf + (size_t)e * d;
+static void global_entry(float *row /* (d) */, const struct entry_src *src, int64_t e, int d) {
+  if (src->gf) {
+    memcpy(row, src->gf + (size_t)e * d, (size_t)d * sizeof *row);
+    return;
+  }
   const struct op_kv_view *v = src->kv;
-  op_fp4_unpack(buf, op_kv_entry(v, e) + v->main_off, v->main_w, v->main_block, v->nibble);
-  return buf;
+  op_fp4_unpack(row, op_kv_entry(v, e) + v->main_off, v->main_w, v->main_block, v->nibble);
 }
 
 /* Start every head with the sink as the only term: m = sigma, l = exp(0) = 1,
- * acc = 0. Without a sink, m = -inf and l = 0; the first entry's rescale
+ * acc = 0. Without a sink, m = -inf and l = 0; the first block's rescale
  * factor exp(-inf) = 0 clears l. (A sink of -inf behaves as no sink the same
  * way.) */
 static void online_init(struct online *st, const float *sink) {
@@ -64,34 +80,111 @@ static void online_init(struct online *st, const float *sink) {
     st->l[h] = sink ? 1.0f : 0.0f;
   }
   memset(st->acc, 0, (size_t)st->heads * st->d * sizeof *st->acc);
+  st->nb = 0;
 }
 
-/* One entry k, all heads: its logit per head, rescale when the max grows,
- * then add exp(z - m) to the running sum and exp(z - m) k to the numerator.
- * A NaN logit fails the max test and poisons l and acc through exp(NaN). */
-static void online_add(struct online *st, const float *k /* (d) */) {
-  const int d = st->d;
-  for (int h = 0; h < st->heads; h++) {
-    const float *qh = st->q + (size_t)h * d;
-    float *acc = st->acc + (size_t)h * d;
-    float dot = 0.0f;
-    for (int i = 0; i < d; i++) dot += qh[i] * k[i];
-    float z = st->tau * dot;
-    if (z > st->m[h]) {
-      float c = expf(st->m[h] - z);
-      st->l[h] *= c;
-      for (int i = 0; i < d; i++) acc[i] *= c;
-      st->m[h] = z;
+/* The logits take channels ATTN_CHUNK at a time, so that the block's slice of
+ * kt (B x ATTN_CHUNK floats, 8 KiB) stays in L1 while every head passes over
+ * it. (The accumulation streams whole rows: chunking it measured slower.) */
+#define ATTN_CHUNK 64
+
+/* z (heads, B) = tau * q (heads, d) . kt (d, B). Each logit is summed over
+ * i = 0, 1, ..., d-1 in order, one product and one add per step (the partial
+ * sum waits in z between channel chunks, exactly), then scaled by tau: the
+ * order of a plain scalar dot, whatever B and the block's fill. The lanes are
+ * the B entries, independent, so the inner loop vectorizes. */
+static void block_logits(float *restrict z, const float *restrict q, const float *restrict kt, int heads, int d,
+                         float tau) {
+  memset(z, 0, (size_t)heads * ATTN_BLOCK * sizeof *z);
+  for (int i0 = 0; i0 < d; i0 += ATTN_CHUNK) {
+    const int i1 = d - i0 < ATTN_CHUNK ? d : i0 + ATTN_CHUNK;
+    for (int h = 0; h < heads; h++) {
+      const float *qh = q + (size_t)h * d;
+      float s[ATTN_BLOCK];
+      for (int b = 0; b < ATTN_BLOCK; b++) s[b] = z[(size_t)h * ATTN_BLOCK + b];
+      for (int i = i0; i < i1; i++)
+        for (int b = 0; b < ATTN_BLOCK; b++) s[b] += qh[i] * kt[(size_t)i * ATTN_BLOCK + b];
+      for (int b = 0; b < ATTN_BLOCK; b++) z[(size_t)h * ATTN_BLOCK + b] = s[b];
     }
-    float w = expf(z - st->m[h]);
-    st->l[h] += w;
-    for (int i = 0; i < d; i++) acc[i] += w * k[i];
   }
+  for (int k = 0; k < heads * ATTN_BLOCK; k++) z[k] *= tau;
+}
+
+/* acc (heads, d) += w (heads, B) kb (B, d) over the first nb entries: every
+ * acc[h][i] adds its terms w[h][b] kb[b][i] one at a time in entry order.
+ * Four entries go per pass over the row (left to right: the same order),
+ * so acc is loaded and stored once per four terms. */
+static void block_accumulate(float *restrict acc, const float *restrict w, const float *restrict kb, int heads,
+                             int d, int nb) {
+  for (int h = 0; h < heads; h++) {
+    float *ah = acc + (size_t)h * d;
+    const float *wh = w + (size_t)h * ATTN_BLOCK;
+    int b = 0;
+    for (; b + 4 <= nb; b += 4) {
+      const float w0 = wh[b], w1 = wh[b + 1], w2 = wh[b + 2], w3 = wh[b + 3];
+      const float *k0 = kb + (size_t)b * d, *k1 = k0 + d, *k2 = k1 + d, *k3 = k2 + d;
+      for (int i = 0; i < d; i++) ah[i] = ah[i] + w0 * k0[i] + w1 * k1[i] + w2 * k2[i] + w3 * k3[i];
+    }
+    for (; b < nb; b++) {
+      const float wb = wh[b], *kr = kb + (size_t)b * d;
+      for (int i = 0; i < d; i++) ah[i] += wb * kr[i];
+    }
+  }
+}
+
+/* kt (d, B) = kb (nb, d) transposed, columns nb.. zero. By tiles of 16
+ * channels (a cache line of a kb row), not channel by channel: kb's rows are
+ * d apart, often a multiple of 4 KiB that would thrash one cache set. */
+static void block_transpose(float *restrict kt, const float *restrict kb, int d, int nb) {
+  for (int i0 = 0; i0 < d; i0 += 16) {
+    const int n = d - i0 < 16 ? d - i0 : 16;
+    for (int b = 0; b < nb; b++)
+      for (int j = 0; j < n; j++) kt[(size_t)(i0 + j) * ATTN_BLOCK + b] = kb[(size_t)b * d + i0 + j];
+    for (int j = 0; j < n; j++)
+      for (int b = nb; b < ATTN_BLOCK; b++) kt[(size_t)(i0 + j) * ATTN_BLOCK + b] = 0.0f;
+  }
+}
+
+/* Fold the filled block into the running state: logits of all heads, then
+ * per head the block max; if it exceeds the running max, rescale l and acc
+ * once by exp(m_old - m_new); the weights exp(z - m) join l in entry order
+ * and acc through block_accumulate. A NaN logit fails the max test and
+ * poisons l and acc through exp(NaN). */
+static void online_flush(struct online *st) {
+  const int H = st->heads, d = st->d, nb = st->nb;
+  if (nb == 0) return;
+  block_transpose(st->kt, st->kb, d, nb);
+  block_logits(st->z, st->q, st->kt, H, d, st->tau);
+  for (int h = 0; h < H; h++) {
+    float *zh = st->z + (size_t)h * ATTN_BLOCK, mb = st->m[h];
+    for (int b = 0; b < nb; b++)
+      if (zh[b] > mb) mb = zh[b];
+    if (mb > st->m[h]) {
+      const float c = expf(st->m[h] - mb);
+      float *ah = st->acc + (size_t)h * d;
+      st->l[h] *= c;
+      for (int i = 0; i < d; i++) ah[i] *= c;
+      st->m[h] = mb;
+    }
+    for (int b = 0; b < nb; b++) {
+      zh[b] = expf(zh[b] - st->m[h]);
+      st->l[h] += zh[b];
+    }
+  }
+  block_accumulate(st->acc, st->z, st->kb, H, d, nb);
+  st->nb = 0;
+}
+
+/* The next row of the block to fill; flushes a full block first. */
+static float *online_slot(struct online *st) {
+  if (st->nb == ATTN_BLOCK) online_flush(st);
+  return st->kb + (size_t)st->nb++ * st->d;
 }
 
 /* o_h = acc / l. l == 0 only when there was neither a sink nor an entry:
  * then acc is 0 and o = 0 (R.2). A NaN l divides through and stays NaN. */
 static void online_finish(struct online *st) {
+  online_flush(st);
   for (int h = 0; h < st->heads; h++) {
     float *acc = st->acc + (size_t)h * st->d;
     if (st->l[h] == 0.0f) {
@@ -105,18 +198,18 @@ static void online_finish(struct online *st) {
 /* Visit query p's entries: visible ring slots (decided on the stored
  * position), then the valid Top-K indices. Returns the number visited. */
 static int32_t attend_query(struct online *st, const struct entry_src *src, const int32_t *idx /* (topk) or NULL */,
-                            int64_t p, const struct op_attn_params *pr, float *buf /* (d) */) {
+                            int64_t p, const struct op_attn_params *pr) {
   int32_t used = 0;
   const int64_t lo = p - pr->window + 1 > pr->r0 ? p - pr->window + 1 : pr->r0;
   for (int s = 0; pr->window > 0 && s < src->slots; s++) {
     const int64_t ps = src->spos[s];
     if (ps < 0 || ps < lo || ps > p) continue; /* empty, too old, before r0, or future */
-    online_add(st, swa_entry(src, s, st->d, buf));
+    swa_entry(online_slot(st), src, s, st->d);
     used++;
   }
   for (int t = 0; idx && t < pr->topk; t++) {
     if (idx[t] < 0 || idx[t] >= src->n_global) continue; /* -1 = none; uncommitted */
-    online_add(st, global_entry(src, idx[t], st->d, buf));
+    global_entry(online_slot(st), src, idx[t], st->d);
     used++;
   }
   return used;
@@ -129,14 +222,15 @@ static void attend(float *o /* (S, heads, head_dim) */, int32_t *n_used /* (S) o
   const int H = pr->heads, d = pr->head_dim;
   CEDAR_ASSERT(S >= 0 && H > 0 && d > 0 && pr->topk >= 0);
   CEDAR_ASSERT(!pr->rope || pr->rope->dim == d);
-  float *scratch = cedar_xmalloc((2 * (size_t)H + (size_t)d) * sizeof *scratch);
-  struct online st = {.m = scratch, .l = scratch + H, .heads = H, .d = d, .tau = pr->tau};
+  const size_t blk = (size_t)ATTN_BLOCK * d;
+  float *scratch = cedar_xmalloc((2 * (size_t)H + 2 * blk + (size_t)H * ATTN_BLOCK) * sizeof *scratch);
+  struct online st = {.m = scratch, .l = scratch + H, .kb = scratch + 2 * H, .kt = scratch + 2 * H + blk,
+                      .z = scratch + 2 * H + 2 * blk, .heads = H, .d = d, .tau = pr->tau};
   for (int i = 0; i < S; i++) {
     st.q = q + (size_t)i * H * d;
     st.acc = o + (size_t)i * H * d;
     online_init(&st, pr->sink);
-    int32_t used = attend_query(&st, src, topk_idx ? topk_idx + (size_t)i * pr->topk : NULL, pos[i], pr,
-                                scratch + 2 * H);
+    int32_t used = attend_query(&st, src, topk_idx ? topk_idx + (size_t)i * pr->topk : NULL, pos[i], pr);
     online_finish(&st);
     if (n_used) n_used[i] = used;
   }

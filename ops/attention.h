@@ -16,12 +16,20 @@
  * One softmax covers global, local and sink; the sink is in the denominator
  * only. An entry present in both paths is two entries (SPEC 8.4.23).
  *
- * How: streaming (online) softmax. Entries are visited in a fixed order
- * (visible SWA slots in slot order, then the Top-K list in list order, as
- * R.2's [window, compressed] index list); each entry is dequantized once per
- * query into one head_dim buffer and used by every head, with a running max
- * and running sum per head and a rescaled accumulator. The selected set is
- * never materialized.
+ * How: streaming (online) softmax over blocks of entries. Entries are
+ * visited in a fixed order (visible SWA slots in slot order, then the Top-K
+ * list in list order, as R.2's [window, compressed] index list) and taken 32
+ * at a time (the last block of a query may be partial): the block is
+ * dequantized once per query into a (32, head_dim) buffer used by every
+ * head; its logits are computed for all heads; per head, when the block's
+ * largest logit exceeds the running max, the running sum and accumulator are
+ * rescaled once by exp(m_old - m_new); then each entry's weight exp(z - m)
+ * joins the running sum and the accumulator in entry order. Only one block
+ * of the selected set is ever materialized.
+ * Fixed orders (what a bitwise comparison may rely on): each logit is
+ * fl(tau * dot) with the dot summed over channels 0, 1, ..., head_dim-1 in
+ * order, independent of the block size and fill; each channel of the
+ * accumulator and the running sum add their terms in entry order.
  *
  * What it is not: the indexer (Top-K causality is the indexer's job, SPEC
  * 3.10 / 8.3.13: the op drops only indices < 0 and >= n_entries, which would

@@ -6,8 +6,12 @@
  * does not depend on the FPU rounding mode for the element codecs; the only
  * float arithmetic (x / s, q * s, amax / 448) is single IEEE operations.
  *
- * What it is not: fast. A CUDA twin may use hardware conversions only where
- * they give the same bytes (check NaN handling: see docs/formats.md).
+ * Decoding is table lookups (E2M1, E4M3) and exponent bits (E8M0), exact;
+ * encoding is the integer rounding below (E2M1: exact midpoint compares).
+ *
+ * What it is not: a hardware conversion. A CUDA twin may use hardware
+ * conversions only where they give the same bytes (check NaN handling: see
+ * docs/formats.md).
  *
  * Test: ctest --test-dir build -R formats --output-on-failure
  */
@@ -78,16 +82,24 @@ uint8_t op_e2m1_encode(float x) {
     return E2M1_MAX_CODE; /* documented: NaN -> +6, like an Inf that lost its sign */
   unsigned sign = signbit(x) ? 0x8u : 0u;
   float a = fabsf(x);
-  if (a >= 6.0f)
-    return (uint8_t)(sign | E2M1_MAX_CODE);
-  return (uint8_t)(sign | rne_magnitude(a, 1, 1));
+  /* The nearest of 0, .5, 1, 1.5, 2, 3, 4, 6 is the number of midpoints
+   * (.25, .75, 1.25, 1.75, 2.5, 3.5, 5) below a; at a midpoint the tie goes
+   * to the even code: up (>=) where the code above is even, else down (>).
+   * Exact comparisons, no rounding; a >= 6 (and Inf) saturates to code 7.
+   * Gives the codes rne_magnitude(a, 1, 1) gives for a < 6 (tests check
+   * every tie). */
+  unsigned q = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) +
+               (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+  return (uint8_t)(sign | q);
 }
 
-float op_e2m1_decode(uint8_t code) {
-  static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  float v = mag[code & 0x7u];
-  return (code & 0x8u) ? -v : v;
-}
+/* Every E2M1 value, indexed by code: bit 3 the sign (0x8 is -0.0f). */
+static const float e2m1_value[16] = {
+    0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f,
+};
+
+float op_e2m1_decode(uint8_t code) { return e2m1_value[code & 0xFu]; }
 
 uint8_t op_e4m3_encode(float x) {
   if (isnan(x))
@@ -99,17 +111,29 @@ uint8_t op_e4m3_encode(float x) {
   return (uint8_t)(sign | rne_magnitude(a, 3, 7));
 }
 
-float op_e4m3_decode(uint8_t code) {
-  unsigned e = (code >> 3) & 0xFu, m = code & 0x7u;
-  float v;
-  if (e == 0xFu && m == 0x7u)
-    return NAN;
-  if (e == 0)
-    v = ldexpf((float)m, -9); /* subnormal: m * 2^-9 */
-  else
-    v = ldexpf((float)(8u + m), (int)e - 10); /* (1 + m/8) * 2^(e-7) */
-  return (code & 0x80u) ? -v : v;
-}
+/* Every E4M3 value, indexed by code, as constant expressions (all exact in
+ * float). Code = s eeee mmm: e == 0 is subnormal, m * 2^-9; otherwise
+ * (1 + m/8) 2^(e-7) = (8 + m) 2^(e-10). 0x7F and 0xFF are NaN (both the same
+ * positive quiet NaN); 0x80 is -0.0f. */
+#define E4M3_SUBNORMALS(sg)                                                        \
+  sg * 0 * 0x1p-9f, sg * 1 * 0x1p-9f, sg * 2 * 0x1p-9f, sg * 3 * 0x1p-9f,          \
+      sg * 4 * 0x1p-9f, sg * 5 * 0x1p-9f, sg * 6 * 0x1p-9f, sg * 7 * 0x1p-9f
+#define E4M3_BINADE(sg, p)                                                         \
+  sg * 8 * p, sg * 9 * p, sg * 10 * p, sg * 11 * p, sg * 12 * p, sg * 13 * p,      \
+      sg * 14 * p, sg * 15 * p
+#define E4M3_LAST_BINADE(sg) /* e = 15: m = 7 is NaN, not 480 */                   \
+  sg * 8 * 0x1p5f, sg * 9 * 0x1p5f, sg * 10 * 0x1p5f, sg * 11 * 0x1p5f,            \
+      sg * 12 * 0x1p5f, sg * 13 * 0x1p5f, sg * 14 * 0x1p5f, NAN
+#define E4M3_HALF(sg)                                                              \
+  E4M3_SUBNORMALS(sg), E4M3_BINADE(sg, 0x1p-9f), E4M3_BINADE(sg, 0x1p-8f),         \
+      E4M3_BINADE(sg, 0x1p-7f), E4M3_BINADE(sg, 0x1p-6f), E4M3_BINADE(sg, 0x1p-5f),  \
+      E4M3_BINADE(sg, 0x1p-4f), E4M3_BINADE(sg, 0x1p-3f), E4M3_BINADE(sg, 0x1p-2f),  \
+      E4M3_BINADE(sg, 0x1p-1f), E4M3_BINADE(sg, 0x1p0f), E4M3_BINADE(sg, 0x1p1f),    \
+      E4M3_BINADE(sg, 0x1p2f), E4M3_BINADE(sg, 0x1p3f), E4M3_BINADE(sg, 0x1p4f),     \
+      E4M3_LAST_BINADE(sg)
+static const float e4m3_value[256] = {E4M3_HALF(1.0f), E4M3_HALF(-1.0f)};
+
+float op_e4m3_decode(uint8_t code) { return e4m3_value[code]; }
 
 uint8_t op_e4m3_roundup(float x) {
   if (isnan(x))
@@ -126,10 +150,13 @@ uint8_t op_e4m3_roundup(float x) {
   return c;
 }
 
+/* 2^(code - 127) built from its bits: codes 1..254 are the normal floats
+ * with biased exponent `code` and no mantissa; code 0, 2^-127, is below the
+ * normal range: the subnormal with mantissa bit 22 set (0x00400000). */
 float op_e8m0_decode(uint8_t code) {
   if (code == E8M0_NAN_CODE)
     return NAN;
-  return ldexpf(1.0f, (int)code - 127);
+  return bits_float(code == 0 ? 0x00400000u : (uint32_t)code << 23);
 }
 
 uint8_t op_e8m0_scale(float amax, float qmax, enum op_mx_rule rule) {
@@ -190,14 +217,12 @@ static void e2m1_block_pack(uint8_t *p /* (n/2) */, const float *x /* (n) */,
 
 /* out[i] = decode(q_i) * s; q * s is exact for E4M3 and E8M0 scales. A NaN
  * scale makes the whole block NaN, including its zero codes. */
-static void e2m1_block_unpack(float *out /* (n) */, const uint8_t *p /* (n/2) */,
+static void e2m1_block_unpack(float *restrict out /* (n) */, const uint8_t *restrict p /* (n/2) */,
                               int n, float s, enum op_nibble_order order) {
+  const int even_shift = order == OP_NIBBLE_EVEN_LOW ? 0 : 4, odd_shift = 4 - even_shift;
   for (int j = 0; j < n / 2; j++) {
-    uint8_t lo = p[j] & 0xFu, hi = p[j] >> 4;
-    uint8_t even = order == OP_NIBBLE_EVEN_LOW ? lo : hi;
-    uint8_t odd = order == OP_NIBBLE_EVEN_LOW ? hi : lo;
-    out[2 * j] = op_e2m1_decode(even) * s;
-    out[2 * j + 1] = op_e2m1_decode(odd) * s;
+    out[2 * j] = e2m1_value[(p[j] >> even_shift) & 0xFu] * s;
+    out[2 * j + 1] = e2m1_value[(p[j] >> odd_shift) & 0xFu] * s;
   }
 }
 
@@ -341,14 +366,12 @@ void op_fp8_pack(uint8_t *out, const float *x, int W, int block,
     int finite = block_amax(xb, block, &amax);
     float s = fp8_put_scale(scales + (size_t)b * scale_width(kind), kind,
                             finite, amax);
-    for (int i = 0; i < block; i++) {
-      if (!finite)
-        pb[i] = 0x00;
-      else if (s == 0.0f)
-        pb[i] = signbit(xb[i]) ? 0x80 : 0x00;
-      else
-        pb[i] = op_e4m3_encode(xb[i] / s);
-    }
+    if (!finite)
+      memset(pb, 0x00, (size_t)block);
+    else if (s == 0.0f)
+      for (int i = 0; i < block; i++) pb[i] = signbit(xb[i]) ? 0x80 : 0x00;
+    else
+      for (int i = 0; i < block; i++) pb[i] = op_e4m3_encode(xb[i] / s);
   }
 }
 
@@ -358,10 +381,9 @@ void op_fp8_unpack(float *out, const uint8_t *in, int W, int block,
   const uint8_t *scales = in + W;
   for (int b = 0; b < W / block; b++) {
     float s = fp8_get_scale(scales + (size_t)b * scale_width(kind), kind);
-    for (int i = 0; i < block; i++) {
-      size_t k = (size_t)b * block + (size_t)i;
-      out[k] = op_e4m3_decode(in[k]) * s;
-    }
+    const uint8_t *pb = in + (size_t)b * block;
+    float *ob = out + (size_t)b * block;
+    for (int i = 0; i < block; i++) ob[i] = e4m3_value[pb[i]] * s;
   }
 }
 

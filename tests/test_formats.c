@@ -196,6 +196,34 @@ static void test_e4m3_exhaustive(void) {
   EXPECT(op_e4m3_decode(0x01) == 0x1p-9f, "min subnormal must be 2^-9");
 }
 
+/* The decoders before they became tables (ldexpf arithmetic), kept as a
+ * second reference: the tables must give the same bits for every code,
+ * NaN payloads and signed zeros included. */
+static float arith_e2m1(int code) {
+  static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  float v = mag[code & 7];
+  return (code & 8) ? -v : v;
+}
+
+static float arith_e4m3(int code) {
+  unsigned e = (code >> 3) & 0xFu, m = code & 0x7u;
+  if (e == 0xFu && m == 0x7u)
+    return NAN;
+  float v = e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8u + m), (int)e - 10);
+  return (code & 0x80) ? -v : v;
+}
+
+static float arith_e8m0(int code) { return code == 0xFF ? NAN : ldexpf(1.0f, code - 127); }
+
+static void test_decode_tables_vs_arithmetic(void) {
+  for (int c = 0; c < 256; c++) {
+    uint8_t u = (uint8_t)c;
+    EXPECT(c > 15 || fbits(op_e2m1_decode(u)) == fbits(arith_e2m1(c)), "e2m1 0x%x", c);
+    EXPECT(fbits(op_e4m3_decode(u)) == fbits(arith_e4m3(c)), "e4m3 0x%02x: %g", c, op_e4m3_decode(u));
+    EXPECT(fbits(op_e8m0_decode(u)) == fbits(arith_e8m0(c)), "e8m0 0x%02x: %g", c, op_e8m0_decode(u));
+  }
+}
+
 /* Checks encode(x) against the scan reference for x, its float neighbours
  * and -x. */
 static void check_round(float x, int e4m3) {
@@ -233,6 +261,12 @@ static void test_rounding_vs_reference(void) {
   for (int i = 0; i < 20000; i++) {
     check_round(rng_float(-4, 3), 0);
     check_round(rng_float(-12, 9), 1);
+  }
+  for (uint32_t hi = 0; hi < 0x7F80u; hi++) { /* E2M1: a sweep of all binades */
+    uint32_t u = hi << 16 | 0x8000u;
+    float x;
+    memcpy(&x, &u, 4);
+    check_round(x, 0);
   }
   check_round(0.0f, 0); /* covers -0 through -x */
   check_round(0.0f, 1);
@@ -763,6 +797,7 @@ static void test_nonfinite_poison(void) {
 int main(void) {
   test_e2m1_exhaustive();
   test_e4m3_exhaustive();
+  test_decode_tables_vs_arithmetic();
   test_rounding_vs_reference();
   test_e4m3_roundup();
   test_e8m0();

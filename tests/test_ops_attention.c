@@ -24,7 +24,9 @@
  *  - weight exp(z_e - m): the subtractions against the running max telescope
  *    to z_e - M (M the final max), each rounded, in all <= u (M - z_e + 1);
  *    <= 2u (1 ulp) per expf, for the entry's own exp and for each of <= n
- *    rescale factors; so every weight is off by a relative
+ *    rescale factors (the op rescales at most once per block of 32 entries,
+ *    so there are fewer; the count n stays an upper bound whatever the block
+ *    size, and so does everything below); so every weight is off by a relative
  *    eps <= expm1(Delta + u (R + 1) + 2u (n + 1)), R = M - min logit;
  *  - the roundings that touch one term of the numerator or the sum: the
  *    product w k, its add, <= n later adds and <= n rescale products:
@@ -690,6 +692,18 @@ int main(void) {
       {.name = "no entries, no sink: o = 0", .S = 2, .H = 3, .d = 16, .block = 16, .rope_dim = 4, .topk = 5,
        .window = 4, .extra_slots = 2, .ratio = 2, .page_entries = 2, .swa_block = 16, .p0 = 20, .r0 = 22,
        .e8m0 = true, .last = true, .empty = true, .p_invalid = 1, .qamp = 1},
+      /* The op folds entries in blocks of 32: sets across and exactly at
+       * block boundaries, with large logits so later blocks raise the max. */
+      {.name = "entry blocks: 3 heads, d 40, topk 41 + window 24, large logits", .S = 3, .H = 3, .d = 40,
+       .block = 8, .rope_dim = 8, .topk = 41, .window = 24, .extra_slots = 5, .ratio = 1, .page_entries = 6,
+       .swa_block = 8, .p0 = 300, .sink = true, .e8m0 = true, .last = true, .holes = true, .p_invalid = 0.15,
+       .qamp = 8},
+      {.name = "saturated at 33 entries: a full block and one entry, no sink", .S = 2, .H = 2, .d = 24,
+       .block = 8, .rope_dim = 8, .topk = 27, .window = 6, .extra_slots = 3, .ratio = 1, .page_entries = 4,
+       .swa_block = 24, .p0 = 150, .last = true, .saturated = true, .qamp = 3},
+      {.name = "saturated at 64 entries: two full blocks", .S = 2, .H = 3, .d = 32, .block = 16, .rope_dim = 8,
+       .topk = 57, .window = 7, .extra_slots = 2, .ratio = 1, .page_entries = 5, .swa_block = 32, .p0 = 400,
+       .sink = true, .e8m0 = true, .last = true, .saturated = true, .qamp = 6},
       {.name = "V4.1 sizes: d 512, topk 512, window 128 (4 heads)", .S = 2, .H = 4, .d = 512, .block = 16,
        .rope_dim = 64, .topk = 512, .window = 128, .extra_slots = 6, .ratio = 1, .page_entries = 64,
        .swa_block = 32, .p0 = 2000, .sink = true, .e8m0 = true, .last = true, .yarn = true, .holes = true,
