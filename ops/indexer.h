@@ -31,10 +31,13 @@
  * C_p first and score only them (work ~ pool, not context).
  *
  * Reduction order [cedar]: every score is computed by one function with a
- * fixed order (per head an 8-lane dot product, then heads summed in order),
- * whatever path calls it, so single-query, batched and reindex scores are
- * bitwise equal and chunking a prefill never changes a Top-K. No BLAS here
- * for that reason (OpenBLAS is not row-independent, DESIGN.md facts).
+ * fixed order, whatever path calls it, so single-query, batched and reindex
+ * scores are bitwise equal and chunking a prefill never changes a Top-K:
+ *   d_h = 0; d_h += q_h[i] * k[i] for i = 0, 1, ..., idx_w - 1 (in order);
+ *   I   = 0; I   += w_h * ReLU(d_h)  for h = 0, 1, ..., heads - 1 (in order).
+ * The speed comes from scoring a tile of 64 keys at once with the lanes over
+ * KEYS (indexer.c), never from reordering a sum. No BLAS here for that reason
+ * (OpenBLAS is not row-independent, DESIGN.md facts).
  *
  * Parameters the plan passes [R]: k (index_topk, default 512), pool block
  * B (candidate_block_size, default 8), top_blocks (candidate_topk_blocks,
@@ -63,7 +66,8 @@ int64_t op_indexer_visible(const struct op_kv_view *kv, int64_t pos);
 
 /* scores[s] = I_{pos,s} for s in [0, n_vis), n_vis = op_indexer_visible(kv,
  * pos); writes exactly n_vis floats. Each key is dequantized once and scored
- * against every head. Allocates one key row (kv->idx_w floats) per call. */
+ * against every head. Allocates one tile of keys (64 x kv->idx_w floats) per
+ * call. */
 void op_indexer_score(float *scores /* (n_vis) */, const float *q /* (heads, kv->idx_w) */,
                       const float *w /* (heads) */, const struct op_kv_view *kv, int64_t pos, int heads);
 
@@ -117,5 +121,14 @@ void op_indexer_reindex(int32_t *topk /* (S, k) */, void *work /* (op_indexer_re
                         const int32_t *pool /* (S, pool_top) */, const float *q /* (S, heads, kv->idx_w) */,
                         const float *w /* (S, heads) */, const int64_t *pos /* (S) */,
                         const struct op_kv_view *kv, int S, int heads, int k, int pool_block, int pool_top);
+
+/* ---- internal, for tests ------------------------------------------------- */
+
+/* The dequantizer the scans use, one key into one lane of a transposed tile:
+ * tile[i * lanes + lane] = x_i for i in [0, W), bitwise what op_mxfp4_unpack
+ * writes to x (E2M1 by a 16-entry table, E8M0 from its exponent bits). */
+void op__indexer_unpack_lane(float *tile /* (W, lanes) */, int lanes, int lane,
+                             const uint8_t *in /* (op_mxfp4_bytes(W, block)) */, int W, int block,
+                             enum op_nibble_order order);
 
 #endif

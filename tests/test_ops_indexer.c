@@ -13,7 +13,9 @@
  *   - SPEC 8.3.13-18: visibility and padding, scaling w, pool shape, Top-K
  *     inside the pool, reindex == score-everything-then-mask, short context;
  *   - exact ties (identical keys), garbage beyond n_entries, poisoned
- *     entries beyond p, and a reindex that must never read outside its pool.
+ *     entries beyond p, and a reindex that must never read outside its pool;
+ *   - the scans' own MXFP4 unpacker vs op_mxfp4_unpack, bitwise, over every
+ *     payload byte under every scale code.
  *
  * What it is not: a performance test.
  *
@@ -533,6 +535,75 @@ static void test_reindex_reads_only_pool(uint64_t *seed) {
   run_free(&r);
 }
 
+/* The scans dequantize keys with their own unpacker (op__indexer_unpack_lane,
+ * a table and exponent bits instead of op_e8m0_decode): it must write bitwise
+ * what op_mxfp4_unpack writes, NaN and -0 included, for every payload byte
+ * under every E8M0 code, in both nibble orders, and touch only its lane. One
+ * entry of W = 512 holds all 256 bytes; its scales take every code in turn. */
+static void test_unpack_lane(void) {
+  enum { W = 512, LANES = 3, LANE = 1 };
+  const int blocks[] = {32, 2};
+  uint8_t in[W / 2 + W / 2]; /* payload, then up to W / 2 scales (block 2) */
+  float want[W], tile[W * LANES];
+  for (int bi = 0; bi < 2; bi++)
+    for (int order = 0; order < 2; order++) {
+      const int block = blocks[bi], n_scales = W / block;
+      int bad = 0, moved = 0;
+      for (int j = 0; j < W / 2; j++) in[j] = (uint8_t)j;
+      for (int code = 0; code < 256; code++) {
+        for (int b = 0; b < n_scales; b++) in[W / 2 + b] = (uint8_t)(code + 37 * b); /* code in block 0 */
+        op_mxfp4_unpack(want, in, W, block, (enum op_nibble_order)order);
+        for (int i = 0; i < W * LANES; i++) tile[i] = 1234.5f; /* sentinel in the other lanes */
+        op__indexer_unpack_lane(tile, LANES, LANE, in, W, block, (enum op_nibble_order)order);
+        for (int i = 0; i < W; i++) {
+          bad += memcmp(&tile[i * LANES + LANE], &want[i], sizeof(float)) != 0;
+          moved += tile[i * LANES + LANE - 1] != 1234.5f || tile[i * LANES + LANE + 1] != 1234.5f;
+        }
+      }
+      EXPECT(bad == 0, "unpack lane, block %d, nibble order %d: %d values differ from op_mxfp4_unpack bitwise", block,
+             order, bad);
+      EXPECT(moved == 0, "unpack lane, block %d, nibble order %d: wrote %d values outside its lane", block, order,
+             moved);
+    }
+}
+
+/* Scores go through tiles of keys, one key per lane: a key's score must not
+ * depend on its lane, its tile, how full the tile is or which path scored it.
+ * With every key equal (odd widths, several tiles and a partial one) every
+ * score is bitwise the score of entry 0 scored alone, and every selection
+ * keeps the lowest ids (scan, pool, and a reindex whose pool puts the keys
+ * in other lanes). */
+static void test_every_lane_alike(uint64_t *seed) {
+  enum { N = 203, HEADS = 5, HD = 42, K = 7 };
+  const struct cfg c = {"every lane alike", N, 1, HD, 14, HEADS, 16, OP_NIBBLE_EVEN_HIGH, K, 3, 4, 2};
+  struct src s;
+  src_build(&s, &c, seed);
+  for (int64_t e = 1; e < N; e++) src_copy_key(&s, e, 0);
+  float q[2 * HEADS * HD], w[2 * HEADS], alone, sc[N];
+  h_fill(q, sizeof q / sizeof *q, seed, -1.0f, 1.0f), h_fill(w, 2 * HEADS, seed, 0.1f, 1.0f);
+  int64_t pos[2] = {N - 1, 150};
+  op_indexer_score(&alone, q, w, &s.kv, 0, HEADS); /* pos 0: entry 0 only */
+  op_indexer_score(sc, q, w, &s.kv, pos[0], HEADS);
+  int64_t bad = -1;
+  for (int64_t e = 0; e < N && bad < 0; e++)
+    if (memcmp(&sc[e], &alone, sizeof alone) != 0) bad = e;
+  EXPECT(bad < 0, "every lane alike: entry %lld scores %a, entry 0 alone %a", (long long)bad, bad < 0 ? 0.0 : sc[bad],
+         alone);
+  int32_t topk[2 * K], pool[2 * 4], rtopk[2 * K];
+  chunk_topk(topk, pool, &s, &c, q, w, pos, 2);
+  const int32_t first[K] = {0, 1, 2, 3, 4, 5, 6}, first_blocks[4] = {0, 1, 2, 3};
+  EXPECT(same_i32(topk, first, K) && same_i32(topk + K, first, K) && same_i32(pool, first_blocks, 4),
+         "every lane alike: the scan did not keep the lowest ids and blocks");
+  const int32_t far_pool[2 * 4] = {66, 3, 20, 40, 49, -1, 21, 1}, want[2 * K] = {9, 10, 11, 60, 61, 62, 120,
+                                                                                 3, 4, 5, 63, 64, 65, 147};
+  size_t rb = op_indexer_reindex_work_bytes(&s.kv, 3, 4);
+  uint8_t *rwork = h_alloc_bytes(rb);
+  op_indexer_reindex(rtopk, rwork, far_pool, q, w, pos, &s.kv, 2, HEADS, K, 3, 4);
+  h_free_bytes(rwork, rb, "reindex workspace");
+  EXPECT(same_i32(rtopk, want, 2 * K), "every lane alike: reindex did not keep the lowest entry ids of its pool");
+  src_free(&s);
+}
+
 int main(void) {
   op_blas_init();
   uint64_t seed = 0x1DE8A11CEull;
@@ -551,5 +622,7 @@ int main(void) {
   test_ties(&seed);
   test_hidden(&seed);
   test_reindex_reads_only_pool(&seed);
+  test_every_lane_alike(&seed);
+  test_unpack_lane();
   return h_report("ops_indexer");
 }
