@@ -12,6 +12,7 @@ int cmd_env(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_op(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_weights(int argc, char **argv);
 
 /* Plan subcommands (runtime/cmd_plan.c dispatches). */
 int cmd_plan_check(int argc, char **argv);
