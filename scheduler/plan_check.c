@@ -68,6 +68,12 @@ static void check_widths(struct plan_ctx *ctx, struct plan *p) {
     if (m->dspark_targets[i] >= m->n_layers)
       ERR(ctx, at, "target layers must be model layers", "model.dspark.target_layers has %d, but the model has %d layers",
           m->dspark_targets[i], m->n_layers);
+  bool engram = false;
+  for (int i = 0; i < p->n_layers; i++) engram |= p->layer[i].engram;
+  at = mark_of(ctx, "model.engram.head_dim");
+  if (engram && m->engram_head_dim % 32)
+    ERR(ctx, at, "use a multiple of 32: Engram rows carry one E8M0 scale per 32 values (SPEC 3.15)",
+        "model.engram.head_dim = %d cannot be stored as Engram rows", m->engram_head_dim);
   at = mark_of(ctx, "model.engram.orders");
   for (int i = 1; i < m->engram_n_orders; i++)
     if (m->engram_orders[i] <= m->engram_orders[i - 1])
