@@ -13,20 +13,76 @@
 #include "ops/registry.h"
 #include "runtime/check.h"
 
-/* The per-element expressions, shared by the plain and the fused paths so that both give
- * the same bits (the build is ISO C11: no floating-point contraction into FMA). X points at
- * stream 0 of one position; streams are d apart. */
-static inline float mix_elem(const float *X, const float *pre, int hc, size_t d, size_t k) {
-  float acc = pre[0] * X[k];
-  for (int i = 1; i < hc; i++) acc += pre[i] * X[(size_t)i * d + k];
-  return acc;
+/* The per-element expressions, in tiles of len values of every stream, shared by the plain
+ * and the fused paths so that both give the same bits (the build is ISO C11: no
+ * floating-point contraction into FMA). x points at stream 0 of one position, at the
+ * tile's first column; streams are d apart. Each element follows the same sequence of
+ * roundings as the scalar formula (stream 0's product, then streams 1..hc-1 added in
+ * order, then post[j] F); the loops run over k innermost so that they vectorize. */
+static void mix_tile(float *restrict u, const float *restrict x, const float *pre, int hc, size_t d, int len) {
+  const float p0 = pre[0];
+  for (int k = 0; k < len; k++) u[k] = p0 * x[k];
+  for (int i = 1; i < hc; i++) {
+    const float p = pre[i], *restrict xi = x + (size_t)i * d;
+    for (int k = 0; k < len; k++) u[k] += p * xi[k];
+  }
 }
 
-static inline float update_elem(const float *X, const float *C, float post_j, float f, int hc, size_t d, int j,
-                                size_t k) {
-  float acc = C[j] * X[k];
-  for (int i = 1; i < hc; i++) acc += C[i * hc + j] * X[(size_t)i * d + k];
-  return acc + post_j * f;
+/* X'_j[k] = sum_i C[i][j] X_i[k] + post[j] F[k]. */
+static void update_tile(float *restrict xn, const float *restrict x, const float *C, const float *post,
+                        const float *restrict f, int hc, size_t d, int len) {
+  for (int j = 0; j < hc; j++) {
+    float *restrict y = xn + (size_t)j * d;
+    const float c0 = C[j], pj = post[j];
+    for (int k = 0; k < len; k++) y[k] = c0 * x[k];
+    for (int i = 1; i < hc; i++) {
+      const float c = C[i * hc + j], *restrict xi = x + (size_t)i * d;
+      for (int k = 0; k < len; k++) y[k] += c * xi[k];
+    }
+    for (int k = 0; k < len; k++) y[k] += pj * f[k];
+  }
+}
+
+/* The tile statistics in the fixed order of mhc.h: OP_MHC_LANES partial sums, lane l
+ * taking columns l, l + LANES, l + 2 LANES, ... of stream 0, then of stream 1, ...; then
+ * the lanes added in lane order. Independent lanes let the compiler keep them in vector
+ * registers. A tile is hc streams of len values, d apart. */
+enum { LANES = OP_MHC_LANES, ROWS = 4 };
+
+/* sum_j sum_k x_j[k]^2 of one tile. */
+static float tile_sumsq(const float *restrict x, int hc, size_t d, int len) {
+  float acc[LANES] = {0};
+  for (int j = 0; j < hc; j++) {
+    const float *restrict xj = x + (size_t)j * d;
+    int k = 0;
+    for (; k + LANES <= len; k += LANES)
+      for (int l = 0; l < LANES; l++) acc[l] += xj[k + l] * xj[k + l];
+    for (int l = 0; k + l < len; l++) acc[l] += xj[k + l] * xj[k + l];
+  }
+  float s = acc[0];
+  for (int l = 1; l < LANES; l++) s += acc[l];
+  return s;
+}
+
+/* out[r] = sum_j sum_k w_r,j[k] x_j[k] of one tile for ROWS rows of W at once (w_r = w +
+ * r ws; ws = 0 repeats one row), so that the rows share the loads of x. Each row keeps
+ * its own lanes: the number of rows at once does not change any row's order. */
+static void tile_dots(float out[ROWS], const float *restrict w, size_t ws, const float *restrict x, int hc, size_t d,
+                      int len) {
+  float acc[ROWS][LANES] = {{0}};
+  for (int j = 0; j < hc; j++) {
+    const float *restrict wj = w + (size_t)j * d, *restrict xj = x + (size_t)j * d;
+    int k = 0;
+    for (; k + LANES <= len; k += LANES)
+      for (int r = 0; r < ROWS; r++)
+        for (int l = 0; l < LANES; l++) acc[r][l] += wj[r * ws + k + l] * xj[k + l];
+    for (int r = 0; r < ROWS; r++)
+      for (int l = 0; k + l < len; l++) acc[r][l] += wj[r * ws + k + l] * xj[k + l];
+  }
+  for (int r = 0; r < ROWS; r++) {
+    out[r] = acc[r][0];
+    for (int l = 1; l < LANES; l++) out[r] += acc[r][l];
+  }
 }
 
 void op_mhc_expand(float *X, const float *h, int n, int hc, int d) {
@@ -108,58 +164,59 @@ void op_mhc_coeffs(float *pre, float *post, float *C, float *dots, float *sumsq,
 /* ---- mix and update ------------------------------------------------------------------ */
 
 void op_mhc_mix(float *u, const float *X, const float *pre, int n, int hc, int d) {
-  for (int t = 0; t < n; t++) {
-    const float *x = X + (size_t)t * hc * d, *p = pre + (size_t)t * hc;
-    float *ut = u + (size_t)t * d;
-    for (int k = 0; k < d; k++) ut[k] = mix_elem(x, p, hc, d, k);
-  }
+  for (int t = 0; t < n; t++)
+    for (int k0 = 0; k0 < d; k0 += OP_MHC_TILE)
+      mix_tile(u + (size_t)t * d + k0, X + (size_t)t * hc * d + k0, pre + (size_t)t * hc, hc, (size_t)d,
+               d - k0 < OP_MHC_TILE ? d - k0 : OP_MHC_TILE);
 }
 
 void op_mhc_update(float *Xn, const float *X, const float *C, const float *post, const float *F, int n, int hc, int d) {
-  for (int t = 0; t < n; t++) {
-    const float *x = X + (size_t)t * hc * d, *ct = C + (size_t)t * hc * hc, *f = F + (size_t)t * d;
-    float *xn = Xn + (size_t)t * hc * d;
-    for (int j = 0; j < hc; j++)
-      for (int k = 0; k < d; k++)
-        xn[(size_t)j * d + k] = update_elem(x, ct, post[(size_t)t * hc + j], f[k], hc, d, j, k);
+  for (int t = 0; t < n; t++)
+    for (int k0 = 0; k0 < d; k0 += OP_MHC_TILE) {
+      size_t o = (size_t)t * hc * d + k0;
+      update_tile(Xn + o, X + o, C + (size_t)t * hc * hc, post + (size_t)t * hc, F + (size_t)t * d + k0, hc,
+                  (size_t)d, d - k0 < OP_MHC_TILE ? d - k0 : OP_MHC_TILE);
+    }
+}
+
+/* One position's tile [k0, k0 + len) of the fused pass: write X', mix u, then add the
+ * tile's partial sum of squares and partial dot products to the totals. All pointers are
+ * at the position and the tile's first column (W at row 0); width = hc d. */
+static void fused_tile(float *xn, float *u, float *dots, float *sumsq, const float *x, const float *C,
+                       const float *post, const float *f, const float *pre, const float *W, int m, int hc, size_t d,
+                       int len) {
+  size_t width = (size_t)hc * d;
+  update_tile(xn, x, C, post, f, hc, d, len);
+  mix_tile(u, xn, pre, hc, d, len);
+  *sumsq += tile_sumsq(xn, hc, d, len);
+  float part[ROWS];
+  for (int q = 0; q < m;) { /* the last m % ROWS rows one at a time (ws = 0) */
+    int nr = m - q >= ROWS ? ROWS : 1;
+    tile_dots(part, W + q * width, nr == ROWS ? width : 0, xn, hc, d, len);
+    for (int r = 0; r < nr; r++) dots[q + r] += part[r];
+    q += nr;
   }
 }
 
-/* One position of the fused pass: per tile [k0, k1) of every stream, write X', mix u,
- * then add the tile's partial sum of squares and partial dot products to the totals. */
-static void fused_row(float *xn, float *u, float *dots, float *sumsq, const float *x, const float *ct,
-                      const float *post, const float *f, const float *pre, const float *W, int m, int hc, int d) {
-  size_t width = (size_t)hc * d;
-  float ss = 0.0f;
-  for (int q = 0; q < m; q++) dots[q] = 0.0f;
-  for (int k0 = 0; k0 < d; k0 += OP_MHC_TILE) {
-    int k1 = k0 + OP_MHC_TILE < d ? k0 + OP_MHC_TILE : d;
-    for (int j = 0; j < hc; j++)
-      for (int k = k0; k < k1; k++) xn[(size_t)j * d + k] = update_elem(x, ct, post[j], f[k], hc, d, j, k);
-    for (int k = k0; k < k1; k++) u[k] = mix_elem(xn, pre, hc, d, k);
-    float part = 0.0f;
-    for (int j = 0; j < hc; j++)
-      for (int k = k0; k < k1; k++) part += xn[(size_t)j * d + k] * xn[(size_t)j * d + k];
-    ss += part;
-    for (int q = 0; q < m; q++) {
-      const float *w = W + (size_t)q * width;
-      float dp = 0.0f;
-      for (int j = 0; j < hc; j++)
-        for (int k = k0; k < k1; k++) dp += w[(size_t)j * d + k] * xn[(size_t)j * d + k];
-      dots[q] += dp;
-    }
-  }
-  *sumsq = ss;
-}
+/* Positions go in blocks of BLOCK, tiles outermost inside a block, so that W's columns of
+ * one tile (m hc OP_MHC_TILE values, 96 KiB for hc = 4) stay in cache for the block's
+ * positions; the order of every sum is the same for any blocking. */
+enum { BLOCK = 16 };
 
 void op_mhc_update_mix_fused(float *Xn, float *u_next, float *dots, float *sumsq, const float *X, const float *C,
                              const float *post, const float *F, const float *pre_next, const float *W, int n, int m,
                              int hc, int d) {
-  for (int t = 0; t < n; t++) {
-    size_t o = (size_t)t * hc * d;
-    fused_row(Xn + o, u_next + (size_t)t * d, dots + (size_t)t * m, sumsq + t, X + o, C + (size_t)t * hc * hc,
-              post + (size_t)t * hc, F + (size_t)t * d, pre_next + (size_t)t * hc, W, m, hc, d);
-  }
+  size_t width = (size_t)hc * d;
+  for (size_t i = 0; i < (size_t)n * m; i++) dots[i] = 0.0f;
+  for (int t = 0; t < n; t++) sumsq[t] = 0.0f;
+  for (int t0 = 0; t0 < n; t0 += BLOCK)
+    for (int k0 = 0; k0 < d; k0 += OP_MHC_TILE)
+      for (int t = t0; t < t0 + BLOCK && t < n; t++) {
+        size_t o = t * width + k0;
+        fused_tile(Xn + o, u_next + (size_t)t * d + k0, dots + (size_t)t * m, sumsq + t, X + o,
+                   C + (size_t)t * hc * hc, post + (size_t)t * hc, F + (size_t)t * d + k0, pre_next + (size_t)t * hc,
+                   W + k0, m, hc, (size_t)d, d - k0 < OP_MHC_TILE ? d - k0 : OP_MHC_TILE);
+      }
 }
 
 /* ---- head merge -------------------------------------------------------------------- */

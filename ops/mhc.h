@@ -25,9 +25,10 @@
  * those statistics feed (SPEC 3.14: pre of the next sublayer, post and C of this one) is the
  * executor's wiring: the fused op takes any m rows of weights. X' and u_next are bit-equal
  * to op_mhc_update then op_mhc_mix (same per-element expressions, same order); the
- * statistics differ from op_mhc_stats by summation order only (tiles of OP_MHC_TILE against
- * sgemm's blocking and one sequential sum of squares), within 2 gamma(hc * hidden) of the
- * sum of |terms|. Step 5 of SPEC's pass (pre-norm and FP8 cast of u) is not fused here: the
+ * statistics differ from op_mhc_stats by summation order only (the fixed tile-and-lane order
+ * at OP_MHC_TILE below against sgemm's blocking and one sequential sum of squares), within
+ * 2 gamma(hc * hidden) of the sum of |terms|. The lanes let the CPU loops vectorize; a
+ * twin kernel that follows the same order gets the same bits. Step 5 of SPEC's pass (pre-norm and FP8 cast of u) is not fused here: the
  * RMSNorm of u needs u's whole row first.
  *
  * Decisions where SPEC is silent: sums over streams run i = 0..hc-1 in fp32; X'_j adds
@@ -54,8 +55,14 @@ struct op_mhc_cfg {
 /* Rows of a sublayer's W_fn: (2 + hc) * hc (24 for hc = 4). */
 static inline int op_mhc_rows(int hc) { return (2 + hc) * hc; }
 
-/* Width of a tile of the fused pass, per stream: the order of its statistic sums. */
+/* The fixed order of the fused pass's statistics. Per position, each of the m dot products
+ * and the sum of squares is a sum over tiles of OP_MHC_TILE columns of every stream, added
+ * to the total tile after tile (the total starts at 0). A tile's partial runs in
+ * OP_MHC_LANES lanes: lane l sums, in order, the products at tile columns l, l + LANES,
+ * l + 2 LANES, ... of stream 0, then of stream 1, ..., hc - 1 (a short last tile leaves
+ * the higher lanes short); the partial is then lane 0 + lane 1 + ... + lane LANES - 1. */
 #define OP_MHC_TILE 256
+#define OP_MHC_LANES 16
 
 /* Initial state: every stream of position t is h[t] (SPEC 3.1 [R]). */
 void op_mhc_expand(float *X /* (n, hc, d) */, const float *h /* (n, d) */, int n, int hc, int d);
@@ -81,7 +88,7 @@ void op_mhc_coeffs(float *pre /* (n, hc) */, float *post /* (n, hc) */, float *C
  * order. C may alias logits. */
 void op_mhc_sinkhorn(float *C /* (hc, hc) */, const float *logits /* (hc, hc) */, int hc, int iters, float eps);
 
-/* u = sum_i pre[i] X_i. */
+/* u = sum_i pre[i] X_i. u must not alias X. */
 void op_mhc_mix(float *u /* (n, d) */, const float *X /* (n, hc, d) */, const float *pre /* (n, hc) */, int n, int hc,
                 int d);
 

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ops/registry.h"
 #include "runtime/check.h"
@@ -65,15 +66,64 @@ static void sift_down(int32_t *o, const float *p, int root, int end) {
   }
 }
 
-/* Heapsort of all ids into placement order: O(V log V), no allocation. */
-static void sort_by_prob(int32_t *order, const float *p, int V) {
-  for (int y = 0; y < V; y++) order[y] = y;
-  for (int i = V / 2 - 1; i >= 0; i--) sift_down(order, p, i, V);
-  for (int end = V - 1; end > 0; end--) {
-    int32_t t = order[0];
-    order[0] = order[end], order[end] = t;
-    sift_down(order, p, 0, end);
+/* Heapsort of n ids into placement order: O(n log n), no allocation. A run that is
+ * already in order (a bucket of equal probabilities: ids arrive ascending) is left as is. */
+static void sort_by_prob(int32_t *o, const float *p, int n) {
+  int i = 1;
+  while (i < n && !placed_after(p, o[i - 1], o[i])) i++;
+  if (i >= n) return;
+  for (i = n / 2 - 1; i >= 0; i--) sift_down(o, p, i, n);
+  for (int end = n - 1; end > 0; end--) {
+    int32_t t = o[0];
+    o[0] = o[end], o[end] = t;
+    sift_down(o, p, 0, end);
   }
+}
+
+/* The nucleus without sorting all V ids. Ids are first distributed by the top bits of
+ * their probability's fp32 pattern (for p >= 0 the pattern orders like the value) into
+ * buckets, highest bucket first, ids ascending within a bucket (a counting sort: two passes
+ * over V). Buckets are then sorted one at a time, highest first, and the walk of
+ * op_sample_top_p runs over each sorted bucket: order[0..kept) is then exactly the prefix
+ * of the full placement order, so kept and the kept mass (the same double sum in the same
+ * order) are those of a full sort. The walk stops at the first id with p <= 0 (bucket 0
+ * holds p <= 0 with the smallest p > 0). With sort_all every bucket is sorted and order is the
+ * full placement order; otherwise order[kept..V) holds the other ids in no set order.
+ * Any number of top bits orders the buckets; 18 bits of shift (32 buckets per octave of
+ * p) keep the buckets near the nucleus small at V = 129,280, fewer serve a small V. */
+enum { MIN_SHIFT = 18, MAX_BUCKETS = 1 << (31 - MIN_SHIFT) }; /* at most 32 buckets per octave */
+
+/* p >= 0 finite: the top bits of its pattern (bits < 2^31); p <= 0 in bucket 0. */
+static int bucket_of(float p, int shift) {
+  uint32_t bits;
+  memcpy(&bits, &p, sizeof bits);
+  return p > 0.0f ? (int)(bits >> shift) : 0;
+}
+
+static int nucleus(int32_t *order, double *kept_mass, const float *prob, int V, double threshold, bool sort_all) {
+  int shift = MIN_SHIFT; /* no more buckets than ids: a small V does not pay for empty ones */
+  while (shift < 31 && (1 << (31 - shift)) > V) shift++;
+  int nb = 1 << (31 - shift), edge[MAX_BUCKETS]; /* counts, then starts, then ends = the next one's start */
+  for (int b = 0; b < nb; b++) edge[b] = 0;
+  for (int y = 0; y < V; y++) edge[bucket_of(prob[y], shift)]++;
+  for (int b = nb - 1, at = 0; b >= 0; b--) {
+    int c = edge[b];
+    edge[b] = at, at += c;
+  }
+  for (int y = 0; y < V; y++) order[edge[bucket_of(prob[y], shift)]++] = y;
+  double mass = 0.0;
+  int kept = 0;
+  bool stop = false;
+  for (int b = nb - 1, start = 0; b >= 0 && (!stop || sort_all); start = edge[b--]) {
+    sort_by_prob(order + start, prob, edge[b] - start);
+    while (!stop && kept < edge[b] && prob[order[kept]] > 0.0f) {
+      mass += prob[order[kept++]];
+      stop = mass >= threshold;
+    }
+    stop = stop || kept < edge[b]; /* an id with p <= 0: no mass after it */
+  }
+  *kept_mass = mass;
+  return kept;
 }
 
 static double total_mass(const float *prob, int V) {
@@ -82,21 +132,19 @@ static double total_mass(const float *prob, int V) {
   return total;
 }
 
-int op_sample_top_p(float *prob, int32_t *order, int V, float top_p) {
+/* op_sample_top_p; order is the full placement order when sort_all, else workspace. */
+static int top_p_filter(float *prob, int32_t *order, int V, float top_p, bool sort_all) {
   double total = total_mass(prob, V);
   if (!(total > 0.0) || !isfinite(total)) return -1;
-  sort_by_prob(order, prob, V);
-  double threshold = top_p >= 1.0f ? total : (double)top_p * total;
-  double kept_mass = 0.0;
-  int kept = 0;
-  while (kept < V && prob[order[kept]] > 0.0f) {
-    kept_mass += prob[order[kept]];
-    kept++;
-    if (kept_mass >= threshold) break;
-  }
+  double threshold = top_p >= 1.0f ? total : (double)top_p * total, kept_mass;
+  int kept = nucleus(order, &kept_mass, prob, V, threshold, sort_all);
   for (int i = kept; i < V; i++) prob[order[i]] = 0.0f;
   for (int i = 0; i < kept; i++) prob[order[i]] = (float)(prob[order[i]] / kept_mass);
   return kept;
+}
+
+int op_sample_top_p(float *prob, int32_t *order, int V, float top_p) {
+  return top_p_filter(prob, order, V, top_p, true);
 }
 
 int32_t op_sample_draw(const float *prob, int V, uint64_t *rng) {
@@ -124,7 +172,7 @@ int32_t op_sample(float *prob, int32_t *order, const float *logits, int V, float
     return y;
   }
   if (op_sample_softmax(prob, logits, V, temperature) != 0) return -1;
-  if (top_p < 1.0f && op_sample_top_p(prob, order, V, top_p) < 0) return -1;
+  if (top_p < 1.0f && top_p_filter(prob, order, V, top_p, false) < 0) return -1;
   return op_sample_draw(prob, V, rng);
 }
 

@@ -17,6 +17,11 @@
  *   total mass, at least one id; renormalize the kept mass to 1.
  *   draw: u = uniform * (kept mass, double), walk ids in increasing order,
  *   pick the first id whose running mass exceeds u.
+ * Cost: the nucleus is found without sorting all V ids (a counting pass into
+ * buckets by the top bits of p, then only the buckets the prefix reaches are
+ * sorted: O(V + K log K) for K ids near the kept ones); the result is the one
+ * a full sort gives, bit for bit. op_sample_top_p still sorts every bucket to
+ * fill all of order.
  * Logits must be finite or -inf (a masked id). A NaN or +inf logit, or no
  * finite logit at all, is an upstream bug: the functions return -1 instead
  * of hiding it. temperature <= 0 means greedy; top_p >= 1 means no nucleus.

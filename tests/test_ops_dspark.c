@@ -9,7 +9,9 @@
  *     behaves as greedy, temperature 0 is greedy and draws nothing;
  *   - top-p keeps exactly the smallest prefix with mass >= p: dyadic
  *     distributions where every prefix mass is exact (ties at p included),
- *     and random ones against a selection-sort reference;
+ *     and random ones against a selection-sort reference; op_sample_top_p
+ *     and op_sample's nucleus bit for bit against a full sort (qsort) on
+ *     random and tie-heavy distributions;
  *   - empirical frequencies of 200 000 draws within 5 binomial sigmas of
  *     the distribution (with and without top-p), the same seed giving the
  *     same sequence;
@@ -190,6 +192,88 @@ static void check_top_p_random(int V, float top_p, uint64_t *seed) {
     EXPECT((prob[ref[i]] > 0) == (i < want), "top_p V %d: id %d kept = %d", V, ref[i], prob[ref[i]] > 0);
   h_free(prob, V, "top_p prob"), h_free_bytes((uint8_t *)order, V * sizeof *order, "top_p order");
   free(orig), free(ref), free(used);
+}
+
+/* The nucleus as it was first written (a full sort of all V ids, then the walk), kept
+ * here as the reference the selection must match bit for bit: kept, order (op_sample_top_p
+ * fills all of it) and every renormalized probability (the kept mass is a double sum in
+ * placement order, so the same ids in the same order give the same bits). */
+static const float *full_sort_p;
+static int full_sort_cmp(const void *a, const void *b) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  float px = full_sort_p[x], py = full_sort_p[y];
+  return px > py ? -1 : px < py ? 1 : (x > y) - (x < y); /* p descending, then id ascending */
+}
+
+static int full_sort_top_p(float *prob, int32_t *order, int V, float top_p) {
+  double total = 0, threshold, kept_mass = 0;
+  for (int y = 0; y < V; y++) total += prob[y], order[y] = y;
+  full_sort_p = prob;
+  qsort(order, (size_t)V, sizeof *order, full_sort_cmp);
+  threshold = top_p >= 1.0f ? total : (double)top_p * total;
+  int kept = 0;
+  while (kept < V && prob[order[kept]] > 0.0f) {
+    kept_mass += prob[order[kept]];
+    kept++;
+    if (kept_mass >= threshold) break;
+  }
+  for (int i = kept; i < V; i++) prob[order[i]] = 0.0f;
+  for (int i = 0; i < kept; i++) prob[order[i]] = (float)(prob[order[i]] / kept_mass);
+  return kept;
+}
+
+/* One distribution of V probabilities of the given kind: 0 softmax of wide logits, 1
+ * coarse levels with many ties and zeros, 2 all equal, 3 powers of two down into the
+ * subnormals (many ties across octaves), 4 one dominant id over a flat tail. */
+static void nucleus_dist(float *p, int V, int kind, uint64_t *seed) {
+  for (int y = 0; y < V; y++) {
+    double u = h_uniform(seed);
+    p[y] = kind == 0   ? (float)exp(12 * u - 12)
+           : kind == 1 ? (float)(int)(u * 6) / 8.0f
+           : kind == 2 ? 0.25f
+           : kind == 3 ? ldexpf(1.0f, -(int)(u * 150))
+                       : 1e-3f * (float)u;
+  }
+  if (kind == 4) p[(int)(h_uniform(seed) * V)] = 1.0f;
+  p[(int)(h_uniform(seed) * V)] += 1.0f / 8; /* some mass in every kind */
+}
+
+/* op_sample_top_p, and op_sample's own nucleus (which sorts only the kept ids), against
+ * full_sort_top_p on many random and tie-heavy distributions and nucleus masses. */
+static void check_top_p_full_sort(uint64_t *seed) {
+  static const int Vs[] = {1, 2, 7, 64, 1000, 4099};
+  static const float ps[] = {0.0f, 0.1f, 0.5f, 0.9f, 0.999f, 1.0f};
+  int bad_kept = 0, bad_order = 0, bad_prob = 0, bad_draw = 0, runs = 0;
+  for (size_t v = 0; v < sizeof Vs / sizeof Vs[0]; v++) {
+    int V = Vs[v];
+    float *orig = malloc(V * sizeof *orig), *a = h_alloc(V), *b = malloc(V * sizeof *b), *l = malloc(V * sizeof *l);
+    int32_t *oa = (int32_t *)h_alloc_bytes(V * sizeof *oa), *ob = malloc(V * sizeof *ob);
+    for (int kind = 0; kind < 5; kind++)
+      for (int rep = 0; rep < 4; rep++)
+        for (size_t j = 0; j < sizeof ps / sizeof ps[0]; j++, runs++) {
+          nucleus_dist(orig, V, kind, seed);
+          memcpy(a, orig, V * sizeof *a), memcpy(b, orig, V * sizeof *b);
+          int ka = op_sample_top_p(a, oa, V, ps[j]), kb = full_sort_top_p(b, ob, V, ps[j]);
+          bad_kept += ka != kb;
+          bad_order += memcmp(oa, ob, V * sizeof *oa) != 0;
+          bad_prob += memcmp(a, b, V * sizeof *a) != 0;
+          /* op_sample from logits whose softmax is orig up to rounding (ties stay ties):
+           * its prob and draw against the full sort applied to op_sample_softmax's. */
+          if (ps[j] >= 1.0f) continue;
+          for (int y = 0; y < V; y++) l[y] = orig[y] > 0 ? logf(orig[y]) : -INFINITY;
+          uint64_t sa = *seed, sb = *seed;
+          int32_t ya = op_sample(a, oa, l, V, 1.0f, ps[j], &sa);
+          EXPECT(op_sample_softmax(b, l, V, 1.0f) == 0, "softmax of the logits");
+          full_sort_top_p(b, ob, V, ps[j]);
+          bad_prob += memcmp(a, b, V * sizeof *a) != 0;
+          bad_draw += ya != op_sample_draw(b, V, &sb);
+        }
+    h_free(a, V, "nucleus prob"), h_free_bytes((uint8_t *)oa, V * sizeof *oa, "nucleus order");
+    free(orig), free(b), free(l), free(ob);
+  }
+  EXPECT(!bad_kept && !bad_order && !bad_prob && !bad_draw,
+         "nucleus vs a full sort over %d runs: kept differs %d, order %d, prob %d, draw %d times", runs, bad_kept,
+         bad_order, bad_prob, bad_draw);
 }
 
 /* ---- frequencies -------------------------------------------------------- */
@@ -373,6 +457,7 @@ int main(void) {
   check_top_p_random(37, 0.5f, &seed);
   check_top_p_random(200, 0.9f, &seed);
   check_top_p_random(99, 0.0f, &seed);
+  check_top_p_full_sort(&seed);
   check_frequencies(1.0f, 1.0f, 1234);
   check_frequencies(2.0f, 1.0f, 99);
   check_frequencies(1.0f, 0.8f, 7);

@@ -356,6 +356,37 @@ static void check_merge(int n, int hc, int d, uint64_t *seed) {
  * sumsq are two fp32 summations of the same `width` terms in different orders (tiles
  * against sgemm's blocking), so each is within gamma(width) sum|terms| of the exact value
  * and the two within twice that. */
+/* One fp32 statistic in the fixed order mhc.h documents (the order a twin kernel must
+ * follow to be bit-equal): per tile, OP_MHC_LANES lane sums over stream 0's columns then
+ * stream 1's ..., the lanes added in lane order, the tile partials added tile after tile. */
+static float ordered_dot(const float *w, const float *x, int hc, int d) {
+  float total = 0.0f;
+  for (int k0 = 0; k0 < d; k0 += OP_MHC_TILE) {
+    float lane[OP_MHC_LANES] = {0};
+    for (int j = 0; j < hc; j++)
+      for (int k = k0; k < d && k < k0 + OP_MHC_TILE; k++)
+        lane[(k - k0) % OP_MHC_LANES] += w[(size_t)j * d + k] * x[(size_t)j * d + k];
+    float part = lane[0];
+    for (int l = 1; l < OP_MHC_LANES; l++) part += lane[l];
+    total += part;
+  }
+  return total;
+}
+
+/* The fused statistics bit for bit against ordered_dot on X' (the op's own X', checked
+ * equal to op_mhc_update's before). */
+static void check_fused_order(const float *dots, const float *sumsq, const float *Xn, const float *W, int n, int m,
+                              int hc, int d, const char *what) {
+  size_t width = (size_t)hc * d;
+  int bad = 0;
+  for (int t = 0; t < n; t++) {
+    const float *x = Xn + t * width;
+    bad += ordered_dot(x, x, hc, d) != sumsq[t];
+    for (int q = 0; q < m; q++) bad += ordered_dot(W + q * width, x, hc, d) != dots[(size_t)t * m + q];
+  }
+  EXPECT(bad == 0, "%s: %d statistics differ from mhc.h's fixed order", what, bad);
+}
+
 static void check_fused(int n, int hc, int d, int m, uint64_t *seed) {
   char what[96];
   snprintf(what, sizeof what, "fused n %d hc %d d %d m %d", n, hc, d, m);
@@ -388,6 +419,7 @@ static void check_fused(int n, int hc, int d, int m, uint64_t *seed) {
   }
   h_within(df, rd, bd, nm, what);
   h_within(sf, rs, bs, n, what);
+  check_fused_order(df, sf, Xu, W, n, m, hc, d, what);
   h_free(Xf, lx, what), h_free(uf, lu, what), h_free(df, nm, what), h_free(sf, n, what);
   h_free(Xu, lx, what), h_free(uu, lu, what), h_free(du, nm, what), h_free(su, n, what);
   free(X), free(F), free(post), free(pre), free(z), free(C), free(W), free(rd), free(bd), free(rs), free(bs);
@@ -424,5 +456,7 @@ int main(void) {
   check_fused(4, 4, 1000, op_mhc_rows(4), &seed); /* a partial last tile */
   check_fused(5, 3, 7, 5, &seed);                 /* less than a tile, odd m */
   check_fused(2, 4, OP_MHC_TILE + 1, 1, &seed);
+  check_fused(19, 4, 300, 7, &seed); /* more positions than a block; lanes of the last tile short */
+  check_fused(17, 2, 2 * OP_MHC_TILE, 8, &seed);
   return h_report("ops_mhc");
 }
