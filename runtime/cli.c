@@ -2,6 +2,7 @@
 #include "runtime/cli.h"
 
 #include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -27,4 +28,28 @@ int cmd_version(int argc, char **argv) {
   (void)argv;
   printf("cedar %s\n", CEDAR_VERSION);
   return 0;
+}
+
+static void sub_usage(FILE *f, const char *cmd, const char *args, const char *footer, const struct cli_sub *subs,
+                      size_t n) {
+  fprintf(f, "usage: cedar %s <subcommand> %s\n\nsubcommands:\n", cmd, args);
+  for (size_t i = 0; i < n; i++) fprintf(f, "  %-6s %s\n", subs[i].name, subs[i].summary);
+  fprintf(f, "\n%s\n", footer);
+}
+
+int cli_dispatch(const char *cmd, const char *args, const char *footer, const struct cli_sub *subs, size_t n,
+                 int argc, char **argv) {
+  if (argc < 2) {
+    sub_usage(stderr, cmd, args, footer, subs, n);
+    return 2;
+  }
+  if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+    sub_usage(stdout, cmd, args, footer, subs, n);
+    return 0;
+  }
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(argv[1], subs[i].name)) return subs[i].fn(argc - 1, argv + 1);
+  fprintf(stderr, "cedar %s: unknown subcommand '%s'\n\n", cmd, argv[1]);
+  sub_usage(stderr, cmd, args, footer, subs, n);
+  return 2;
 }

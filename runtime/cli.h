@@ -25,6 +25,18 @@ int cmd_plan_dot(int argc, char **argv);
 #define CEDAR_DEFAULT_PLAN "plans/v41-mini.yaml"
 const char *cli_default_plan(void);
 
+/* A command with subcommands (`cedar plan`, `cedar weights`): a table and one
+ * dispatcher that prints the usage, handles --help and unknown names. */
+struct cli_sub {
+  const char *name;
+  int (*fn)(int argc, char **argv);
+  const char *summary;
+};
+/* `cmd` names the command ("plan"), `args` what follows the subcommand in the
+ * usage line, `footer` a closing line. Returns the subcommand's status, or 2. */
+int cli_dispatch(const char *cmd, const char *args, const char *footer, const struct cli_sub *subs, size_t n,
+                 int argc, char **argv);
+
 /* Print "cedar <cmd>: <msg>" to stderr and return 2 (usage error). */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -12,11 +12,7 @@
 #include "scheduler/plan_bus.h"
 #include "viz/plan_dot.h"
 
-static const struct {
-  const char *name;
-  int (*fn)(int, char **);
-  const char *summary;
-} plan_cmds[] = {
+static const struct cli_sub plan_cmds[] = {
     {"check", cmd_plan_check, "validate plans; exit 0 when all are valid"},
     {"show", cmd_plan_show, "the resolved layer table, buses and totals"},
     {"cost", cmd_plan_cost, "memory and work accounting from the plan alone"},
@@ -24,28 +20,10 @@ static const struct {
     {"dot", cmd_plan_dot, "the layer and bus ownership graph as Graphviz DOT"},
 };
 
-static void plan_usage(FILE *f) {
-  fprintf(f, "usage: cedar plan <subcommand> [options] [FILE...]\n\nsubcommands:\n");
-  for (size_t i = 0; i < sizeof plan_cmds / sizeof plan_cmds[0]; i++)
-    fprintf(f, "  %-6s %s\n", plan_cmds[i].name, plan_cmds[i].summary);
-  fprintf(f, "\nFILE defaults to the default plan (%s). Plans are documented in docs/plans.md.\n",
-          CEDAR_DEFAULT_PLAN);
-}
-
 int cmd_plan(int argc, char **argv) {
-  if (argc < 2) {
-    plan_usage(stderr);
-    return 2;
-  }
-  if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-    plan_usage(stdout);
-    return 0;
-  }
-  for (size_t i = 0; i < sizeof plan_cmds / sizeof plan_cmds[0]; i++)
-    if (!strcmp(argv[1], plan_cmds[i].name)) return plan_cmds[i].fn(argc - 1, argv + 1);
-  fprintf(stderr, "cedar plan: unknown subcommand '%s'\n\n", argv[1]);
-  plan_usage(stderr);
-  return 2;
+  return cli_dispatch("plan", "[options] [FILE...]",
+                      "FILE defaults to the default plan (" CEDAR_DEFAULT_PLAN "). Plans are documented in docs/plans.md.",
+                      plan_cmds, sizeof plan_cmds / sizeof plan_cmds[0], argc, argv);
 }
 
 /* Parse --json/--help (and -o for dot); returns -1 to continue, else an exit status. */

@@ -273,36 +273,15 @@ static int weights_list_cmd(int argc, char **argv) {
   return 0;
 }
 
-static const struct {
-  const char *name;
-  int (*fn)(int, char **);
-  const char *summary;
-} weights_cmds[] = {
+static const struct cli_sub weights_cmds[] = {
     {"init", weights_init_cmd, "make seeded synthetic weights for a plan and write them as safetensors"},
     {"check", weights_check_cmd, "check a safetensors file against a plan; exit 0 when it is valid"},
     {"list", weights_list_cmd, "the tensors a plan needs: names, dtypes, shapes, bytes and the total"},
 };
 
-static void weights_usage(FILE *f) {
-  fprintf(f, "usage: cedar weights <subcommand> [options]\n\nsubcommands:\n");
-  for (size_t i = 0; i < sizeof weights_cmds / sizeof weights_cmds[0]; i++)
-    fprintf(f, "  %-6s %s\n", weights_cmds[i].name, weights_cmds[i].summary);
-  fprintf(f, "\nThe plan defaults to %s. Tensor names: docs/weights.md. 'cedar weights <sub> --help' for options.\n",
-          CEDAR_DEFAULT_PLAN);
-}
-
 int cmd_weights(int argc, char **argv) {
-  if (argc < 2) {
-    weights_usage(stderr);
-    return 2;
-  }
-  if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-    weights_usage(stdout);
-    return 0;
-  }
-  for (size_t i = 0; i < sizeof weights_cmds / sizeof weights_cmds[0]; i++)
-    if (!strcmp(argv[1], weights_cmds[i].name)) return weights_cmds[i].fn(argc - 1, argv + 1);
-  fprintf(stderr, "cedar weights: unknown subcommand '%s'\n\n", argv[1]);
-  weights_usage(stderr);
-  return 2;
+  return cli_dispatch("weights", "[options]",
+                      "The plan defaults to " CEDAR_DEFAULT_PLAN ". Tensor names: docs/weights.md. "
+                      "'cedar weights <sub> --help' for options.",
+                      weights_cmds, sizeof weights_cmds / sizeof weights_cmds[0], argc, argv);
 }

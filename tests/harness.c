@@ -240,5 +240,6 @@ bool h_within(const float *got, const double *ref, const double *bound, size_t n
   }
   EXPECT(wr <= 1.0, "%s: element %zu got %.9g, reference %.17g (error %.3g x the derived bound %.3g)", what, worst,
          got[worst], ref[worst], wr, bound[worst]);
+  if (getenv("CEDAR_TEST_VERBOSE")) printf("  %-56s worst error / bound = %.3g\n", what, wr);
   return wr <= 1.0;
 }

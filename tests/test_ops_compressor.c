@@ -72,19 +72,6 @@ static void ref_pool(double *ch, double *chb, const double *v, const double *vb,
   }
 }
 
-/* |got - ref| <= bnd elementwise, through h_close (k = 1, absref = bnd/gamma(1)). */
-static bool check(const float *got, const double *ref, const double *bnd, size_t n, const char *what) {
-  double *a = dalloc(n), worst = 0;
-  for (size_t i = 0; i < n; i++) {
-    a[i] = bnd[i] / h_gamma(1);
-    if (bnd[i] > 0) worst = fmax(worst, fabs((double)got[i] - ref[i]) / bnd[i]);
-  }
-  bool ok = h_close(got, ref, a, n, 1, 0, 0, what);
-  if (getenv("CEDAR_TEST_VERBOSE")) printf("  %-56s worst error / bound = %.3g\n", what, worst);
-  free(a);
-  return ok;
-}
-
 /* ---- a compressor layer with random weights ---------------------------- */
 
 struct ccfg {
@@ -304,11 +291,11 @@ static void check_entries(const struct op_comp_out *o, const struct cref *R, con
     EXPECT(o->pos[j] == R->pos[j], "%s: entry %d at position %lld, want %lld", name, j, (long long)o->pos[j],
            (long long)R->pos[j]);
   snprintf(what, sizeof what, "%s: c", name);
-  check(o->c, R->c, R->cb, (size_t)E * D->c.d, what);
+  h_within(o->c, R->c, R->cb, (size_t)E * D->c.d, what);
   snprintf(what, sizeof what, "%s: kM", name);
-  check(o->kM, R->kM, R->kMb, (size_t)E * D->c.d, what);
+  h_within(o->kM, R->kM, R->kMb, (size_t)E * D->c.d, what);
   snprintf(what, sizeof what, "%s: kI", name);
-  check(o->kI, R->kI, R->kIb, (size_t)E * D->c.idx_dim, what);
+  h_within(o->kI, R->kI, R->kIb, (size_t)E * D->c.idx_dim, what);
   check_bytes(o, &D->L, E, name);
 }
 
@@ -352,9 +339,9 @@ static void test_reference(const struct ccfg *c, int N, int64_t start, uint64_t 
       size_t first = (size_t)(t.pos0 - start) * d, m = (size_t)t.count * d;
       char what[200];
       snprintf(what, sizeof what, "%s: tail v", name);
-      check(t.v, R.v + first, R.vb + first, m, what);
+      h_within(t.v, R.v + first, R.vb + first, m, what);
       snprintf(what, sizeof what, "%s: tail g", name);
-      check(t.g, R.g + first, R.gb + first, m, what);
+      h_within(t.g, R.g + first, R.gb + first, m, what);
     }
     out_free(&o, &D.L);
     free_tail(tb, r, d);
@@ -424,7 +411,7 @@ static void test_equal_gates(uint64_t *seed) {
     for (int k = 0; k < d; k++)
       EXPECT(fabs(pool[k] - mean[k]) <= 1e-15 * (1 + fabs(mean[k])), "reference pooling is not the mean");
     h_ref_rmsnorm(mean, b, mean, b, D.gamma, 1, d, EPS);
-    check(o.c, mean, b, d, r == 2 ? "equal gates r=2: c" : "equal gates r=3: c");
+    h_within(o.c, mean, b, d, r == 2 ? "equal gates r=2: c" : "equal gates r=3: c");
     if (r == 2) {
       float *want = h_alloc(d);
       for (int k = 0; k < d; k++) want[k] = (v[k] + v[d + k]) * 0.5f;

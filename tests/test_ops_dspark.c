@@ -42,18 +42,6 @@
 #include "ops/sample.h"
 #include "tests/harness.h"
 
-static void expect_within(const float *got, const double *ref, const double *bound, size_t n, const char *what) {
-  if (!h_finite(got, n, what)) return;
-  size_t worst = 0;
-  double wr = 0;
-  for (size_t i = 0; i < n; i++) {
-    double r = fabs(got[i] - ref[i]) / bound[i];
-    if (r > wr || isnan(r)) wr = r, worst = i;
-  }
-  EXPECT(wr <= 1.0, "%s: element %zu got %.9g, reference %.17g (%.3g x the derived bound)", what, worst, got[worst],
-         ref[worst], wr);
-}
-
 /* ---- generator and greedy ----------------------------------------------- */
 
 static void check_rng(void) {
@@ -115,7 +103,7 @@ static void check_softmax(int V, float T, uint64_t *seed) {
   if (V > 2) l[V / 2] = -INFINITY;
   EXPECT(op_sample_softmax(p, l, V, T) == 0, "softmax V %d", V);
   ref_softmax(ref, bound, l, V, T);
-  expect_within(p, ref, bound, V, "softmax");
+  h_within(p, ref, bound, V, "softmax");
   h_free(p, V, "softmax p");
   free(l), free(ref), free(bound);
 }
@@ -391,7 +379,7 @@ static void check_confidence(int L, int d, uint64_t *seed) {
     ref[i] = 1 / (1 + exp(-z));
     bound[i] = h_gamma(d + 1) * za / 4 + h_gamma(4) * ref[i];
   }
-  expect_within(a, ref, bound, L, "confidence");
+  h_within(a, ref, bound, L, "confidence");
   h_free(a, L, "confidence a");
   free(h), free(w), free(ref), free(bound);
 }

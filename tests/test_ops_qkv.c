@@ -54,19 +54,6 @@ static double *to_double(const float *x, size_t n) {
   return d;
 }
 
-/* |got - ref| <= bnd elementwise, through h_close (k = 1, absref = bnd/gamma(1)). */
-static bool check(const float *got, const double *ref, const double *bnd, size_t n, const char *what) {
-  double *a = dalloc(n), worst = 0;
-  for (size_t i = 0; i < n; i++) {
-    a[i] = bnd[i] / h_gamma(1);
-    if (bnd[i] > 0) worst = fmax(worst, fabs((double)got[i] - ref[i]) / bnd[i]);
-  }
-  bool ok = h_close(got, ref, a, n, 1, 0, 0, what);
-  if (getenv("CEDAR_TEST_VERBOSE")) printf("  %-52s worst error / bound = %.3g\n", what, worst);
-  free(a);
-  return ok;
-}
-
 static float *rand_floats(size_t n, uint64_t *seed, float lo, float hi) {
   float *x = h_alloc(n);
   h_fill(x, n, seed, lo, hi);
@@ -141,7 +128,7 @@ static void test_q_main(const struct qdata *D, const float *cq, const double *cq
     h_ref_rope(qr, qb, &D->rope, D->pos, c->n, c->heads);
     char what[128];
     snprintf(what, sizeof what, "%s: q (q_head_norm %s)", name, hn ? "on" : "off");
-    check(q, qr, qb, nq, what);
+    h_within(q, qr, qb, nq, what);
     for (size_t h = 0; h < (size_t)c->n * c->heads; h++) {
       double so = 0, sr = 0, sb = 0;
       for (int j = 0; j < c->head_dim; j++) {
@@ -174,7 +161,7 @@ static void test_indexer(const struct qdata *D, const float *cq, const double *c
   h_ref_rope(r, b, &D->rope_i, D->pos, c->n, c->idx_heads);
   char what[128];
   snprintf(what, sizeof what, "%s: qI", name);
-  check(qI, r, b, nqi, what);
+  h_within(qI, r, b, nqi, what);
   h_free(qI, nqi, "qI");
 
   /* Head weights from u (not c_q); the scale multiply adds one rounding.
@@ -194,7 +181,7 @@ static void test_indexer(const struct qdata *D, const float *cq, const double *c
       b[i] += (s ? U : 0) * (fabs(r[i]) + b[i]);
     }
     snprintf(what, sizeof what, "%s: w (scale %g)", name, scales[s]);
-    check(w, r, b, nw, what);
+    h_within(w, r, b, nw, what);
     h_free(w, nw, "w");
   }
   h_free(w1, nw, "w1");
@@ -215,7 +202,7 @@ static void test_swa(const struct qdata *D, const char *name) {
   h_ref_rope(r, b, &D->rope_swa, D->pos, c->n, 1);
   char what[128];
   snprintf(what, sizeof what, "%s: kS", name);
-  check(kS, r, b, nk, what);
+  h_within(kS, r, b, nk, what);
 
   const struct { int block; enum op_scale_kind kind; } fmts[] = {{hd, OP_SCALE_FP32}, {2, OP_SCALE_E8M0},
                                                                  {hd % 32 ? hd : 32, OP_SCALE_E8M0}};
@@ -252,7 +239,7 @@ static void run_case(const struct qcase *c, uint64_t *seed) {
   h_ref_rmsnorm(cqr, cqb, cqr, cqb, D.g_q, c->n, c->q_rank, EPS);
   char what[128];
   snprintf(what, sizeof what, "%s: c_q", name);
-  check(cq, cqr, cqb, ncq, what);
+  h_within(cq, cqr, cqb, ncq, what);
 
   test_q_main(&D, cq, cqr, cqb, name);
   test_indexer(&D, cq, cqr, cqb, name);
