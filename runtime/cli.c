@@ -1,10 +1,16 @@
 /* cli.c: helpers shared by the subcommands, and `cedar version`. */
 #include "runtime/cli.h"
 
+#include <cJSON.h>
+#include <stdlib.h>
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "runtime/check.h"
+#include "scheduler/plan.h"
 
 int cli_usage_error(const char *cmd, const char *fmt, ...) {
   va_list ap;
@@ -52,4 +58,24 @@ int cli_dispatch(const char *cmd, const char *args, const char *footer, const st
   fprintf(stderr, "cedar %s: unknown subcommand '%s'\n\n", cmd, argv[1]);
   sub_usage(stderr, cmd, args, footer, subs, n);
   return 2;
+}
+
+void cli_print_json(struct cJSON *root) {
+  char *s = cJSON_Print(root);
+  CEDAR_ASSERT_MSG(s, "cJSON_Print: out of memory");
+  puts(s);
+  cJSON_free(s);
+  cJSON_Delete(root);
+}
+
+int cli_load_plan(const char *cmd, const char *path, struct plan *p) {
+  if (!path) path = cli_default_plan();
+  struct plan_diags d = {0};
+  int rc = plan_load(path, p, &d);
+  if (rc) {
+    plan_diags_print(&d, stderr);
+    fprintf(stderr, "cedar %s: %s: the plan did not load\n", cmd, path);
+  }
+  plan_diags_free(&d);
+  return rc ? 1 : 0;
 }

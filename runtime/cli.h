@@ -37,6 +37,15 @@ struct cli_sub {
 int cli_dispatch(const char *cmd, const char *args, const char *footer, const struct cli_sub *subs, size_t n,
                  int argc, char **argv);
 
+/* Print a JSON document on stdout and delete it. */
+struct cJSON;
+void cli_print_json(struct cJSON *root);
+
+/* Load a plan (NULL: the default plan); on failure print its diagnostics and
+ * "cedar <cmd>: <path>: the plan did not load" on stderr and return 1. */
+struct plan;
+int cli_load_plan(const char *cmd, const char *path, struct plan *p);
+
 /* Print "cedar <cmd>: <msg>" to stderr and return 2 (usage error). */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

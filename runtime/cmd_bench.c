@@ -741,17 +741,6 @@ static int parse_args(int argc, char **argv, struct bench_args *a) {
   return 0;
 }
 
-static int load(const char *path, struct plan *p) {
-  struct plan_diags diags = {0};
-  int rc = plan_load(path, p, &diags);
-  if (rc != CEDAR_OK) {
-    plan_diags_print(&diags, stderr);
-    fprintf(stderr, "cedar bench: %s: the plan did not load\n", path);
-  }
-  plan_diags_free(&diags);
-  return rc != CEDAR_OK;
-}
-
 /* Widths, RoPE tables, the chunk bound and the MoE fallback; notes say what was bounded. */
 static int setup(struct bench *b, const struct plan *p, struct plan *mini, int reps) {
   const struct plan_model *m = &p->model;
@@ -766,7 +755,7 @@ static int setup(struct bench *b, const struct plan *p, struct plan *mini, int r
   }
   double moe_bytes = 12.0 * m->n_routed * m->moe_inter * (double)m->hidden;
   if (moe_bytes > (double)MOE_MAX_BYTES) {
-    if (load(cli_default_plan(), mini)) return 1;
+    if (cli_load_plan("bench", NULL, mini)) return 1;
     b->moe_m = &mini->model;
     note(b, "moe rows use %s's MoE widths (hidden %d, %d experts x %d): this plan's routed experts need %.0f GiB "
             "of fp32 weights", mini->name, b->moe_m->hidden, b->moe_m->n_routed, b->moe_m->moe_inter,
@@ -801,7 +790,7 @@ int cmd_bench(int argc, char **argv) {
   if (rc) return rc < 0 ? 0 : rc;
   struct plan *p = cedar_xcalloc(2, sizeof *p);
   struct bench *b = cedar_xcalloc(1, sizeof *b);
-  rc = load(a.flash ? flash_plan() : a.plan ? a.plan : cli_default_plan(), &p[0]);
+  rc = cli_load_plan("bench", a.flash ? flash_plan() : a.plan, &p[0]);
   if (!rc) rc = setup(b, &p[0], &p[1], a.reps);
   if (!rc) {
     op_blas_init();
@@ -810,11 +799,7 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < N_CASES; i++)
       if (!a.filter || strstr(cases[i].name, a.filter)) cases[i].run(b, cases[i].name);
     if (a.json) {
-      cJSON *o = bench_json(&b->meta, &peaks, b->rows, b->n_rows);
-      char *s = cJSON_Print(o);
-      puts(s);
-      free(s);
-      cJSON_Delete(o);
+      cli_print_json(bench_json(&b->meta, &peaks, b->rows, b->n_rows));
     } else {
       bench_print_table(stdout, &b->meta, &peaks, b->rows, b->n_rows);
     }

@@ -151,12 +151,7 @@ static void op_list(bool json) {
       printf("%-14s %s\n", d->name, d->summary);
     }
   }
-  if (json) {
-    char *s = cJSON_Print(arr);
-    puts(s);
-    free(s);
-    cJSON_Delete(arr);
-  }
+  if (json) cli_print_json(arr);
 }
 
 /* Parse "k=v" against the op's declared parameters. */
@@ -210,10 +205,7 @@ static int write_outputs(struct io_ctx *c, const char *path, bool json, const st
       for (int k = 0; k < ts[i].ndim; k++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)ts[i].shape[k]));
       cJSON_AddItemToArray(outs, e);
     }
-    char *s = cJSON_Print(o);
-    puts(s);
-    free(s);
-    cJSON_Delete(o);
+    cli_print_json(o);
   } else {
     printf("%s: wrote %d tensor(s) to %s\n", d->name, c->n_outputs, path);
   }

@@ -60,14 +60,6 @@ static cJSON *diags_json(const struct plan_diags *d) {
   return arr;
 }
 
-static void print_json(cJSON *root) {
-  char *s = cJSON_Print(root);
-  CEDAR_ASSERT(s);
-  puts(s);
-  free(s);
-  cJSON_Delete(root);
-}
-
 int cmd_plan_check(int argc, char **argv) {
   static const char usage[] =
       "usage: cedar plan check [--json] FILE...\n"
@@ -98,20 +90,15 @@ int cmd_plan_check(int argc, char **argv) {
     if (!lrc) plan_free(&p);
     plan_diags_free(&d);
   }
-  if (json) print_json(arr);
+  if (json) cli_print_json(arr);
   else if (bad) fprintf(stderr, "%d of %d plan(s) invalid\n", bad, argc - optind);
   return bad ? 1 : 0;
 }
 
-/* Load FILE (or the default plan) for show/dot/cost; prints diagnostics. */
+/* Load FILE (or the default plan) for show/dot; prints diagnostics. */
 static int load_one(int argc, char **argv, const char *cmd, struct plan *p) {
   if (argc - optind > 1) return cli_usage_error(cmd, "takes one plan file");
-  const char *path = optind < argc ? argv[optind] : cli_default_plan();
-  struct plan_diags d = {0};
-  int rc = plan_load(path, p, &d);
-  if (rc) plan_diags_print(&d, stderr);
-  plan_diags_free(&d);
-  return rc ? 1 : -1;
+  return cli_load_plan(cmd, optind < argc ? argv[optind] : NULL, p) ? 1 : -1;
 }
 
 static void fmt_src(int src, int self, char *buf, size_t n) {
@@ -197,7 +184,7 @@ static void show_json(const struct plan *p, const struct plan_bus *bus, int n_bu
   cJSON_AddNumberToObject(tot, "encoder_layers", t->encoder_layers);
   cJSON_AddNumberToObject(tot, "decoder_layers", t->decoder_layers);
   cJSON_AddNumberToObject(tot, "engram_layers", t->engram);
-  print_json(o);
+  cli_print_json(o);
 }
 
 int cmd_plan_show(int argc, char **argv) {
@@ -243,7 +230,7 @@ int cmd_plan_dot(int argc, char **argv) {
   if (json) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "dot", buf);
-    print_json(o);
+    cli_print_json(o);
   } else if (out) {
     FILE *f = fopen(out, "w");
     bool ok = f && fwrite(buf, 1, len, f) == len;

@@ -366,14 +366,6 @@ static cJSON *json_ratios(const struct plan_cost *a, const struct plan_cost *b) 
   return root;
 }
 
-static void json_print(cJSON *root) {
-  char *text = cJSON_Print(root);
-  CEDAR_ASSERT(text);
-  printf("%s\n", text);
-  cJSON_free(text);
-  cJSON_Delete(root);
-}
-
 /* ---- options ----------------------------------------------------------------- */
 
 struct cost_args {
@@ -484,14 +476,7 @@ static int parse_args(const char *cmd, bool diff, int argc, char **argv, struct 
 /* Load and account one plan; 0, or 1 with the reason on stderr. */
 static int load_and_cost(const char *cmd, const char *path, const struct plan_cost_query *q,
                          struct plan *p, struct plan_cost *c) {
-  struct plan_diags diags = {0};
-  if (plan_load(path, p, &diags) != CEDAR_OK) {
-    plan_diags_print(&diags, stderr);
-    plan_diags_free(&diags);
-    fprintf(stderr, "cedar %s: %s: the plan did not load\n", cmd, path);
-    return 1;
-  }
-  plan_diags_free(&diags);
+  if (cli_load_plan(cmd, path, p)) return 1;
   if (plan_cost_compute(p, q, c) != CEDAR_OK) {
     fprintf(stderr, "cedar %s: %s: %s\n", cmd, path, c->error);
     return 1;
@@ -508,7 +493,7 @@ int cmd_plan_cost(int argc, char **argv) {
   struct plan_cost *c = cedar_xcalloc(1, sizeof *c);
   rc = load_and_cost(cmd, a.file[0], &a.q, p, c);
   if (!rc) {
-    if (a.json) json_print(json_cost(p, c));
+    if (a.json) cli_print_json(json_cost(p, c));
     else print_cost(stdout, p, c);
   }
   plan_free(p);
@@ -531,7 +516,7 @@ int cmd_plan_diff(int argc, char **argv) {
     cJSON_AddItemToObject(root, "a", json_cost(&p[0], &c[0]));
     cJSON_AddItemToObject(root, "b", json_cost(&p[1], &c[1]));
     cJSON_AddItemToObject(root, "b_over_a", json_ratios(&c[0], &c[1]));
-    json_print(root);
+    cli_print_json(root);
   } else if (!rc) {
     print_diff(stdout, &p[0], &c[0], &p[1], &c[1]);
   }

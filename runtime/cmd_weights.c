@@ -103,22 +103,6 @@ static int parse(int argc, char **argv, const char *cmd, const char *usage, bool
   return -1;
 }
 
-static int load_plan(const char *path, struct plan *p) {
-  struct plan_diags d = {0};
-  int rc = plan_load(path ? path : cli_default_plan(), p, &d);
-  if (rc) plan_diags_print(&d, stderr);
-  plan_diags_free(&d);
-  return rc;
-}
-
-static void print_json(cJSON *root) {
-  char *s = cJSON_Print(root);
-  CEDAR_ASSERT(s);
-  puts(s);
-  free(s);
-  cJSON_Delete(root);
-}
-
 static cJSON *shape_json(const int64_t *shape, int ndim) {
   cJSON *a = cJSON_CreateArray();
   for (int i = 0; i < ndim; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)shape[i]));
@@ -133,7 +117,7 @@ static int weights_init_cmd(int argc, char **argv) {
   if (!o.have_seed) return cli_usage_error("weights init", "--seed S is required");
   if (!o.out) return cli_usage_error("weights init", "--out W.safetensors is required");
   struct plan p;
-  if (load_plan(o.plan, &p)) return 1;
+  if (cli_load_plan("weights", o.plan, &p)) return 1;
   struct weights w;
   char err[1024], fp[17];
   rc = weights_synth(&w, &p, o.seed, o.max_bytes, err, sizeof err);
@@ -153,7 +137,7 @@ static int weights_init_cmd(int argc, char **argv) {
     cJSON_AddStringToObject(j, "fingerprint", fp);
     cJSON_AddNumberToObject(j, "tensors", (double)w.list.n);
     cJSON_AddNumberToObject(j, "bytes", (double)w.list.total_bytes);
-    print_json(j);
+    cli_print_json(j);
   } else {
     printf("%s: plan %s, seed %" PRIu64 ", %zu tensors, %" PRIu64 " bytes, fingerprint %s\n", o.out, p.name, o.seed,
            w.list.n, w.list.total_bytes, fp);
@@ -177,7 +161,7 @@ static void check_report(const char *path, const struct plan *p, const struct we
     cJSON_AddItemToObject(j, "file_fingerprint", got ? cJSON_CreateString(got) : cJSON_CreateNull());
     cJSON *arr = cJSON_AddArrayToObject(j, "problems");
     for (size_t i = 0; i < pr->n; i++) cJSON_AddItemToArray(arr, cJSON_CreateString(pr->msg[i]));
-    print_json(j);
+    cli_print_json(j);
   } else if (pr->n) {
     fprintf(stderr, "%s: %zu problem%s against plan %s:\n", path, pr->n, pr->n == 1 ? "" : "s", p->name);
     weights_problems_print(pr, stderr, MAX_SHOWN);
@@ -193,7 +177,7 @@ static int weights_check_cmd(int argc, char **argv) {
   if (argc - optind != 1) return cli_usage_error("weights check", "name one weights file");
   const char *path = argv[optind];
   struct plan p;
-  if (load_plan(o.plan, &p)) return 1;
+  if (cli_load_plan("weights", o.plan, &p)) return 1;
   struct weights_list l;
   struct weights_problems pr = {0};
   char err[1024];
@@ -229,7 +213,7 @@ static int weights_list_cmd(int argc, char **argv) {
   if (rc >= 0) return rc;
   if (optind < argc) return cli_usage_error("weights list", "unexpected argument '%s'", argv[optind]);
   struct plan p;
-  if (load_plan(o.plan, &p)) return 1;
+  if (cli_load_plan("weights", o.plan, &p)) return 1;
   struct weights_list l;
   char err[1024], fp[17];
   if (weights_list_init(&l, &p, err, sizeof err)) {
@@ -264,7 +248,7 @@ static int weights_list_cmd(int argc, char **argv) {
     snprintf(shape + n, sizeof shape - n, ")");
     printf("%-40s %-4s %-24s %16" PRIu64 "\n", s->name, st_dtype_name(s->dtype), shape, s->nbytes);
   }
-  if (j) print_json(j);
+  if (j) cli_print_json(j);
   else
     printf("%zu tensors, %" PRIu64 " bytes (Engram tables %" PRIu64 "); plan %s, fingerprint %s\n", l.n,
            l.total_bytes, l.engram_bytes, p.name, fp);
