@@ -56,17 +56,6 @@ static struct op_tensor *in_named(struct h_io *h, const char *name) {
   return &dummy;
 }
 
-/* Set parameter `name`, replacing an earlier value (h_io_param appends and
- * the first one wins). */
-static void set_param(struct h_io *h, const char *name, double v) {
-  for (int i = 0; i < h->n_param; i++)
-    if (!strcmp(h->p_name[i], name)) {
-      h->p_val[i] = v;
-      return;
-    }
-  h_io_param(h, name, v);
-}
-
 /* Output `name` has this dtype and shape and the bytes of `ref`. */
 static void same(const struct h_io *h, const char *op, const char *name, enum op_dtype dt, int ndim,
                  const int64_t *shape, const void *ref) {
@@ -278,7 +267,7 @@ static void check_q_heads(void) {
   runs(&h, "q_indexer");
   same(&h, "q_indexer", "qI", OP_F32, 3, (int64_t[]){QN, HI, DI}, qi);
   h_io_free(&h); /* the same call with an odd rope_dim is refused */
-  set_param(&h, "rope_dim", 7);
+  h_io_param(&h, "rope_dim", 7);
   refuses(&h, "q_indexer", "invalid RoPE: rope_dim 7 must be even");
   h_io_input(&h, "cq", OP_F32, 2, (int64_t[]){QN, QR}, cq);
   h_io_input(&h, "W_qb", OP_F32, 2, (int64_t[]){H * D, QR}, Wqb);
@@ -399,18 +388,18 @@ static void check_compress_case(const struct comp_case *c) {
   h_io_init(&h);
   comp_inputs(&h, c, u, Wkv, Wg, gc, Wik, kg);
   h_io_input(&h, "W_gate", OP_F32, 2, (int64_t[]){d, HID}, Wg);
-  set_param(&h, "ratio", 1);
+  h_io_param(&h, "ratio", 1);
   refuses(&h, "compress", "W_gate given at ratio 1; a ratio-1 layer has no gate weights");
   comp_inputs(&h, c, u, Wkv, Wg, gc, Wik, kg);
-  set_param(&h, "start", c->start + 1);
+  h_io_param(&h, "start", c->start + 1);
   if (c->ratio > 1) refuses(&h, "compress", "is not a multiple of ratio");
   h_io_init(&h);
   comp_inputs(&h, c, u, Wkv, Wg, gc, Wik, kg);
   h_io_input(&h, "k_gamma", OP_F32, 1, (int64_t[]){di}, kg);
-  set_param(&h, "k_norm", 0);
+  h_io_param(&h, "k_norm", 0);
   refuses(&h, "compress", "k_gamma given but k_norm is off");
   comp_inputs(&h, c, u, Wkv, Wg, gc, Wik, kg);
-  set_param(&h, "main_block", 6);
+  h_io_param(&h, "main_block", 6);
   refuses(&h, "compress", "main_block 6 must be even and divide d = 32");
   comp_inputs(&h, c, u, Wkv, Wg, gc, Wik, kg);
   in_named(&h, "W_ik")->shape[1] = d + 1;
@@ -515,7 +504,7 @@ static void check_indexer(void) {
   in_named(&h, "w")->shape[1] = IH + 1;
   refuses(&h, "indexer_topk", "w is (5, 4) but q is (5, 3, 16): w needs (5, 3)");
   idx_inputs(&h, &D, false);
-  set_param(&h, "idx_off", 1);
+  h_io_param(&h, "idx_off", 1);
   refuses(&h, "indexer_topk", "keys rows have 10 bytes but an MXFP4 key of 16 values (block 8) at idx_off 1 needs 11");
   int64_t neg[IS] = {0, 5, -1, 44, 46};
   idx_inputs(&h, &D, false);
@@ -617,10 +606,10 @@ static void check_sparse_attn(void) {
   in_named(&h, "sink")->shape[0] = AH + 1;
   refuses(&h, "sparse_attn", "sink has 4 values but q has 3 heads");
   attn_inputs(&h, &D, true, true, false);
-  set_param(&h, "swa_scale", 0);
+  h_io_param(&h, "swa_scale", 0);
   refuses(&h, "sparse_attn", "swa rows have 36 bytes but an FP8 entry of head_dim 32 with swa_block 8");
   attn_inputs(&h, &D, true, true, false);
-  set_param(&h, "main_off", 20);
+  h_io_param(&h, "main_off", 20);
   refuses(&h, "sparse_attn", "entries rows have 28 bytes but a Main-KV entry of 32 values (block 16) at main_off 20 "
           "needs 38");
   int64_t neg[AS] = {3, 10, -2, 40};

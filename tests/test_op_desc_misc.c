@@ -53,17 +53,6 @@ static void expect_out(const struct h_io *h, const char *op, const char *name, e
          "direct call", op, name);
 }
 
-/* Set parameter name in h, replacing an earlier value (h_io_param appends,
- * and the first value of a name wins). */
-static void set_param(struct h_io *h, const char *name, double value) {
-  for (int i = 0; i < h->n_param; i++)
-    if (!strcmp(h->p_name[i], name)) {
-      h->p_val[i] = value;
-      return;
-    }
-  h_io_param(h, name, value);
-}
-
 /* Run op on the inputs in h; EXPECT success. */
 static void expect_run(struct h_io *h, const char *op) {
   int rc = h_io_run(h, op);
@@ -166,12 +155,12 @@ static void check_moe(uint64_t *seed) {
   moe_compare(&h, &m, &c, true);
   /* every parameter set, a limit that clamps, no optional inputs */
   moe_inputs(&h, &m, false);
-  set_param(&h, "n_active", 2), set_param(&h, "score", 2), set_param(&h, "norm_topk", 0);
-  set_param(&h, "route_scale", 0.7), set_param(&h, "limit", 0.25);
+  h_io_param(&h, "n_active", 2), h_io_param(&h, "score", 2), h_io_param(&h, "norm_topk", 0);
+  h_io_param(&h, "route_scale", 0.7), h_io_param(&h, "limit", 0.25);
   c = (struct op_moe_cfg){m.hidden, m.r, 2, m.inter, 0, 0, OP_MOE_SIGMOID, false, 0.7f, 0.25f};
   moe_compare(&h, &m, &c, false);
   moe_inputs(&h, &m, true);
-  set_param(&h, "score", 1);
+  h_io_param(&h, "score", 1);
   c = (struct op_moe_cfg){m.hidden, m.r, 6, m.inter, 1, m.S, OP_MOE_SOFTMAX, true, 1.5f, 10};
   moe_compare(&h, &m, &c, true);
 
@@ -198,13 +187,13 @@ static void check_moe(uint64_t *seed) {
   h.in_name[0] = "xx";
   expect_reject(&h, "moe", "moe: missing input tensor 'x' F32 (n, hidden)");
   moe_inputs(&h, &m, false);
-  set_param(&h, "n_active", 10);
+  h_io_param(&h, "n_active", 10);
   expect_reject(&h, "moe", "parameter n_active = 10 must be an integer in [1, 9]");
   moe_inputs(&h, &m, false);
-  set_param(&h, "score", 3);
+  h_io_param(&h, "score", 3);
   expect_reject(&h, "moe", "parameter score = 3 must be an integer in [0, 2]");
   moe_inputs(&h, &m, false);
-  set_param(&h, "limit", -1);
+  h_io_param(&h, "limit", -1);
   expect_reject(&h, "moe", "limit (-1) must be positive");
   moe_free(&m);
 }
@@ -229,7 +218,7 @@ static void check_mhc_coeffs(const float *X, int n, int hc, int d, uint64_t *see
     h_io_input(&h, "W_fn", OP_F32, 2, (int64_t[]){M, hc * d}, W);
     h_io_input(&h, "scale", OP_F32, 1, (int64_t[]){3}, scale);
     h_io_input(&h, "base", OP_F32, 1, (int64_t[]){M}, base);
-    if (pass) set_param(&h, "sinkhorn_iters", 3), set_param(&h, "hc_eps", 1e-3), set_param(&h, "norm_eps", 1e-20);
+    if (pass) h_io_param(&h, "sinkhorn_iters", 3), h_io_param(&h, "hc_eps", 1e-3), h_io_param(&h, "norm_eps", 1e-20);
     expect_run(&h, "mhc_coeffs");
     expect_out(&h, "mhc_coeffs", "pre", OP_F32, 2, (int64_t[]){n, hc}, pre);
     expect_out(&h, "mhc_coeffs", "post", OP_F32, 2, (int64_t[]){n, hc}, post);
@@ -246,10 +235,10 @@ static void check_mhc_coeffs(const float *X, int n, int hc, int d, uint64_t *see
   h.in[2].shape[0] = 3, h.in[3].shape[0] = M + 1;
   expect_reject(&h, "mhc_coeffs", "base is (16) but must be (15) to match W_fn (15, 111)");
   h.in[3].shape[0] = M, h.n_param = 0;
-  set_param(&h, "sinkhorn_iters", 0);
+  h_io_param(&h, "sinkhorn_iters", 0);
   expect_reject(&h, "mhc_coeffs", "parameter sinkhorn_iters = 0 must be an integer in [1, 1000000]");
   h.n_param = 0;
-  set_param(&h, "hc_eps", -1);
+  h_io_param(&h, "hc_eps", -1);
   expect_reject(&h, "mhc_coeffs", "parameter hc_eps = -1 must be finite and >= 0");
   h.n_param = 0, h.in[0].shape[1] = 0; /* no streams */
   expect_reject(&h, "mhc_coeffs", "it needs hc >= 1 streams");
@@ -329,9 +318,9 @@ static void hash_inputs(struct h_io *h, int32_t *tok, uint8_t *dead) {
   h_io_init(h);
   h_io_input(h, "tokens", OP_I32, 1, (int64_t[]){EH_TOT}, tok);
   h_io_input(h, "dead", OP_U8, 1, (int64_t[]){EH_TOT}, dead);
-  set_param(h, "module", 1), set_param(h, "layer", 14), set_param(h, "table_base", 1000);
-  set_param(h, "heads", 3), set_param(h, "seed", 42), set_param(h, "vocab", EH_VOCAB);
-  set_param(h, "compressed_vocab", 37), set_param(h, "n_hist", EH_HIST);
+  h_io_param(h, "module", 1), h_io_param(h, "layer", 14), h_io_param(h, "table_base", 1000);
+  h_io_param(h, "heads", 3), h_io_param(h, "seed", 42), h_io_param(h, "vocab", EH_VOCAB);
+  h_io_param(h, "compressed_vocab", 37), h_io_param(h, "n_hist", EH_HIST);
 }
 
 /* The direct call for orders (n_orders of them) and the given cmap/mult; compares rows and table_rows. */
@@ -367,7 +356,7 @@ static void check_engram_hash(uint64_t *seed) {
   hash_inputs(&h, tok, dead);
   h_io_input(&h, "cmap", OP_I32, 1, (int64_t[]){EH_VOCAB}, cmap_own);
   h_io_input(&h, "mult", OP_I64, 1, (int64_t[]){5}, mult_in);
-  set_param(&h, "o1", 1), set_param(&h, "o2", 5), set_param(&h, "o3", 0);
+  h_io_param(&h, "o1", 1), h_io_param(&h, "o2", 5), h_io_param(&h, "o3", 0);
   hash_compare(&h, tok, dead, cmap_own, mult, (int[]){1, 5}, 2);
 
   /* refusals */
@@ -379,10 +368,10 @@ static void check_engram_hash(uint64_t *seed) {
   expect_reject(&h, "engram_hash", "token -1 at position 4");
   tok[4] = 0;
   hash_inputs(&h, tok, dead);
-  set_param(&h, "o2", 0);
+  h_io_param(&h, "o2", 0);
   expect_reject(&h, "engram_hash", "engram_hash: o3 = 4 follows an unused order (0)");
   hash_inputs(&h, tok, dead);
-  set_param(&h, "o1", 65);
+  h_io_param(&h, "o1", 65);
   expect_reject(&h, "engram_hash", "parameter o1 = 65 must be an integer in [0, 64]");
   hash_inputs(&h, tok, dead);
   h.in[1].shape[0] = EH_TOT - 1;
@@ -391,13 +380,13 @@ static void check_engram_hash(uint64_t *seed) {
   h_io_input(&h, "mult", OP_I64, 1, (int64_t[]){3}, mult_in);
   expect_reject(&h, "engram_hash", "mult is (3) but must be (4) to match the longest order");
   hash_inputs(&h, tok, dead);
-  set_param(&h, "n_hist", EH_TOT + 1);
+  h_io_param(&h, "n_hist", EH_TOT + 1);
   expect_reject(&h, "engram_hash", "n_hist = 21 but tokens holds 20 ids");
   hash_inputs(&h, tok, dead);
-  set_param(&h, "heads", 70000);
+  h_io_param(&h, "heads", 70000);
   expect_reject(&h, "engram_hash", "parameter heads = 70000 must be an integer in [1, 65536]");
   hash_inputs(&h, tok, dead);
-  set_param(&h, "heads", 20000);
+  h_io_param(&h, "heads", 20000);
   expect_reject(&h, "engram_hash", "modules 0..1 x 3 orders x 20000 heads = 120000 tables; at most 65536");
   hash_inputs(&h, tok, dead);
   h.in[0].dtype = OP_I64;
@@ -419,7 +408,7 @@ static void check_engram_gather(uint64_t *seed) {
   h_io_init(&h);
   h_io_input(&h, "table", OP_U8, 2, (int64_t[]){R, (int64_t)rb}, table);
   h_io_input(&h, "rows", OP_I64, 3, (int64_t[]){N, O, H}, rows);
-  set_param(&h, "head_dim", HD), set_param(&h, "block", BLK);
+  h_io_param(&h, "head_dim", HD), h_io_param(&h, "block", BLK);
   expect_run(&h, "engram_gather");
   expect_out(&h, "engram_gather", "e", OP_F32, 2, (int64_t[]){N, O * H * HD}, e);
   h_io_free(&h);
@@ -430,7 +419,7 @@ static void check_engram_gather(uint64_t *seed) {
   expect_reject(&h, "engram_gather", "rows[5, 1, 2] = -3 is outside");
   rows[N * O * H - 1] = 0, h.n_param = 0; /* the defaults, 256/32, want 264-byte rows */
   expect_reject(&h, "engram_gather", "engram_gather: table rows are 68 bytes; head_dim 256 with block 32 needs 264");
-  set_param(&h, "head_dim", 60), set_param(&h, "block", 16);
+  h_io_param(&h, "head_dim", 60), h_io_param(&h, "block", 16);
   expect_reject(&h, "engram_gather", "head_dim 60 is not a multiple of block 16");
   h.n_param = 0, h.in[1].ndim = 2;
   expect_reject(&h, "engram_gather", "input 'rows' must be I64 with 3 dims");
@@ -453,7 +442,7 @@ static void check_engram_inject(uint64_t *seed) {
     h_io_input(&h, "w_kv", OP_F32, 2, (int64_t[]){KVW, DE}, w);
     h_io_input(&h, "q_w", OP_F32, 2, (int64_t[]){HC, HID}, q);
     h_io_input(&h, "k_w", OP_F32, 2, (int64_t[]){HC, HID}, k);
-    if (pass) set_param(&h, "norm_eps", 1e-20), set_param(&h, "dot_floor", 0.5);
+    if (pass) h_io_param(&h, "norm_eps", 1e-20), h_io_param(&h, "dot_floor", 0.5);
     expect_run(&h, "engram_inject");
     expect_out(&h, "engram_inject", "X_next", OP_F32, 3, (int64_t[]){N, HC, HID}, Xn);
     expect_out(&h, "engram_inject", "kv", OP_F32, 2, (int64_t[]){N, KVW}, kv);
@@ -513,30 +502,30 @@ static void check_dspark_draft(uint64_t *seed) {
   float *U = fvec(DS_V * DS_RANK, seed, -1, 1);
   struct h_io h;
   draft_inputs(&h, base, A, U); /* greedy by default */
-  set_param(&h, "y0", DS_Y0);
+  h_io_param(&h, "y0", DS_Y0);
   draft_compare(&h, base, A, U, 0, 1, 0);
   draft_inputs(&h, base, A, U);
-  set_param(&h, "y0", DS_Y0), set_param(&h, "temperature", 1.3), set_param(&h, "top_p", 0.9);
-  set_param(&h, "seed", 12345);
+  h_io_param(&h, "y0", DS_Y0), h_io_param(&h, "temperature", 1.3), h_io_param(&h, "top_p", 0.9);
+  h_io_param(&h, "seed", 12345);
   draft_compare(&h, base, A, U, 1.3f, 0.9f, 12345);
 
   draft_inputs(&h, base, A, U);
   expect_reject(&h, "dspark_draft", "dspark_draft: parameter y0 (the last committed token) is required");
   draft_inputs(&h, base, A, U);
-  set_param(&h, "y0", DS_V);
+  h_io_param(&h, "y0", DS_V);
   expect_reject(&h, "dspark_draft", "parameter y0 = 53 must be an integer in [0, 52]");
   draft_inputs(&h, base, A, U);
-  set_param(&h, "y0", 0), set_param(&h, "top_p", 0);
+  h_io_param(&h, "y0", 0), h_io_param(&h, "top_p", 0);
   expect_reject(&h, "dspark_draft", "top_p = 0 in (0, 1]");
   draft_inputs(&h, base, A, U);
-  set_param(&h, "y0", 0), h.in[2].shape[1] = DS_RANK + 1;
+  h_io_param(&h, "y0", 0), h.in[2].shape[1] = DS_RANK + 1;
   expect_reject(&h, "dspark_draft", "dspark_draft: U is (53, 8) but must be (53, 7) to match A (53, 7)");
   draft_inputs(&h, base, A, U);
-  set_param(&h, "y0", 0), h.in[1].shape[0] = DS_V - 1;
+  h_io_param(&h, "y0", 0), h.in[1].shape[0] = DS_V - 1;
   expect_reject(&h, "dspark_draft", "A is (52, 7) but must be (53, 7) to match base (5, 53)");
   base[2 * DS_V + 5] = NAN;
   draft_inputs(&h, base, A, U);
-  set_param(&h, "y0", 0);
+  h_io_param(&h, "y0", 0);
   expect_reject(&h, "dspark_draft", "the logits of draft position 2 hold NaN or +inf");
   free(base), free(A), free(U);
 }
@@ -599,17 +588,17 @@ static void check_sample(uint64_t *seed) {
     for (int i = 0; i < N; i++) ids[i] = op_sample(prob + i * V, order, logits + i * V, V, T, top_p, &rng);
     h_io_init(&h);
     h_io_input(&h, "logits", OP_F32, 2, (int64_t[]){N, V}, logits);
-    if (pass) set_param(&h, "temperature", 0.7), set_param(&h, "seed", 987654321);
-    if (pass == 2) set_param(&h, "top_p", 0.8);
+    if (pass) h_io_param(&h, "temperature", 0.7), h_io_param(&h, "seed", 987654321);
+    if (pass == 2) h_io_param(&h, "top_p", 0.8);
     expect_run(&h, "sample");
     expect_out(&h, "sample", "ids", OP_I32, 1, (int64_t[]){N}, ids);
     expect_out(&h, "sample", "prob", OP_F32, 2, (int64_t[]){N, V}, prob);
     h_io_free(&h);
   }
-  set_param(&h, "temperature", -1);
+  h_io_param(&h, "temperature", -1);
   expect_reject(&h, "sample", "sample: temperature = -1 must be finite and >= 0");
   h.n_param = 0;
-  set_param(&h, "seed", 1.5);
+  h_io_param(&h, "seed", 1.5);
   expect_reject(&h, "sample", "parameter seed = 1.5 must be an integer");
   h.n_param = 0, h.in[0].dtype = OP_I32;
   expect_reject(&h, "sample", "input 'logits' must be F32");
