@@ -13,6 +13,8 @@ int cmd_plan(int argc, char **argv);
 int cmd_op(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_weights(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_graph(int argc, char **argv);
 
 /* Plan subcommands (runtime/cmd_plan.c dispatches). */
 int cmd_plan_check(int argc, char **argv);

@@ -1,0 +1,56 @@
+/* arena.c: see arena.h. */
+#include "runtime/arena.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/check.h"
+
+static void *xaligned(size_t bytes) {
+  void *p = aligned_alloc(RT_ARENA_ALIGN, bytes ? bytes : RT_ARENA_ALIGN);
+  CEDAR_ASSERT_MSG(p != NULL, "out of memory for %zu bytes of scratch", bytes);
+  return p;
+}
+
+void rt_arena_init(struct rt_arena *a, size_t cap) {
+  memset(a, 0, sizeof(*a));
+  cap = (cap + RT_ARENA_ALIGN - 1) / RT_ARENA_ALIGN * RT_ARENA_ALIGN;
+  a->cap = cap;
+  a->base = cap ? xaligned(cap) : NULL;
+}
+
+void rt_arena_reset(struct rt_arena *a) {
+  size_t total = a->used + a->extra_bytes;
+  if (total > a->peak) a->peak = total;
+  for (int i = 0; i < a->n_extra; i++) free(a->extra[i]);
+  free(a->extra);
+  a->extra = NULL;
+  a->n_extra = 0;
+  if (a->extra_bytes) {
+    free(a->base);
+    a->cap = (a->peak + RT_ARENA_ALIGN - 1) / RT_ARENA_ALIGN * RT_ARENA_ALIGN;
+    a->base = xaligned(a->cap);
+  }
+  a->extra_bytes = 0;
+  a->used = 0;
+}
+
+void *rt_arena_alloc(struct rt_arena *a, size_t bytes) {
+  bytes = (bytes + RT_ARENA_ALIGN - 1) / RT_ARENA_ALIGN * RT_ARENA_ALIGN;
+  if (a->used + bytes <= a->cap) {
+    void *p = a->base + a->used;
+    a->used += bytes;
+    return p;
+  }
+  void *p = xaligned(bytes);
+  a->extra = cedar_xrealloc(a->extra, sizeof(void *) * (a->n_extra + 1));
+  a->extra[a->n_extra++] = p;
+  a->extra_bytes += bytes;
+  return p;
+}
+
+void rt_arena_free(struct rt_arena *a) {
+  rt_arena_reset(a);
+  free(a->base);
+  memset(a, 0, sizeof(*a));
+}

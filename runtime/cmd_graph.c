@@ -1,0 +1,147 @@
+/* cmd_graph.c: `cedar graph show|dot`, the graph a plan compiles to
+ * (scheduler/graph.h) for a prefill of N tokens or one decode step.
+ *
+ *   cedar graph show [--plan P] [--prompt-len N | --decode POS] [--chunk C] [--replay R] [--verbose]
+ *   cedar graph dot  [same options] [--out FILE]
+ *
+ * Tested by tests/cli/run.sh.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/cli.h"
+#include "scheduler/graph.h"
+
+struct gopts {
+  const char *plan, *out;
+  int64_t prompt_len, decode_pos, replay;
+  int chunk;
+  bool decode, verbose;
+};
+
+static const char show_usage[] =
+    "usage: cedar graph show [--plan P] [--prompt-len N | --decode POS] [--chunk C] [--replay R] [--verbose]\n"
+    "List the graph plan P (default %s) compiles to: the cold prefill of N tokens (default 1024;\n"
+    "CED or dense by serving.ced) or one decode step at position POS. Each node with its tile,\n"
+    "flags and the nodes it waits for; --verbose adds every data access.\n";
+static const char dot_usage[] =
+    "usage: cedar graph dot [--plan P] [--prompt-len N | --decode POS] [--chunk C] [--replay R] [--out FILE]\n"
+    "The same graph as Graphviz DOT (stdout, or FILE): one box per node, one arrow per edge.\n";
+
+static bool parse_i64(const char *s, int64_t lo, int64_t *out) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > INT32_MAX) return false;
+  *out = v;
+  return true;
+}
+
+static int parse(int argc, char **argv, const char *cmd, const char *usage, struct gopts *o) {
+  static const struct option opts[] = {{"plan", required_argument, NULL, 'p'},
+                                       {"prompt-len", required_argument, NULL, 'n'},
+                                       {"decode", required_argument, NULL, 'd'},
+                                       {"chunk", required_argument, NULL, 'c'},
+                                       {"replay", required_argument, NULL, 'r'},
+                                       {"verbose", no_argument, NULL, 'v'},
+                                       {"out", required_argument, NULL, 'o'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {0, 0, 0, 0}};
+  memset(o, 0, sizeof(*o));
+  o->prompt_len = 1024;
+  o->replay = -1;
+  int c;
+  int64_t v;
+  optind = 1;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    switch (c) {
+    case 'p': o->plan = optarg; break;
+    case 'n':
+      if (!parse_i64(optarg, 1, &o->prompt_len)) return cli_usage_error(cmd, "--prompt-len takes N >= 1");
+      break;
+    case 'd':
+      if (!parse_i64(optarg, 0, &o->decode_pos)) return cli_usage_error(cmd, "--decode takes a position >= 0");
+      o->decode = true;
+      break;
+    case 'c':
+      if (!parse_i64(optarg, 1, &v)) return cli_usage_error(cmd, "--chunk takes C >= 1");
+      o->chunk = (int)v;
+      break;
+    case 'r':
+      if (!parse_i64(optarg, 0, &o->replay)) return cli_usage_error(cmd, "--replay takes R >= 0");
+      break;
+    case 'v': o->verbose = true; break;
+    case 'o':
+      if (!strcmp(cmd, "graph show")) return cli_usage_error(cmd, "--out is for `cedar graph dot`");
+      o->out = optarg;
+      break;
+    case 'h': printf(usage, CEDAR_DEFAULT_PLAN); return 0;
+    default: return cli_usage_error(cmd, "bad option, or an option without its value: '%s'", argv[optind - 1]);
+    }
+  }
+  if (optind < argc) return cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+  return -1;
+}
+
+static int build(const struct gopts *o, const char *cmd, struct plan *p, struct graph *g) {
+  if (cli_load_plan("graph", o->plan, p)) return 1;
+  char err[256];
+  struct graph_opts go = {.chunk = o->chunk, .replay = o->replay};
+  int rc = o->decode ? graph_build_decode(g, p, o->decode_pos, err, sizeof err)
+                     : graph_build_prefill(g, p, o->prompt_len, &go, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "cedar %s: %s\n", cmd, err);
+    plan_free(p);
+    return 1;
+  }
+  return 0;
+}
+
+static int graph_show(int argc, char **argv) {
+  struct gopts o;
+  int rc = parse(argc, argv, "graph show", show_usage, &o);
+  if (rc >= 0) return rc;
+  struct plan p;
+  struct graph g;
+  if (build(&o, "graph show", &p, &g)) return 1;
+  graph_print(&g, stdout, o.verbose);
+  graph_free(&g);
+  plan_free(&p);
+  return 0;
+}
+
+static int graph_dot_cmd(int argc, char **argv) {
+  struct gopts o;
+  int rc = parse(argc, argv, "graph dot", dot_usage, &o);
+  if (rc >= 0) return rc;
+  struct plan p;
+  struct graph g;
+  if (build(&o, "graph dot", &p, &g)) return 1;
+  FILE *f = o.out ? fopen(o.out, "w") : stdout;
+  if (!f) {
+    fprintf(stderr, "cedar graph dot: cannot write %s: %s\n", o.out, strerror(errno));
+    rc = 1;
+  } else {
+    graph_dot(&g, f);
+    rc = 0;
+    if (o.out && fclose(f)) {
+      fprintf(stderr, "cedar graph dot: writing %s failed: %s\n", o.out, strerror(errno));
+      rc = 1;
+    }
+  }
+  graph_free(&g);
+  plan_free(&p);
+  return rc;
+}
+
+int cmd_graph(int argc, char **argv) {
+  static const struct cli_sub subs[] = {
+      {"show", graph_show, "list the nodes and edges of a prefill or decode graph"},
+      {"dot", graph_dot_cmd, "write the graph as Graphviz DOT"},
+  };
+  return cli_dispatch("graph", "[options]", "Run `cedar graph SUBCOMMAND --help` for its options.", subs,
+                      sizeof(subs) / sizeof(subs[0]), argc, argv);
+}

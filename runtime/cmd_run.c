@@ -1,0 +1,491 @@
+/* cmd_run.c: `cedar run`, the main job: a prompt in, tokens out, through the
+ * graph compiled from the plan and the direct executor (runtime/generate.h).
+ *
+ * Prints the generated ids, TTFT, first and steady ITL, token-layers, bytes
+ * by state class (checked against `cedar plan cost` for the same length),
+ * peak memory and time by op group; --json prints the same as one object.
+ * --exact-replay runs the prompt a second time with the decoder replaying
+ * every position (the state bounded replay approximates) and reports the
+ * drift. --dump writes logits, tokens and caches as safetensors for the
+ * oracle comparison (tests/oracle/compare.py).
+ * Tested by tests/cli/run.sh and tests/cli/oracle_run.sh.
+ */
+#include <cJSON.h>
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "runtime/check.h"
+#include "runtime/cli.h"
+#include "runtime/generate.h"
+#include "runtime/run_dump.h"
+#include "scheduler/plan_cost.h"
+
+/* The built-in prompt when none is given (tokenized byte by byte). */
+static const char default_prompt[] =
+    "cedar runs DeepSeek-V4.1-Flash-style models from declarative execution plans: a causal "
+    "encoder-decoder with sparse attention over a compressed global cache, sliding windows, "
+    "bounded replay, mixture-of-experts feed-forward layers and conditional memory.";
+
+static const char usage[] =
+    "usage: cedar run [--plan P] [--weights W | --seed S] [--prompt TEXT | --tokens 1,2,3 | --prompt-len N]\n"
+    "                 [--max-new N] [--chunk C] [--replay R] [--temperature T] [--top-p P]\n"
+    "                 [--exact-replay] [--dump FILE] [--json]\n"
+    "Run one request through plan P (default %s): prefill the prompt through the graph the\n"
+    "plan compiles to (CED: encoder chunks, decoder-global projection, bounded decoder replay;\n"
+    "dense when serving.ced is off), then decode N tokens, on the direct executor (one thread).\n"
+    "  --weights W       safetensors weights, checked tensor by tensor against the plan\n"
+    "  --seed S          without --weights: synthetic weights from seed S (default 0), as\n"
+    "                    `cedar weights init` makes them; also seeds sampling\n"
+    "  --prompt TEXT     tokenized byte by byte (ids 0-255; no real tokenizer is loaded yet)\n"
+    "  --tokens LIST     comma-separated token ids\n"
+    "  --prompt-len N    the built-in text repeated to N tokens (byte tokens)\n"
+    "                    (default: the built-in text, %zu tokens)\n"
+    "  --max-new N       tokens to generate (default 16); the first comes from the prefill\n"
+    "  --chunk C         prefill chunk in tokens (default serving.prefill_chunk)\n"
+    "  --replay R        decoder replay length (default serving.replay.decoder)\n"
+    "  --temperature T   0 = greedy (default); with --top-p P in (0, 1]\n"
+    "  --exact-replay    also prefill with the decoder replaying every prompt position and\n"
+    "                    report the drift of bounded replay against it\n"
+    "  --dump FILE       write logits of every prefill position that ran through every layer,\n"
+    "                    decode logits, tokens and caches as safetensors\n"
+    "  --json            print the report as one JSON object\n"
+    "A prefill longer than a second shows a progress bar on stderr when stderr is a terminal.\n";
+
+struct ropts {
+  const char *plan, *weights, *prompt, *tokens, *dump;
+  int64_t prompt_len;
+  int max_new, chunk;
+  int64_t replay;
+  uint64_t seed;
+  float temperature, top_p;
+  bool exact, json;
+};
+
+static bool parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+static bool parse_f(const char *s, float *out) {
+  char *end;
+  errno = 0;
+  float v = strtof(s, &end);
+  if (errno || end == s || *end || !isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+static int parse(int argc, char **argv, struct ropts *o) {
+  static const struct option opts[] = {
+      {"plan", required_argument, NULL, 'p'},        {"weights", required_argument, NULL, 'w'},
+      {"seed", required_argument, NULL, 's'},        {"prompt", required_argument, NULL, 't'},
+      {"tokens", required_argument, NULL, 'k'},      {"prompt-len", required_argument, NULL, 'n'},
+      {"max-new", required_argument, NULL, 'm'},     {"chunk", required_argument, NULL, 'c'},
+      {"replay", required_argument, NULL, 'r'},      {"temperature", required_argument, NULL, 'T'},
+      {"top-p", required_argument, NULL, 'P'},       {"exact-replay", no_argument, NULL, 'x'},
+      {"dump", required_argument, NULL, 'd'},        {"json", no_argument, NULL, 'j'},
+      {"help", no_argument, NULL, 'h'},              {0, 0, 0, 0}};
+  memset(o, 0, sizeof(*o));
+  o->max_new = 16;
+  o->replay = -1;
+  o->top_p = 1.0f;
+  int c, given = 0;
+  int64_t v;
+  optind = 1;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    switch (c) {
+    case 'p': o->plan = optarg; break;
+    case 'w': o->weights = optarg; break;
+    case 's':
+      if (!parse_i64(optarg, 0, INT64_MAX, &v)) return cli_usage_error("run", "--seed takes an integer >= 0");
+      o->seed = (uint64_t)v;
+      break;
+    case 't': o->prompt = optarg; given++; break;
+    case 'k': o->tokens = optarg; given++; break;
+    case 'n':
+      if (!parse_i64(optarg, 1, INT32_MAX, &o->prompt_len)) return cli_usage_error("run", "--prompt-len takes N >= 1");
+      given++;
+      break;
+    case 'm':
+      if (!parse_i64(optarg, 1, 1 << 20, &v)) return cli_usage_error("run", "--max-new takes N in [1, 1048576]");
+      o->max_new = (int)v;
+      break;
+    case 'c':
+      if (!parse_i64(optarg, 1, 1 << 20, &v)) return cli_usage_error("run", "--chunk takes C in [1, 1048576]");
+      o->chunk = (int)v;
+      break;
+    case 'r':
+      if (!parse_i64(optarg, 0, INT32_MAX, &o->replay)) return cli_usage_error("run", "--replay takes R >= 0");
+      break;
+    case 'T':
+      if (!parse_f(optarg, &o->temperature) || o->temperature < 0)
+        return cli_usage_error("run", "--temperature takes T >= 0");
+      break;
+    case 'P':
+      if (!parse_f(optarg, &o->top_p) || !(o->top_p > 0 && o->top_p <= 1))
+        return cli_usage_error("run", "--top-p takes P in (0, 1]");
+      break;
+    case 'x': o->exact = true; break;
+    case 'd': o->dump = optarg; break;
+    case 'j': o->json = true; break;
+    case 'h': printf(usage, CEDAR_DEFAULT_PLAN, sizeof(default_prompt) - 1); return 0;
+    default: return cli_usage_error("run", "bad option, or an option without its value: '%s'", argv[optind - 1]);
+    }
+  }
+  if (optind < argc) return cli_usage_error("run", "unexpected argument '%s'", argv[optind]);
+  if (given > 1) return cli_usage_error("run", "give one of --prompt, --tokens, --prompt-len");
+  if (o->weights && o->seed) return cli_usage_error("run", "--seed makes synthetic weights; drop it with --weights");
+  return -1;
+}
+
+/* The prompt as ids; CEDAR_EINVAL with a message naming the bad id. */
+static int make_prompt(const struct ropts *o, int vocab, int32_t **out, int64_t *n, char *err, size_t len) {
+  const char *text = o->prompt ? o->prompt : default_prompt;
+  if (o->tokens) {
+    int64_t cap = 1;
+    for (const char *s = o->tokens; *s; s++) cap += *s == ',';
+    *out = cedar_xmalloc(sizeof(int32_t) * (size_t)cap);
+    *n = 0;
+    char *copy = cedar_xstrdup(o->tokens), *save = NULL;
+    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+      int64_t v;
+      if (!parse_i64(t, 0, vocab - 1, &v)) {
+        snprintf(err, len, "--tokens: '%s' (item %lld) is not a token id in [0, %d)", t, (long long)*n + 1, vocab);
+        free(copy);
+        return CEDAR_EINVAL;
+      }
+      (*out)[(*n)++] = (int32_t)v;
+    }
+    free(copy);
+    if (!*n) {
+      snprintf(err, len, "--tokens: no token ids given");
+      return CEDAR_EINVAL;
+    }
+    return 0;
+  }
+  if (vocab < 256) {
+    snprintf(err, len, "byte tokens need model.vocab >= 256 (the plan has %d); use --tokens", vocab);
+    return CEDAR_EINVAL;
+  }
+  size_t tl = strlen(text);
+  if (!tl) {
+    snprintf(err, len, "--prompt is empty");
+    return CEDAR_EINVAL;
+  }
+  *n = o->prompt_len ? o->prompt_len : (int64_t)tl;
+  *out = cedar_xmalloc(sizeof(int32_t) * (size_t)*n);
+  for (int64_t i = 0; i < *n; i++) (*out)[i] = (unsigned char)text[i % (int64_t)tl];
+  return 0;
+}
+
+/* ---- progress ------------------------------------------------------------ */
+
+struct progress {
+  double t0, last;
+  bool shown;
+};
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void progress_cb(void *user, int done, int total) {
+  struct progress *pg = user;
+  double t = now_s();
+  if (t - pg->t0 < 1.0 || (t - pg->last < 0.1 && done < total)) return;
+  pg->last = t;
+  pg->shown = true;
+  int w = 40, fill = (int)((int64_t)w * done / total);
+  fprintf(stderr, "\rprefill [%.*s%*s] %3d%% %.1f s", fill, "########################################", w - fill,
+          "", (int)(100LL * done / total), t - pg->t0);
+  if (done == total) fputc('\n', stderr);
+}
+
+/* ---- weights ------------------------------------------------------------- */
+
+static int load_weights(const struct ropts *o, const struct plan *p, struct weights *w) {
+  char err[1024];
+  int rc;
+  if (o->weights) {
+    struct weights_problems pr = {0};
+    rc = weights_load(w, p, o->weights, &pr, err, sizeof err);
+    if (rc) {
+      fprintf(stderr, "cedar run: %s\n", err);
+      weights_problems_print(&pr, stderr, 20);
+    }
+    weights_problems_free(&pr);
+  } else {
+    rc = weights_synth(w, p, o->seed, WEIGHTS_DEFAULT_MAX_BYTES, err, sizeof err);
+    if (rc) fprintf(stderr, "cedar run: %s (give --weights, or a smaller plan)\n", err);
+  }
+  return rc ? 1 : 0;
+}
+
+/* ---- report ------------------------------------------------------------- */
+
+struct drift {
+  double max_abs, rel_rms;
+  bool same_top1, entries_equal;
+  int64_t exact_token_layers;
+};
+
+static double sum_op(const struct rt_exec_stats *s) {
+  double t = 0;
+  for (int i = 0; i < GRAPH_OP_COUNT; i++) t += s->op_seconds[i];
+  return t;
+}
+
+static void report_text(const struct plan *p, const struct ropts *o, const struct weights *w, int64_t n,
+                        const struct rt_gen_result *res, const struct rt_state_bytes *b, const struct plan_cost *pc,
+                        const struct drift *dr, long rss_kb) {
+  char fp[17];
+  weights_fingerprint_hex(w->list.fingerprint, fp);
+  printf("plan %s (%s, %d layers), weights %s%s (fingerprint %s)\n", p->name,
+         res->replay ? "CED" : "dense", p->n_layers, w->synthetic ? "synthetic, seed " : o->weights,
+         w->synthetic ? "" : "", fp);
+  if (w->synthetic) printf("  (seed %" PRIu64 ")\n", w->seed);
+  printf("prompt %" PRId64 " tokens; generated %d:", n, res->n_tokens);
+  for (int i = 0; i < res->n_tokens; i++) printf(" %d", res->tokens[i]);
+  printf("\nTTFT %.3f s", res->ttft_s);
+  if (res->n_tokens > 1) printf("; ITL first %.2f ms", 1e3 * res->first_itl_s);
+  if (res->n_tokens > 2) printf(", steady %.2f ms (%.1f tok/s)", 1e3 * res->steady_itl_s, 1.0 / res->steady_itl_s);
+  printf("\ntoken-layers: prefill %" PRId64, res->prefill.token_layers);
+  if (res->replay) printf(" (encoder %" PRId64 " positions, decoder replay %" PRId64 ")", n, res->replay);
+  printf(", decode %" PRId64 "\n", res->decode.token_layers);
+  printf("graphs: prefill %d nodes, %d edges; decode step %d nodes\n", res->prefill_nodes, res->prefill_edges,
+         res->decode_nodes);
+  printf("state after %" PRId64 " positions: global KV %" PRId64 " entries, %" PRId64 " B (pages %" PRId64
+         " B); SWA %" PRId64 " B; tails %" PRId64 " B; tokens %" PRId64 " B\n",
+         pc->q.tokens, b->kv_entries, b->kv_entry_bytes, b->kv_page_bytes, b->swa_bytes, b->tail_bytes,
+         b->token_bytes);
+  bool agree = b->kv_entry_bytes == pc->bytes && b->kv_entries == pc->entries &&
+               b->swa_bytes == pc->swa_payload_bytes + pc->swa_scale_bytes && b->tail_bytes == pc->tail_bytes;
+  printf("  `cedar plan cost --tokens %" PRId64 "` %s: global %" PRId64 " B, SWA %" PRId64 " B, tails %" PRId64
+         " B\n",
+         pc->q.tokens, agree ? "agrees" : "DISAGREES", pc->bytes, pc->swa_payload_bytes + pc->swa_scale_bytes,
+         pc->tail_bytes);
+  int64_t act = res->prefill.act_peak_bytes > res->decode.act_peak_bytes ? res->prefill.act_peak_bytes
+                                                                          : res->decode.act_peak_bytes;
+  int64_t scr = res->prefill.scratch_peak_bytes > res->decode.scratch_peak_bytes ? res->prefill.scratch_peak_bytes
+                                                                                  : res->decode.scratch_peak_bytes;
+  printf("peak memory: activations %.2f MB, scratch %.2f MB, weights %.1f MB, max RSS %.1f MB\n", act / 1e6,
+         scr / 1e6, (double)w->list.total_bytes / 1e6, rss_kb / 1e3);
+  double tp = sum_op(&res->prefill), td = sum_op(&res->decode);
+  printf("time by op group (prefill | decode):");
+  for (int i = 0; i < GRAPH_OP_COUNT; i++)
+    if (res->prefill.op_nodes[i] || res->decode.op_nodes[i])
+      printf(" %s %.0f%% | %.0f%%;", graph_op_name(i), tp > 0 ? 100 * res->prefill.op_seconds[i] / tp : 0,
+             td > 0 ? 100 * res->decode.op_seconds[i] / td : 0);
+  printf("\n");
+  if (dr)
+    printf("exact replay (decoder over all %" PRId64 " positions, %" PRId64 " token-layers): encoder region %s; "
+           "decoder region: last-position logits max |diff| %.3g, relative RMS %.3g, top-1 %s\n",
+           n, dr->exact_token_layers, dr->entries_equal ? "identical (global entries bitwise equal)" : "DIFFERS",
+           dr->max_abs, dr->rel_rms, dr->same_top1 ? "same" : "differs");
+}
+
+static void report_json(const struct plan *p, const struct weights *w, int64_t n, const struct rt_gen_result *res,
+                        const struct rt_state_bytes *b, const struct plan_cost *pc, const struct drift *dr,
+                        long rss_kb) {
+  cJSON *j = cJSON_CreateObject();
+  char fp[17];
+  weights_fingerprint_hex(w->list.fingerprint, fp);
+  cJSON_AddStringToObject(j, "plan", p->name);
+  cJSON_AddStringToObject(j, "flow", res->replay ? "ced" : "dense");
+  cJSON_AddStringToObject(j, "weights_fingerprint", fp);
+  cJSON_AddNumberToObject(j, "prompt_tokens", (double)n);
+  cJSON *t = cJSON_AddArrayToObject(j, "tokens");
+  for (int i = 0; i < res->n_tokens; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(res->tokens[i]));
+  cJSON_AddNumberToObject(j, "ttft_s", res->ttft_s);
+  cJSON_AddNumberToObject(j, "itl_first_s", res->first_itl_s);
+  cJSON_AddNumberToObject(j, "itl_steady_s", res->steady_itl_s);
+  cJSON_AddNumberToObject(j, "decoder_replay", (double)res->replay);
+  cJSON_AddNumberToObject(j, "token_layers_prefill", (double)res->prefill.token_layers);
+  cJSON_AddNumberToObject(j, "token_layers_decode", (double)res->decode.token_layers);
+  cJSON_AddNumberToObject(j, "prefill_nodes", res->prefill_nodes);
+  cJSON_AddNumberToObject(j, "prefill_edges", res->prefill_edges);
+  cJSON_AddNumberToObject(j, "decode_nodes", res->decode_nodes);
+  cJSON *s = cJSON_AddObjectToObject(j, "state_bytes");
+  cJSON_AddNumberToObject(s, "positions", (double)pc->q.tokens);
+  cJSON_AddNumberToObject(s, "global_kv_entries", (double)b->kv_entries);
+  cJSON_AddNumberToObject(s, "global_kv", (double)b->kv_entry_bytes);
+  cJSON_AddNumberToObject(s, "global_kv_pages", (double)b->kv_page_bytes);
+  cJSON_AddNumberToObject(s, "swa", (double)b->swa_bytes);
+  cJSON_AddNumberToObject(s, "tails", (double)b->tail_bytes);
+  cJSON_AddNumberToObject(s, "tokens", (double)b->token_bytes);
+  cJSON *c = cJSON_AddObjectToObject(j, "plan_cost");
+  cJSON_AddNumberToObject(c, "global_kv_entries", (double)pc->entries);
+  cJSON_AddNumberToObject(c, "global_kv", (double)pc->bytes);
+  cJSON_AddNumberToObject(c, "swa", (double)(pc->swa_payload_bytes + pc->swa_scale_bytes));
+  cJSON_AddNumberToObject(c, "tails", (double)pc->tail_bytes);
+  cJSON *m = cJSON_AddObjectToObject(j, "peak_bytes");
+  cJSON_AddNumberToObject(m, "activations_prefill", (double)res->prefill.act_peak_bytes);
+  cJSON_AddNumberToObject(m, "activations_decode", (double)res->decode.act_peak_bytes);
+  cJSON_AddNumberToObject(m, "scratch", (double)(res->prefill.scratch_peak_bytes > res->decode.scratch_peak_bytes
+                                                     ? res->prefill.scratch_peak_bytes
+                                                     : res->decode.scratch_peak_bytes));
+  cJSON_AddNumberToObject(m, "weights", (double)w->list.total_bytes);
+  cJSON_AddNumberToObject(m, "max_rss", rss_kb * 1024.0);
+  cJSON *ops = cJSON_AddObjectToObject(j, "op_seconds");
+  for (int i = 0; i < GRAPH_OP_COUNT; i++) {
+    if (!res->prefill.op_nodes[i] && !res->decode.op_nodes[i]) continue;
+    cJSON *e = cJSON_AddObjectToObject(ops, graph_op_name(i));
+    cJSON_AddNumberToObject(e, "prefill", res->prefill.op_seconds[i]);
+    cJSON_AddNumberToObject(e, "decode", res->decode.op_seconds[i]);
+  }
+  if (dr) {
+    cJSON *d = cJSON_AddObjectToObject(j, "exact_replay");
+    cJSON_AddNumberToObject(d, "token_layers", (double)dr->exact_token_layers);
+    cJSON_AddBoolToObject(d, "encoder_entries_equal", dr->entries_equal);
+    cJSON_AddNumberToObject(d, "decoder_logits_max_abs", dr->max_abs);
+    cJSON_AddNumberToObject(d, "decoder_logits_rel_rms", dr->rel_rms);
+    cJSON_AddBoolToObject(d, "same_top1", dr->same_top1);
+  }
+  cli_print_json(j);
+}
+
+/* ---- exact replay -------------------------------------------------------- */
+
+static int argmax(const float *x, int n) {
+  int b = 0;
+  for (int i = 1; i < n; i++)
+    if (x[i] > x[b]) b = i;
+  return b;
+}
+
+/* Prefill again with the decoder over every position; compare the last
+ * logits and the global entries (which the encoder region alone decides). */
+static int exact_replay(const struct rt_model *M, struct rt_kv_pool *pools, const struct rt_request *r0,
+                        const int32_t *prompt, int64_t n, const struct ropts *o, const struct rt_gen_result *res,
+                        struct drift *dr, char *err, size_t len) {
+  struct rt_request r;
+  struct rt_gen_result ex;
+  struct rt_gen_opts go = {.chunk = o->chunk, .replay = n, .max_new = 1, .top_p = 1};
+  int rc = rt_generate(M, pools, &r, prompt, n, &go, &ex, err, len);
+  if (!rc) {
+    int V = M->p->model.vocab;
+    const float *a = res->prefill_logits + (size_t)(res->prefill_rows - 1) * V;
+    const float *b = ex.prefill_logits + (size_t)(ex.prefill_rows - 1) * V;
+    double ss = 0, sd = 0;
+    dr->max_abs = 0;
+    for (int i = 0; i < V; i++) {
+      double d = (double)a[i] - b[i];
+      if (fabs(d) > dr->max_abs) dr->max_abs = fabs(d);
+      sd += d * d;
+      ss += (double)b[i] * b[i];
+    }
+    dr->rel_rms = ss > 0 ? sqrt(sd / ss) : 0;
+    dr->same_top1 = argmax(a, V) == argmax(b, V);
+    dr->exact_token_layers = ex.prefill.token_layers;
+    /* Entries of the first n positions: the run under test has also decoded. */
+    dr->entries_equal = true;
+    for (int l = 0; l < M->p->n_layers; l++) {
+      const struct rt_kv_seq *s = &r.seq[l], *t = &r0->seq[l];
+      if (!s->pool) continue;
+      for (int64_t e = 0; e < s->n_entries && dr->entries_equal; e++)
+        if (e >= t->n_entries || memcmp(rt_kv_entry(s, e), rt_kv_entry(t, e), s->pool->entry_bytes))
+          dr->entries_equal = false;
+    }
+  }
+  rt_gen_result_free(&ex);
+  rt_request_free(&r);
+  return rc;
+}
+
+/* ---- the command --------------------------------------------------------- */
+
+int cmd_run(int argc, char **argv) {
+  struct ropts o;
+  int rc = parse(argc, argv, &o);
+  if (rc >= 0) return rc;
+  struct plan p;
+  if (cli_load_plan("run", o.plan, &p)) return 1;
+  char err[1024];
+  int32_t *prompt = NULL;
+  int64_t n = 0;
+  int status = 1;
+  struct weights w = {0};
+  struct rt_model M = {0};
+  struct rt_kv_pool *pools = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*pools));
+  struct rt_request r = {0};
+  struct rt_gen_result res = {0};
+  if (make_prompt(&o, p.model.vocab, &prompt, &n, err, sizeof err)) {
+    fprintf(stderr, "cedar run: %s\n", err);
+    goto out;
+  }
+  if (load_weights(&o, &p, &w)) goto out;
+  if ((rc = rt_model_init(&M, &p, &w, err, sizeof err)) || (rc = rt_kv_pools_init(pools, &p, err, sizeof err))) {
+    fprintf(stderr, "cedar run: plan %s: %s\n", p.name, err);
+    goto out;
+  }
+  struct progress pg = {now_s(), 0, false};
+  bool tty = isatty(2) && !o.json;
+  struct rt_gen_opts go = {.chunk = o.chunk,
+                           .replay = o.replay,
+                           .max_new = o.max_new,
+                           .temperature = o.temperature,
+                           .top_p = o.top_p,
+                           .seed = o.seed,
+                           .all_logits = o.dump != NULL,
+                           .progress = tty ? progress_cb : NULL,
+                           .user = &pg};
+  if (rt_generate(&M, pools, &r, prompt, n, &go, &res, err, sizeof err)) {
+    if (pg.shown) fputc('\n', stderr);
+    fprintf(stderr, "cedar run: %s\n", err);
+    goto out;
+  }
+  struct rt_state_bytes b;
+  rt_request_bytes(&r, &b);
+  struct plan_cost pc;
+  struct plan_cost_query q;
+  plan_cost_query_init(&q);
+  q.tokens = r.n_pos;
+  q.prompt = n;
+  if (plan_cost_compute(&p, &q, &pc)) {
+    fprintf(stderr, "cedar run: plan cost: %s\n", pc.error);
+    goto out;
+  }
+  struct drift dr, *drp = NULL;
+  if (o.exact) {
+    if (exact_replay(&M, pools, &r, prompt, n, &o, &res, &dr, err, sizeof err)) {
+      fprintf(stderr, "cedar run: --exact-replay: %s\n", err);
+      goto out;
+    }
+    drp = &dr;
+  }
+  if (o.dump && rt_dump_write(o.dump, &M, &r, &res, err, sizeof err)) {
+    fprintf(stderr, "cedar run: --dump: %s\n", err);
+    goto out;
+  }
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  if (o.json)
+    report_json(&p, &w, n, &res, &b, &pc, drp, ru.ru_maxrss);
+  else
+    report_text(&p, &o, &w, n, &res, &b, &pc, drp, ru.ru_maxrss);
+  status = 0;
+out:
+  rt_gen_result_free(&res);
+  rt_request_free(&r);
+  rt_kv_pools_free(pools, p.n_layers);
+  free(pools);
+  rt_model_free(&M);
+  weights_free(&w);
+  free(prompt);
+  plan_free(&p);
+  return status;
+}

@@ -1,0 +1,119 @@
+/* generate.c: prefill then decode, one request (generate.h). */
+#include "runtime/generate.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ops/sample.h"
+#include "runtime/check.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int64_t edges_of(const struct graph *g) {
+  int64_t e = 0;
+  for (int k = 0; k < g->n_node; k++) e += g->node[k].n_dep;
+  return e;
+}
+
+static int prefill(const struct rt_model *M, struct rt_request *r, int64_t n, const struct rt_gen_opts *o,
+                   struct rt_gen_result *res, char *err, size_t err_len) {
+  const struct plan *p = M->p;
+  struct graph g;
+  struct graph_opts go = {.chunk = o->chunk, .replay = o->replay, .all_logits = o->all_logits};
+  int rc = graph_build_prefill(&g, p, n, &go, err, err_len);
+  if (rc) return rc;
+  res->replay = g.replay;
+  res->prefill_nodes = g.n_node;
+  res->prefill_edges = (int)edges_of(&g);
+  res->prefill_rows = g.out_rows;
+  res->prefill_logits = malloc(sizeof(float) * (size_t)g.out_rows * p->model.vocab);
+  res->prefill_pos = malloc(sizeof(int64_t) * (size_t)g.out_rows);
+  if (!res->prefill_logits || !res->prefill_pos) {
+    graph_free(&g);
+    return CEDAR_ENOMEM;
+  }
+  struct rt_exec_out out = {res->prefill_logits, res->prefill_pos};
+  rc = rt_exec_direct(&g, M, r, &out, &res->prefill, o->progress, o->user, err, err_len);
+  graph_free(&g);
+  if (!rc) r->n_pos = n;
+  return rc;
+}
+
+static int decode_step(const struct rt_model *M, struct rt_request *r, float *logits, struct rt_gen_result *res,
+                       char *err, size_t err_len) {
+  struct graph g;
+  int rc = graph_build_decode(&g, M->p, r->n_pos, err, err_len);
+  if (rc) return rc;
+  res->decode_nodes = g.n_node;
+  struct rt_exec_out out = {logits, NULL};
+  rc = rt_exec_direct(&g, M, r, &out, &res->decode, NULL, NULL, err, err_len);
+  graph_free(&g);
+  if (!rc) r->n_pos++;
+  return rc;
+}
+
+int rt_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
+                int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len) {
+  const int V = M->p->model.vocab;
+  memset(res, 0, sizeof(*res));
+  if (n < 1 || o->max_new < 1) {
+    snprintf(err, err_len, "a request needs a prompt of at least one token and --max-new of at least 1");
+    return CEDAR_EINVAL;
+  }
+  int rc = rt_request_init(r, 0, M->p, pools, n + o->max_new);
+  if (rc) {
+    snprintf(err, err_len, "out of memory for a request of %lld tokens", (long long)(n + o->max_new));
+    return rc;
+  }
+  for (int64_t i = 0; i < n; i++) rt_request_push_token(r, prompt[i]);
+  res->tokens = malloc(sizeof(int32_t) * (size_t)o->max_new);
+  res->decode_logits = malloc(sizeof(float) * (size_t)V * (size_t)(o->max_new > 1 ? o->max_new - 1 : 1));
+  float *prob = malloc(sizeof(float) * (size_t)V);
+  int32_t *order = malloc(sizeof(int32_t) * (size_t)V);
+  if (!res->tokens || !res->decode_logits || !prob || !order) {
+    free(prob);
+    free(order);
+    return CEDAR_ENOMEM;
+  }
+  uint64_t rng = o->seed;
+  double t0 = now_s();
+  rc = prefill(M, r, n, o, res, err, err_len);
+  if (!rc) {
+    const float *last = res->prefill_logits + (size_t)(res->prefill_rows - 1) * V;
+    res->tokens[res->n_tokens++] = r->pending = op_sample(prob, order, last, V, o->temperature, o->top_p, &rng);
+    res->ttft_s = now_s() - t0;
+  }
+  double steady = 0;
+  for (int i = 1; i < o->max_new && !rc; i++) {
+    double t = now_s();
+    rt_request_push_token(r, r->pending);
+    r->pending = -1;
+    float *lg = res->decode_logits + (size_t)(i - 1) * V;
+    rc = decode_step(M, r, lg, res, err, err_len);
+    if (rc) break;
+    res->tokens[res->n_tokens++] = r->pending = op_sample(prob, order, lg, V, o->temperature, o->top_p, &rng);
+    double dt = now_s() - t;
+    if (i == 1)
+      res->first_itl_s = dt;
+    else
+      steady += dt;
+  }
+  if (res->n_tokens > 2) res->steady_itl_s = steady / (res->n_tokens - 2);
+  free(prob);
+  free(order);
+  return rc;
+}
+
+void rt_gen_result_free(struct rt_gen_result *res) {
+  free(res->tokens);
+  free(res->prefill_logits);
+  free(res->prefill_pos);
+  free(res->decode_logits);
+  memset(res, 0, sizeof(*res));
+}

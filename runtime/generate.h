@@ -1,0 +1,52 @@
+/* generate.h: one request from prompt to generated tokens: compile the
+ * prefill graph, run it, sample, then one decode graph per new token
+ * (docs/model.md s6). What `cedar run` and the model tests call.
+ *
+ * Timing: TTFT is the prefill graph plus the first sample; the first ITL is
+ * the first decode step (graph build, run, sample); the steady ITL is the
+ * mean of the later steps.
+ * Not here: argument parsing and printing (runtime/cmd_run.c).
+ * Test: tests/test_model.c.
+ */
+#ifndef CEDAR_RUNTIME_GENERATE_H
+#define CEDAR_RUNTIME_GENERATE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "runtime/exec.h"
+#include "runtime/state.h"
+
+struct rt_gen_opts {
+  int chunk;           /* <= 0: serving.prefill_chunk */
+  int64_t replay;      /* < 0: serving.replay.decoder */
+  int max_new;         /* tokens to generate (>= 1) */
+  float temperature;   /* 0: greedy */
+  float top_p;         /* 1: off */
+  uint64_t seed;       /* sampling */
+  bool all_logits;     /* keep the logits of every prefill position that ran through every layer */
+  rt_progress_cb progress; /* prefill progress, or NULL */
+  void *user;
+};
+
+struct rt_gen_result {
+  int32_t *tokens;     /* (max_new) generated ids */
+  int n_tokens;
+  float *prefill_logits;   /* (prefill_rows, vocab) */
+  int64_t *prefill_pos;    /* (prefill_rows) */
+  int64_t prefill_rows;
+  float *decode_logits;    /* (n_tokens - 1, vocab): the logits each decode step sampled from */
+  double ttft_s, first_itl_s, steady_itl_s;
+  struct rt_exec_stats prefill, decode;
+  int64_t replay;          /* decoder replay length the prefill used (0 dense) */
+  int prefill_nodes, prefill_edges, decode_nodes;
+};
+
+/* Run prompt (n ids, checked against the vocab by the caller) on a fresh
+ * request r (initialised here; the caller frees it with rt_request_free,
+ * after reading its state). Returns 0 or a negative cedar_status with err. */
+int rt_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
+                int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len);
+void rt_gen_result_free(struct rt_gen_result *res);
+
+#endif

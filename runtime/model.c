@@ -1,0 +1,458 @@
+/* model.c: binding a plan to its weights, and the op groups of model.h.
+ * The steps follow docs/model.md section by section; the section is named
+ * beside each group. */
+#include "runtime/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/basic.h"
+#include "ops/indexer.h"
+#include "ops/qkv.h"
+#include "runtime/check.h"
+
+/* Gate floor of the Engram injection (docs/model.md s5, R.8). */
+#define RT_ENGRAM_DOT_FLOOR 1e-6f
+
+/* ---- binding ------------------------------------------------------------ */
+
+/* A tensor the plan requires: weights were checked against the plan, so a
+ * missing one is cedar's bug. */
+static const float *need(const struct weights *w, int l, const char *name) {
+  char full[WEIGHTS_NAME_MAX];
+  if (l >= 0)
+    snprintf(full, sizeof(full), "layers.%d.%s", l, name);
+  else
+    snprintf(full, sizeof(full), "%s", name);
+  const float *t = weights_f32(w, full);
+  CEDAR_ASSERT_MSG(t != NULL, "weights lack %s although they were checked against the plan", full);
+  return t;
+}
+
+static int rope_init(struct op_rope *r, int dim, int rope_dim, bool last, const struct plan_rope *pr) {
+  return op_rope_init(r, dim, rope_dim, last, pr->theta, pr->yarn, pr->yarn_factor, pr->yarn_original_len,
+                      pr->yarn_beta_fast, pr->yarn_beta_slow);
+}
+
+static void bind_attention(struct rt_model *M, struct rt_layer *L, int l) {
+  const struct plan_model *m = &M->p->model;
+  const struct weights *w = M->w;
+  L->wq_a = need(w, l, "attn.wq_a");
+  L->q_norm = need(w, l, "attn.q_norm");
+  L->wq_b = need(w, l, "attn.wq_b");
+  L->wkv = need(w, l, "attn.wkv");
+  L->kv_norm = need(w, l, "attn.kv_norm");
+  L->sink = m->sink ? need(w, l, "attn.sink") : NULL;
+  L->wo_a = need(w, l, "attn.wo_a");
+  L->wo_b = need(w, l, "attn.wo_b");
+  if (plan_is_index_source(L->pl)) {
+    L->iq_b = need(w, l, "attn.indexer.wq_b");
+    L->iw = need(w, l, "attn.indexer.weights_proj");
+  }
+  if (!plan_is_kv_source(L->pl)) return;
+  L->comp = (struct op_comp_layer){
+      .ratio = L->pl->ratio,
+      .hidden = m->hidden,
+      .d = m->head_dim,
+      .idx_dim = m->idx_head_dim,
+      .W_kv = need(w, l, "attn.compressor.wkv"),
+      .W_gate = L->pl->ratio > 1 ? need(w, l, "attn.compressor.wgate") : NULL,
+      .gamma = need(w, l, "attn.compressor.norm"),
+      .W_ik = need(w, l, "attn.indexer.wk"),
+      .k_norm = m->idx_k_norm,
+      .k_gamma = m->idx_k_norm ? need(w, l, "attn.indexer.k_norm") : NULL,
+      .eps = M->eps,
+      .rope = &M->rope_csa,
+      .rope_i = &M->rope_idx,
+      .main_block = m->main_kv.block,
+      .idx_block = m->indexer_k.block,
+      .mx = m->indexer_k.rule == PLAN_RULE_OCP ? OP_MX_OCP : OP_MX_CEIL,
+      .nibble = m->nibble_low_first ? OP_NIBBLE_EVEN_LOW : OP_NIBBLE_EVEN_HIGH,
+  };
+}
+
+static void bind_layer(struct rt_model *M, int l, int *module) {
+  const struct plan_model *m = &M->p->model;
+  const struct weights *w = M->w;
+  struct rt_layer *L = &M->L[l];
+  L->pl = &M->p->layer[l];
+  L->rope = plan_is_csa(L->pl) ? &M->rope_csa : &M->rope_swa;
+  L->attn_norm = need(w, l, "attn_norm");
+  L->ffn_norm = need(w, l, "ffn_norm");
+  static const char *const sub[2] = {"hc_attn", "hc_ffn"};
+  for (int k = 0; k < 2; k++) {
+    char name[32];
+    snprintf(name, sizeof(name), "%s.fn", sub[k]);
+    L->hc_fn[k] = need(w, l, name);
+    snprintf(name, sizeof(name), "%s.scale", sub[k]);
+    L->hc_scale[k] = need(w, l, name);
+    snprintf(name, sizeof(name), "%s.base", sub[k]);
+    L->hc_base[k] = need(w, l, name);
+  }
+  bind_attention(M, L, l);
+  L->moe = (struct op_moe_weights){
+      .router = need(w, l, "ffn.gate"),
+      .bias = need(w, l, "ffn.bias"),
+      .gate = need(w, l, "ffn.experts.w_gate"),
+      .up = need(w, l, "ffn.experts.w_up"),
+      .down = need(w, l, "ffn.experts.w_down"),
+      .shared_gate = m->n_shared ? need(w, l, "ffn.shared.w_gate") : NULL,
+      .shared_up = m->n_shared ? need(w, l, "ffn.shared.w_up") : NULL,
+      .shared_down = m->n_shared ? need(w, l, "ffn.shared.w_down") : NULL,
+  };
+  if (!L->pl->engram) return;
+  L->e_module = (*module)++;
+  char name[WEIGHTS_NAME_MAX];
+  snprintf(name, sizeof(name), "layers.%d.engram.table", l);
+  const struct weights_spec *spec = NULL;
+  L->e_table = weights_get(w, name, &spec);
+  CEDAR_ASSERT(L->e_table != NULL && spec != NULL);
+  L->e_rows = spec->shape[0];
+  L->e_wkv = need(w, l, "engram.wkv");
+  L->e_qw = need(w, l, "engram.q_w");
+  L->e_kw = need(w, l, "engram.k_w");
+  /* docs/model.md s5: splitmix64 from seed + 10007 l, full-range odd (id_bound 0). */
+  op_engram_multipliers(L->e_mult, m->engram_seed, l, M->e_max_order, 0);
+}
+
+static int init_engram(struct rt_model *M, char *err, size_t err_len) {
+  const struct plan_model *m = &M->p->model;
+  int modules = 0;
+  for (int l = 0; l < M->p->n_layers; l++) modules += M->p->layer[l].engram;
+  M->e_max_order = 0;
+  for (int i = 0; i < m->engram_n_orders; i++)
+    if (m->engram_orders[i] > M->e_max_order) M->e_max_order = m->engram_orders[i];
+  M->e_tables = m->engram_n_orders * m->engram_heads;
+  if (!modules) return 0;
+  if (M->e_max_order > 64) {
+    snprintf(err, err_len, "model.engram.orders: n-grams longer than 64 tokens are not supported");
+    return CEDAR_EUNSUPPORTED;
+  }
+  if (op_engram_tables_init(&M->eng, modules, m->engram_n_orders, m->engram_heads, m->engram_table_base)) {
+    snprintf(err, err_len, "model.engram: the prime rule failed for table_base %lld", (long long)m->engram_table_base);
+    return CEDAR_EINVAL;
+  }
+  M->cmap = malloc(sizeof(int32_t) * (size_t)m->vocab);
+  if (!M->cmap) return CEDAR_ENOMEM;
+  op_engram_cmap_modulo(M->cmap, m->vocab, m->engram_compressed_vocab);
+  return 0;
+}
+
+int rt_model_init(struct rt_model *M, const struct plan *p, const struct weights *w, char *err, size_t err_len) {
+  const struct plan_model *m = &p->model;
+  memset(M, 0, sizeof(*M));
+  M->p = p;
+  M->w = w;
+  M->eps = (float)m->norm_eps;
+  M->tau = (float)plan_softmax_scale(p);
+  M->idx_scale = op_index_weight_scale(m->idx_heads, m->idx_head_dim);
+  M->swa_kind = m->swa.scale == PLAN_SCALE_E8M0 ? OP_SCALE_E8M0 : OP_SCALE_FP32;
+  M->swa_bytes = op_fp8_bytes(m->head_dim, m->swa.block, M->swa_kind);
+  M->mhc = (struct op_mhc_cfg){m->hc_streams, m->hidden, m->hc_sinkhorn_iters, (float)m->hc_eps, M->eps};
+  M->moe = (struct op_moe_cfg){
+      .hidden = m->hidden,
+      .n_routed = m->n_routed,
+      .n_active = m->n_active,
+      .inter = m->moe_inter,
+      .n_shared = m->n_shared,
+      .shared_inter = m->shared_inter,
+      .score = m->moe_score == PLAN_SCORE_SOFTMAX   ? OP_MOE_SOFTMAX
+               : m->moe_score == PLAN_SCORE_SIGMOID ? OP_MOE_SIGMOID
+                                                    : OP_MOE_SQRTSOFTPLUS,
+      .norm_topk = m->moe_norm_topk,
+      .route_scale = (float)m->route_scale,
+      .limit = (float)m->swiglu_limit,
+  };
+  if (rope_init(&M->rope_swa, m->head_dim, m->rope_dim, true, &m->rope_swa) ||
+      rope_init(&M->rope_csa, m->head_dim, m->rope_dim, true, &m->rope_csa) ||
+      rope_init(&M->rope_idx, m->idx_head_dim, m->idx_rope_dim, m->idx_rope_last, &m->rope_csa)) {
+    snprintf(err, err_len, "model.attention: RoPE parameters the op cannot take (rope_dim %d of %d, indexer %d of %d)",
+             m->rope_dim, m->head_dim, m->idx_rope_dim, m->idx_head_dim);
+    return CEDAR_EUNSUPPORTED;
+  }
+  if (m->heads % m->o_groups) {
+    snprintf(err, err_len, "model.attention: heads %d is not a multiple of o_groups %d", m->heads, m->o_groups);
+    return CEDAR_EUNSUPPORTED;
+  }
+  int rc = init_engram(M, err, err_len);
+  if (rc) {
+    rt_model_free(M);
+    return rc;
+  }
+  M->embed = need(w, -1, "embed");
+  M->norm = need(w, -1, "norm");
+  M->lm_head = need(w, -1, "lm_head");
+  if (m->hc_learned_merge) {
+    M->head_fn = need(w, -1, "head.hc.fn");
+    M->head_scale = need(w, -1, "head.hc.scale");
+    M->head_base = need(w, -1, "head.hc.base");
+  }
+  M->L = calloc((size_t)p->n_layers, sizeof(*M->L));
+  if (!M->L) {
+    rt_model_free(M);
+    return CEDAR_ENOMEM;
+  }
+  M->first_dec = p->n_layers;
+  int module = 0;
+  for (int l = 0; l < p->n_layers; l++) {
+    if (p->layer[l].region == PLAN_DECODER && M->first_dec == p->n_layers) M->first_dec = l;
+    bind_layer(M, l, &module);
+  }
+  return 0;
+}
+
+void rt_model_free(struct rt_model *M) {
+  if (M->eng.prime) op_engram_tables_free(&M->eng);
+  free(M->cmap);
+  free(M->L);
+  memset(M, 0, sizeof(*M));
+}
+
+/* ---- mHC around a sublayer (docs/model.md s2) ---------------------------- */
+
+struct mhc_step {
+  float *u, *post, *C;
+};
+
+/* Coefficients of sublayer k of layer l for the state X; the sublayer input
+ * u = sum_i pre[i] X_i with pre from the tile buffer or, on a restart, from
+ * X itself; then, with GRAPH_F_PRE_NEXT, the next sublayer's pre from X. */
+static struct mhc_step mhc_begin(const struct rt_model *M, const struct graph_node *nd, int k, const float *X,
+                                 float *pre, int n, struct rt_arena *ar) {
+  const struct rt_layer *L = &M->L[nd->layer];
+  int hc = M->mhc.hc, d = M->mhc.hidden, rows = op_mhc_rows(hc);
+  struct mhc_step s;
+  s.post = RT_ALLOC(ar, float, (size_t)n * hc);
+  s.C = RT_ALLOC(ar, float, (size_t)n * hc * hc);
+  s.u = RT_ALLOC(ar, float, (size_t)n * d);
+  float *own = RT_ALLOC(ar, float, (size_t)n * hc);
+  float *dots = RT_ALLOC(ar, float, (size_t)n * rows);
+  float *sumsq = RT_ALLOC(ar, float, n);
+  op_mhc_coeffs(own, s.post, s.C, dots, sumsq, X, L->hc_fn[k], L->hc_scale[k], L->hc_base[k], n, &M->mhc);
+  bool restart = !M->p->model.hc_single_pass || (k == 0 && (nd->flags & GRAPH_F_RESTART));
+  op_mhc_mix(s.u, X, restart ? own : pre, n, hc, d);
+  if (nd->flags & GRAPH_F_PRE_NEXT) {
+    const struct rt_layer *N = k == 0 ? L : &M->L[nd->next_layer];
+    int nk = k == 0 ? 1 : 0;
+    float *post2 = RT_ALLOC(ar, float, (size_t)n * hc), *C2 = RT_ALLOC(ar, float, (size_t)n * hc * hc);
+    op_mhc_coeffs(pre, post2, C2, dots, sumsq, X, N->hc_fn[nk], N->hc_scale[nk], N->hc_base[nk], n, &M->mhc);
+  }
+  return s;
+}
+
+/* X = sum_i C[i][j] X_i + post[j] y (through a scratch copy: the op must not
+ * write its input). */
+static void mhc_end(const struct rt_model *M, float *X, const struct mhc_step *s, const float *y, int n,
+                    struct rt_arena *ar) {
+  int hc = M->mhc.hc, d = M->mhc.hidden;
+  float *Xn = RT_ALLOC(ar, float, (size_t)n * hc * d);
+  op_mhc_update(Xn, X, s->C, s->post, y, n, hc, d);
+  memcpy(X, Xn, sizeof(float) * (size_t)n * hc * d);
+}
+
+/* ---- embed, Engram (docs/model.md s1, s5) -------------------------------- */
+
+void rt_embed(const struct rt_model *M, float *X, const int32_t *tok, int n, struct rt_arena *ar) {
+  const struct plan_model *m = &M->p->model;
+  float *h = RT_ALLOC(ar, float, (size_t)n * m->hidden);
+  int bad = op_embed(h, M->embed, tok, n, m->hidden, m->vocab);
+  CEDAR_ASSERT_MSG(bad < 0, "token id %d at %d is outside the vocabulary (ids are checked before a run)",
+                   bad >= 0 ? tok[bad] : 0, bad);
+  op_mhc_expand(X, h, n, m->hc_streams, m->hidden);
+}
+
+void rt_engram_rows(const struct rt_model *M, int l, float *e, const struct rt_request *r, int64_t a, int n,
+                    struct rt_arena *ar) {
+  const struct plan_model *m = &M->p->model;
+  const struct rt_layer *L = &M->L[l];
+  int hist = (int)(a < M->e_max_order - 1 ? a : M->e_max_order - 1);
+  CEDAR_ASSERT(a + n <= r->n_tokens);
+  int64_t *rows = RT_ALLOC(ar, int64_t, (size_t)n * M->e_tables);
+  int bad = op_engram_hash(rows, r->tokens + a - hist, NULL, M->cmap, L->e_mult, m->engram_orders,
+                           op_engram_primes_of(&M->eng, L->e_module), op_engram_offsets_of(&M->eng, L->e_module),
+                           hist, n, m->vocab, m->engram_n_orders, m->engram_heads, m->engram_pad_id);
+  CEDAR_ASSERT(bad < 0);
+  op_engram_gather(e, L->e_table, rows, n, M->e_tables, m->engram_head_dim, WEIGHTS_ENGRAM_BLOCK, L->e_rows);
+}
+
+void rt_engram_inject(const struct rt_model *M, int l, float *X, const float *e, int n, struct rt_arena *ar) {
+  const struct plan_model *m = &M->p->model;
+  const struct rt_layer *L = &M->L[l];
+  int hc = m->hc_streams, d = m->hidden, de = M->e_tables * m->engram_head_dim;
+  float *kv = RT_ALLOC(ar, float, (size_t)n * (hc + 1) * d);
+  op_engram_inject(X, kv, NULL, e, L->e_wkv, L->e_qw, L->e_kw, n, de, d, hc, M->eps, RT_ENGRAM_DOT_FLOOR);
+}
+
+/* ---- attention (docs/model.md s3) ---------------------------------------- */
+
+/* Compress the tile's attention inputs into entries and append them to
+ * source l (s3.1). */
+static int append_entries(const struct rt_model *M, struct rt_request *r, int l, const float *a_in, int64_t a, int n,
+                          struct rt_arena *ar) {
+  const struct rt_layer *L = &M->L[l];
+  struct rt_kv_seq *seq = &r->seq[l];
+  struct op_comp_tail *tail = &r->tail[l];
+  int emit = op_comp_n_emit(tail, n);
+  size_t eb = seq->pool->entry_bytes;
+  struct op_comp_out out = {
+      .entries = RT_ALLOC(ar, uint8_t, (size_t)(emit ? emit : 1) * eb),
+      .entry_bytes = eb,
+      .main_off = 0,
+      .idx_off = seq->pool->main_bytes,
+      .max_entries = emit,
+  };
+  const struct op_comp_layer *C = &L->comp;
+  float *scratch = RT_ALLOC(ar, float, op_comp_scratch_floats(n, C->ratio, C->d, C->idx_dim));
+  int got = op_compress(&out, tail, scratch, a_in, a, n, C);
+  CEDAR_ASSERT_MSG(got == emit, "layer %d: compressor emitted %d entries, expected %d (tail at %lld + %d, tile at %lld)",
+                   l, got, emit, (long long)tail->pos0, tail->count, (long long)a);
+  return emit ? rt_kv_append(seq, out.entries, emit) : 0;
+}
+
+/* The Top-K this layer attends with (s3: full, reindex, reuse). */
+static const int32_t *select_topk(const struct rt_model *M, struct rt_request *r, const struct graph_node *nd,
+                                  const float *a_in, const float *cq, const int64_t *pos,
+                                  const struct op_kv_view *kv, const struct rt_buses *b, struct rt_arena *ar) {
+  const struct plan_model *m = &M->p->model;
+  const struct rt_layer *L = &M->L[nd->layer];
+  int n = nd->n;
+  (void)r;
+  if (L->pl->mode == PLAN_REUSE) return b->topk_in;
+  float *qI = RT_ALLOC(ar, float, (size_t)n * m->idx_heads * m->idx_head_dim);
+  float *w = RT_ALLOC(ar, float, (size_t)n * m->idx_heads);
+  op_q_indexer(qI, cq, L->iq_b, pos, &M->rope_idx, n, m->q_rank, m->idx_heads, m->idx_head_dim);
+  op_index_weights(w, a_in, L->iw, n, m->hidden, m->idx_heads, M->idx_scale);
+  if (L->pl->mode == PLAN_REINDEX && b->pool_in) {
+    void *work = rt_arena_alloc(ar, op_indexer_reindex_work_bytes(kv, m->cand_block, m->cand_top_blocks));
+    op_indexer_reindex(b->topk_out, work, b->pool_in, qI, w, pos, kv, n, m->idx_heads, m->topk, m->cand_block,
+                       m->cand_top_blocks);
+  } else {
+    bool pool = (nd->flags & GRAPH_F_BUILD_POOL) != 0;
+    void *work = rt_arena_alloc(ar, op_indexer_topk_work_bytes(kv, pos, n, pool ? m->cand_block : 0));
+    op_indexer_topk(b->topk_out, pool ? b->pool_out : NULL, work, qI, w, pos, kv, n, m->idx_heads, m->topk,
+                    m->cand_block, m->cand_top_blocks);
+  }
+  return b->topk_out;
+}
+
+/* The SWA entries a tile sees: the ring as it was, then the tile's own
+ * entries (a tile may be longer than the window), as one view. */
+static struct op_swa_view swa_view(const struct rt_model *M, const struct rt_ring *g, const float *kS,
+                                   const int64_t *pos, int n, struct rt_arena *ar, uint8_t **fresh) {
+  const struct plan_model *m = &M->p->model;
+  size_t eb = g->entry_bytes;
+  int slots = g->window + n;
+  uint8_t *buf = RT_ALLOC(ar, uint8_t, (size_t)slots * eb);
+  int64_t *spos = RT_ALLOC(ar, int64_t, slots);
+  memcpy(buf, g->slot, (size_t)g->window * eb);
+  memcpy(spos, g->pos, sizeof(int64_t) * (size_t)g->window);
+  *fresh = buf + (size_t)g->window * eb;
+  op_swa_pack(*fresh, kS, n, m->head_dim, m->swa.block, M->swa_kind, eb);
+  memcpy(spos + g->window, pos, sizeof(int64_t) * (size_t)n);
+  return (struct op_swa_view){buf, spos, slots, eb, m->head_dim, m->swa.block, M->swa_kind};
+}
+
+int rt_attn(const struct rt_model *M, struct rt_request *r, const struct graph_node *nd, float *X, float *pre,
+            const struct rt_buses *b, struct rt_arena *ar) {
+  const struct plan_model *m = &M->p->model;
+  const int l = nd->layer, n = nd->n, d = m->hidden, hd = m->heads * m->head_dim;
+  const struct rt_layer *L = &M->L[l];
+  struct rt_ring *ring = &r->ring[l];
+  struct mhc_step s = mhc_begin(M, nd, 0, X, pre, n, ar);
+
+  float *a_in = RT_ALLOC(ar, float, (size_t)n * d);
+  op_rmsnorm(a_in, s.u, L->attn_norm, n, d, M->eps);
+  int64_t *pos = RT_ALLOC(ar, int64_t, n);
+  for (int i = 0; i < n; i++) pos[i] = nd->a + i;
+  float *cq = RT_ALLOC(ar, float, (size_t)n * m->q_rank);
+  float *q = RT_ALLOC(ar, float, (size_t)n * hd);
+  op_q_latent(cq, a_in, L->wq_a, L->q_norm, n, d, m->q_rank, M->eps);
+  op_q_main(q, cq, L->wq_b, pos, L->rope, n, m->q_rank, m->heads, m->head_dim, m->q_head_norm, M->eps);
+  float *kS = RT_ALLOC(ar, float, (size_t)n * m->head_dim);
+  op_swa_kv(kS, a_in, L->wkv, L->kv_norm, pos, L->rope, n, d, m->head_dim, M->eps);
+  if (nd->r0 > ring->r0) ring->r0 = nd->r0;
+  uint8_t *fresh;
+  struct op_swa_view sv = swa_view(M, ring, kS, pos, n, ar, &fresh);
+
+  if (nd->flags & GRAPH_F_WRITE_KV) {
+    int rc = append_entries(M, r, l, a_in, nd->a, n, ar);
+    if (rc) return rc;
+  }
+  struct op_kv_view kv;
+  const int32_t *topk = NULL;
+  if (plan_is_csa(L->pl)) {
+    kv = rt_kv_view(&r->seq[L->pl->kv_src]);
+    topk = select_topk(M, r, nd, a_in, cq, pos, &kv, b, ar);
+  }
+  struct op_attn_params pr = {
+      .heads = m->heads,
+      .head_dim = m->head_dim,
+      .topk = topk ? m->topk : 0,
+      .window = m->window,
+      .r0 = ring->r0,
+      .tau = M->tau,
+      .sink = L->sink,
+      .rope = L->rope,
+  };
+  float *o = RT_ALLOC(ar, float, (size_t)n * hd);
+  op_sparse_attn(o, NULL, q, pos, topk, topk ? &kv : NULL, &sv, n, &pr);
+  float *y = RT_ALLOC(ar, float, (size_t)n * d);
+  float *z = RT_ALLOC(ar, float, (size_t)n * m->o_groups * m->o_rank);
+  op_grouped_oproj(y, z, o, L->wo_a, L->wo_b, n, m->heads, m->head_dim, m->o_groups, m->o_rank, d);
+  for (int i = 0; i < n; i++) rt_ring_put(ring, pos[i], fresh + (size_t)i * ring->entry_bytes);
+  mhc_end(M, X, &s, y, n, ar);
+  return 0;
+}
+
+/* ---- MoE (docs/model.md s4) ---------------------------------------------- */
+
+void rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, struct rt_arena *ar) {
+  const struct plan_model *m = &M->p->model;
+  const int n = nd->n, d = m->hidden;
+  const struct rt_layer *L = &M->L[nd->layer];
+  struct mhc_step s = mhc_begin(M, nd, 1, X, pre, n, ar);
+  float *x = RT_ALLOC(ar, float, (size_t)n * d);
+  op_rmsnorm(x, s.u, L->ffn_norm, n, d, M->eps);
+  float *y = RT_ALLOC(ar, float, (size_t)n * d);
+  int32_t *sel = RT_ALLOC(ar, int32_t, (size_t)n * m->n_active);
+  float *wt = RT_ALLOC(ar, float, (size_t)n * m->n_active);
+  void *ws = rt_arena_alloc(ar, op_moe_workspace_bytes(n, &M->moe));
+  op_moe_forward(y, sel, wt, x, &L->moe, NULL, n, &M->moe, ws);
+  mhc_end(M, X, &s, y, n, ar);
+}
+
+/* ---- decoder global from the encoder output (docs/model.md s3.1) -------- */
+
+int rt_dec_kv(const struct rt_model *M, struct rt_request *r, int l, const float *XE, int64_t a, int n,
+              struct rt_arena *ar) {
+  const struct plan_model *m = &M->p->model;
+  const struct rt_layer *L = &M->L[l];
+  int hc = m->hc_streams, d = m->hidden;
+  float *pre = RT_ALLOC(ar, float, (size_t)n * hc), *post = RT_ALLOC(ar, float, (size_t)n * hc);
+  float *C = RT_ALLOC(ar, float, (size_t)n * hc * hc), *dots = RT_ALLOC(ar, float, (size_t)n * op_mhc_rows(hc));
+  float *sumsq = RT_ALLOC(ar, float, n), *u = RT_ALLOC(ar, float, (size_t)n * d);
+  op_mhc_coeffs(pre, post, C, dots, sumsq, XE, L->hc_fn[0], L->hc_scale[0], L->hc_base[0], n, &M->mhc);
+  op_mhc_mix(u, XE, pre, n, hc, d);
+  float *a_enc = RT_ALLOC(ar, float, (size_t)n * d);
+  op_rmsnorm(a_enc, u, L->attn_norm, n, d, M->eps);
+  return append_entries(M, r, l, a_enc, a, n, ar);
+}
+
+/* ---- head (docs/model.md s1, s2) ------------------------------------------ */
+
+void rt_head(const struct rt_model *M, float *logits, const float *X, int n, struct rt_arena *ar) {
+  const struct plan_model *m = &M->p->model;
+  int hc = m->hc_streams, d = m->hidden;
+  float *h = RT_ALLOC(ar, float, (size_t)n * d), *pre = RT_ALLOC(ar, float, (size_t)n * hc);
+  if (M->head_fn) {
+    op_mhc_merge(h, pre, X, M->head_fn, M->head_scale[0], M->head_base, n, &M->mhc);
+  } else {
+    for (int i = 0; i < n * hc; i++) pre[i] = 1.0f;
+    op_mhc_mix(h, X, pre, n, hc, d);
+  }
+  float *hn = RT_ALLOC(ar, float, (size_t)n * d);
+  op_rmsnorm(hn, h, M->norm, n, d, M->eps);
+  op_linear(logits, hn, M->lm_head, n, d, m->vocab, d, m->vocab);
+}

@@ -1,0 +1,113 @@
+/* model.h: the forward of docs/model.md as op groups, one per graph node
+ * kind (scheduler/graph.h): embed, Engram rows and injection, the attention
+ * sublayer, the MoE sublayer, the decoder-global projection (CED), and the
+ * head. Each runs on a tile of n consecutive positions of one request and is
+ * a sequence of ops/ calls; every executor (direct, StarPU) calls exactly
+ * these, so they compute the same bits.
+ *
+ * struct rt_model binds a plan to its weights once: per-layer pointers into
+ * the weights (looked up by docs/weights.md names), RoPE tables, the Engram
+ * tables and multipliers, the op configs.
+ *
+ * mHC single pass (docs/model.md s2): a sublayer node computes its own post
+ * and C from its input state, takes pre from the tile's `pre` buffer (or from
+ * its own input on a chain restart, GRAPH_F_RESTART), and, with
+ * GRAPH_F_PRE_NEXT, writes the next sublayer's pre from its own input state
+ * into the same buffer (the next sublayer's weights, this state).
+ *
+ * Errors: a pool that runs out of pages fails the node with CEDAR_ENOMEM
+ * (the request fails, the process goes on); everything else is checked
+ * before the run (weights against the plan, token ids against the vocab).
+ * Not here: scheduling (runtime/exec_direct.c), state layout (state.h).
+ * Test: tests/test_model.c, and against the oracle: tests/cli/oracle_run.sh.
+ */
+#ifndef CEDAR_RUNTIME_MODEL_H
+#define CEDAR_RUNTIME_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ops/attention.h"
+#include "ops/compressor.h"
+#include "ops/engram.h"
+#include "ops/mhc.h"
+#include "ops/moe.h"
+#include "ops/rope.h"
+#include "runtime/arena.h"
+#include "runtime/state.h"
+#include "runtime/weights.h"
+#include "scheduler/graph.h"
+
+struct rt_layer {
+  const struct plan_layer *pl;
+  const float *attn_norm, *ffn_norm;
+  const float *hc_fn[2], *hc_scale[2], *hc_base[2]; /* [0] attention, [1] MoE */
+  const float *wq_a, *q_norm, *wq_b, *wkv, *kv_norm, *sink, *wo_a, *wo_b;
+  const float *iq_b, *iw;          /* index sources */
+  struct op_comp_layer comp;       /* KV sources */
+  struct op_moe_weights moe;
+  const struct op_rope *rope;      /* rope_swa or rope_csa */
+  /* Engram layers */
+  int e_module;
+  const uint8_t *e_table;
+  int64_t e_rows;
+  const float *e_wkv, *e_qw, *e_kw;
+  uint64_t e_mult[64];
+};
+
+struct rt_model {
+  const struct plan *p;
+  const struct weights *w;
+  struct rt_layer *L;              /* (n_layers) */
+  const float *embed, *norm, *lm_head;
+  const float *head_fn, *head_scale, *head_base; /* learned merge only */
+  struct op_rope rope_swa, rope_csa, rope_idx;
+  struct op_mhc_cfg mhc;
+  struct op_moe_cfg moe;
+  struct op_engram_tables eng;
+  int32_t *cmap;                   /* (vocab) Engram compressed ids */
+  int e_max_order, e_tables;
+  int first_dec;                   /* first decoder layer, n_layers when none */
+  float eps, tau, idx_scale;
+  enum op_scale_kind swa_kind;
+  size_t swa_bytes;                /* one SWA entry */
+};
+
+/* Bind p to w (w checked against p). Returns 0, or CEDAR_EUNSUPPORTED /
+ * CEDAR_EINVAL / CEDAR_ENOMEM with a message. */
+int rt_model_init(struct rt_model *M, const struct plan *p, const struct weights *w, char *err, size_t err_len);
+void rt_model_free(struct rt_model *M);
+
+/* X (n, hc, d) = every stream the embedding of tok. Token ids are checked by
+ * the caller. */
+void rt_embed(const struct rt_model *M, float *X /* (n, hc, d) */, const int32_t *tok /* (n) */, int n,
+              struct rt_arena *ar);
+/* Engram rows of layer l for positions [a, a + n) of r's tokens:
+ * e (n, tables * engram head_dim). Token ids only. */
+void rt_engram_rows(const struct rt_model *M, int l, float *e, const struct rt_request *r, int64_t a, int n,
+                    struct rt_arena *ar);
+void rt_engram_inject(const struct rt_model *M, int l, float *X /* (n, hc, d) */, const float *e, int n,
+                      struct rt_arena *ar);
+
+/* The buses an attention node reads or writes (NULL where the layer has none). */
+struct rt_buses {
+  int32_t *topk_out;        /* (n, topk): index sources */
+  int32_t *pool_out;        /* (n, top_blocks): the pool builder */
+  const int32_t *topk_in;   /* (n, topk): reuse layers */
+  const int32_t *pool_in;   /* (n, top_blocks): reindex layers reading a pool */
+};
+
+/* The attention sublayer of node nd (GRAPH_ATTN) on X (n, hc, d) and the
+ * tile's pre (n, hc). Returns 0 or CEDAR_ENOMEM (KV pages). */
+int rt_attn(const struct rt_model *M, struct rt_request *r, const struct graph_node *nd, float *X, float *pre,
+            const struct rt_buses *b, struct rt_arena *ar);
+/* The MoE sublayer of node nd (GRAPH_MOE). */
+void rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, struct rt_arena *ar);
+/* Decoder KV source l appends the entries of positions [a, a + n) projected
+ * from the encoder output XE (n, hc, d) (docs/model.md s3.1). */
+int rt_dec_kv(const struct rt_model *M, struct rt_request *r, int l, const float *XE, int64_t a, int n,
+              struct rt_arena *ar);
+/* logits (n, vocab) of the final states X (n, hc, d). */
+void rt_head(const struct rt_model *M, float *logits, const float *X, int n, struct rt_arena *ar);
+
+#endif

@@ -1,0 +1,271 @@
+/* state.c: page pools, page tables, SWA rings, tails and token history
+ * (state.h explains the layout and the accounting). */
+#include "runtime/state.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/formats.h"
+#include "runtime/check.h"
+
+/* Pages are allocated one at a time, aligned for vector loads. */
+#define RT_PAGE_ALIGN 64
+
+static int formats_supported(const struct plan_model *m, char *err, size_t err_len) {
+  if (m->main_kv.elem != PLAN_E2M1 || m->main_kv.scale != PLAN_SCALE_E4M3) {
+    snprintf(err, err_len, "formats.main_kv: the executor packs Main KV as e2m1 with e4m3 scales only");
+    return CEDAR_EUNSUPPORTED;
+  }
+  if (m->indexer_k.elem != PLAN_E2M1 || m->indexer_k.scale != PLAN_SCALE_E8M0) {
+    snprintf(err, err_len, "formats.indexer_k: the executor packs Indexer K as e2m1 with e8m0 scales only");
+    return CEDAR_EUNSUPPORTED;
+  }
+  if (m->swa.elem != PLAN_E4M3 || (m->swa.scale != PLAN_SCALE_F32 && m->swa.scale != PLAN_SCALE_E8M0)) {
+    snprintf(err, err_len, "formats.swa: the executor packs SWA entries as e4m3 with f32 or e8m0 scales only");
+    return CEDAR_EUNSUPPORTED;
+  }
+  if (op_fp4_bytes(m->head_dim, m->main_kv.block) == 0 || op_mxfp4_bytes(m->idx_head_dim, m->indexer_k.block) == 0 ||
+      op_fp8_bytes(m->head_dim, m->swa.block, m->swa.scale == PLAN_SCALE_E8M0 ? OP_SCALE_E8M0 : OP_SCALE_FP32) == 0) {
+    snprintf(err, err_len, "formats: a block size does not divide its entry width (head_dim %d, indexer head_dim %d)",
+             m->head_dim, m->idx_head_dim);
+    return CEDAR_EUNSUPPORTED;
+  }
+  return 0;
+}
+
+int rt_kv_pools_init(struct rt_kv_pool *pools, const struct plan *p, char *err, size_t err_len) {
+  const struct plan_model *m = &p->model;
+  int rc = formats_supported(m, err, err_len);
+  if (rc) return rc;
+  memset(pools, 0, sizeof(*pools) * PLAN_MAX_LAYERS);
+  for (int l = 0; l < p->n_layers; l++) {
+    const struct plan_layer *L = &p->layer[l];
+    if (!plan_is_kv_source(L)) continue;
+    struct rt_kv_pool *pool = &pools[l];
+    pool->layer = l;
+    pool->ratio = L->ratio;
+    pool->page_entries = p->serving.page_tokens / L->ratio;
+    if (pool->page_entries < 1) pool->page_entries = 1;
+    pool->main_w = m->head_dim;
+    pool->main_block = m->main_kv.block;
+    pool->idx_w = m->idx_head_dim;
+    pool->idx_block = m->indexer_k.block;
+    pool->nibble = m->nibble_low_first ? OP_NIBBLE_EVEN_LOW : OP_NIBBLE_EVEN_HIGH;
+    pool->main_bytes = op_fp4_bytes(pool->main_w, pool->main_block);
+    pool->idx_bytes = op_mxfp4_bytes(pool->idx_w, pool->idx_block);
+    pool->entry_bytes = pool->main_bytes + pool->idx_bytes;
+    pthread_mutex_init(&pool->mu, NULL);
+  }
+  return 0;
+}
+
+void rt_kv_pools_free(struct rt_kv_pool *pools, int n_layers) {
+  for (int l = 0; l < n_layers; l++) {
+    struct rt_kv_pool *pool = &pools[l];
+    if (!pool->entry_bytes) continue;
+    for (int i = 0; i < pool->n_pages; i++) free(pool->page[i]);
+    free(pool->page);
+    free(pool->ref);
+    free(pool->free_ids);
+    pthread_mutex_destroy(&pool->mu);
+    memset(pool, 0, sizeof(*pool));
+  }
+}
+
+static bool pool_grow(struct rt_kv_pool *pool) {
+  int cap = pool->cap ? 2 * pool->cap : 16;
+  uint8_t **page = realloc(pool->page, sizeof(*page) * cap);
+  if (!page) return false;
+  pool->page = page;
+  int32_t *ref = realloc(pool->ref, sizeof(*ref) * cap);
+  if (!ref) return false;
+  pool->ref = ref;
+  int32_t *fr = realloc(pool->free_ids, sizeof(*fr) * cap);
+  if (!fr) return false;
+  pool->free_ids = fr;
+  pool->cap = cap;
+  return true;
+}
+
+int32_t rt_kv_page_alloc(struct rt_kv_pool *pool) {
+  int32_t id = -1;
+  pthread_mutex_lock(&pool->mu);
+  if (pool->n_free > 0) {
+    id = pool->free_ids[--pool->n_free];
+  } else if (pool->n_pages < pool->cap || pool_grow(pool)) {
+    size_t bytes = (size_t)pool->page_entries * pool->entry_bytes;
+    bytes = (bytes + RT_PAGE_ALIGN - 1) / RT_PAGE_ALIGN * RT_PAGE_ALIGN;
+    uint8_t *mem = aligned_alloc(RT_PAGE_ALIGN, bytes);
+    if (mem) {
+      id = pool->n_pages++;
+      pool->page[id] = mem;
+    }
+  }
+  if (id >= 0) {
+    pool->ref[id] = 1;
+    pool->pages_in_use++;
+  }
+  pthread_mutex_unlock(&pool->mu);
+  return id;
+}
+
+void rt_kv_page_ref(struct rt_kv_pool *pool, int32_t id) {
+  pthread_mutex_lock(&pool->mu);
+  CEDAR_ASSERT(id >= 0 && id < pool->n_pages && pool->ref[id] > 0);
+  pool->ref[id]++;
+  pthread_mutex_unlock(&pool->mu);
+}
+
+void rt_kv_page_unref(struct rt_kv_pool *pool, int32_t id) {
+  pthread_mutex_lock(&pool->mu);
+  CEDAR_ASSERT(id >= 0 && id < pool->n_pages && pool->ref[id] > 0);
+  if (--pool->ref[id] == 0) {
+    pool->free_ids[pool->n_free++] = id;
+    pool->pages_in_use--;
+  }
+  pthread_mutex_unlock(&pool->mu);
+}
+
+static int ring_init(struct rt_ring *g, int window, size_t entry_bytes) {
+  g->window = window;
+  g->entry_bytes = entry_bytes;
+  g->slot = malloc((size_t)window * entry_bytes);
+  g->pos = malloc(sizeof(int64_t) * (size_t)window);
+  if (!g->slot || !g->pos) return CEDAR_ENOMEM;
+  rt_ring_reset(g, 0);
+  return 0;
+}
+
+void rt_ring_reset(struct rt_ring *g, int64_t r0) {
+  for (int i = 0; i < g->window; i++) g->pos[i] = -1;
+  g->r0 = r0;
+}
+
+void rt_ring_put(struct rt_ring *g, int64_t p, const uint8_t *entry) {
+  int slot = (int)(p % g->window);
+  memcpy(g->slot + (size_t)slot * g->entry_bytes, entry, g->entry_bytes);
+  g->pos[slot] = p;
+}
+
+int rt_request_init(struct rt_request *r, int id, const struct plan *p, struct rt_kv_pool *pools,
+                    int64_t max_tokens) {
+  const struct plan_model *m = &p->model;
+  memset(r, 0, sizeof(*r));
+  r->id = id;
+  r->plan = p;
+  r->max_tokens = max_tokens;
+  r->pending = -1;
+  r->tokens = malloc(sizeof(int32_t) * (size_t)(max_tokens > 0 ? max_tokens : 1));
+  if (!r->tokens) goto fail;
+  enum op_scale_kind kind = m->swa.scale == PLAN_SCALE_E8M0 ? OP_SCALE_E8M0 : OP_SCALE_FP32;
+  size_t swa_bytes = op_fp8_bytes(m->head_dim, m->swa.block, kind);
+  for (int l = 0; l < p->n_layers; l++) {
+    if (ring_init(&r->ring[l], m->window, swa_bytes)) goto fail;
+    if (!pools[l].entry_bytes) continue;
+    struct rt_kv_seq *s = &r->seq[l];
+    struct rt_kv_pool *pool = &pools[l];
+    s->pool = pool;
+    int64_t entries = max_tokens / pool->ratio + 1;
+    s->cap_pages = (int)((entries + pool->page_entries - 1) / pool->page_entries);
+    s->page_id = malloc(sizeof(int32_t) * (size_t)s->cap_pages);
+    s->page_ptr = malloc(sizeof(*s->page_ptr) * (size_t)s->cap_pages);
+    if (!s->page_id || !s->page_ptr) goto fail;
+    float *buf = NULL;
+    if (pool->ratio > 1) {
+      buf = malloc(sizeof(float) * op_comp_tail_floats(pool->ratio, m->head_dim));
+      if (!buf) goto fail;
+    }
+    r->tail_buf[l] = buf;
+    CEDAR_ASSERT(op_comp_tail_init(&r->tail[l], buf, pool->ratio, m->head_dim, 0) == 0);
+  }
+  return 0;
+fail:
+  rt_request_free(r);
+  return CEDAR_ENOMEM;
+}
+
+void rt_request_free(struct rt_request *r) {
+  if (!r->plan) return;
+  for (int l = 0; l < r->plan->n_layers; l++) {
+    struct rt_kv_seq *s = &r->seq[l];
+    for (int i = 0; i < s->n_pages; i++) rt_kv_page_unref(s->pool, s->page_id[i]);
+    free(s->page_id);
+    free(s->page_ptr);
+    free(r->tail_buf[l]);
+    free(r->ring[l].slot);
+    free(r->ring[l].pos);
+  }
+  free(r->tokens);
+  memset(r, 0, sizeof(*r));
+}
+
+int rt_kv_append(struct rt_kv_seq *s, const uint8_t *entries, int n) {
+  struct rt_kv_pool *pool = s->pool;
+  int64_t need = s->n_entries + n;
+  int64_t pages = (need + pool->page_entries - 1) / pool->page_entries;
+  if (pages > s->cap_pages) return CEDAR_ENOMEM;
+  int added = 0;
+  while (s->n_pages < pages) {
+    int32_t id = rt_kv_page_alloc(pool);
+    if (id < 0) {
+      while (added-- > 0) rt_kv_page_unref(pool, s->page_id[--s->n_pages]);
+      return CEDAR_ENOMEM;
+    }
+    s->page_id[s->n_pages] = id;
+    s->page_ptr[s->n_pages] = pool->page[id];
+    s->n_pages++;
+    added++;
+  }
+  for (int i = 0; i < n; i++) {
+    int64_t e = s->n_entries + i;
+    uint8_t *dst = (uint8_t *)s->page_ptr[e / pool->page_entries] + (size_t)(e % pool->page_entries) * pool->entry_bytes;
+    memcpy(dst, entries + (size_t)i * pool->entry_bytes, pool->entry_bytes);
+  }
+  __atomic_store_n(&s->n_entries, need, __ATOMIC_RELEASE);
+  return 0;
+}
+
+struct op_kv_view rt_kv_view(const struct rt_kv_seq *s) {
+  const struct rt_kv_pool *pool = s->pool;
+  return (struct op_kv_view){
+      .pages = s->page_ptr,
+      .page_entries = pool->page_entries,
+      .entry_bytes = pool->entry_bytes,
+      .main_off = 0,
+      .idx_off = pool->main_bytes,
+      .n_entries = __atomic_load_n(&s->n_entries, __ATOMIC_ACQUIRE),
+      .ratio = pool->ratio,
+      .main_w = pool->main_w,
+      .main_block = pool->main_block,
+      .idx_w = pool->idx_w,
+      .idx_block = pool->idx_block,
+      .nibble = pool->nibble,
+  };
+}
+
+const uint8_t *rt_kv_entry(const struct rt_kv_seq *s, int64_t e) {
+  CEDAR_ASSERT(e >= 0 && e < s->n_entries);
+  return s->page_ptr[e / s->pool->page_entries] + (size_t)(e % s->pool->page_entries) * s->pool->entry_bytes;
+}
+
+int rt_request_push_token(struct rt_request *r, int32_t tok) {
+  if (r->n_tokens >= r->max_tokens) return CEDAR_EINVAL;
+  r->tokens[r->n_tokens++] = tok;
+  return 0;
+}
+
+void rt_request_bytes(const struct rt_request *r, struct rt_state_bytes *b) {
+  memset(b, 0, sizeof(*b));
+  const struct plan *p = r->plan;
+  for (int l = 0; l < p->n_layers; l++) {
+    const struct rt_kv_seq *s = &r->seq[l];
+    b->swa_bytes += (int64_t)r->ring[l].window * (int64_t)r->ring[l].entry_bytes;
+    if (!s->pool) continue;
+    b->kv_entries += s->n_entries;
+    b->kv_entry_bytes += s->n_entries * (int64_t)s->pool->entry_bytes;
+    b->kv_page_bytes += (int64_t)s->n_pages * s->pool->page_entries * (int64_t)s->pool->entry_bytes;
+    if (s->pool->ratio > 1) b->tail_bytes += (int64_t)op_comp_tail_floats(s->pool->ratio, p->model.head_dim) * 4;
+  }
+  b->token_bytes = r->max_tokens * (int64_t)sizeof(int32_t);
+}

@@ -1,0 +1,498 @@
+/* graph.c: the compiler from a plan to a graph (graph.h), and the edge
+ * derivation. Printing and DOT are in graph_print.c.
+ *
+ * Reading guide: graph_build_prefill and graph_build_decode are the flows of
+ * docs/model.md s6 written as loops over tiles and layers; emit_layer adds
+ * one layer's nodes for one tile with the data each reads and writes; the
+ * edges come from finish() at the end, from the accesses alone.
+ */
+#include "scheduler/graph.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/check.h"
+
+static const char *const op_names[] = {
+#define X(e, s) s,
+    GRAPH_OPS(X)
+#undef X
+};
+
+const char *graph_op_name(enum graph_op op) { return op < GRAPH_OP_COUNT ? op_names[op] : "?"; }
+
+const char *graph_flow_name(enum graph_flow f) {
+  switch (f) {
+  case GRAPH_PREFILL_CED: return "prefill-ced";
+  case GRAPH_PREFILL_DENSE: return "prefill-dense";
+  case GRAPH_DECODE: return "decode";
+  }
+  return "?";
+}
+
+const char *graph_access_name(enum graph_access a) {
+  switch (a) {
+  case GRAPH_R: return "R";
+  case GRAPH_W: return "W";
+  case GRAPH_RW: return "RW";
+  case GRAPH_APPEND: return "APPEND";
+  }
+  return "?";
+}
+
+/* ---- building blocks ---------------------------------------------------- */
+
+/* Per-request data ids fixed for a whole graph. */
+struct ids {
+  int w_model, tokens;
+  int w[PLAN_MAX_LAYERS], ring[PLAN_MAX_LAYERS], tail[PLAN_MAX_LAYERS], kv[PLAN_MAX_LAYERS];
+};
+
+/* Per-tile data ids. */
+struct tile {
+  int chunk;
+  int64_t a;
+  int n;
+  int64_t r0;
+  int x, pre;
+  int topk[PLAN_MAX_LAYERS], pool[PLAN_MAX_LAYERS];
+  char tag[16]; /* "c2", "rp1", "dec" */
+};
+
+static int add_data(struct graph *g, enum graph_data_kind kind, int layer, int chunk, int64_t bytes, const char *fmt,
+                    ...) {
+  if (g->n_data == g->cap_data) {
+    g->cap_data = g->cap_data ? 2 * g->cap_data : 64;
+    g->data = cedar_xrealloc(g->data, sizeof(*g->data) * g->cap_data);
+  }
+  struct graph_data *d = &g->data[g->n_data];
+  memset(d, 0, sizeof(*d));
+  d->kind = kind;
+  d->layer = layer;
+  d->chunk = chunk;
+  d->bytes = bytes;
+  d->last_use = -1;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(d->name, sizeof(d->name), fmt, ap);
+  va_end(ap);
+  return g->n_data++;
+}
+
+static struct graph_node *add_node(struct graph *g, enum graph_op op, int layer, const struct tile *t) {
+  if (g->n_node == g->cap_node) {
+    g->cap_node = g->cap_node ? 2 * g->cap_node : 64;
+    g->node = cedar_xrealloc(g->node, sizeof(*g->node) * g->cap_node);
+  }
+  struct graph_node *nd = &g->node[g->n_node++];
+  memset(nd, 0, sizeof(*nd));
+  nd->op = op;
+  nd->layer = layer;
+  nd->chunk = t->chunk;
+  nd->a = t->a;
+  nd->n = t->n;
+  nd->r0 = t->r0;
+  nd->x = t->x;
+  nd->aux = -1;
+  for (int i = 0; i < 4; i++) nd->bus[i] = -1;
+  nd->next_layer = -1;
+  if (layer >= 0)
+    snprintf(nd->name, sizeof(nd->name), "L%d.%s %s", layer, graph_op_name(op), t->tag);
+  else
+    snprintf(nd->name, sizeof(nd->name), "%s %s", graph_op_name(op), t->tag);
+  return nd;
+}
+
+static void use(struct graph_node *nd, int data, enum graph_access mode) {
+  if (data < 0) return;
+  for (int i = 0; i < nd->n_use; i++)
+    if (nd->use[i].data == data) {
+      if (mode == GRAPH_APPEND || nd->use[i].mode == GRAPH_APPEND)
+        nd->use[i].mode = GRAPH_APPEND;
+      else
+        nd->use[i].mode |= mode;
+      return;
+    }
+  nd->use = cedar_xrealloc(nd->use, sizeof(*nd->use) * (nd->n_use + 1));
+  nd->use[nd->n_use++] = (struct graph_use){data, mode};
+}
+
+/* ---- sizes and flops ---------------------------------------------------- */
+
+static int64_t x_bytes(const struct plan_model *m, int n) { return (int64_t)n * m->hc_streams * m->hidden * 4; }
+
+static int engram_tables(const struct plan_model *m) { return m->engram_n_orders * m->engram_heads; }
+
+static double attn_flops(const struct plan *p, const struct plan_layer *L, int n) {
+  const struct plan_model *m = &p->model;
+  double d = m->hidden, hd = m->heads * (double)m->head_dim;
+  double f = d * m->q_rank + m->q_rank * hd + d * m->head_dim;           /* q latent, q heads, SWA kv */
+  f += hd * 2.0 * (m->window + (plan_is_csa(L) ? m->topk : 0));          /* logits and weighted sum */
+  f += hd * m->o_rank / m->o_groups * m->o_groups + m->o_groups * (double)m->o_rank * d; /* O projection */
+  if (plan_is_index_source(L)) f += m->q_rank * (double)m->idx_heads * m->idx_head_dim + d * m->idx_heads;
+  return 2.0 * f * n;
+}
+
+static double moe_flops(const struct plan_model *m, int n) {
+  double d = m->hidden;
+  double f = d * m->n_routed + 3.0 * d * (m->n_active * (double)m->moe_inter + m->n_shared * (double)m->shared_inter);
+  return 2.0 * f * n;
+}
+
+/* ---- one layer of one tile ---------------------------------------------- */
+
+struct ctx {
+  struct graph *g;
+  const struct plan *p;
+  struct ids id;
+  int first_dec;      /* first decoder layer, or n_layers when none */
+  bool ced;
+};
+
+static bool restarts(const struct ctx *c, int l) {
+  return l == 0 || l == c->first_dec || !c->p->model.hc_single_pass;
+}
+
+static void emit_engram(struct ctx *c, struct tile *t, int l) {
+  const struct plan_model *m = &c->p->model;
+  int e = add_data(c->g, GRAPH_ACT, l, t->chunk, (int64_t)t->n * engram_tables(m) * m->engram_head_dim * 4,
+                   "L%d.engram_e %s", l, t->tag);
+  struct graph_node *nd = add_node(c->g, GRAPH_ENGRAM_GATHER, l, t);
+  nd->x = -1;
+  nd->aux = e;
+  use(nd, c->id.tokens, GRAPH_R);
+  use(nd, c->id.w[l], GRAPH_R);
+  use(nd, e, GRAPH_W);
+  nd = add_node(c->g, GRAPH_ENGRAM, l, t);
+  nd->aux = e;
+  use(nd, t->x, GRAPH_RW);
+  use(nd, e, GRAPH_R);
+  use(nd, c->id.w[l], GRAPH_R);
+  nd->flops = 2.0 * t->n * (m->hc_streams + 1.0) * m->hidden * engram_tables(m) * m->engram_head_dim;
+}
+
+/* Attention and MoE of layer l on tile t. write_kv: a KV source appends from
+ * its own input (always for encoder sources; decoder sources only when CED
+ * is off). */
+static void emit_layer(struct ctx *c, struct tile *t, int l, bool write_kv) {
+  const struct plan *p = c->p;
+  const struct plan_model *m = &p->model;
+  const struct plan_layer *L = &p->layer[l];
+  struct graph *g = c->g;
+
+  struct graph_node *nd = add_node(g, GRAPH_ATTN, l, t);
+  nd->aux = t->pre;
+  use(nd, t->x, GRAPH_RW);
+  use(nd, t->pre, GRAPH_RW);
+  use(nd, c->id.w[l], GRAPH_R);
+  use(nd, c->id.ring[l], GRAPH_RW);
+  if (restarts(c, l)) nd->flags |= GRAPH_F_RESTART;
+  if (m->hc_single_pass) nd->flags |= GRAPH_F_PRE_NEXT;
+  if (t->r0 > 0) nd->flags |= GRAPH_F_REPLAY;
+  if (plan_is_kv_source(L) && write_kv) {
+    nd->flags |= GRAPH_F_WRITE_KV;
+    use(nd, c->id.tail[l], GRAPH_RW);
+    use(nd, c->id.kv[l], GRAPH_APPEND);
+  }
+  if (plan_is_csa(L)) use(nd, c->id.kv[L->kv_src], GRAPH_R);
+  if (plan_is_index_source(L)) {
+    t->topk[l] = add_data(g, GRAPH_BUS, l, t->chunk, (int64_t)t->n * m->topk * 4, "L%d.topk %s", l, t->tag);
+    use(nd, t->topk[l], GRAPH_W);
+    nd->bus[GRAPH_TOPK_OUT] = t->topk[l];
+  }
+  if (L->cand == PLAN_CAND_BUILD) {
+    nd->flags |= GRAPH_F_BUILD_POOL;
+    t->pool[l] = add_data(g, GRAPH_BUS, l, t->chunk, (int64_t)t->n * m->cand_top_blocks * 4, "L%d.pool %s", l,
+                          t->tag);
+    use(nd, t->pool[l], GRAPH_W);
+    nd->bus[GRAPH_POOL_OUT] = t->pool[l];
+  }
+  if (L->mode == PLAN_REINDEX && L->cand == PLAN_CAND_READ) {
+    CEDAR_ASSERT(t->pool[L->pool_src] >= 0);
+    use(nd, t->pool[L->pool_src], GRAPH_R);
+    nd->bus[GRAPH_POOL_IN] = t->pool[L->pool_src];
+  }
+  if (L->mode == PLAN_REUSE) {
+    CEDAR_ASSERT(t->topk[L->topk_src] >= 0);
+    use(nd, t->topk[L->topk_src], GRAPH_R);
+    nd->bus[GRAPH_TOPK_IN] = t->topk[L->topk_src];
+  }
+  nd->flops = attn_flops(p, L, t->n);
+
+  nd = add_node(g, GRAPH_MOE, l, t);
+  nd->aux = t->pre;
+  use(nd, t->x, GRAPH_RW);
+  use(nd, t->pre, GRAPH_RW);
+  use(nd, c->id.w[l], GRAPH_R);
+  nd->flops = moe_flops(m, t->n);
+  if (m->hc_single_pass && l + 1 < p->n_layers && !restarts(c, l + 1)) {
+    nd->flags |= GRAPH_F_PRE_NEXT;
+    nd->next_layer = l + 1;
+  }
+}
+
+/* A tile's own activations: the residual streams and the mHC pre. */
+static void tile_init(struct ctx *c, struct tile *t, int chunk, int64_t a, int n, int64_t r0, const char *tag) {
+  memset(t, 0, sizeof(*t));
+  t->chunk = chunk;
+  t->a = a;
+  t->n = n;
+  t->r0 = r0;
+  snprintf(t->tag, sizeof(t->tag), "%s", tag);
+  const struct plan_model *m = &c->p->model;
+  t->x = add_data(c->g, GRAPH_ACT, -1, chunk, x_bytes(m, n), "X %s", tag);
+  t->pre = add_data(c->g, GRAPH_ACT, -1, chunk, (int64_t)n * m->hc_streams * 4, "pre %s", tag);
+  c->g->data[t->x].a0 = c->g->data[t->pre].a0 = a;
+  for (int l = 0; l < PLAN_MAX_LAYERS; l++) t->topk[l] = t->pool[l] = -1;
+}
+
+static void emit_head(struct ctx *c, struct tile *t, int64_t a, int n) {
+  const struct plan_model *m = &c->p->model;
+  int lg = add_data(c->g, GRAPH_ACT, -1, t->chunk, (int64_t)n * m->vocab * 4, "logits %s", t->tag);
+  struct tile h = *t;
+  h.a = a;
+  h.n = n;
+  struct graph_node *nd = add_node(c->g, GRAPH_HEAD, -1, &h);
+  nd->x = t->x;
+  nd->aux = lg;
+  c->g->out_rows += n;
+  use(nd, t->x, GRAPH_R);
+  use(nd, c->id.w_model, GRAPH_R);
+  use(nd, lg, GRAPH_W);
+  nd->flops = 2.0 * n * m->vocab * m->hidden;
+}
+
+/* Layers [lo, hi) of a tile, Engram rows gathered first. */
+static void emit_layers(struct ctx *c, struct tile *t, int lo, int hi, bool write_dec_kv) {
+  for (int l = lo; l < hi; l++) {
+    if (c->p->layer[l].engram) emit_engram(c, t, l);
+    emit_layer(c, t, l, c->p->layer[l].region == PLAN_ENCODER || write_dec_kv);
+  }
+}
+
+/* Under CED: every decoder KV source appends the tile's entries, projected
+ * from the encoder output (docs/model.md s3.1). */
+static void emit_dec_kv(struct ctx *c, struct tile *t) {
+  const struct plan_model *m = &c->p->model;
+  for (int l = c->first_dec; l < c->p->n_layers; l++) {
+    if (!plan_is_kv_source(&c->p->layer[l])) continue;
+    struct graph_node *nd = add_node(c->g, GRAPH_DEC_KV, l, t);
+    use(nd, t->x, GRAPH_R);
+    use(nd, c->id.w[l], GRAPH_R);
+    use(nd, c->id.tail[l], GRAPH_RW);
+    use(nd, c->id.kv[l], GRAPH_APPEND);
+    nd->flops = 2.0 * t->n * ((double)m->hc_streams * m->hidden * (2 + m->hc_streams) * m->hc_streams + 2.0 * m->hidden * m->head_dim);
+  }
+}
+
+/* ---- edges --------------------------------------------------------------- */
+
+static void add_dep(struct graph_node *nd, int from) {
+  if (from < 0) return;
+  for (int i = 0; i < nd->n_dep; i++)
+    if (nd->dep[i] == from) return;
+  nd->dep = cedar_xrealloc(nd->dep, sizeof(int) * (nd->n_dep + 1));
+  nd->dep[nd->n_dep++] = from;
+}
+
+static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+/* Derive edges from accesses in program order, and each data's last use. */
+static void finish(struct graph *g) {
+  int n = g->n_data;
+  int *writer = cedar_xmalloc(sizeof(int) * n), *appender = cedar_xmalloc(sizeof(int) * n);
+  int **readers = cedar_xcalloc(n, sizeof(int *));
+  int *n_readers = cedar_xcalloc(n, sizeof(int));
+  for (int i = 0; i < n; i++) writer[i] = appender[i] = -1;
+  g->token_layers = 0;
+  for (int k = 0; k < g->n_node; k++) {
+    struct graph_node *nd = &g->node[k];
+    if (nd->op == GRAPH_ATTN) g->token_layers += nd->n;
+    for (int u = 0; u < nd->n_use; u++) {
+      int d = nd->use[u].data;
+      g->data[d].last_use = k;
+      add_dep(nd, writer[d]);
+      add_dep(nd, appender[d]);
+      switch (nd->use[u].mode) {
+      case GRAPH_R:
+        readers[d] = cedar_xrealloc(readers[d], sizeof(int) * (n_readers[d] + 1));
+        readers[d][n_readers[d]++] = k;
+        break;
+      case GRAPH_APPEND:
+        appender[d] = k;
+        break;
+      default:
+        for (int r = 0; r < n_readers[d]; r++) add_dep(nd, readers[d][r]);
+        n_readers[d] = 0;
+        writer[d] = k;
+        break;
+      }
+    }
+    for (int i = 0; i < nd->n_dep; i++) CEDAR_ASSERT(nd->dep[i] < k);
+    qsort(nd->dep, nd->n_dep, sizeof(int), cmp_int);
+    if (nd->n_dep == 0) {
+      free(nd->dep);
+      nd->dep = NULL;
+    }
+  }
+  for (int i = 0; i < n; i++) free(readers[i]);
+  free(readers);
+  free(n_readers);
+  free(writer);
+  free(appender);
+}
+
+/* ---- flows --------------------------------------------------------------- */
+
+static void ctx_init(struct ctx *c, struct graph *g, const struct plan *p, enum graph_flow flow) {
+  memset(g, 0, sizeof(*g));
+  g->plan = p;
+  g->flow = flow;
+  memset(c, 0, sizeof(*c));
+  c->g = g;
+  c->p = p;
+  c->ced = p->serving.ced;
+  c->first_dec = p->n_layers;
+  for (int l = 0; l < p->n_layers; l++)
+    if (p->layer[l].region == PLAN_DECODER) {
+      c->first_dec = l;
+      break;
+    }
+  c->id.w_model = add_data(g, GRAPH_WEIGHTS, -1, -1, 0, "W model");
+  c->id.tokens = add_data(g, GRAPH_STATE, -1, -1, 0, "tokens");
+  g->data[c->id.tokens].state = GRAPH_ST_TOKENS;
+  for (int l = 0; l < p->n_layers; l++) {
+    c->id.w[l] = add_data(g, GRAPH_WEIGHTS, l, -1, 0, "W L%d", l);
+    c->id.ring[l] = add_data(g, GRAPH_STATE, l, -1, 0, "L%d.ring", l);
+    g->data[c->id.ring[l]].state = GRAPH_ST_RING;
+    c->id.tail[l] = c->id.kv[l] = -1;
+    if (!plan_is_kv_source(&p->layer[l])) continue;
+    c->id.tail[l] = add_data(g, GRAPH_STATE, l, -1, 0, "L%d.tail", l);
+    g->data[c->id.tail[l]].state = GRAPH_ST_TAIL;
+    c->id.kv[l] = add_data(g, GRAPH_STATE, l, -1, 0, "L%d.kv", l);
+    g->data[c->id.kv[l]].state = GRAPH_ST_KV;
+  }
+}
+
+/* The embedding of a tile's tokens into its residual streams. */
+static void emit_embed(struct ctx *c, struct tile *t) {
+  struct graph_node *nd = add_node(c->g, GRAPH_EMBED, -1, t);
+  use(nd, c->id.tokens, GRAPH_R);
+  use(nd, c->id.w_model, GRAPH_R);
+  use(nd, t->x, GRAPH_W);
+  use(nd, t->pre, GRAPH_W);
+  nd->aux = t->pre;
+}
+
+int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const struct graph_opts *o, char *err,
+                        size_t err_len) {
+  int chunk = o && o->chunk > 0 ? o->chunk : p->serving.prefill_chunk;
+  if (n < 1) {
+    snprintf(err, err_len, "a prefill needs at least one token (got %lld)", (long long)n);
+    return CEDAR_EINVAL;
+  }
+  if (chunk < 1) {
+    snprintf(err, err_len, "--chunk must be at least 1 (got %d)", chunk);
+    return CEDAR_EINVAL;
+  }
+  struct ctx c;
+  ctx_init(&c, g, p, p->serving.ced ? GRAPH_PREFILL_CED : GRAPH_PREFILL_DENSE);
+  g->n_prompt = n;
+  g->chunk = chunk;
+  int64_t replay = o && o->replay >= 0 ? o->replay : p->serving.replay_decoder;
+  if (replay < 0) replay = p->model.window;
+  bool dense = !c.ced || c.first_dec == p->n_layers;
+  g->replay = dense ? 0 : (replay < n ? replay : n);
+  int hi = dense ? p->n_layers : c.first_dec;
+
+  int n_chunks = (int)((n + chunk - 1) / chunk);
+  int *xs = cedar_xmalloc(sizeof(int) * n_chunks);
+  for (int k = 0; k < n_chunks; k++) {
+    int64_t a = (int64_t)k * chunk;
+    int len = (int)(n - a < chunk ? n - a : chunk);
+    char tag[16];
+    snprintf(tag, sizeof(tag), "c%d", k);
+    struct tile t;
+    tile_init(&c, &t, k, a, len, 0, tag);
+    g->data[t.x].chunk = k;
+    xs[k] = t.x;
+    emit_embed(&c, &t);
+    emit_layers(&c, &t, 0, hi, dense);
+    bool all = o && o->all_logits;
+    if (dense) {
+      if (all)
+        emit_head(&c, &t, a, len);
+      else if (k == n_chunks - 1)
+        emit_head(&c, &t, n - 1, 1);
+    } else {
+      emit_dec_kv(&c, &t);
+    }
+  }
+  if (!dense) {
+    /* The decoder's bounded replay of [n - R, n), chunked like the prompt. */
+    int64_t r0 = n - g->replay;
+    int k = 0;
+    for (int64_t a = r0; a < n; a += chunk, k++) {
+      int len = (int)(n - a < chunk ? n - a : chunk);
+      char tag[16];
+      snprintf(tag, sizeof(tag), "rp%d", k);
+      struct tile t;
+      tile_init(&c, &t, k, a, len, r0, tag);
+      struct graph_node *nd = add_node(g, GRAPH_REPLAY_IN, -1, &t);
+      nd->aux = t.pre;
+      for (int ck = (int)(a / chunk); ck <= (int)((a + len - 1) / chunk); ck++) use(nd, xs[ck], GRAPH_R);
+      use(nd, t.x, GRAPH_W);
+      use(nd, t.pre, GRAPH_W);
+      emit_layers(&c, &t, c.first_dec, p->n_layers, false);
+      if (o && o->all_logits)
+        emit_head(&c, &t, a, len);
+      else if (a + len == n)
+        emit_head(&c, &t, n - 1, 1);
+    }
+  }
+  free(xs);
+  finish(g);
+  return 0;
+}
+
+int graph_build_decode(struct graph *g, const struct plan *p, int64_t pos, char *err, size_t err_len) {
+  if (pos < 0) {
+    snprintf(err, err_len, "a decode step needs a position >= 0 (got %lld)", (long long)pos);
+    return CEDAR_EINVAL;
+  }
+  struct ctx c;
+  ctx_init(&c, g, p, GRAPH_DECODE);
+  g->n_prompt = pos;
+  g->chunk = 1;
+  struct tile t;
+  tile_init(&c, &t, 0, pos, 1, 0, "dec");
+  emit_embed(&c, &t);
+  if (c.ced && c.first_dec < p->n_layers) {
+    emit_layers(&c, &t, 0, c.first_dec, false);
+    emit_dec_kv(&c, &t);
+    emit_layers(&c, &t, c.first_dec, p->n_layers, false);
+  } else {
+    emit_layers(&c, &t, 0, p->n_layers, true);
+  }
+  emit_head(&c, &t, pos, 1);
+  finish(g);
+  return 0;
+}
+
+void graph_free(struct graph *g) {
+  for (int k = 0; k < g->n_node; k++) {
+    free(g->node[k].use);
+    free(g->node[k].dep);
+  }
+  free(g->node);
+  free(g->data);
+  memset(g, 0, sizeof(*g));
+}
+
+int graph_count_op(const struct graph *g, enum graph_op op, int layer) {
+  int k = 0;
+  for (int i = 0; i < g->n_node; i++)
+    if (g->node[i].op == op && (layer < 0 || g->node[i].layer == layer)) k++;
+  return k;
+}

@@ -1,0 +1,158 @@
+/* graph.h: the graph IR cedar executes, and the compiler that builds it from
+ * a plan (DESIGN.md: plan -> graph -> executors).
+ *
+ * A graph is a list of nodes in a valid execution order (the order the
+ * compiler emitted them: a sequential program), explicit dependency edges
+ * between them, and the data objects they touch:
+ *
+ *   node   one op group on one tile: (request, layer, position range).
+ *          Kinds (enum graph_op): embed, Engram row gather, Engram
+ *          injection, attention sublayer, MoE sublayer, decoder-global
+ *          projection (CED), replay input, head (logits).
+ *   data   weights (per layer and model-wide), request state (a layer's SWA
+ *          ring, a source's compressor tail, a source's global KV pool,
+ *          token history), buses (a chunk's Top-K and candidate pool) and
+ *          activations (a chunk's residual streams, mHC pre, Engram rows,
+ *          logits). Each has a kind, a name and a size.
+ *   access every node lists the data it reads, writes, reads and writes, or
+ *          appends to (GRAPH_APPEND: the global KV pools are append-only, so
+ *          an append waits for the previous append only, never for earlier
+ *          readers: the entries they read never change).
+ *   edges  derived once by the compiler from the accesses in program order
+ *          (read after write, write after read, write after write; appends
+ *          as above) and then stored: executors submit exactly these edges
+ *          and never infer their own.
+ *
+ * The compiler reads the plan, never hard-coded layer numbers. Flows
+ * (docs/model.md s6): cold prefill with CED (encoder layers chunk by chunk,
+ * decoder KV sources projected from the encoder output chunk by chunk,
+ * then the decoder's bounded replay of the last min(N, replay) positions),
+ * dense prefill (every chunk through every layer), and one decode step.
+ *
+ * Not here: executing nodes (runtime/exec.h), state (runtime/state.h).
+ * Test: tests/test_graph.c (ctest -R graph).
+ */
+#ifndef CEDAR_SCHEDULER_GRAPH_H
+#define CEDAR_SCHEDULER_GRAPH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "scheduler/plan.h"
+
+/* Op groups, in one list: the enum and the names traces and `cedar graph
+ * show` print come from it. */
+#define GRAPH_OPS(X)             \
+  X(EMBED, "embed")              \
+  X(ENGRAM_GATHER, "engram_rows") \
+  X(ENGRAM, "engram")            \
+  X(ATTN, "attn")                \
+  X(MOE, "moe")                  \
+  X(DEC_KV, "dec_kv")            \
+  X(REPLAY_IN, "replay_in")      \
+  X(HEAD, "head")
+
+enum graph_op {
+#define X(e, s) GRAPH_##e,
+  GRAPH_OPS(X)
+#undef X
+  GRAPH_OP_COUNT
+};
+
+enum graph_data_kind { GRAPH_WEIGHTS = 0, GRAPH_STATE, GRAPH_BUS, GRAPH_ACT };
+enum graph_access { GRAPH_R = 1, GRAPH_W = 2, GRAPH_RW = 3, GRAPH_APPEND = 4 };
+enum graph_flow { GRAPH_PREFILL_CED = 0, GRAPH_PREFILL_DENSE, GRAPH_DECODE };
+
+/* What a state data object is (for executors binding it to a request). */
+enum graph_state_kind { GRAPH_ST_NONE = 0, GRAPH_ST_RING, GRAPH_ST_TAIL, GRAPH_ST_KV, GRAPH_ST_TOKENS };
+
+struct graph_data {
+  enum graph_data_kind kind;
+  enum graph_state_kind state; /* GRAPH_STATE only */
+  int layer;                   /* -1 when model-wide or per chunk */
+  int chunk;                   /* -1 when not per chunk */
+  int64_t bytes;               /* activations and buses: the buffer size; state/weights: 0 (owned elsewhere) */
+  int64_t a0;                  /* activations per tile: the tile's first position */
+  int last_use;                /* the last node touching it (executors free activations there) */
+  char name[32];
+};
+
+struct graph_use {
+  int data;
+  enum graph_access mode;
+};
+
+/* The buses an ATTN node touches (graph_node.bus). */
+enum graph_bus_slot { GRAPH_TOPK_OUT = 0, GRAPH_POOL_OUT, GRAPH_TOPK_IN, GRAPH_POOL_IN };
+
+/* Node flags. */
+#define GRAPH_F_WRITE_KV 1u    /* ATTN of a KV source: append this tile's entries from its own input */
+#define GRAPH_F_RESTART 2u     /* sublayer's mHC pre comes from its own input (chain restart) */
+#define GRAPH_F_PRE_NEXT 4u    /* compute the next sublayer's mHC pre (single pass) */
+#define GRAPH_F_BUILD_POOL 8u  /* ATTN of a pool-building layer */
+#define GRAPH_F_REPLAY 16u     /* tile of a decoder bounded replay */
+
+struct graph_node {
+  enum graph_op op;
+  int layer;         /* -1 for embed / head / replay_in */
+  int chunk;         /* tile index inside its phase */
+  int64_t a;         /* first absolute position */
+  int n;             /* positions */
+  int64_t r0;        /* SWA replay start the tile's attention uses */
+  unsigned flags;
+  int x;             /* the residual-stream activation the node works on (-1 none) */
+  int aux;           /* ATTN/MOE: the tile's mHC pre; ENGRAM_GATHER/ENGRAM: the rows e; HEAD: the logits */
+  int bus[4];        /* ATTN: enum graph_bus_slot -> data id, -1 when unused */
+  int next_layer;    /* MOE with GRAPH_F_PRE_NEXT: the layer whose attention pre it computes */
+  struct graph_use *use;
+  int n_use;
+  int *dep;          /* nodes this one waits for (all earlier in order) */
+  int n_dep;
+  double flops;      /* estimate, for traces */
+  char name[40];     /* "L3.attn c2", "embed c0", ... */
+};
+
+struct graph {
+  const struct plan *plan;
+  enum graph_flow flow;
+  int64_t n_prompt;  /* prefill: prompt length; decode: the position run */
+  int chunk;         /* positions per tile */
+  int64_t replay;    /* CED: decoder replay length R */
+  struct graph_node *node;
+  int n_node, cap_node;
+  struct graph_data *data;
+  int n_data, cap_data;
+  int64_t token_layers; /* sum over ATTN nodes of their positions */
+  int64_t out_rows;     /* logits rows the HEAD nodes produce, in node order */
+};
+
+/* Compile options. chunk <= 0 takes serving.prefill_chunk; replay < 0 takes
+ * serving.replay.decoder (which defaults to the window). */
+struct graph_opts {
+  int chunk;
+  int64_t replay;
+  bool all_logits;   /* logits of every position that runs through every layer, not only the last */
+};
+
+/* Build the graph of one flow for one request: prefill of n tokens (CED or
+ * dense by the plan's serving.ced), or one decode step at opts->start.
+ * Returns 0, or CEDAR_EINVAL with a message (n < 1, a bad chunk). */
+int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const struct graph_opts *o, char *err,
+                        size_t err_len);
+int graph_build_decode(struct graph *g, const struct plan *p, int64_t pos, char *err, size_t err_len);
+void graph_free(struct graph *g);
+
+const char *graph_op_name(enum graph_op op);
+const char *graph_flow_name(enum graph_flow f);
+const char *graph_access_name(enum graph_access a);
+
+/* Human-readable listing (`cedar graph show`), and Graphviz DOT. */
+void graph_print(const struct graph *g, FILE *f, bool verbose);
+void graph_dot(const struct graph *g, FILE *f);
+
+/* Counts for tests and reports. */
+int graph_count_op(const struct graph *g, enum graph_op op, int layer /* -1 any */);
+
+#endif
