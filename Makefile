@@ -2,7 +2,7 @@
 # this file only names the build directories and the flags each job uses.
 #
 #   make               configure + build into build/, then run the main job
-#                      (`cedar plan cost` on the default plan)
+#                      (`cedar run`: the default plan on synthetic weights)
 #   make test          build, then ctest in build/ (the README's test command)
 #   make asan          ASan+UBSan (gcc, CPU-only) build in build-asan/, ctest
 #                      there with LeakSanitizer on
@@ -55,7 +55,7 @@ build:
 	cmake --build build -j$(JOBS)
 
 run: build
-	./build/cedar plan cost
+	./build/cedar run
 
 test: build
 	$(TEST_ENV) ctest --test-dir build --output-on-failure -j$(JOBS)

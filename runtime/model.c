@@ -143,6 +143,7 @@ static int init_engram(struct rt_model *M, char *err, size_t err_len) {
 int rt_model_init(struct rt_model *M, const struct plan *p, const struct weights *w, char *err, size_t err_len) {
   const struct plan_model *m = &p->model;
   memset(M, 0, sizeof(*M));
+  op_blas_init(); /* one BLAS thread: parallelism comes from the graph (ops/basic.h) */
   M->p = p;
   M->w = w;
   M->eps = (float)m->norm_eps;

@@ -1,5 +1,5 @@
 /* graph.c: the compiler from a plan to a graph (graph.h), and the edge
- * derivation. Printing and DOT are in graph_print.c.
+ * derivation. Printing and DOT are in viz/graph_print.c.
  *
  * Reading guide: graph_build_prefill and graph_build_decode are the flows of
  * docs/model.md s6 written as loops over tiles and layers; emit_layer adds

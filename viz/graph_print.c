@@ -1,4 +1,4 @@
-/* graph_print.c: a graph as text (`cedar graph show`) and as Graphviz DOT
+/* viz/graph_print.c: a graph as text (`cedar graph show`) and as Graphviz DOT
  * (`cedar graph dot`, `cedar run --dot`). Pure formatting of graph.h data. */
 #include <inttypes.h>
 
