@@ -254,10 +254,12 @@ static void report_text(const struct plan *p, const struct ropts *o, const struc
                         const struct drift *dr, long rss_kb) {
   char fp[17];
   weights_fingerprint_hex(w->list.fingerprint, fp);
-  printf("plan %s (%s, %d layers), weights %s%s (fingerprint %s)\n", p->name,
-         res->replay ? "CED" : "dense", p->n_layers, w->synthetic ? "synthetic, seed " : o->weights,
-         w->synthetic ? "" : "", fp);
-  if (w->synthetic) printf("  (seed %" PRIu64 ")\n", w->seed);
+  printf("plan %s (%s, %d layers); weights ", p->name, res->replay ? "CED" : "dense", p->n_layers);
+  if (w->synthetic && !o->weights)
+    printf("synthetic, seed %" PRIu64, w->seed);
+  else
+    printf("%s", o->weights);
+  printf(" (fingerprint %s)\n", fp);
   printf("prompt %" PRId64 " tokens; generated %d:", n, res->n_tokens);
   for (int i = 0; i < res->n_tokens; i++) printf(" %d", res->tokens[i]);
   printf("\nTTFT %.3f s", res->ttft_s);
