@@ -3,8 +3,11 @@
 #include <string.h>
 #include <time.h>
 
+#include <math.h>
+
 #include "runtime/check.h"
 #include "runtime/exec.h"
+#include "runtime/log.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -63,6 +66,17 @@ static void replay_in(struct bufs *b, const struct rt_model *M, const struct gra
   memset(buf(b, nd->aux), 0, sizeof(float) * (size_t)nd->n * m->hc_streams);
 }
 
+/* CEDAR_LOG=debug: the RMS of the residual streams after each layer, the
+ * check that synthetic weights keep activations O(1) (docs/weights.md). */
+static void log_rms(struct bufs *b, const struct rt_model *M, const struct graph_node *nd) {
+  const struct plan_model *m = &M->p->model;
+  const float *X = buf(b, nd->x);
+  size_t cnt = (size_t)nd->n * m->hc_streams * m->hidden;
+  double ss = 0;
+  for (size_t i = 0; i < cnt; i++) ss += (double)X[i] * X[i];
+  LOG_DEBUG("%s: residual RMS %.4g over %d positions", nd->name, sqrt(ss / (double)cnt), nd->n);
+}
+
 static int run_node(struct bufs *b, const struct rt_model *M, struct rt_request *r, const struct graph_node *nd,
                     struct rt_exec_out *out, int64_t *out_row, struct rt_arena *ar) {
   const struct plan_model *m = &M->p->model;
@@ -85,6 +99,7 @@ static int run_node(struct bufs *b, const struct rt_model *M, struct rt_request 
   }
   case GRAPH_MOE:
     rt_moe(M, nd, buf(b, nd->x), buf(b, nd->aux), ar);
+    if (cedar_log_level() >= CEDAR_LOG_DEBUG) log_rms(b, M, nd);
     return 0;
   case GRAPH_DEC_KV:
     return rt_dec_kv(M, r, nd->layer, buf(b, nd->x), nd->a, nd->n, ar);
