@@ -404,6 +404,13 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
   if (replay < 0) replay = p->model.window;
   bool dense = !c.ced || c.first_dec == p->n_layers;
   g->replay = dense ? 0 : (replay < n ? replay : n);
+  if (!dense && g->replay < 1) {
+    snprintf(err, err_len, "the decoder replay must cover at least the last position under CED (got %lld): the "
+             "first token's logits come from the decoder", (long long)replay);
+    free(g->data);
+    memset(g, 0, sizeof(*g));
+    return CEDAR_EINVAL;
+  }
   int hi = dense ? p->n_layers : c.first_dec;
 
   int n_chunks = (int)((n + chunk - 1) / chunk);
