@@ -73,6 +73,11 @@ void rt_kv_pools_free(struct rt_kv_pool *pools, int n_layers) {
   }
 }
 
+size_t rt_kv_page_bytes(const struct rt_kv_pool *pool) {
+  size_t bytes = (size_t)pool->page_entries * pool->entry_bytes;
+  return (bytes + RT_PAGE_ALIGN - 1) / RT_PAGE_ALIGN * RT_PAGE_ALIGN;
+}
+
 static bool pool_grow(struct rt_kv_pool *pool) {
   int cap = pool->cap ? 2 * pool->cap : 16;
   uint8_t **page = realloc(pool->page, sizeof(*page) * cap);
@@ -91,12 +96,12 @@ static bool pool_grow(struct rt_kv_pool *pool) {
 int32_t rt_kv_page_alloc(struct rt_kv_pool *pool) {
   int32_t id = -1;
   pthread_mutex_lock(&pool->mu);
-  if (pool->n_free > 0) {
+  if (pool->max_pages > 0 && pool->pages_in_use >= pool->max_pages) {
+    /* full: the caller fails its request */
+  } else if (pool->n_free > 0) {
     id = pool->free_ids[--pool->n_free];
   } else if (pool->n_pages < pool->cap || pool_grow(pool)) {
-    size_t bytes = (size_t)pool->page_entries * pool->entry_bytes;
-    bytes = (bytes + RT_PAGE_ALIGN - 1) / RT_PAGE_ALIGN * RT_PAGE_ALIGN;
-    uint8_t *mem = aligned_alloc(RT_PAGE_ALIGN, bytes);
+    uint8_t *mem = aligned_alloc(RT_PAGE_ALIGN, rt_kv_page_bytes(pool));
     if (mem) {
       id = pool->n_pages++;
       pool->page[id] = mem;
@@ -264,7 +269,7 @@ void rt_request_bytes(const struct rt_request *r, struct rt_state_bytes *b) {
     if (!s->pool) continue;
     b->kv_entries += s->n_entries;
     b->kv_entry_bytes += s->n_entries * (int64_t)s->pool->entry_bytes;
-    b->kv_page_bytes += (int64_t)s->n_pages * s->pool->page_entries * (int64_t)s->pool->entry_bytes;
+    b->kv_page_bytes += (int64_t)s->n_pages * (int64_t)rt_kv_page_bytes(s->pool);
     if (s->pool->ratio > 1) b->tail_bytes += (int64_t)op_comp_tail_floats(s->pool->ratio, p->model.head_dim) * 4;
   }
   b->token_bytes = r->max_tokens * (int64_t)sizeof(int32_t);

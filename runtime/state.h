@@ -61,6 +61,7 @@ struct rt_kv_pool {
   int32_t *free_ids;           /* (cap) stack of free slot ids */
   int n_free;
   int64_t pages_in_use;
+  int64_t max_pages;           /* 0 = bounded by memory only; else allocation fails at this many in use */
   pthread_mutex_t mu;
 };
 
@@ -85,7 +86,7 @@ struct rt_ring {
 /* Bytes by state class (rt_request_bytes). */
 struct rt_state_bytes {
   int64_t kv_entries, kv_entry_bytes; /* committed, all sources (= plan cost) */
-  int64_t kv_page_bytes;              /* allocated pages held by this request */
+  int64_t kv_page_bytes;              /* allocated pages held by this request, alignment included */
   int64_t swa_bytes;                  /* rings: payload + scales, all layers */
   int64_t tail_bytes;                 /* ratio > 1 sources' tails */
   int64_t token_bytes;                /* token history (capacity) */
@@ -112,6 +113,8 @@ int rt_kv_pools_init(struct rt_kv_pool *pools /* (PLAN_MAX_LAYERS) */, const str
                      size_t err_len);
 void rt_kv_pools_free(struct rt_kv_pool *pools /* (PLAN_MAX_LAYERS) */, int n_layers);
 
+/* Bytes of one page as allocated (entries rounded up to 64-byte alignment). */
+size_t rt_kv_page_bytes(const struct rt_kv_pool *pool);
 /* A page from the pool with refcount 1; -1 when memory is exhausted. */
 int32_t rt_kv_page_alloc(struct rt_kv_pool *pool);
 void rt_kv_page_ref(struct rt_kv_pool *pool, int32_t id);

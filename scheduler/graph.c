@@ -330,7 +330,7 @@ static void finish(struct graph *g) {
       }
     }
     for (int i = 0; i < nd->n_dep; i++) CEDAR_ASSERT(nd->dep[i] < k);
-    qsort(nd->dep, nd->n_dep, sizeof(int), cmp_int);
+    if (nd->n_dep > 1) qsort(nd->dep, nd->n_dep, sizeof(int), cmp_int);
     if (nd->n_dep == 0) {
       free(nd->dep);
       nd->dep = NULL;
