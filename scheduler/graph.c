@@ -385,24 +385,85 @@ static void emit_embed(struct ctx *c, struct tile *t) {
   nd->aux = t->pre;
 }
 
-int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const struct graph_opts *o, char *err,
-                        size_t err_len) {
-  int chunk = o && o->chunk > 0 ? o->chunk : p->serving.prefill_chunk;
+/* The tiles of one prefill whose streams REPLAY_IN may read. */
+struct xlist {
+  int *x;
+  int64_t *a;
+  int *n, count;
+};
+
+/* One tile of positions [a, a + len) through layers [0, hi) (plus, under
+ * CED, the decoder-global projection). write: the tile is new to the global
+ * KV (not an encoder replay of cached positions). */
+static void emit_prefix_tile(struct ctx *c, struct xlist *xs, const char *kind, int k, int64_t a, int len,
+                             int64_t r0, int hi, bool dense, bool write, bool head_all, bool head_last) {
+  char tag[16];
+  snprintf(tag, sizeof(tag), "%s%d", kind, k);
+  struct tile t;
+  tile_init(c, &t, k, a, len, r0, tag);
+  xs->x[xs->count] = t.x;
+  xs->a[xs->count] = a;
+  xs->n[xs->count++] = len;
+  emit_embed(c, &t);
+  for (int l = 0; l < hi; l++) {
+    if (c->p->layer[l].engram) emit_engram(c, &t, l);
+    emit_layer(c, &t, l, write && (dense || c->p->layer[l].region == PLAN_ENCODER));
+  }
+  if (dense) {
+    if (head_all)
+      emit_head(c, &t, a, len);
+    else if (head_last)
+      emit_head(c, &t, a + len - 1, 1);
+  } else if (write) {
+    emit_dec_kv(c, &t);
+  }
+}
+
+/* Check the options against the plan and fill the derived lengths. */
+static int prefill_opts(const struct plan *p, int64_t n, const struct graph_opts *o, int *chunk, int64_t *replay,
+                        int64_t *hit, int64_t *e0, char *err, size_t err_len) {
+  *chunk = o && o->chunk > 0 ? o->chunk : p->serving.prefill_chunk;
+  *hit = o ? o->hit : 0;
   if (n < 1) {
     snprintf(err, err_len, "a prefill needs at least one token (got %lld)", (long long)n);
     return CEDAR_EINVAL;
   }
-  if (chunk < 1) {
-    snprintf(err, err_len, "--chunk must be at least 1 (got %d)", chunk);
+  if (*chunk < 1) {
+    snprintf(err, err_len, "--chunk must be at least 1 (got %d)", *chunk);
     return CEDAR_EINVAL;
   }
+  if (*hit < 0 || *hit > n) {
+    snprintf(err, err_len, "a prefix hit of %lld tokens does not fit a prompt of %lld", (long long)*hit, (long long)n);
+    return CEDAR_EINVAL;
+  }
+  for (int l = 0; l < p->n_layers; l++)
+    if (plan_is_kv_source(&p->layer[l]) && *hit % p->layer[l].ratio) {
+      snprintf(err, err_len, "a prefix hit of %lld tokens ends inside a ratio-%d group of layer %d: hits are aligned "
+               "down to a multiple of every source's ratio", (long long)*hit, p->layer[l].ratio, l);
+      return CEDAR_EINVAL;
+    }
+  *replay = o && o->replay >= 0 ? o->replay : p->serving.replay_decoder;
+  if (*replay < 0) *replay = p->model.window;
+  int64_t er = o && o->has_replay_encoder ? o->replay_encoder : p->serving.replay_encoder;
+  if (er < 0) er = p->model.window;
+  *e0 = *hit == 0 || (o && o->swa_hit) ? *hit : (*hit > er ? *hit - er : 0);
+  return 0;
+}
+
+int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const struct graph_opts *o, char *err,
+                        size_t err_len) {
+  int chunk;
+  int64_t replay, hit, e0;
+  memset(g, 0, sizeof(*g));
+  int rc = prefill_opts(p, n, o, &chunk, &replay, &hit, &e0, err, err_len);
+  if (rc) return rc;
   struct ctx c;
   ctx_init(&c, g, p, p->serving.ced ? GRAPH_PREFILL_CED : GRAPH_PREFILL_DENSE);
+  bool dense = !c.ced || c.first_dec == p->n_layers;
   g->n_prompt = n;
   g->chunk = chunk;
-  int64_t replay = o && o->replay >= 0 ? o->replay : p->serving.replay_decoder;
-  if (replay < 0) replay = p->model.window;
-  bool dense = !c.ced || c.first_dec == p->n_layers;
+  g->hit = hit;
+  g->encoder_start = e0;
   g->replay = dense ? 0 : (replay < n ? replay : n);
   if (!dense && g->replay < 1) {
     snprintf(err, err_len, "the decoder replay must cover at least the last position under CED (got %lld): the "
@@ -412,34 +473,33 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
     return CEDAR_EINVAL;
   }
   int hi = dense ? p->n_layers : c.first_dec;
+  bool all = o && o->all_logits;
 
-  int n_chunks = (int)((n + chunk - 1) / chunk);
-  int *xs = cedar_xmalloc(sizeof(int) * n_chunks);
-  for (int k = 0; k < n_chunks; k++) {
-    int64_t a = (int64_t)k * chunk;
+  /* Encoder (every layer when dense): replay of cached positions [e0, hit)
+   * with global writes off (an SWA-snapshot miss), then the new [hit, n). */
+  int cap = (int)((hit - e0 + chunk - 1) / chunk + (n - hit + chunk - 1) / chunk) + 1;
+  struct xlist xs = {cedar_xmalloc(sizeof(int) * cap), cedar_xmalloc(sizeof(int64_t) * cap),
+                     cedar_xmalloc(sizeof(int) * cap), 0};
+  int k = 0;
+  for (int64_t a = e0; a < hit; a += chunk, k++)
+    emit_prefix_tile(&c, &xs, "er", k, a, (int)(hit - a < chunk ? hit - a : chunk), e0, hi, dense, false, false,
+                     false);
+  k = 0;
+  for (int64_t a = hit; a < n; a += chunk, k++) {
     int len = (int)(n - a < chunk ? n - a : chunk);
-    char tag[16];
-    snprintf(tag, sizeof(tag), "c%d", k);
-    struct tile t;
-    tile_init(&c, &t, k, a, len, 0, tag);
-    g->data[t.x].chunk = k;
-    xs[k] = t.x;
-    emit_embed(&c, &t);
-    emit_layers(&c, &t, 0, hi, dense);
-    bool all = o && o->all_logits;
-    if (dense) {
-      if (all)
-        emit_head(&c, &t, a, len);
-      else if (k == n_chunks - 1)
-        emit_head(&c, &t, n - 1, 1);
-    } else {
-      emit_dec_kv(&c, &t);
-    }
+    emit_prefix_tile(&c, &xs, "c", k, a, len, e0, hi, dense, true, all, a + len == n);
   }
   if (!dense) {
-    /* The decoder's bounded replay of [n - R, n), chunked like the prompt. */
+    /* The decoder's bounded replay of [n - R, n), chunked like the prompt.
+     * Rows before e0 (a prefix hit with its encoder SWA restored) come from
+     * the encoder outputs kept with the cache entry. */
     int64_t r0 = n - g->replay;
-    int k = 0;
+    int xe = -1;
+    if (r0 < e0) {
+      xe = add_data(g, GRAPH_STATE, -1, -1, 0, "XE cached");
+      g->data[xe].state = GRAPH_ST_XE;
+    }
+    k = 0;
     for (int64_t a = r0; a < n; a += chunk, k++) {
       int len = (int)(n - a < chunk ? n - a : chunk);
       char tag[16];
@@ -448,17 +508,21 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
       tile_init(&c, &t, k, a, len, r0, tag);
       struct graph_node *nd = add_node(g, GRAPH_REPLAY_IN, -1, &t);
       nd->aux = t.pre;
-      for (int ck = (int)(a / chunk); ck <= (int)((a + len - 1) / chunk); ck++) use(nd, xs[ck], GRAPH_R);
+      if (a < e0) use(nd, xe, GRAPH_R);
+      for (int i = 0; i < xs.count; i++)
+        if (xs.a[i] < a + len && a < xs.a[i] + xs.n[i]) use(nd, xs.x[i], GRAPH_R);
       use(nd, t.x, GRAPH_W);
       use(nd, t.pre, GRAPH_W);
       emit_layers(&c, &t, c.first_dec, p->n_layers, false);
-      if (o && o->all_logits)
+      if (all)
         emit_head(&c, &t, a, len);
       else if (a + len == n)
         emit_head(&c, &t, n - 1, 1);
     }
   }
-  free(xs);
+  free(xs.x);
+  free(xs.a);
+  free(xs.n);
   finish(g);
   return 0;
 }

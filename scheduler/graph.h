@@ -66,7 +66,14 @@ enum graph_access { GRAPH_R = 1, GRAPH_W = 2, GRAPH_RW = 3, GRAPH_APPEND = 4 };
 enum graph_flow { GRAPH_PREFILL_CED = 0, GRAPH_PREFILL_DENSE, GRAPH_DECODE };
 
 /* What a state data object is (for executors binding it to a request). */
-enum graph_state_kind { GRAPH_ST_NONE = 0, GRAPH_ST_RING, GRAPH_ST_TAIL, GRAPH_ST_KV, GRAPH_ST_TOKENS };
+enum graph_state_kind {
+  GRAPH_ST_NONE = 0,
+  GRAPH_ST_RING,
+  GRAPH_ST_TAIL,
+  GRAPH_ST_KV,
+  GRAPH_ST_TOKENS,
+  GRAPH_ST_XE, /* encoder outputs of cached positions, kept with a prefix-cache entry */
+};
 
 struct graph_data {
   enum graph_data_kind kind;
@@ -120,6 +127,8 @@ struct graph {
   int64_t n_prompt;  /* prefill: prompt length; decode: the position run */
   int chunk;         /* positions per tile */
   int64_t replay;    /* CED: decoder replay length R */
+  int64_t hit;       /* prefix hit (0 = cold) */
+  int64_t encoder_start; /* first position the encoder (every layer when dense) runs: hit, or its replay start */
   struct graph_node *node;
   int n_node, cap_node;
   struct graph_data *data;
@@ -128,12 +137,19 @@ struct graph {
   int64_t out_rows;     /* logits rows the HEAD nodes produce, in node order */
 };
 
-/* Compile options. chunk <= 0 takes serving.prefill_chunk; replay < 0 takes
- * serving.replay.decoder (which defaults to the window). */
+/* Compile options (zero-initialise, then set): chunk <= 0 takes
+ * serving.prefill_chunk; replay < 0 takes serving.replay.decoder (which
+ * defaults to the window). */
 struct graph_opts {
   int chunk;
   int64_t replay;
   bool all_logits;   /* logits of every position that runs through every layer, not only the last */
+  int64_t hit;       /* prefix hit: positions [0, hit) have their global entries cached (0 = cold);
+                        a multiple of every source's ratio */
+  bool swa_hit;      /* the encoder's SWA rings and tails at `hit` are restored from a snapshot;
+                        otherwise the encoder replays [hit - replay_encoder, hit) with global writes off */
+  bool has_replay_encoder;  /* else serving.replay.encoder (the window by default) */
+  int64_t replay_encoder;
 };
 
 /* Build the graph of one flow for one request: prefill of n tokens (CED or
