@@ -6,6 +6,14 @@
 
 #include "runtime/check.h"
 
+static const char *const family_names[] = {
+#define X(e, s) s,
+    RT_FAMILIES(X)
+#undef X
+};
+
+const char *rt_family_name(enum rt_family f) { return f < RT_FAM_COUNT ? family_names[f] : "?"; }
+
 static void *xaligned(size_t bytes) {
   void *p = aligned_alloc(RT_ARENA_ALIGN, bytes ? bytes : RT_ARENA_ALIGN);
   CEDAR_ASSERT_MSG(p != NULL, "out of memory for %zu bytes of scratch", bytes);
@@ -52,5 +60,6 @@ void *rt_arena_alloc(struct rt_arena *a, size_t bytes) {
 void rt_arena_free(struct rt_arena *a) {
   rt_arena_reset(a);
   free(a->base);
-  memset(a, 0, sizeof(*a));
+  a->base = NULL;
+  a->cap = a->used = 0;
 }

@@ -1,4 +1,6 @@
-/* arena.h: a scratch arena for one node at a time. The executor resets it
+/* arena.h: a worker's context for running nodes: a scratch arena for one
+ * node at a time, and the time spent per op family (for `where the time
+ * goes`: the executor sums them into its stats). The executor resets it
  * before every node; a node's op group allocates its intermediates from it.
  * When a node needs more than the arena holds, extra blocks are taken and, at
  * the next reset, the arena grows to the high-water mark, so after the first
@@ -9,8 +11,30 @@
 #define CEDAR_RUNTIME_ARENA_H
 
 #include <stddef.h>
+#include <time.h>
 
 #define RT_ARENA_ALIGN 64
+
+/* Op families the op groups time (runtime/model.c). */
+#define RT_FAMILIES(X)                                      \
+  X(MHC, "mhc")             /* coefficients, mix, update */ \
+  X(QKV, "qkv")             /* query latent and heads, SWA entry */ \
+  X(COMPRESS, "compress")   /* compressor, global entries */ \
+  X(INDEXER, "indexer")     /* indexer query, scores, Top-K, pool, reindex */ \
+  X(ATTENTION, "attention") /* sparse attention */ \
+  X(OPROJ, "oproj")         /* grouped output projection */ \
+  X(MOE, "moe")             /* router and experts */ \
+  X(ENGRAM, "engram")       /* hash, gather, injection */ \
+  X(HEAD, "head")           /* merge, norm, logits */ \
+  X(OTHER, "other")         /* embed, norms, copies */
+
+enum rt_family {
+#define X(e, s) RT_FAM_##e,
+  RT_FAMILIES(X)
+#undef X
+  RT_FAM_COUNT
+};
+const char *rt_family_name(enum rt_family f);
 
 struct rt_arena {
   char *base;
@@ -19,7 +43,21 @@ struct rt_arena {
   int n_extra;
   size_t extra_bytes;
   size_t peak;      /* largest total a node used */
+  double fam_s[RT_FAM_COUNT]; /* seconds per op family since init */
 };
+
+static inline double rt_clock(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+/* Run stmt and add its time to family fam of arena ar. */
+#define RT_TIMED(ar, fam, stmt)                  \
+  do {                                           \
+    double _rt_t0 = rt_clock();                  \
+    stmt;                                        \
+    (ar)->fam_s[RT_FAM_##fam] += rt_clock() - _rt_t0; \
+  } while (0)
 
 void rt_arena_init(struct rt_arena *a, size_t cap);
 void rt_arena_free(struct rt_arena *a);

@@ -10,12 +10,23 @@
  * objects are the request's (runtime/state.h); weights are the model's.
  * The HEAD nodes' logits are copied to the caller's buffer in node order.
  *
+ * The StarPU executor (exec_starpu.c) runs the same graph as StarPU tasks,
+ * one per node, on CPU workers: the graph's edges are the only ordering it
+ * submits (starpu_task_declare_deps_array; implicit sequential consistency
+ * off), and its outputs and request state are bitwise those of the direct
+ * executor under every scheduler (docs/runtime.md, "The StarPU executor").
+ * StarPU is started once per process (rt_starpu_init) and stopped at the
+ * end (rt_starpu_shutdown).
+ *
  * Not here: the graph (scheduler/), the op groups (runtime/model.h).
- * Test: tests/test_model.c, tests/cli/run.sh.
+ * Test: tests/test_model.c, tests/test_exec_starpu.c, tests/cli/run.sh,
+ * tests/cli/trace.sh.
  */
 #ifndef CEDAR_RUNTIME_EXEC_H
 #define CEDAR_RUNTIME_EXEC_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "runtime/model.h"
@@ -29,6 +40,7 @@ struct rt_exec_stats {
   int64_t op_nodes[GRAPH_OP_COUNT];
   int64_t act_peak_bytes;          /* activations and buses alive at once */
   int64_t scratch_peak_bytes;      /* the largest scratch one node used */
+  double family_seconds[RT_FAM_COUNT]; /* time inside the ops, by op family (runtime/arena.h) */
 };
 
 /* Progress callback: called after each node with (done, total). */
@@ -45,5 +57,44 @@ struct rt_exec_out {
  * accumulated into *st when not NULL. */
 int rt_exec_direct(const struct graph *g, const struct rt_model *M, struct rt_request *r, struct rt_exec_out *out,
                    struct rt_exec_stats *st, rt_progress_cb progress, void *user, char *err, size_t err_len);
+
+/* ---- the StarPU executor (exec_starpu.c) ------------------------------ */
+
+struct rt_starpu_opts {
+  int workers;          /* CPU workers; <= 0: StarPU's choice (STARPU_NCPU, else one per core) */
+  const char *sched;    /* policy: eager, lws, dmda, prio, ...; NULL: StarPU's (STARPU_SCHED, else lws) */
+  bool profile;         /* StarPU per-task profiling: submit/start/end times for traces */
+};
+
+/* Start StarPU once for this process: CPU workers only (no CUDA or OpenCL
+ * workers yet), one scratch arena per worker. Options are checked before
+ * any StarPU call (an unknown policy lists the known ones). Returns 0,
+ * CEDAR_EINVAL (bad option, or StarPU already started) or
+ * CEDAR_EUNSUPPORTED (starpu_init failed, or fewer workers than asked),
+ * with a message. */
+int rt_starpu_init(const struct rt_starpu_opts *o, char *err, size_t err_len);
+/* Stop StarPU and free the arenas; a no-op when not started. */
+void rt_starpu_shutdown(void);
+bool rt_starpu_running(void);
+/* The policy and worker count in force, and a worker's name ("CPU 0"). */
+const char *rt_starpu_sched(void);
+int rt_starpu_workers(void);
+void rt_starpu_worker_name(int worker, char *buf, size_t len);
+
+/* When and where one node ran, in microseconds since rt_starpu_init. From
+ * StarPU's per-task profiling when it is on (rt_starpu_opts.profile), else
+ * from the task's own clock (submit_us is then 0). */
+struct rt_task_time {
+  int worker;
+  double submit_us, start_us, end_us;
+};
+
+/* Run g on request r as StarPU tasks, as rt_exec_direct does on one thread
+ * (same outputs, same state, bitwise). times (g->n_node), when not NULL,
+ * receives each node's record. progress is called from this thread while
+ * the tasks run. Fails with CEDAR_EINVAL when StarPU is not started. */
+int rt_exec_starpu(const struct graph *g, const struct rt_model *M, struct rt_request *r, struct rt_exec_out *out,
+                   struct rt_exec_stats *st, struct rt_task_time *times, rt_progress_cb progress, void *user,
+                   char *err, size_t err_len);
 
 #endif

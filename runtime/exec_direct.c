@@ -153,6 +153,7 @@ int rt_exec_direct(const struct graph *g, const struct rt_model *M, struct rt_re
     st->seconds += now_s() - t0;
     if (b.peak > st->act_peak_bytes) st->act_peak_bytes = b.peak;
     if ((int64_t)ar.peak > st->scratch_peak_bytes) st->scratch_peak_bytes = (int64_t)ar.peak;
+    for (int f = 0; f < RT_FAM_COUNT; f++) st->family_seconds[f] += ar.fam_s[f];
   }
   rt_arena_free(&ar);
   return rc;

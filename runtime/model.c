@@ -231,14 +231,14 @@ static struct mhc_step mhc_begin(const struct rt_model *M, const struct graph_no
   float *own = RT_ALLOC(ar, float, (size_t)n * hc);
   float *dots = RT_ALLOC(ar, float, (size_t)n * rows);
   float *sumsq = RT_ALLOC(ar, float, n);
-  op_mhc_coeffs(own, s.post, s.C, dots, sumsq, X, L->hc_fn[k], L->hc_scale[k], L->hc_base[k], n, &M->mhc);
+  RT_TIMED(ar, MHC, op_mhc_coeffs(own, s.post, s.C, dots, sumsq, X, L->hc_fn[k], L->hc_scale[k], L->hc_base[k], n, &M->mhc));
   bool restart = !M->p->model.hc_single_pass || (k == 0 && (nd->flags & GRAPH_F_RESTART));
-  op_mhc_mix(s.u, X, restart ? own : pre, n, hc, d);
+  RT_TIMED(ar, MHC, op_mhc_mix(s.u, X, restart ? own : pre, n, hc, d));
   if (nd->flags & GRAPH_F_PRE_NEXT) {
     const struct rt_layer *N = k == 0 ? L : &M->L[nd->next_layer];
     int nk = k == 0 ? 1 : 0;
     float *post2 = RT_ALLOC(ar, float, (size_t)n * hc), *C2 = RT_ALLOC(ar, float, (size_t)n * hc * hc);
-    op_mhc_coeffs(pre, post2, C2, dots, sumsq, X, N->hc_fn[nk], N->hc_scale[nk], N->hc_base[nk], n, &M->mhc);
+    RT_TIMED(ar, MHC, op_mhc_coeffs(pre, post2, C2, dots, sumsq, X, N->hc_fn[nk], N->hc_scale[nk], N->hc_base[nk], n, &M->mhc));
   }
   return s;
 }
@@ -249,7 +249,7 @@ static void mhc_end(const struct rt_model *M, float *X, const struct mhc_step *s
                     struct rt_arena *ar) {
   int hc = M->mhc.hc, d = M->mhc.hidden;
   float *Xn = RT_ALLOC(ar, float, (size_t)n * hc * d);
-  op_mhc_update(Xn, X, s->C, s->post, y, n, hc, d);
+  RT_TIMED(ar, MHC, op_mhc_update(Xn, X, s->C, s->post, y, n, hc, d));
   memcpy(X, Xn, sizeof(float) * (size_t)n * hc * d);
 }
 
@@ -271,11 +271,12 @@ void rt_engram_rows(const struct rt_model *M, int l, float *e, const struct rt_r
   int hist = (int)(a < M->e_max_order - 1 ? a : M->e_max_order - 1);
   CEDAR_ASSERT(a + n <= r->n_tokens);
   int64_t *rows = RT_ALLOC(ar, int64_t, (size_t)n * M->e_tables);
-  int bad = op_engram_hash(rows, r->tokens + a - hist, NULL, M->cmap, L->e_mult, m->engram_orders,
+  int bad;
+  RT_TIMED(ar, ENGRAM, bad = op_engram_hash(rows, r->tokens + a - hist, NULL, M->cmap, L->e_mult, m->engram_orders,
                            op_engram_primes_of(&M->eng, L->e_module), op_engram_offsets_of(&M->eng, L->e_module),
-                           hist, n, m->vocab, m->engram_n_orders, m->engram_heads, m->engram_pad_id);
+                           hist, n, m->vocab, m->engram_n_orders, m->engram_heads, m->engram_pad_id));
   CEDAR_ASSERT(bad < 0);
-  op_engram_gather(e, L->e_table, rows, n, M->e_tables, m->engram_head_dim, WEIGHTS_ENGRAM_BLOCK, L->e_rows);
+  RT_TIMED(ar, ENGRAM, op_engram_gather(e, L->e_table, rows, n, M->e_tables, m->engram_head_dim, WEIGHTS_ENGRAM_BLOCK, L->e_rows));
 }
 
 void rt_engram_inject(const struct rt_model *M, int l, float *X, const float *e, int n, struct rt_arena *ar) {
@@ -283,7 +284,7 @@ void rt_engram_inject(const struct rt_model *M, int l, float *X, const float *e,
   const struct rt_layer *L = &M->L[l];
   int hc = m->hc_streams, d = m->hidden, de = M->e_tables * m->engram_head_dim;
   float *kv = RT_ALLOC(ar, float, (size_t)n * (hc + 1) * d);
-  op_engram_inject(X, kv, NULL, e, L->e_wkv, L->e_qw, L->e_kw, n, de, d, hc, M->eps, RT_ENGRAM_DOT_FLOOR);
+  RT_TIMED(ar, ENGRAM, op_engram_inject(X, kv, NULL, e, L->e_wkv, L->e_qw, L->e_kw, n, de, d, hc, M->eps, RT_ENGRAM_DOT_FLOOR));
 }
 
 /* ---- attention (docs/model.md s3) ---------------------------------------- */
@@ -306,7 +307,8 @@ static int append_entries(const struct rt_model *M, struct rt_request *r, int l,
   };
   const struct op_comp_layer *C = &L->comp;
   float *scratch = RT_ALLOC(ar, float, op_comp_scratch_floats(n, C->ratio, C->d, C->idx_dim));
-  int got = op_compress(&out, tail, scratch, a_in, a, n, C);
+  int got;
+  RT_TIMED(ar, COMPRESS, got = op_compress(&out, tail, scratch, a_in, a, n, C));
   CEDAR_ASSERT_MSG(got == emit, "layer %d: compressor emitted %d entries, expected %d (tail at %lld + %d, tile at %lld)",
                    l, got, emit, (long long)tail->pos0, tail->count, (long long)a);
   return emit ? rt_kv_append(seq, out.entries, emit) : 0;
@@ -323,17 +325,19 @@ static const int32_t *select_topk(const struct rt_model *M, struct rt_request *r
   if (L->pl->mode == PLAN_REUSE) return b->topk_in;
   float *qI = RT_ALLOC(ar, float, (size_t)n * m->idx_heads * m->idx_head_dim);
   float *w = RT_ALLOC(ar, float, (size_t)n * m->idx_heads);
-  op_q_indexer(qI, cq, L->iq_b, pos, &M->rope_idx, n, m->q_rank, m->idx_heads, m->idx_head_dim);
-  op_index_weights(w, a_in, L->iw, n, m->hidden, m->idx_heads, M->idx_scale);
+  RT_TIMED(ar, INDEXER, op_q_indexer(qI, cq, L->iq_b, pos, &M->rope_idx, n, m->q_rank, m->idx_heads, m->idx_head_dim));
+  RT_TIMED(ar, INDEXER, op_index_weights(w, a_in, L->iw, n, m->hidden, m->idx_heads, M->idx_scale));
   if (L->pl->mode == PLAN_REINDEX && b->pool_in) {
     void *work = rt_arena_alloc(ar, op_indexer_reindex_work_bytes(kv, m->cand_block, m->cand_top_blocks));
-    op_indexer_reindex(b->topk_out, work, b->pool_in, qI, w, pos, kv, n, m->idx_heads, m->topk, m->cand_block,
-                       m->cand_top_blocks);
+    RT_TIMED(ar, INDEXER,
+             op_indexer_reindex(b->topk_out, work, b->pool_in, qI, w, pos, kv, n, m->idx_heads, m->topk,
+                                m->cand_block, m->cand_top_blocks));
   } else {
     bool pool = (nd->flags & GRAPH_F_BUILD_POOL) != 0;
     void *work = rt_arena_alloc(ar, op_indexer_topk_work_bytes(kv, pos, n, pool ? m->cand_block : 0));
-    op_indexer_topk(b->topk_out, pool ? b->pool_out : NULL, work, qI, w, pos, kv, n, m->idx_heads, m->topk,
-                    m->cand_block, m->cand_top_blocks);
+    RT_TIMED(ar, INDEXER,
+             op_indexer_topk(b->topk_out, pool ? b->pool_out : NULL, work, qI, w, pos, kv, n, m->idx_heads, m->topk,
+                             m->cand_block, m->cand_top_blocks));
   }
   return b->topk_out;
 }
@@ -350,7 +354,7 @@ static struct op_swa_view swa_view(const struct rt_model *M, const struct rt_rin
   memcpy(buf, g->slot, (size_t)g->window * eb);
   memcpy(spos, g->pos, sizeof(int64_t) * (size_t)g->window);
   *fresh = buf + (size_t)g->window * eb;
-  op_swa_pack(*fresh, kS, n, m->head_dim, m->swa.block, M->swa_kind, eb);
+  RT_TIMED(ar, QKV, op_swa_pack(*fresh, kS, n, m->head_dim, m->swa.block, M->swa_kind, eb));
   memcpy(spos + g->window, pos, sizeof(int64_t) * (size_t)n);
   return (struct op_swa_view){buf, spos, slots, eb, m->head_dim, m->swa.block, M->swa_kind};
 }
@@ -364,15 +368,15 @@ int rt_attn(const struct rt_model *M, struct rt_request *r, const struct graph_n
   struct mhc_step s = mhc_begin(M, nd, 0, X, pre, n, ar);
 
   float *a_in = RT_ALLOC(ar, float, (size_t)n * d);
-  op_rmsnorm(a_in, s.u, L->attn_norm, n, d, M->eps);
+  RT_TIMED(ar, OTHER, op_rmsnorm(a_in, s.u, L->attn_norm, n, d, M->eps));
   int64_t *pos = RT_ALLOC(ar, int64_t, n);
   for (int i = 0; i < n; i++) pos[i] = nd->a + i;
   float *cq = RT_ALLOC(ar, float, (size_t)n * m->q_rank);
   float *q = RT_ALLOC(ar, float, (size_t)n * hd);
-  op_q_latent(cq, a_in, L->wq_a, L->q_norm, n, d, m->q_rank, M->eps);
-  op_q_main(q, cq, L->wq_b, pos, L->rope, n, m->q_rank, m->heads, m->head_dim, m->q_head_norm, M->eps);
+  RT_TIMED(ar, QKV, op_q_latent(cq, a_in, L->wq_a, L->q_norm, n, d, m->q_rank, M->eps));
+  RT_TIMED(ar, QKV, op_q_main(q, cq, L->wq_b, pos, L->rope, n, m->q_rank, m->heads, m->head_dim, m->q_head_norm, M->eps));
   float *kS = RT_ALLOC(ar, float, (size_t)n * m->head_dim);
-  op_swa_kv(kS, a_in, L->wkv, L->kv_norm, pos, L->rope, n, d, m->head_dim, M->eps);
+  RT_TIMED(ar, QKV, op_swa_kv(kS, a_in, L->wkv, L->kv_norm, pos, L->rope, n, d, m->head_dim, M->eps));
   if (nd->r0 > ring->r0) ring->r0 = nd->r0;
   uint8_t *fresh;
   struct op_swa_view sv = swa_view(M, ring, kS, pos, n, ar, &fresh);
@@ -398,10 +402,10 @@ int rt_attn(const struct rt_model *M, struct rt_request *r, const struct graph_n
       .rope = L->rope,
   };
   float *o = RT_ALLOC(ar, float, (size_t)n * hd);
-  op_sparse_attn(o, NULL, q, pos, topk, topk ? &kv : NULL, &sv, n, &pr);
+  RT_TIMED(ar, ATTENTION, op_sparse_attn(o, NULL, q, pos, topk, topk ? &kv : NULL, &sv, n, &pr));
   float *y = RT_ALLOC(ar, float, (size_t)n * d);
   float *z = RT_ALLOC(ar, float, (size_t)n * m->o_groups * m->o_rank);
-  op_grouped_oproj(y, z, o, L->wo_a, L->wo_b, n, m->heads, m->head_dim, m->o_groups, m->o_rank, d);
+  RT_TIMED(ar, OPROJ, op_grouped_oproj(y, z, o, L->wo_a, L->wo_b, n, m->heads, m->head_dim, m->o_groups, m->o_rank, d));
   for (int i = 0; i < n; i++) rt_ring_put(ring, pos[i], fresh + (size_t)i * ring->entry_bytes);
   mhc_end(M, X, &s, y, n, ar);
   return 0;
@@ -415,12 +419,12 @@ void rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, flo
   const struct rt_layer *L = &M->L[nd->layer];
   struct mhc_step s = mhc_begin(M, nd, 1, X, pre, n, ar);
   float *x = RT_ALLOC(ar, float, (size_t)n * d);
-  op_rmsnorm(x, s.u, L->ffn_norm, n, d, M->eps);
+  RT_TIMED(ar, OTHER, op_rmsnorm(x, s.u, L->ffn_norm, n, d, M->eps));
   float *y = RT_ALLOC(ar, float, (size_t)n * d);
   int32_t *sel = RT_ALLOC(ar, int32_t, (size_t)n * m->n_active);
   float *wt = RT_ALLOC(ar, float, (size_t)n * m->n_active);
   void *ws = rt_arena_alloc(ar, op_moe_workspace_bytes(n, &M->moe));
-  op_moe_forward(y, sel, wt, x, &L->moe, NULL, n, &M->moe, ws);
+  RT_TIMED(ar, MOE, op_moe_forward(y, sel, wt, x, &L->moe, NULL, n, &M->moe, ws));
   mhc_end(M, X, &s, y, n, ar);
 }
 
@@ -434,8 +438,8 @@ int rt_dec_kv(const struct rt_model *M, struct rt_request *r, int l, const float
   float *pre = RT_ALLOC(ar, float, (size_t)n * hc), *post = RT_ALLOC(ar, float, (size_t)n * hc);
   float *C = RT_ALLOC(ar, float, (size_t)n * hc * hc), *dots = RT_ALLOC(ar, float, (size_t)n * op_mhc_rows(hc));
   float *sumsq = RT_ALLOC(ar, float, n), *u = RT_ALLOC(ar, float, (size_t)n * d);
-  op_mhc_coeffs(pre, post, C, dots, sumsq, XE, L->hc_fn[0], L->hc_scale[0], L->hc_base[0], n, &M->mhc);
-  op_mhc_mix(u, XE, pre, n, hc, d);
+  RT_TIMED(ar, MHC, op_mhc_coeffs(pre, post, C, dots, sumsq, XE, L->hc_fn[0], L->hc_scale[0], L->hc_base[0], n, &M->mhc));
+  RT_TIMED(ar, MHC, op_mhc_mix(u, XE, pre, n, hc, d));
   float *a_enc = RT_ALLOC(ar, float, (size_t)n * d);
   op_rmsnorm(a_enc, u, L->attn_norm, n, d, M->eps);
   return append_entries(M, r, l, a_enc, a, n, ar);
@@ -447,6 +451,7 @@ void rt_head(const struct rt_model *M, float *logits, const float *X, int n, str
   const struct plan_model *m = &M->p->model;
   int hc = m->hc_streams, d = m->hidden;
   float *h = RT_ALLOC(ar, float, (size_t)n * d), *pre = RT_ALLOC(ar, float, (size_t)n * hc);
+  double t0 = rt_clock();
   if (M->head_fn) {
     op_mhc_merge(h, pre, X, M->head_fn, M->head_scale[0], M->head_base, n, &M->mhc);
   } else {
@@ -456,4 +461,5 @@ void rt_head(const struct rt_model *M, float *logits, const float *X, int n, str
   float *hn = RT_ALLOC(ar, float, (size_t)n * d);
   op_rmsnorm(hn, h, M->norm, n, d, M->eps);
   op_linear(logits, hn, M->lm_head, n, d, m->vocab, d, m->vocab);
+  ar->fam_s[RT_FAM_HEAD] += rt_clock() - t0;
 }
