@@ -1,5 +1,6 @@
 /* cmd_run.c: `cedar run`, the main job: a prompt in, tokens out, through the
- * graph compiled from the plan and the direct executor (runtime/generate.h).
+ * graph compiled from the plan, on the StarPU executor (default) or the
+ * direct one (runtime/generate.h, runtime/exec.h).
  *
  * Prints the generated ids, TTFT, first and steady ITL, token-layers, bytes
  * by state class (checked against `cedar plan cost` for the same length),
@@ -7,8 +8,9 @@
  * --exact-replay runs the prompt a second time with the decoder replaying
  * every position (the state bounded replay approximates) and reports the
  * drift. --dump writes logits, tokens and caches as safetensors for the
- * oracle comparison (tests/oracle/compare.py).
- * Tested by tests/cli/run.sh and tests/cli/oracle_run.sh.
+ * oracle comparison (tests/oracle/compare.py). --trace writes what ran as
+ * Chrome Trace Event JSON (viz/trace.h), --dot the prefill graph as DOT.
+ * Tested by tests/cli/run.sh, tests/cli/oracle_run.sh and tests/cli/trace.sh.
  */
 #include <cJSON.h>
 #include <errno.h>
@@ -26,6 +28,7 @@
 #include "runtime/generate.h"
 #include "runtime/run_dump.h"
 #include "scheduler/plan_cost.h"
+#include "viz/trace.h"
 
 /* The built-in prompt when none is given (tokenized byte by byte). */
 static const char default_prompt[] =
@@ -37,9 +40,10 @@ static const char usage[] =
     "usage: cedar run [--plan P] [--weights W | --seed S] [--prompt TEXT | --tokens 1,2,3 | --prompt-len N]\n"
     "                 [--max-new N] [--chunk C] [--replay R] [--temperature T] [--top-p P]\n"
     "                 [--exact-replay] [--dump FILE] [--json]\n"
+    "                 [--executor direct|starpu] [--sched NAME] [--workers N] [--trace FILE] [--dot FILE]\n"
     "Run one request through plan P (default %s): prefill the prompt through the graph the\n"
     "plan compiles to (CED: encoder chunks, decoder-global projection, bounded decoder replay;\n"
-    "dense when serving.ced is off), then decode N tokens, on the direct executor (one thread).\n"
+    "dense when serving.ced is off), then decode N tokens, one graph per step.\n"
     "  --weights W       safetensors weights, checked tensor by tensor against the plan\n"
     "  --seed S          without --weights: synthetic weights from seed S (default 0), as\n"
     "                    `cedar weights init` makes them; also seeds sampling\n"
@@ -56,10 +60,21 @@ static const char usage[] =
     "  --dump FILE       write logits of every prefill position that ran through every layer,\n"
     "                    decode logits, tokens and caches as safetensors\n"
     "  --json            print the report as one JSON object\n"
+    "  --executor E      starpu (default): one StarPU task per graph node on CPU workers, in\n"
+    "                    parallel where the graph's edges allow; direct: one thread, graph\n"
+    "                    order. Both give the same bits.\n"
+    "  --sched NAME      StarPU scheduling policy (eager, lws, dmda, prio, ...; default\n"
+    "                    STARPU_SCHED, else StarPU's own)\n"
+    "  --workers N       StarPU CPU workers (default STARPU_NCPU, else one per core)\n"
+    "  --trace FILE      write every task that ran (prefill and decode steps) as Chrome Trace\n"
+    "                    Event JSON: one track per worker (opens in Perfetto and speedscope)\n"
+    "  --dot FILE        write the prefill graph that ran as Graphviz DOT\n"
     "A prefill longer than a second shows a progress bar on stderr when stderr is a terminal.\n";
 
 struct ropts {
-  const char *plan, *weights, *prompt, *tokens, *dump;
+  const char *plan, *weights, *prompt, *tokens, *dump, *sched, *trace, *dot;
+  enum rt_executor executor;
+  int workers;
   int64_t prompt_len;
   int max_new, chunk;
   int64_t replay;
@@ -95,11 +110,15 @@ static int parse(int argc, char **argv, struct ropts *o) {
       {"replay", required_argument, NULL, 'r'},      {"temperature", required_argument, NULL, 'T'},
       {"top-p", required_argument, NULL, 'P'},       {"exact-replay", no_argument, NULL, 'x'},
       {"dump", required_argument, NULL, 'd'},        {"json", no_argument, NULL, 'j'},
-      {"help", no_argument, NULL, 'h'},              {0, 0, 0, 0}};
+      {"executor", required_argument, NULL, 'E'},    {"sched", required_argument, NULL, 'S'},
+      {"workers", required_argument, NULL, 'W'},     {"trace", required_argument, NULL, 'A'},
+      {"dot", required_argument, NULL, 'G'},         {"help", no_argument, NULL, 'h'},
+      {0, 0, 0, 0}};
   memset(o, 0, sizeof(*o));
   o->max_new = 16;
   o->replay = -1;
   o->top_p = 1.0f;
+  o->executor = RT_EXEC_STARPU;
   int c, given = 0;
   int64_t v;
   optind = 1;
@@ -140,6 +159,21 @@ static int parse(int argc, char **argv, struct ropts *o) {
     case 'x': o->exact = true; break;
     case 'd': o->dump = optarg; break;
     case 'j': o->json = true; break;
+    case 'E':
+      if (!strcmp(optarg, "direct"))
+        o->executor = RT_EXEC_DIRECT;
+      else if (!strcmp(optarg, "starpu"))
+        o->executor = RT_EXEC_STARPU;
+      else
+        return cli_usage_error("run", "--executor takes direct or starpu (got '%s')", optarg);
+      break;
+    case 'S': o->sched = optarg; break;
+    case 'W':
+      if (!parse_i64(optarg, 1, 1024, &v)) return cli_usage_error("run", "--workers takes N >= 1");
+      o->workers = (int)v;
+      break;
+    case 'A': o->trace = optarg; break;
+    case 'G': o->dot = optarg; break;
     case 'h': printf(usage, CEDAR_DEFAULT_PLAN, sizeof(default_prompt) - 1); return 0;
     default: return cli_usage_error("run", "bad option, or an option without its value: '%s'", argv[optind - 1]);
     }
@@ -147,6 +181,9 @@ static int parse(int argc, char **argv, struct ropts *o) {
   if (optind < argc) return cli_usage_error("run", "unexpected argument '%s'", argv[optind]);
   if (given > 1) return cli_usage_error("run", "give one of --prompt, --tokens, --prompt-len");
   if (o->weights && o->seed) return cli_usage_error("run", "--seed makes synthetic weights; drop it with --weights");
+  if (o->executor == RT_EXEC_DIRECT && (o->sched || o->workers || o->trace))
+    return cli_usage_error("run", "--sched, --workers and --trace need --executor starpu (the direct executor runs "
+                                  "on one thread and records no task times)");
   return -1;
 }
 
@@ -243,6 +280,15 @@ struct drift {
   int64_t exact_token_layers;
 };
 
+/* "starpu (lws, 2 CPU workers)" or "direct (one thread)". */
+static void executor_desc(const struct ropts *o, char *b, size_t len) {
+  if (o->executor == RT_EXEC_DIRECT)
+    snprintf(b, len, "direct (one thread)");
+  else
+    snprintf(b, len, "starpu (%s, %d CPU worker%s)", rt_starpu_sched(), rt_starpu_workers(),
+             rt_starpu_workers() == 1 ? "" : "s");
+}
+
 static double sum_op(const struct rt_exec_stats *s) {
   double t = 0;
   for (int i = 0; i < GRAPH_OP_COUNT; i++) t += s->op_seconds[i];
@@ -259,7 +305,9 @@ static void report_text(const struct plan *p, const struct ropts *o, const struc
     printf("synthetic, seed %" PRIu64, w->seed);
   else
     printf("%s", o->weights);
-  printf(" (fingerprint %s)\n", fp);
+  char ex[96];
+  executor_desc(o, ex, sizeof ex);
+  printf(" (fingerprint %s); executor %s\n", fp, ex);
   printf("prompt %" PRId64 " tokens; generated %d:", n, res->n_tokens);
   for (int i = 0; i < res->n_tokens; i++) printf(" %d", res->tokens[i]);
   printf("\nTTFT %.3f s", res->ttft_s);
@@ -300,12 +348,18 @@ static void report_text(const struct plan *p, const struct ropts *o, const struc
            dr->max_abs, dr->rel_rms, dr->same_top1 ? "same" : "differs");
 }
 
-static void report_json(const struct plan *p, const struct weights *w, int64_t n, const struct rt_gen_result *res,
-                        const struct rt_state_bytes *b, const struct plan_cost *pc, const struct drift *dr,
-                        long rss_kb) {
+static void report_json(const struct plan *p, const struct ropts *o, const struct weights *w, int64_t n,
+                        const struct rt_gen_result *res, const struct rt_state_bytes *b, const struct plan_cost *pc,
+                        const struct drift *dr, long rss_kb) {
   cJSON *j = cJSON_CreateObject();
   char fp[17];
   weights_fingerprint_hex(w->list.fingerprint, fp);
+  cJSON *ex = cJSON_AddObjectToObject(j, "executor");
+  cJSON_AddStringToObject(ex, "name", o->executor == RT_EXEC_DIRECT ? "direct" : "starpu");
+  if (o->executor == RT_EXEC_STARPU) {
+    cJSON_AddStringToObject(ex, "sched", rt_starpu_sched());
+    cJSON_AddNumberToObject(ex, "workers", rt_starpu_workers());
+  }
   cJSON_AddStringToObject(j, "plan", p->name);
   cJSON_AddStringToObject(j, "flow", res->replay ? "ced" : "dense");
   cJSON_AddStringToObject(j, "weights_fingerprint", fp);
@@ -376,7 +430,7 @@ static int exact_replay(const struct rt_model *M, struct rt_kv_pool *pools, cons
                         struct drift *dr, char *err, size_t len) {
   struct rt_request r;
   struct rt_gen_result ex;
-  struct rt_gen_opts go = {.chunk = o->chunk, .replay = n, .max_new = 1, .top_p = 1};
+  struct rt_gen_opts go = {.chunk = o->chunk, .replay = n, .max_new = 1, .top_p = 1, .executor = o->executor};
   int rc = rt_generate(M, pools, &r, prompt, n, &go, &ex, err, len);
   if (!rc) {
     int V = M->p->model.vocab;
@@ -408,6 +462,78 @@ static int exact_replay(const struct rt_model *M, struct rt_kv_pool *pools, cons
   return rc;
 }
 
+/* ---- --trace and --dot ----------------------------------------------------- */
+
+struct sink {
+  struct viz_trace trace;
+  bool tracing;
+  FILE *dot;        /* open until the prefill graph is written */
+  const char *dot_path;
+  int request;
+  bool dot_failed;
+};
+
+/* Every graph that ran: the first (the prefill) to --dot, all to --trace. */
+static void on_graph(void *user, const struct graph *g, const struct rt_task_time *times) {
+  struct sink *s = user;
+  if (s->dot) {
+    graph_dot(g, s->dot);
+    s->dot_failed = ferror(s->dot) != 0;
+    s->dot_failed |= fclose(s->dot) != 0;
+    s->dot = NULL;
+  }
+  if (!s->tracing || !times) return;
+  struct viz_task_time *vt = cedar_xmalloc(sizeof(*vt) * (size_t)(g->n_node > 0 ? g->n_node : 1));
+  for (int k = 0; k < g->n_node; k++) vt[k] = (struct viz_task_time){times[k].worker, times[k].start_us, times[k].end_us};
+  viz_trace_add_graph(&s->trace, g, vt, s->request);
+  free(vt);
+}
+
+/* Start StarPU (with profiling for --trace) and open --dot before the run,
+ * so a bad flag or path fails before minutes of prefill. */
+static int sink_open(struct sink *s, const struct ropts *o, const struct plan *p, char *err, size_t len) {
+  memset(s, 0, sizeof(*s));
+  if (o->executor == RT_EXEC_STARPU) {
+    struct rt_starpu_opts so = {.workers = o->workers, .sched = o->sched, .profile = o->trace != NULL};
+    if (rt_starpu_init(&so, err, len)) return 1;
+  }
+  if (o->trace) {
+    char name[96];
+    snprintf(name, sizeof name, "cedar run %s", p->name);
+    viz_trace_init(&s->trace, name, (int)getpid());
+    for (int i = 0; i < rt_starpu_workers(); i++) {
+      char wn[32];
+      rt_starpu_worker_name(i, wn, sizeof wn);
+      viz_trace_thread(&s->trace, i, wn);
+    }
+    s->tracing = true;
+  }
+  if (o->dot && !(s->dot = fopen(o->dot, "w"))) {
+    snprintf(err, len, "--dot: cannot write %s: %s", o->dot, strerror(errno));
+    return 1;
+  }
+  s->dot_path = o->dot;
+  return 0;
+}
+
+/* Write the trace; report a failed DOT write. Returns 0 or 1. */
+static int sink_close(struct sink *s, const struct ropts *o, bool ok) {
+  char err[512];
+  int status = 0;
+  if (s->dot) fclose(s->dot);
+  if (ok && s->dot_failed) {
+    fprintf(stderr, "cedar run: --dot: cannot write %s\n", s->dot_path);
+    status = 1;
+  }
+  if (ok && s->tracing && viz_trace_write(&s->trace, o->trace, err, sizeof err)) {
+    fprintf(stderr, "cedar run: --trace: %s\n", err);
+    status = 1;
+  }
+  if (s->tracing) viz_trace_free(&s->trace);
+  rt_starpu_shutdown();
+  return status;
+}
+
 /* ---- the command --------------------------------------------------------- */
 
 int cmd_run(int argc, char **argv) {
@@ -425,6 +551,7 @@ int cmd_run(int argc, char **argv) {
   struct rt_kv_pool *pools = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*pools));
   struct rt_request r = {0};
   struct rt_gen_result res = {0};
+  struct sink sk = {0};
   if (make_prompt(&o, p.model.vocab, &prompt, &n, err, sizeof err)) {
     fprintf(stderr, "cedar run: %s\n", err);
     goto out;
@@ -432,6 +559,10 @@ int cmd_run(int argc, char **argv) {
   if (load_weights(&o, &p, &w)) goto out;
   if ((rc = rt_model_init(&M, &p, &w, err, sizeof err)) || (rc = rt_kv_pools_init(pools, &p, err, sizeof err))) {
     fprintf(stderr, "cedar run: plan %s: %s\n", p.name, err);
+    goto out;
+  }
+  if (sink_open(&sk, &o, &p, err, sizeof err)) {
+    fprintf(stderr, "cedar run: %s\n", err);
     goto out;
   }
   struct progress pg = {now_s(), 0, false};
@@ -444,7 +575,10 @@ int cmd_run(int argc, char **argv) {
                            .seed = o.seed,
                            .all_logits = o.dump != NULL,
                            .progress = tty ? progress_cb : NULL,
-                           .user = &pg};
+                           .user = &pg,
+                           .executor = o.executor,
+                           .on_graph = o.trace || o.dot ? on_graph : NULL,
+                           .graph_user = &sk};
   if (rt_generate(&M, pools, &r, prompt, n, &go, &res, err, sizeof err)) {
     if (pg.shown) fputc('\n', stderr);
     fprintf(stderr, "cedar run: %s\n", err);
@@ -476,11 +610,12 @@ int cmd_run(int argc, char **argv) {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   if (o.json)
-    report_json(&p, &w, n, &res, &b, &pc, drp, ru.ru_maxrss);
+    report_json(&p, &o, &w, n, &res, &b, &pc, drp, ru.ru_maxrss);
   else
     report_text(&p, &o, &w, n, &res, &b, &pc, drp, ru.ru_maxrss);
   status = 0;
 out:
+  status |= sink_close(&sk, &o, status == 0);
   rt_gen_result_free(&res);
   rt_request_free(&r);
   rt_kv_pools_free(pools, p.n_layers);

@@ -21,6 +21,22 @@ static int64_t edges_of(const struct graph *g) {
   return e;
 }
 
+/* g on the chosen executor; on_graph sees it afterwards. */
+static int run_graph(const struct graph *g, const struct rt_model *M, struct rt_request *r, struct rt_exec_out *out,
+                     struct rt_exec_stats *st, const struct rt_gen_opts *o, rt_progress_cb progress, char *err,
+                     size_t err_len) {
+  if (o->executor == RT_EXEC_DIRECT) {
+    int rc = rt_exec_direct(g, M, r, out, st, progress, o->user, err, err_len);
+    if (!rc && o->on_graph) o->on_graph(o->graph_user, g, NULL);
+    return rc;
+  }
+  struct rt_task_time *times = o->on_graph ? cedar_xcalloc((size_t)g->n_node + 1, sizeof(*times)) : NULL;
+  int rc = rt_exec_starpu(g, M, r, out, st, times, progress, o->user, err, err_len);
+  if (!rc && o->on_graph) o->on_graph(o->graph_user, g, times);
+  free(times);
+  return rc;
+}
+
 static int prefill(const struct rt_model *M, struct rt_request *r, int64_t n, const struct rt_gen_opts *o,
                    struct rt_gen_result *res, char *err, size_t err_len) {
   const struct plan *p = M->p;
@@ -39,20 +55,20 @@ static int prefill(const struct rt_model *M, struct rt_request *r, int64_t n, co
     return CEDAR_ENOMEM;
   }
   struct rt_exec_out out = {res->prefill_logits, res->prefill_pos};
-  rc = rt_exec_direct(&g, M, r, &out, &res->prefill, o->progress, o->user, err, err_len);
+  rc = run_graph(&g, M, r, &out, &res->prefill, o, o->progress, err, err_len);
   graph_free(&g);
   if (!rc) r->n_pos = n;
   return rc;
 }
 
-static int decode_step(const struct rt_model *M, struct rt_request *r, float *logits, struct rt_gen_result *res,
-                       char *err, size_t err_len) {
+static int decode_step(const struct rt_model *M, struct rt_request *r, float *logits, const struct rt_gen_opts *o,
+                       struct rt_gen_result *res, char *err, size_t err_len) {
   struct graph g;
   int rc = graph_build_decode(&g, M->p, r->n_pos, err, err_len);
   if (rc) return rc;
   res->decode_nodes = g.n_node;
   struct rt_exec_out out = {logits, NULL};
-  rc = rt_exec_direct(&g, M, r, &out, &res->decode, NULL, NULL, err, err_len);
+  rc = run_graph(&g, M, r, &out, &res->decode, o, NULL, err, err_len);
   graph_free(&g);
   if (!rc) r->n_pos++;
   return rc;
@@ -95,7 +111,7 @@ int rt_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_re
     rt_request_push_token(r, r->pending);
     r->pending = -1;
     float *lg = res->decode_logits + (size_t)(i - 1) * V;
-    rc = decode_step(M, r, lg, res, err, err_len);
+    rc = decode_step(M, r, lg, o, res, err, err_len);
     if (rc) break;
     res->tokens[res->n_tokens++] = r->pending = op_sample(prob, order, lg, V, o->temperature, o->top_p, &rng);
     double dt = now_s() - t;

@@ -2,6 +2,11 @@
  * prefill graph, run it, sample, then one decode graph per new token
  * (docs/model.md s6). What `cedar run` and the model tests call.
  *
+ * Each graph runs on the executor the options choose: the direct one
+ * (default: zeroed options keep it) or StarPU's (rt_starpu_init first).
+ * on_graph, when set, sees every graph that ran, with its task times under
+ * StarPU (traces, DOT export).
+ *
  * Timing: TTFT is the prefill graph plus the first sample; the first ITL is
  * the first decode step (graph build, run, sample); the steady ITL is the
  * mean of the later steps.
@@ -17,6 +22,12 @@
 #include "runtime/exec.h"
 #include "runtime/state.h"
 
+enum rt_executor { RT_EXEC_DIRECT = 0, RT_EXEC_STARPU };
+
+/* Called after each graph ran (prefill, then each decode step): the graph
+ * and, under StarPU, each node's record (g->n_node); NULL under direct. */
+typedef void (*rt_graph_cb)(void *user, const struct graph *g, const struct rt_task_time *times);
+
 struct rt_gen_opts {
   int chunk;           /* <= 0: serving.prefill_chunk */
   int64_t replay;      /* < 0: serving.replay.decoder */
@@ -27,6 +38,9 @@ struct rt_gen_opts {
   bool all_logits;     /* keep the logits of every prefill position that ran through every layer */
   rt_progress_cb progress; /* prefill progress, or NULL */
   void *user;
+  enum rt_executor executor;
+  rt_graph_cb on_graph;    /* or NULL */
+  void *graph_user;
 };
 
 struct rt_gen_result {

@@ -1,0 +1,557 @@
+/* exec_starpu.c: the StarPU executor (exec.h): one StarPU task per graph
+ * node, on CPU workers, ordered by the graph's own edges and nothing else.
+ *
+ *   codelets  one per op group, generated from GRAPH_OPS with designated
+ *             initializers: name, CPU function, a CUDA slot that is NULL
+ *             through RT_CUDA_SLOT until kernels/ has the twins, and a
+ *             flop-count cost model for the model-based schedulers (dmda).
+ *             The CPU function dispatches on the node's op exactly as
+ *             exec_direct.c's run_node does, through the same op groups
+ *             (runtime/model.h), so both executors compute the same bits.
+ *   data      every graph data object is a StarPU handle with implicit
+ *             sequential consistency off: activations and buses over
+ *             buffers allocated before submission (graph_data.bytes),
+ *             request state and weights over a representative pointer (the
+ *             ring, tail or page table of that layer; the layer's bound
+ *             weights); the task reaches the real structures through its
+ *             cl_arg.
+ *   edges     graph_node.dep, submitted with starpu_task_declare_deps_array;
+ *             Engram row gathers (no edges) are submitted first.
+ *   tasks     named "<node name> r<request>" ("L3.attn c2 r0"), with the
+ *             node's flops, a tag identifying (run, node) for traces, and a
+ *             critical-path priority (lower layers of trailing tiles first).
+ *   scratch   one rt_arena per worker, indexed by starpu_worker_get_id().
+ *
+ * Failure: a node that runs out of KV pages marks the run failed; the
+ * tasks after it return without work and the request is dropped, as in the
+ * direct executor.
+ *
+ * Not here: the graph (scheduler/graph.c), the op groups (model.c), traces
+ * (viz/trace.c). Test: tests/test_exec_starpu.c (ctest -R exec_starpu),
+ * tests/cli/trace.sh.
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+
+#include <starpu.h>
+
+#include "runtime/check.h"
+#include "runtime/exec.h"
+#include "runtime/log.h"
+
+/* The CUDA function of a codelet: NULL until kernels/ provides the op
+ * group's twin (the GPU issue defines this to {fn} in CUDA builds). */
+#define RT_CUDA_SLOT(fn) {NULL}
+
+/* The cost model dmda plans with: flops at a rate typical of these ops on
+ * one core, plus a fixed per-task cost. Only relative sizes matter. */
+#define RT_SP_MODEL_FLOPS_PER_US 20e3
+#define RT_SP_MODEL_FIXED_US 5.0
+
+/* Debian's StarPU 1.3 is built with non-blocking drivers: an idle CPU
+ * worker polls the scheduler in a tight loop, taking a core from the worker
+ * that has work, from this process's main thread and from other processes
+ * (on a 2-vCPU VM with anything else running, a decode step on two workers
+ * ran 10-17x slower than on one before this hook). The
+ * idle hook turns that spin into a poll every RT_SP_IDLE_NAP_NS; a task
+ * made ready while its worker naps waits at most that long (the worker that
+ * releases a task usually runs it at once). Between graphs the workers are
+ * paused (starpu_pause) and block. */
+#define RT_SP_IDLE_NAP_NS 20000
+
+static unsigned idle_nap(void *arg) {
+  (void)arg;
+  static _Thread_local bool slack_set;
+  if (!slack_set) { /* the default 50 us timer slack would stretch every nap */
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+    slack_set = true;
+  }
+  nanosleep(&(struct timespec){0, RT_SP_IDLE_NAP_NS}, NULL);
+  return 0;
+}
+
+/* ---- process-wide state ------------------------------------------------- */
+
+static struct {
+  bool up, profile;
+  int n_workers;
+  double epoch_us;           /* starpu_timing_now() at init */
+  struct rt_arena *arena;    /* (n_workers) */
+  char sched[32];
+  atomic_uint_least64_t runs; /* tags: run serial << 32 | node */
+} sp;
+
+/* ---- one run ------------------------------------------------------------ */
+
+struct run;
+
+struct node_arg {
+  struct run *R;
+  int k;
+  int64_t out_row;           /* HEAD: first row of its logits in out */
+  double t0_us, t1_us;       /* the task's own clock (starpu_timing_now) */
+  int worker;
+  char name[48];
+};
+
+struct run {
+  const struct graph *g;
+  const struct rt_model *M;
+  struct rt_request *r;
+  struct rt_exec_out *out;
+  void **buf;                /* (n_data) activations and buses */
+  starpu_data_handle_t *h;   /* (n_data) */
+  struct starpu_task **task; /* (n_node) */
+  struct node_arg *arg;      /* (n_node) */
+  int64_t act_bytes;
+  atomic_int failed;         /* first failing node + 1, 0 when none */
+  atomic_int done;
+};
+
+static void *buf(const struct run *R, int d) { return d < 0 ? NULL : R->buf[d]; }
+
+/* REPLAY_IN: the encoder output rows of [a, a + n), from the encoder
+ * tiles' X (as exec_direct.c). */
+static void replay_in(const struct run *R, const struct graph_node *nd) {
+  const struct plan_model *m = &R->M->p->model;
+  size_t row = (size_t)m->hc_streams * m->hidden;
+  float *dst = buf(R, nd->x);
+  for (int u = 0; u < nd->n_use; u++) {
+    int d = nd->use[u].data;
+    const struct graph_data *gd = &R->g->data[d];
+    if (nd->use[u].mode != GRAPH_R) continue;
+    int64_t len = gd->bytes / (int64_t)(row * sizeof(float));
+    int64_t lo = gd->a0 > nd->a ? gd->a0 : nd->a;
+    int64_t hi = gd->a0 + len < nd->a + nd->n ? gd->a0 + len : nd->a + nd->n;
+    const float *src = buf(R, d);
+    if (hi > lo) memcpy(dst + (size_t)(lo - nd->a) * row, src + (size_t)(lo - gd->a0) * row, sizeof(float) * row * (size_t)(hi - lo));
+  }
+  memset(buf(R, nd->aux), 0, sizeof(float) * (size_t)nd->n * m->hc_streams);
+}
+
+/* CEDAR_LOG=debug: the residual RMS after each layer (as exec_direct.c). */
+static void log_rms(const struct run *R, const struct graph_node *nd) {
+  const struct plan_model *m = &R->M->p->model;
+  const float *X = buf(R, nd->x);
+  size_t cnt = (size_t)nd->n * m->hc_streams * m->hidden;
+  double ss = 0;
+  for (size_t i = 0; i < cnt; i++) ss += (double)X[i] * X[i];
+  LOG_DEBUG("%s: residual RMS %.4g over %d positions", nd->name, sqrt(ss / (double)cnt), nd->n);
+}
+
+/* One node: exec_direct.c's run_node, with the HEAD's output row fixed
+ * before submission (HEAD nodes may finish in any order). */
+static int run_node(const struct run *R, const struct graph_node *nd, const struct node_arg *A, struct rt_arena *ar) {
+  const struct rt_model *M = R->M;
+  const struct plan_model *m = &M->p->model;
+  struct rt_request *r = R->r;
+  switch (nd->op) {
+  case GRAPH_EMBED:
+    CEDAR_ASSERT(nd->a + nd->n <= r->n_tokens);
+    rt_embed(M, buf(R, nd->x), r->tokens + nd->a, nd->n, ar);
+    memset(buf(R, nd->aux), 0, sizeof(float) * (size_t)nd->n * m->hc_streams);
+    return 0;
+  case GRAPH_ENGRAM_GATHER:
+    rt_engram_rows(M, nd->layer, buf(R, nd->aux), r, nd->a, nd->n, ar);
+    return 0;
+  case GRAPH_ENGRAM:
+    rt_engram_inject(M, nd->layer, buf(R, nd->x), buf(R, nd->aux), nd->n, ar);
+    return 0;
+  case GRAPH_ATTN: {
+    struct rt_buses bs = {buf(R, nd->bus[GRAPH_TOPK_OUT]), buf(R, nd->bus[GRAPH_POOL_OUT]),
+                          buf(R, nd->bus[GRAPH_TOPK_IN]), buf(R, nd->bus[GRAPH_POOL_IN])};
+    return rt_attn(M, r, nd, buf(R, nd->x), buf(R, nd->aux), &bs, ar);
+  }
+  case GRAPH_MOE:
+    rt_moe(M, nd, buf(R, nd->x), buf(R, nd->aux), ar);
+    if (cedar_log_level() >= CEDAR_LOG_DEBUG) log_rms(R, nd);
+    return 0;
+  case GRAPH_DEC_KV:
+    return rt_dec_kv(M, r, nd->layer, buf(R, nd->x), nd->a, nd->n, ar);
+  case GRAPH_REPLAY_IN:
+    replay_in(R, nd);
+    return 0;
+  case GRAPH_HEAD: {
+    const struct graph_data *xd = &R->g->data[nd->x];
+    const float *X = (const float *)buf(R, nd->x) + (size_t)(nd->a - xd->a0) * m->hc_streams * m->hidden;
+    float *lg = buf(R, nd->aux);
+    rt_head(M, lg, X, nd->n, ar);
+    struct rt_exec_out *out = R->out;
+    if (out && out->logits)
+      memcpy(out->logits + (size_t)A->out_row * m->vocab, lg, sizeof(float) * (size_t)nd->n * m->vocab);
+    if (out && out->pos)
+      for (int i = 0; i < nd->n; i++) out->pos[A->out_row + i] = nd->a + i;
+    return 0;
+  }
+  case GRAPH_OP_COUNT: break;
+  }
+  CEDAR_ASSERT_MSG(0, "unknown node kind %d", (int)nd->op);
+  return 0;
+}
+
+/* The CPU function of every codelet: the node is in cl_arg. */
+static void cpu_task(void *buffers[], void *cl_arg) {
+  (void)buffers; /* representative handles: the node reaches its data through the run */
+  struct node_arg *A = cl_arg;
+  struct run *R = A->R;
+  const struct graph_node *nd = &R->g->node[A->k];
+  int w = starpu_worker_get_id();
+  CEDAR_ASSERT(w >= 0 && w < sp.n_workers);
+  struct rt_arena *ar = &sp.arena[w];
+  A->worker = w;
+  A->t0_us = starpu_timing_now();
+  if (atomic_load(&R->failed) == 0) {
+    int rc = run_node(R, nd, A, ar);
+    int none = 0;
+    if (rc) atomic_compare_exchange_strong(&R->failed, &none, A->k + 1);
+  }
+  rt_arena_reset(ar);
+  A->t1_us = starpu_timing_now();
+  atomic_fetch_add(&R->done, 1);
+}
+
+static double flops_cost(struct starpu_task *t, unsigned nimpl) {
+  (void)nimpl;
+  return RT_SP_MODEL_FIXED_US + t->flops / RT_SP_MODEL_FLOPS_PER_US;
+}
+
+static struct starpu_perfmodel flops_model = {
+    .type = STARPU_COMMON,
+    .cost_function = flops_cost,
+    .symbol = "cedar_flops",
+};
+
+static struct starpu_codelet codelets[GRAPH_OP_COUNT] = {
+#define X(e, s)                                       \
+  [GRAPH_##e] = {                                     \
+      .where = STARPU_CPU,                            \
+      .cpu_funcs = {cpu_task},                        \
+      .cpu_funcs_name = {"cpu_task"},                 \
+      .cuda_funcs = RT_CUDA_SLOT(cuda_task),          \
+      .nbuffers = STARPU_VARIABLE_NBUFFERS,           \
+      .model = &flops_model,                          \
+      .name = s,                                      \
+  },
+    GRAPH_OPS(X)
+#undef X
+};
+
+/* ---- init and shutdown -------------------------------------------------- */
+
+static bool sched_known(const char *name, char *list, size_t len) {
+  struct starpu_sched_policy **pol = starpu_sched_get_predefined_policies();
+  bool found = false;
+  size_t used = 0;
+  list[0] = 0;
+  for (int i = 0; pol[i]; i++) {
+    if (!strcmp(pol[i]->policy_name, name)) found = true;
+    int w = snprintf(list + used, len - used, "%s%s", i ? ", " : "", pol[i]->policy_name);
+    if (w > 0 && (size_t)w < len - used) used += (size_t)w;
+  }
+  return found;
+}
+
+int rt_starpu_init(const struct rt_starpu_opts *o, char *err, size_t err_len) {
+  if (sp.up) {
+    snprintf(err, err_len, "StarPU is already started in this process");
+    return CEDAR_EINVAL;
+  }
+  char list[512];
+  if (o->sched && !sched_known(o->sched, list, sizeof list)) {
+    snprintf(err, err_len, "--sched: unknown StarPU scheduling policy '%s' (known: %s)", o->sched, list);
+    return CEDAR_EINVAL;
+  }
+  if (o->workers > STARPU_MAXCPUS) {
+    snprintf(err, err_len, "--workers: this StarPU build takes at most %d CPU workers (got %d)", STARPU_MAXCPUS,
+             o->workers);
+    return CEDAR_EINVAL;
+  }
+  struct starpu_conf conf;
+  STARPU_CHECK(starpu_conf_init(&conf));
+  if (o->workers > 0) conf.ncpus = o->workers;
+  if (o->sched) conf.sched_policy_name = o->sched;
+  conf.precedence_over_environment_variables = o->workers > 0 || o->sched;
+  conf.ncuda = 0;   /* CPU workers only, until kernels/ fills the CUDA slots */
+  conf.nopencl = 0;
+  conf.nmic = 0;
+  conf.nmpi_ms = 0;
+  int rc = starpu_init(&conf);
+  if (rc) {
+    snprintf(err, err_len, "starpu_init failed: %s (%d)", rc < 0 ? strerror(-rc) : "error", rc);
+    return CEDAR_EUNSUPPORTED;
+  }
+  int n = (int)starpu_cpu_worker_get_count();
+  if ((o->workers > 0 && n != o->workers) || n < 1 || n != (int)starpu_worker_get_count()) {
+    snprintf(err, err_len, "StarPU started %d CPU workers of %u (asked for %d)", n, starpu_worker_get_count(),
+             o->workers);
+    starpu_shutdown();
+    return CEDAR_EUNSUPPORTED;
+  }
+  starpu_idle_hook_register(idle_nap, NULL);
+  sp.up = true;
+  sp.profile = o->profile;
+  sp.n_workers = n;
+  sp.arena = cedar_xcalloc((size_t)n, sizeof(*sp.arena));
+  for (int i = 0; i < n; i++) rt_arena_init(&sp.arena[i], 0);
+  struct starpu_sched_policy *pol = starpu_sched_ctx_get_sched_policy(0); /* the global context */
+  snprintf(sp.sched, sizeof sp.sched, "%s", pol && pol->policy_name ? pol->policy_name : "?");
+  starpu_profiling_status_set(o->profile ? STARPU_PROFILING_ENABLE : STARPU_PROFILING_DISABLE);
+  sp.epoch_us = starpu_timing_now();
+  starpu_pause(); /* idle workers sleep between graphs (see rt_exec_starpu) */
+  return 0;
+}
+
+void rt_starpu_shutdown(void) {
+  if (!sp.up) return;
+  starpu_resume();
+  starpu_task_wait_for_all();
+  starpu_shutdown();
+  for (int i = 0; i < sp.n_workers; i++) rt_arena_free(&sp.arena[i]);
+  free(sp.arena);
+  sp.arena = NULL;
+  sp.up = false;
+  sp.n_workers = 0;
+}
+
+bool rt_starpu_running(void) { return sp.up; }
+const char *rt_starpu_sched(void) { return sp.up ? sp.sched : ""; }
+int rt_starpu_workers(void) { return sp.up ? sp.n_workers : 0; }
+
+void rt_starpu_worker_name(int worker, char *b, size_t len) {
+  if (sp.up && worker >= 0 && worker < sp.n_workers)
+    starpu_worker_get_name(worker, b, len);
+  else
+    snprintf(b, len, "worker %d", worker);
+}
+
+/* ---- handles ------------------------------------------------------------ */
+
+/* The memory a state or weights handle stands for: the structure of that
+ * layer (or the model, or the token history). */
+static void *represent(const struct run *R, const struct graph_data *gd, size_t *bytes) {
+  struct rt_request *r = R->r;
+  if (gd->kind == GRAPH_WEIGHTS) {
+    *bytes = gd->layer >= 0 ? sizeof(struct rt_layer) : sizeof(struct rt_model);
+    return gd->layer >= 0 ? (void *)&R->M->L[gd->layer] : (void *)R->M;
+  }
+  switch (gd->state) {
+  case GRAPH_ST_RING: *bytes = sizeof(struct rt_ring); return &r->ring[gd->layer];
+  case GRAPH_ST_TAIL: *bytes = sizeof(struct op_comp_tail); return &r->tail[gd->layer];
+  case GRAPH_ST_KV: *bytes = sizeof(struct rt_kv_seq); return &r->seq[gd->layer];
+  case GRAPH_ST_TOKENS: *bytes = sizeof(int32_t) * (size_t)(r->n_tokens > 0 ? r->n_tokens : 1); return r->tokens;
+  case GRAPH_ST_XE: *bytes = sizeof(r->id); return &r->id; /* cached encoder outputs: bound by the prefix cache */
+  case GRAPH_ST_NONE: break;
+  }
+  CEDAR_ASSERT_MSG(0, "state data %s has no kind", gd->name);
+  return NULL;
+}
+
+/* Buffers for every activation and bus, and a handle for every data
+ * object, sequential consistency off. */
+static void register_data(struct run *R) {
+  const struct graph *g = R->g;
+  for (int d = 0; d < g->n_data; d++) {
+    const struct graph_data *gd = &g->data[d];
+    void *p;
+    size_t bytes;
+    if (gd->kind == GRAPH_ACT || gd->kind == GRAPH_BUS) {
+      bytes = (size_t)gd->bytes;
+      p = R->buf[d] = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+      CEDAR_ASSERT_MSG(p != NULL, "out of memory for %s (%lld bytes)", gd->name, (long long)gd->bytes);
+      R->act_bytes += gd->bytes;
+    } else {
+      p = represent(R, gd, &bytes);
+    }
+    starpu_variable_data_register(&R->h[d], STARPU_MAIN_RAM, (uintptr_t)p, bytes);
+    starpu_data_set_sequential_consistency_flag(R->h[d], 0);
+    starpu_data_set_name(R->h[d], gd->name);
+  }
+}
+
+static void unregister_data(struct run *R) {
+  for (int d = 0; d < R->g->n_data; d++) {
+    starpu_data_unregister_no_coherency(R->h[d]);
+    free(R->buf[d]);
+  }
+}
+
+/* ---- tasks -------------------------------------------------------------- */
+
+static enum starpu_data_access_mode sp_mode(enum graph_access a) {
+  switch (a) {
+  case GRAPH_R: return STARPU_R;
+  case GRAPH_W: return STARPU_W;
+  case GRAPH_RW: return STARPU_RW;
+  /* An append writes only entries past every concurrent reader's view and
+   * publishes them through n_entries (state.h); the graph lets it run
+   * beside readers of earlier entries. StarPU's per-handle R/W exclusion
+   * would serialize the two (not order them: the edges do that), so the
+   * page table is handed over in R mode. */
+  case GRAPH_APPEND: return STARPU_R;
+  }
+  return STARPU_RW;
+}
+
+/* Critical path first: the longest chain of tasks from a node of sublayer
+ * s (2 layer + MoE) and tile c to the end of a wavefront is about
+ * (2 n_layers - s) + (tiles - c), so lower layers of later tiles, which
+ * trail the front, go before higher layers of earlier ones (a trailing last
+ * tile is what runs alone at the end). Scaled into the policy's range; only
+ * priority-aware policies (prio, dmda, ...) read it. */
+static int priority_of(const struct graph *g, const struct graph_node *nd, int tiles) {
+  int hi = starpu_sched_get_max_priority(), lo = starpu_sched_get_min_priority();
+  int sub = nd->layer >= 0 ? 2 * nd->layer + (nd->op == GRAPH_MOE) : 0;
+  int max_rank = 2 * g->plan->n_layers + tiles;
+  int rank = (2 * g->plan->n_layers - sub) + (tiles - nd->chunk);
+  if (hi <= lo) return lo;
+  return (int)(lo + ((int64_t)hi - lo) * rank / max_rank); /* policies without priorities span all of int */
+}
+
+static struct starpu_task *make_task(struct run *R, int k, uint64_t tag0, int tiles) {
+  const struct graph_node *nd = &R->g->node[k];
+  struct node_arg *A = &R->arg[k];
+  A->R = R;
+  A->k = k;
+  A->worker = -1;
+  snprintf(A->name, sizeof A->name, "%s r%d", nd->name, R->r->id);
+  struct starpu_task *t = starpu_task_create();
+  t->cl = &codelets[nd->op];
+  t->cl_arg = A;
+  t->cl_arg_size = sizeof(*A);
+  t->name = A->name;
+  t->flops = nd->flops;
+  t->tag_id = tag0 | (uint64_t)k; /* identifies the task; edges are task to task, so use_tag stays 0 */
+  t->destroy = 0;                 /* deps and profiling are read after completion */
+  t->sequential_consistency = 0;
+  t->priority = priority_of(R->g, nd, tiles);
+  t->nbuffers = nd->n_use;
+  if (nd->n_use > STARPU_NMAXBUFS) { /* freed by starpu_task_destroy */
+    t->dyn_handles = cedar_xmalloc(sizeof(*t->dyn_handles) * (size_t)nd->n_use);
+    t->dyn_modes = cedar_xmalloc(sizeof(*t->dyn_modes) * (size_t)nd->n_use);
+  }
+  for (int u = 0; u < nd->n_use; u++) {
+    STARPU_TASK_SET_HANDLE(t, R->h[nd->use[u].data], u);
+    STARPU_TASK_SET_MODE(t, sp_mode(nd->use[u].mode), u);
+  }
+  return t;
+}
+
+/* Create every task, declare the graph's edges, and submit: Engram row
+ * gathers first (they wait for nothing), then the rest in graph order. */
+static void submit_graph(struct run *R) {
+  const struct graph *g = R->g;
+  uint64_t tag0 = (uint64_t)atomic_fetch_add(&sp.runs, 1) << 32;
+  int64_t row = 0;
+  int tiles = 1;
+  for (int k = 0; k < g->n_node; k++)
+    if (g->node[k].chunk + 1 > tiles) tiles = g->node[k].chunk + 1;
+  for (int k = 0; k < g->n_node; k++) {
+    R->task[k] = make_task(R, k, tag0, tiles);
+    if (g->node[k].op == GRAPH_HEAD) {
+      R->arg[k].out_row = row;
+      row += g->node[k].n;
+    }
+  }
+  struct starpu_task **deps = cedar_xmalloc(sizeof(*deps) * (size_t)(g->n_node > 0 ? g->n_node : 1));
+  for (int pass = 0; pass < 2; pass++)
+    for (int k = 0; k < g->n_node; k++) {
+      const struct graph_node *nd = &g->node[k];
+      if ((nd->op == GRAPH_ENGRAM_GATHER) != (pass == 0)) continue;
+      for (int i = 0; i < nd->n_dep; i++) deps[i] = R->task[nd->dep[i]];
+      if (nd->n_dep) starpu_task_declare_deps_array(R->task[k], (unsigned)nd->n_dep, deps);
+      STARPU_CHECK(starpu_task_submit(R->task[k]));
+    }
+  free(deps);
+}
+
+/* Let the workers run the submitted graph; wait for every task, calling
+ * progress from this thread meanwhile; pause the workers again. */
+static void wait_graph(struct run *R, rt_progress_cb progress, void *user) {
+  int n = R->g->n_node;
+  starpu_resume();
+  while (progress && atomic_load(&R->done) < n) {
+    progress(user, atomic_load(&R->done), n);
+    nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+  }
+  STARPU_CHECK(starpu_task_wait_for_all());
+  starpu_pause();
+  if (progress) progress(user, n, n);
+}
+
+/* Seconds per op family, summed over the workers' arenas (since init). */
+static void family_seconds(double *fam /* (RT_FAM_COUNT) */) {
+  for (int f = 0; f < RT_FAM_COUNT; f++) fam[f] = 0;
+  for (int w = 0; w < sp.n_workers; w++)
+    for (int f = 0; f < RT_FAM_COUNT; f++) fam[f] += sp.arena[w].fam_s[f];
+}
+
+static void collect(struct run *R, struct rt_exec_stats *st, struct rt_task_time *times, const double *fam0) {
+  const struct graph *g = R->g;
+  for (int k = 0; k < g->n_node; k++) {
+    const struct node_arg *A = &R->arg[k];
+    const struct graph_node *nd = &g->node[k];
+    struct starpu_profiling_task_info *pi = R->task[k]->profiling_info; /* StarPU takes it non-const */
+    if (st) {
+      st->op_seconds[nd->op] += 1e-6 * (A->t1_us - A->t0_us);
+      st->op_nodes[nd->op]++;
+      st->nodes++;
+      if (nd->op == GRAPH_ATTN) st->token_layers += nd->n;
+    }
+    if (!times) continue;
+    struct rt_task_time *t = &times[k];
+    if (sp.profile && pi) {
+      t->worker = pi->workerid;
+      t->submit_us = starpu_timing_timespec_to_us(&pi->submit_time) - sp.epoch_us;
+      t->start_us = starpu_timing_timespec_to_us(&pi->start_time) - sp.epoch_us;
+      t->end_us = starpu_timing_timespec_to_us(&pi->end_time) - sp.epoch_us;
+    } else {
+      *t = (struct rt_task_time){A->worker, 0, A->t0_us - sp.epoch_us, A->t1_us - sp.epoch_us};
+    }
+  }
+  if (st) {
+    double fam[RT_FAM_COUNT];
+    family_seconds(fam);
+    for (int f = 0; f < RT_FAM_COUNT; f++) st->family_seconds[f] += fam[f] - fam0[f];
+    if (R->act_bytes > st->act_peak_bytes) st->act_peak_bytes = R->act_bytes;
+    for (int w = 0; w < sp.n_workers; w++)
+      if ((int64_t)sp.arena[w].peak > st->scratch_peak_bytes) st->scratch_peak_bytes = (int64_t)sp.arena[w].peak;
+  }
+}
+
+int rt_exec_starpu(const struct graph *g, const struct rt_model *M, struct rt_request *r, struct rt_exec_out *out,
+                   struct rt_exec_stats *st, struct rt_task_time *times, rt_progress_cb progress, void *user,
+                   char *err, size_t err_len) {
+  if (!sp.up) {
+    snprintf(err, err_len, "the StarPU executor needs rt_starpu_init first");
+    return CEDAR_EINVAL;
+  }
+  struct run R = {.g = g, .M = M, .r = r, .out = out};
+  size_t nd = (size_t)(g->n_data > 0 ? g->n_data : 1), nn = (size_t)(g->n_node > 0 ? g->n_node : 1);
+  R.buf = cedar_xcalloc(nd, sizeof(*R.buf));
+  R.h = cedar_xcalloc(nd, sizeof(*R.h));
+  R.task = cedar_xcalloc(nn, sizeof(*R.task));
+  R.arg = cedar_xcalloc(nn, sizeof(*R.arg));
+  atomic_init(&R.failed, 0);
+  atomic_init(&R.done, 0);
+  double t0 = starpu_timing_now(), fam0[RT_FAM_COUNT];
+  family_seconds(fam0);
+  register_data(&R);
+  submit_graph(&R);
+  wait_graph(&R, progress, user);
+  unregister_data(&R);
+  if (st) st->seconds += 1e-6 * (starpu_timing_now() - t0);
+  collect(&R, st, times, fam0);
+  int failed = atomic_load(&R.failed);
+  if (failed)
+    snprintf(err, err_len, "%s: the KV page pool is exhausted; this request is dropped", g->node[failed - 1].name);
+  for (int k = 0; k < g->n_node; k++) starpu_task_destroy(R.task[k]);
+  free(R.task);
+  free(R.arg);
+  free(R.h);
+  free(R.buf);
+  return failed ? CEDAR_ENOMEM : 0;
+}

@@ -1,0 +1,184 @@
+/* trace.c: Chrome Trace Event JSON from graphs and node times (trace.h).
+ * Pure formatting of graph.h data and the times given; cJSON writes it. */
+#include "viz/trace.h"
+
+#include <cJSON.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/check.h"
+
+void viz_trace_init(struct viz_trace *t, const char *process, int pid) {
+  memset(t, 0, sizeof(*t));
+  snprintf(t->process, sizeof t->process, "%s", process);
+  t->pid = pid;
+}
+
+void viz_trace_free(struct viz_trace *t) {
+  free(t->slice);
+  free(t->flow);
+  free(t->thread);
+  memset(t, 0, sizeof(*t));
+}
+
+void viz_trace_thread(struct viz_trace *t, int tid, const char *name) {
+  CEDAR_ASSERT(tid >= 0);
+  if (tid >= t->n_thread) {
+    t->thread = cedar_xrealloc(t->thread, sizeof(*t->thread) * (size_t)(tid + 1));
+    for (int i = t->n_thread; i <= tid; i++) snprintf(t->thread[i], sizeof t->thread[i], "worker %d", i);
+    t->n_thread = tid + 1;
+  }
+  snprintf(t->thread[tid], sizeof t->thread[tid], "%s", name);
+}
+
+/* Activation and bus bytes a node touches. */
+static int64_t node_bytes(const struct graph *g, const struct graph_node *nd) {
+  int64_t b = 0;
+  for (int u = 0; u < nd->n_use; u++) b += g->data[nd->use[u].data].bytes;
+  return b;
+}
+
+static const char *node_mode(const struct graph *g, const struct graph_node *nd) {
+  if (nd->layer >= 0 && (nd->op == GRAPH_ATTN || nd->op == GRAPH_DEC_KV))
+    return plan_mode_name(g->plan->layer[nd->layer].mode);
+  return nd->layer >= 0 ? graph_op_name(nd->op) : "-";
+}
+
+void viz_trace_add_graph(struct viz_trace *t, const struct graph *g, const struct viz_task_time *times, int request) {
+  int base = t->n_slice;
+  if (t->n_slice + g->n_node > t->cap_slice) {
+    t->cap_slice = 2 * (t->n_slice + g->n_node);
+    t->slice = cedar_xrealloc(t->slice, sizeof(*t->slice) * (size_t)t->cap_slice);
+  }
+  for (int k = 0; k < g->n_node; k++) {
+    const struct graph_node *nd = &g->node[k];
+    struct viz_slice *s = &t->slice[t->n_slice++];
+    memset(s, 0, sizeof(*s));
+    s->tid = times[k].tid;
+    s->ts = times[k].start_us;
+    s->dur = times[k].end_us > times[k].start_us ? times[k].end_us - times[k].start_us : 0;
+    snprintf(s->name, sizeof s->name, "%s r%d", nd->name, request);
+    s->op = graph_op_name(nd->op);
+    s->mode = node_mode(g, nd);
+    s->phase = graph_flow_name(g->flow);
+    s->layer = nd->layer;
+    s->chunk = nd->chunk;
+    s->request = request;
+    s->node = k;
+    s->flops = nd->flops;
+    s->bytes = node_bytes(g, nd);
+    if (s->tid >= t->n_thread) viz_trace_thread(t, s->tid, "");
+    if (!t->thread[s->tid][0]) snprintf(t->thread[s->tid], sizeof t->thread[s->tid], "worker %d", s->tid);
+  }
+  for (int k = 0; k < g->n_node; k++)
+    for (int i = 0; i < g->node[k].n_dep; i++) {
+      int j = g->node[k].dep[i];
+      if (times[j].tid == times[k].tid) continue;
+      if (t->n_flow == t->cap_flow) {
+        t->cap_flow = t->cap_flow ? 2 * t->cap_flow : 256;
+        t->flow = cedar_xrealloc(t->flow, sizeof(*t->flow) * (size_t)t->cap_flow);
+      }
+      t->flow[t->n_flow++] = (struct viz_flow){base + j, base + k};
+    }
+}
+
+/* ---- writing -------------------------------------------------------------- */
+
+/* One event to write: a slice, or one end of a flow, at its timestamp. */
+struct ev {
+  double ts;
+  int kind;  /* 0 slice, 1 flow start, 2 flow end */
+  int idx;
+};
+
+static int cmp_ev(const void *a, const void *b) {
+  const struct ev *x = a, *y = b;
+  if (x->ts != y->ts) return x->ts < y->ts ? -1 : 1;
+  if (x->kind != y->kind) return x->kind - y->kind; /* the slice before the flows bound to it */
+  return x->idx - y->idx;
+}
+
+static cJSON *event(const struct viz_trace *t, const char *name, const char *ph, int tid) {
+  cJSON *e = cJSON_CreateObject();
+  cJSON_AddStringToObject(e, "name", name);
+  cJSON_AddStringToObject(e, "ph", ph);
+  cJSON_AddNumberToObject(e, "pid", t->pid);
+  cJSON_AddNumberToObject(e, "tid", tid);
+  return e;
+}
+
+static cJSON *metadata(const struct viz_trace *t, const char *what, int tid, const char *key, cJSON *value) {
+  cJSON *e = event(t, what, "M", tid);
+  cJSON *a = cJSON_AddObjectToObject(e, "args");
+  cJSON_AddItemToObject(a, key, value);
+  return e;
+}
+
+static cJSON *slice_event(const struct viz_trace *t, const struct viz_slice *s) {
+  cJSON *e = event(t, s->name, "X", s->tid);
+  cJSON_AddStringToObject(e, "cat", s->op);
+  cJSON_AddNumberToObject(e, "ts", s->ts);
+  cJSON_AddNumberToObject(e, "dur", s->dur);
+  cJSON *a = cJSON_AddObjectToObject(e, "args");
+  cJSON_AddNumberToObject(a, "layer", s->layer);
+  cJSON_AddStringToObject(a, "mode", s->mode);
+  cJSON_AddNumberToObject(a, "chunk", s->chunk);
+  cJSON_AddNumberToObject(a, "request", s->request);
+  cJSON_AddNumberToObject(a, "flops", s->flops);
+  cJSON_AddNumberToObject(a, "bytes", (double)s->bytes);
+  cJSON_AddStringToObject(a, "op", s->op);
+  cJSON_AddStringToObject(a, "phase", s->phase);
+  cJSON_AddNumberToObject(a, "node", s->node);
+  return e;
+}
+
+static cJSON *flow_event(const struct viz_trace *t, int f, bool start) {
+  const struct viz_slice *s = &t->slice[start ? t->flow[f].from : t->flow[f].to];
+  cJSON *e = event(t, "dep", start ? "s" : "f", s->tid);
+  cJSON_AddStringToObject(e, "cat", "dep");
+  cJSON_AddNumberToObject(e, "id", f);
+  cJSON_AddNumberToObject(e, "ts", s->ts); /* the slice's start: inside it, so the flow binds to it */
+  if (!start) cJSON_AddStringToObject(e, "bp", "e");
+  return e;
+}
+
+static cJSON *build(const struct viz_trace *t) {
+  cJSON *root = cJSON_CreateObject();
+  cJSON *evs = cJSON_AddArrayToObject(root, "traceEvents");
+  cJSON_AddItemToArray(evs, metadata(t, "process_name", 0, "name", cJSON_CreateString(t->process)));
+  for (int i = 0; i < t->n_thread; i++) {
+    cJSON_AddItemToArray(evs, metadata(t, "thread_name", i, "name", cJSON_CreateString(t->thread[i])));
+    cJSON_AddItemToArray(evs, metadata(t, "thread_sort_index", i, "sort_index", cJSON_CreateNumber(i)));
+  }
+  int n = t->n_slice + 2 * t->n_flow;
+  struct ev *e = cedar_xmalloc(sizeof(*e) * (size_t)(n > 0 ? n : 1));
+  int m = 0;
+  for (int i = 0; i < t->n_slice; i++) e[m++] = (struct ev){t->slice[i].ts, 0, i};
+  for (int f = 0; f < t->n_flow; f++) {
+    e[m++] = (struct ev){t->slice[t->flow[f].from].ts, 1, f};
+    e[m++] = (struct ev){t->slice[t->flow[f].to].ts, 2, f};
+  }
+  qsort(e, (size_t)m, sizeof(*e), cmp_ev);
+  for (int i = 0; i < m; i++)
+    cJSON_AddItemToArray(evs, e[i].kind == 0 ? slice_event(t, &t->slice[e[i].idx]) : flow_event(t, e[i].idx, e[i].kind == 1));
+  free(e);
+  cJSON_AddStringToObject(root, "displayTimeUnit", "ms");
+  return root;
+}
+
+int viz_trace_write(const struct viz_trace *t, const char *path, char *err, size_t err_len) {
+  cJSON *root = build(t);
+  char *s = cJSON_PrintUnformatted(root);
+  cJSON_Delete(root);
+  CEDAR_ASSERT_MSG(s != NULL, "cJSON_PrintUnformatted: out of memory");
+  FILE *f = fopen(path, "w");
+  int rc = 0;
+  if (!f || fputs(s, f) < 0 || fputc('\n', f) == EOF) rc = CEDAR_EIO;
+  if (f && fclose(f)) rc = CEDAR_EIO;
+  if (rc) snprintf(err, err_len, "%s: cannot write the trace: %s", path, strerror(errno));
+  cJSON_free(s);
+  return rc;
+}

@@ -1,0 +1,71 @@
+/* trace.h: execution traces as Chrome Trace Event JSON (the format Perfetto,
+ * chrome://tracing and speedscope open), built from graphs that ran and the
+ * recorded time of each node.
+ *
+ * One process (pid) per trace, one track (tid) per worker, named by
+ * metadata events; one complete event ("ph":"X") per task, named as the
+ * executor named it ("L3.attn c2 r0"), with args layer, mode (the layer's
+ * attention mode, or the node kind's role), chunk, request, flops, bytes
+ * (activations and buses the node touches), op, phase (the graph's flow)
+ * and node (its index); one flow pair ("ph":"s" / "ph":"f", bound to the
+ * enclosing slices) per graph edge whose two ends ran on different tracks.
+ * Events are written in timestamp order, so every track's timestamps are
+ * non-decreasing; slices of one track come from one worker and never
+ * overlap.
+ *
+ * Timestamps are microseconds from any fixed origin (the executor's: since
+ * StarPU started). What it is not: a recorder (runtime/exec_starpu.c
+ * records), nor a viewer.
+ * Test: tests/cli/trace.sh (format, nesting, order, flow pairing, and a real
+ * consumer when one is installed).
+ */
+#ifndef CEDAR_VIZ_TRACE_H
+#define CEDAR_VIZ_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "scheduler/graph.h"
+
+/* When and where one node ran (microseconds). */
+struct viz_task_time {
+  int tid;
+  double start_us, end_us;
+};
+
+struct viz_slice {
+  int tid;
+  double ts, dur;
+  char name[56];
+  const char *op, *mode, *phase;
+  int layer, chunk, request, node;
+  double flops;
+  int64_t bytes;
+};
+
+struct viz_flow {
+  int from, to;  /* slice indices */
+};
+
+struct viz_trace {
+  char process[64];
+  int pid;
+  struct viz_slice *slice;
+  int n_slice, cap_slice;
+  struct viz_flow *flow;
+  int n_flow, cap_flow;
+  char (*thread)[32];  /* (n_thread) track names by tid */
+  int n_thread;
+};
+
+void viz_trace_init(struct viz_trace *t, const char *process, int pid);
+void viz_trace_free(struct viz_trace *t);
+/* Name track tid ("CPU 0"). */
+void viz_trace_thread(struct viz_trace *t, int tid, const char *name);
+/* The nodes of one graph run: times (g->n_node); the task of node k is
+ * named "<node name> r<request>". */
+void viz_trace_add_graph(struct viz_trace *t, const struct graph *g, const struct viz_task_time *times, int request);
+/* Write the JSON to path. Returns 0, or CEDAR_EIO with a message. */
+int viz_trace_write(const struct viz_trace *t, const char *path, char *err, size_t err_len);
+
+#endif
