@@ -58,6 +58,13 @@ struct rt_exec_out {
 int rt_exec_direct(const struct graph *g, const struct rt_model *M, struct rt_request *r, struct rt_exec_out *out,
                    struct rt_exec_stats *st, rt_progress_cb progress, void *user, char *err, size_t err_len);
 
+/* One node on its buffers (buf: (g->n_data), the activation and bus
+ * buffers by data id; other entries are not read), as every executor runs
+ * it (exec_node.c). out_row: a HEAD's first row in out. Returns 0 or
+ * CEDAR_ENOMEM (KV pages). */
+int rt_run_node(const struct graph *g, const struct rt_model *M, struct rt_request *r, const struct graph_node *nd,
+                void *const *buf, struct rt_exec_out *out, int64_t out_row, struct rt_arena *ar);
+
 /* ---- the StarPU executor (exec_starpu.c) ------------------------------ */
 
 struct rt_starpu_opts {

@@ -5,9 +5,9 @@
  *             initializers: name, CPU function, a CUDA slot that is NULL
  *             through RT_CUDA_SLOT until kernels/ has the twins, and a
  *             flop-count cost model for the model-based schedulers (dmda).
- *             The CPU function dispatches on the node's op exactly as
- *             exec_direct.c's run_node does, through the same op groups
- *             (runtime/model.h), so both executors compute the same bits.
+ *             The CPU function runs the node through rt_run_node
+ *             (exec_node.c), the dispatch the direct executor uses too,
+ *             so both executors compute the same bits.
  *   data      every graph data object is a StarPU handle with implicit
  *             sequential consistency off: activations and buses over
  *             buffers allocated before submission (graph_data.bytes),
@@ -112,87 +112,6 @@ struct run {
   atomic_int done;
 };
 
-static void *buf(const struct run *R, int d) { return d < 0 ? NULL : R->buf[d]; }
-
-/* REPLAY_IN: the encoder output rows of [a, a + n), from the encoder
- * tiles' X (as exec_direct.c). */
-static void replay_in(const struct run *R, const struct graph_node *nd) {
-  const struct plan_model *m = &R->M->p->model;
-  size_t row = (size_t)m->hc_streams * m->hidden;
-  float *dst = buf(R, nd->x);
-  for (int u = 0; u < nd->n_use; u++) {
-    int d = nd->use[u].data;
-    const struct graph_data *gd = &R->g->data[d];
-    if (nd->use[u].mode != GRAPH_R) continue;
-    int64_t len = gd->bytes / (int64_t)(row * sizeof(float));
-    int64_t lo = gd->a0 > nd->a ? gd->a0 : nd->a;
-    int64_t hi = gd->a0 + len < nd->a + nd->n ? gd->a0 + len : nd->a + nd->n;
-    const float *src = buf(R, d);
-    if (hi > lo) memcpy(dst + (size_t)(lo - nd->a) * row, src + (size_t)(lo - gd->a0) * row, sizeof(float) * row * (size_t)(hi - lo));
-  }
-  memset(buf(R, nd->aux), 0, sizeof(float) * (size_t)nd->n * m->hc_streams);
-}
-
-/* CEDAR_LOG=debug: the residual RMS after each layer (as exec_direct.c). */
-static void log_rms(const struct run *R, const struct graph_node *nd) {
-  const struct plan_model *m = &R->M->p->model;
-  const float *X = buf(R, nd->x);
-  size_t cnt = (size_t)nd->n * m->hc_streams * m->hidden;
-  double ss = 0;
-  for (size_t i = 0; i < cnt; i++) ss += (double)X[i] * X[i];
-  LOG_DEBUG("%s: residual RMS %.4g over %d positions", nd->name, sqrt(ss / (double)cnt), nd->n);
-}
-
-/* One node: exec_direct.c's run_node, with the HEAD's output row fixed
- * before submission (HEAD nodes may finish in any order). */
-static int run_node(const struct run *R, const struct graph_node *nd, const struct node_arg *A, struct rt_arena *ar) {
-  const struct rt_model *M = R->M;
-  const struct plan_model *m = &M->p->model;
-  struct rt_request *r = R->r;
-  switch (nd->op) {
-  case GRAPH_EMBED:
-    CEDAR_ASSERT(nd->a + nd->n <= r->n_tokens);
-    rt_embed(M, buf(R, nd->x), r->tokens + nd->a, nd->n, ar);
-    memset(buf(R, nd->aux), 0, sizeof(float) * (size_t)nd->n * m->hc_streams);
-    return 0;
-  case GRAPH_ENGRAM_GATHER:
-    rt_engram_rows(M, nd->layer, buf(R, nd->aux), r, nd->a, nd->n, ar);
-    return 0;
-  case GRAPH_ENGRAM:
-    rt_engram_inject(M, nd->layer, buf(R, nd->x), buf(R, nd->aux), nd->n, ar);
-    return 0;
-  case GRAPH_ATTN: {
-    struct rt_buses bs = {buf(R, nd->bus[GRAPH_TOPK_OUT]), buf(R, nd->bus[GRAPH_POOL_OUT]),
-                          buf(R, nd->bus[GRAPH_TOPK_IN]), buf(R, nd->bus[GRAPH_POOL_IN])};
-    return rt_attn(M, r, nd, buf(R, nd->x), buf(R, nd->aux), &bs, ar);
-  }
-  case GRAPH_MOE:
-    rt_moe(M, nd, buf(R, nd->x), buf(R, nd->aux), ar);
-    if (cedar_log_level() >= CEDAR_LOG_DEBUG) log_rms(R, nd);
-    return 0;
-  case GRAPH_DEC_KV:
-    return rt_dec_kv(M, r, nd->layer, buf(R, nd->x), nd->a, nd->n, ar);
-  case GRAPH_REPLAY_IN:
-    replay_in(R, nd);
-    return 0;
-  case GRAPH_HEAD: {
-    const struct graph_data *xd = &R->g->data[nd->x];
-    const float *X = (const float *)buf(R, nd->x) + (size_t)(nd->a - xd->a0) * m->hc_streams * m->hidden;
-    float *lg = buf(R, nd->aux);
-    rt_head(M, lg, X, nd->n, ar);
-    struct rt_exec_out *out = R->out;
-    if (out && out->logits)
-      memcpy(out->logits + (size_t)A->out_row * m->vocab, lg, sizeof(float) * (size_t)nd->n * m->vocab);
-    if (out && out->pos)
-      for (int i = 0; i < nd->n; i++) out->pos[A->out_row + i] = nd->a + i;
-    return 0;
-  }
-  case GRAPH_OP_COUNT: break;
-  }
-  CEDAR_ASSERT_MSG(0, "unknown node kind %d", (int)nd->op);
-  return 0;
-}
-
 /* The CPU function of every codelet: the node is in cl_arg. */
 static void cpu_task(void *buffers[], void *cl_arg) {
   (void)buffers; /* representative handles: the node reaches its data through the run */
@@ -205,7 +124,7 @@ static void cpu_task(void *buffers[], void *cl_arg) {
   A->worker = w;
   A->t0_us = starpu_timing_now();
   if (atomic_load(&R->failed) == 0) {
-    int rc = run_node(R, nd, A, ar);
+    int rc = rt_run_node(R->g, R->M, R->r, nd, R->buf, R->out, A->out_row, ar);
     int none = 0;
     if (rc) atomic_compare_exchange_strong(&R->failed, &none, A->k + 1);
   }

@@ -197,7 +197,8 @@ static void block_layout(const struct pc_cache *c, struct dt_block *d, uint64_t 
 /* Entry e of block b's pages of source i. */
 static uint8_t *block_entry(const struct pc_cache *c, const struct pc_block *b, int i, int e) {
   int l = c->sources[i], pe = c->pools[l].page_entries;
-  return c->pools[l].page[b->pages[i * c->pages_per_block[l] + e / pe]] + (size_t)(e % pe) * c->pools[l].entry_bytes;
+  return rt_kv_page_mem(&c->pools[l], b->pages[i * c->pages_per_block[l] + e / pe]) +
+         (size_t)(e % pe) * c->pools[l].entry_bytes;
 }
 
 static void write_through(struct pc_cache *c, const struct pc_block *b) {
@@ -330,7 +331,7 @@ int pc_attach(struct pc_cache *c, const struct pc_hit *hit, struct rt_request *r
         int32_t id = b->pages[i * ppb + j];
         rt_kv_page_ref(&c->pools[l], id);
         s->page_id[s->n_pages] = id;
-        s->page_ptr[s->n_pages] = c->pools[l].page[id];
+        s->page_ptr[s->n_pages] = rt_kv_page_mem(&c->pools[l], id);
         s->n_pages++;
       }
     }

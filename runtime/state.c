@@ -115,6 +115,14 @@ int32_t rt_kv_page_alloc(struct rt_kv_pool *pool) {
   return id;
 }
 
+uint8_t *rt_kv_page_mem(struct rt_kv_pool *pool, int32_t id) {
+  pthread_mutex_lock(&pool->mu);
+  CEDAR_ASSERT(id >= 0 && id < pool->n_pages);
+  uint8_t *mem = pool->page[id];
+  pthread_mutex_unlock(&pool->mu);
+  return mem;
+}
+
 void rt_kv_page_ref(struct rt_kv_pool *pool, int32_t id) {
   pthread_mutex_lock(&pool->mu);
   CEDAR_ASSERT(id >= 0 && id < pool->n_pages && pool->ref[id] > 0);
@@ -163,6 +171,16 @@ int rt_request_init(struct rt_request *r, int id, const struct plan *p, struct r
   r->pending = -1;
   r->tokens = malloc(sizeof(int32_t) * (size_t)(max_tokens > 0 ? max_tokens : 1));
   if (!r->tokens) goto fail;
+  bool has_dec = false;
+  for (int l = 0; l < p->n_layers; l++) has_dec |= p->layer[l].region == PLAN_DECODER;
+  if (p->serving.ced && has_dec) {
+    int cap = p->serving.replay_decoder >= 0 ? p->serving.replay_decoder : m->window;
+    r->xe_cap = cap > 0 ? cap : 1;
+    r->xe = malloc(sizeof(float) * (size_t)r->xe_cap * m->hc_streams * m->hidden);
+    r->xe_pos = malloc(sizeof(int64_t) * (size_t)r->xe_cap);
+    if (!r->xe || !r->xe_pos) goto fail;
+    for (int i = 0; i < r->xe_cap; i++) r->xe_pos[i] = -1;
+  }
   enum op_scale_kind kind = m->swa.scale == PLAN_SCALE_E8M0 ? OP_SCALE_E8M0 : OP_SCALE_FP32;
   size_t swa_bytes = op_fp8_bytes(m->head_dim, m->swa.block, kind);
   for (int l = 0; l < p->n_layers; l++) {
@@ -202,6 +220,8 @@ void rt_request_free(struct rt_request *r) {
     free(r->ring[l].pos);
   }
   free(r->tokens);
+  free(r->xe);
+  free(r->xe_pos);
   memset(r, 0, sizeof(*r));
 }
 
@@ -218,7 +238,7 @@ int rt_kv_append(struct rt_kv_seq *s, const uint8_t *entries, int n) {
       return CEDAR_ENOMEM;
     }
     s->page_id[s->n_pages] = id;
-    s->page_ptr[s->n_pages] = pool->page[id];
+    s->page_ptr[s->n_pages] = rt_kv_page_mem(pool, id);
     s->n_pages++;
     added++;
   }
@@ -273,4 +293,5 @@ void rt_request_bytes(const struct rt_request *r, struct rt_state_bytes *b) {
     if (s->pool->ratio > 1) b->tail_bytes += (int64_t)op_comp_tail_floats(s->pool->ratio, p->model.head_dim) * 4;
   }
   b->token_bytes = r->max_tokens * (int64_t)sizeof(int32_t);
+  b->xe_bytes = (int64_t)r->xe_cap * (int64_t)(sizeof(float) * p->model.hc_streams * p->model.hidden + sizeof(int64_t));
 }

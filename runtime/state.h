@@ -15,6 +15,8 @@
  *               positions below it are never visible (SPEC 3.9).
  *   tails       per (request, ratio > 1 source): the unfinished compressor
  *               group (ops/compressor.h), fp32 projected rows.
+ *   encoder outputs  (CED) X^E of the last replay.decoder positions, kept
+ *               for the decoder replay of a prompt that continues this one.
  *   tokens      every id the request has consumed (Engram reads the last
  *               max_order - 1 of them; prefix caching will key on them), and
  *               the sampled-but-unconsumed token.
@@ -90,6 +92,7 @@ struct rt_state_bytes {
   int64_t swa_bytes;                  /* rings: payload + scales, all layers */
   int64_t tail_bytes;                 /* ratio > 1 sources' tails */
   int64_t token_bytes;                /* token history (capacity) */
+  int64_t xe_bytes;                   /* kept encoder outputs (CED) */
 };
 
 struct rt_request {
@@ -104,6 +107,13 @@ struct rt_request {
   struct op_comp_tail tail[PLAN_MAX_LAYERS];
   float *tail_buf[PLAN_MAX_LAYERS];
   struct rt_ring ring[PLAN_MAX_LAYERS];
+  /* CED: the encoder outputs X^E (hc x hidden) of the last xe_cap positions
+   * (xe_cap = replay.decoder), slot p mod xe_cap, with their positions (-1
+   * empty): the decoder replay of a later prompt that continues this one
+   * reads them (SPEC 6.1 "keep", 6.5 obtain_encoder_outputs). */
+  float *xe;
+  int64_t *xe_pos;
+  int xe_cap;
 };
 
 /* One pool per KV source of p (index by source layer; others left zeroed).
@@ -118,6 +128,9 @@ size_t rt_kv_page_bytes(const struct rt_kv_pool *pool);
 /* A page from the pool with refcount 1; -1 when memory is exhausted. */
 int32_t rt_kv_page_alloc(struct rt_kv_pool *pool);
 void rt_kv_page_ref(struct rt_kv_pool *pool, int32_t id);
+/* The memory of page id, read under the pool's lock (another thread may be
+ * growing the page directory). */
+uint8_t *rt_kv_page_mem(struct rt_kv_pool *pool, int32_t id);
 /* Drop one reference; the page returns to the pool at 0. */
 void rt_kv_page_unref(struct rt_kv_pool *pool, int32_t id);
 

@@ -45,7 +45,7 @@ const char *graph_access_name(enum graph_access a) {
 
 /* Per-request data ids fixed for a whole graph. */
 struct ids {
-  int w_model, tokens;
+  int w_model, tokens, xe;
   int w[PLAN_MAX_LAYERS], ring[PLAN_MAX_LAYERS], tail[PLAN_MAX_LAYERS], kv[PLAN_MAX_LAYERS];
 };
 
@@ -271,6 +271,13 @@ static void emit_layers(struct ctx *c, struct tile *t, int lo, int hi, bool writ
   }
 }
 
+/* Under CED: the tile's encoder outputs into the request's ring. */
+static void emit_keep_xe(struct ctx *c, struct tile *t) {
+  struct graph_node *nd = add_node(c->g, GRAPH_KEEP_XE, -1, t);
+  use(nd, t->x, GRAPH_R);
+  use(nd, c->id.xe, GRAPH_RW);
+}
+
 /* Under CED: every decoder KV source appends the tile's entries, projected
  * from the encoder output (docs/model.md s3.1). */
 static void emit_dec_kv(struct ctx *c, struct tile *t) {
@@ -362,6 +369,11 @@ static void ctx_init(struct ctx *c, struct graph *g, const struct plan *p, enum 
   c->id.w_model = add_data(g, GRAPH_WEIGHTS, -1, -1, 0, "W model");
   c->id.tokens = add_data(g, GRAPH_STATE, -1, -1, 0, "tokens");
   g->data[c->id.tokens].state = GRAPH_ST_TOKENS;
+  c->id.xe = -1;
+  if (c->ced && c->first_dec < p->n_layers) {
+    c->id.xe = add_data(g, GRAPH_STATE, -1, -1, 0, "XE ring");
+    g->data[c->id.xe].state = GRAPH_ST_XE;
+  }
   for (int l = 0; l < p->n_layers; l++) {
     c->id.w[l] = add_data(g, GRAPH_WEIGHTS, l, -1, 0, "W L%d", l);
     c->id.ring[l] = add_data(g, GRAPH_STATE, l, -1, 0, "L%d.ring", l);
@@ -414,8 +426,9 @@ static void emit_prefix_tile(struct ctx *c, struct xlist *xs, const char *kind, 
       emit_head(c, &t, a, len);
     else if (head_last)
       emit_head(c, &t, a + len - 1, 1);
-  } else if (write) {
-    emit_dec_kv(c, &t);
+  } else {
+    emit_keep_xe(c, &t);
+    if (write) emit_dec_kv(c, &t);
   }
 }
 
@@ -494,11 +507,6 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
      * Rows before e0 (a prefix hit with its encoder SWA restored) come from
      * the encoder outputs kept with the cache entry. */
     int64_t r0 = n - g->replay;
-    int xe = -1;
-    if (r0 < e0) {
-      xe = add_data(g, GRAPH_STATE, -1, -1, 0, "XE cached");
-      g->data[xe].state = GRAPH_ST_XE;
-    }
     k = 0;
     for (int64_t a = r0; a < n; a += chunk, k++) {
       int len = (int)(n - a < chunk ? n - a : chunk);
@@ -508,7 +516,7 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
       tile_init(&c, &t, k, a, len, r0, tag);
       struct graph_node *nd = add_node(g, GRAPH_REPLAY_IN, -1, &t);
       nd->aux = t.pre;
-      if (a < e0) use(nd, xe, GRAPH_R);
+      if (a < e0) use(nd, c.id.xe, GRAPH_R);
       for (int i = 0; i < xs.count; i++)
         if (xs.a[i] < a + len && a < xs.a[i] + xs.n[i]) use(nd, xs.x[i], GRAPH_R);
       use(nd, t.x, GRAPH_W);
@@ -541,6 +549,7 @@ int graph_build_decode(struct graph *g, const struct plan *p, int64_t pos, char 
   emit_embed(&c, &t);
   if (c.ced && c.first_dec < p->n_layers) {
     emit_layers(&c, &t, 0, c.first_dec, false);
+    emit_keep_xe(&c, &t);
     emit_dec_kv(&c, &t);
     emit_layers(&c, &t, c.first_dec, p->n_layers, false);
   } else {

@@ -8,7 +8,10 @@
  *   node   one op group on one tile: (request, layer, position range).
  *          Kinds (enum graph_op): embed, Engram row gather, Engram
  *          injection, attention sublayer, MoE sublayer, decoder-global
- *          projection (CED), replay input, head (logits).
+ *          projection (CED), keeping the encoder outputs (CED: the
+ *          request's ring of the last replay.decoder positions, which a
+ *          snapshot saves for the next prompt's decoder replay), replay
+ *          input, head (logits).
  *   data   weights (per layer and model-wide), request state (a layer's SWA
  *          ring, a source's compressor tail, a source's global KV pool,
  *          token history), buses (a chunk's Top-K and candidate pool) and
@@ -51,6 +54,7 @@
   X(ATTN, "attn")                \
   X(MOE, "moe")                  \
   X(DEC_KV, "dec_kv")            \
+  X(KEEP_XE, "keep_xe")          \
   X(REPLAY_IN, "replay_in")      \
   X(HEAD, "head")
 
@@ -72,7 +76,7 @@ enum graph_state_kind {
   GRAPH_ST_TAIL,
   GRAPH_ST_KV,
   GRAPH_ST_TOKENS,
-  GRAPH_ST_XE, /* encoder outputs of cached positions, kept with a prefix-cache entry */
+  GRAPH_ST_XE, /* the request's ring of encoder outputs (rt_request.xe) */
 };
 
 struct graph_data {

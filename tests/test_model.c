@@ -967,51 +967,21 @@ static void check_reuse(struct insp *s, const struct graph_node *nd) {
          s->f->path, nd->name, L->topk_src);
 }
 
-/* exec_direct.c's REPLAY_IN: the rows [a, a + n) of the encoder tiles' X. */
-static void insp_replay_in(struct insp *s, const struct graph_node *nd) {
-  const struct plan_model *m = &s->f->p->model;
-  size_t row = (size_t)m->hc_streams * m->hidden;
-  float *dst = ibuf(s, nd->x);
+/* One node through rt_run_node (the executors' dispatch) on buffers this
+ * loop owns, then, for attention nodes, the bus checks. */
+static int insp_node(struct insp *s, const struct graph_node *nd, float *logits, struct rt_arena *ar) {
   for (int u = 0; u < nd->n_use; u++) {
     const struct graph_data *gd = &s->g->data[nd->use[u].data];
-    if (nd->use[u].mode != GRAPH_R) continue;
-    int64_t len = gd->bytes / (int64_t)(row * sizeof(float));
-    int64_t lo = gd->a0 > nd->a ? gd->a0 : nd->a, hi = gd->a0 + len < nd->a + nd->n ? gd->a0 + len : nd->a + nd->n;
-    const float *src = ibuf(s, nd->use[u].data);
-    if (hi > lo) memcpy(dst + (size_t)(lo - nd->a) * row, src + (size_t)(lo - gd->a0) * row, sizeof(float) * row * (size_t)(hi - lo));
+    if (gd->kind == GRAPH_ACT || gd->kind == GRAPH_BUS) ibuf(s, nd->use[u].data);
   }
-}
-
-static int insp_node(struct insp *s, const struct graph_node *nd, float *logits, struct rt_arena *ar) {
-  const struct rt_model *M = &s->f->M;
-  const struct plan_model *m = &s->f->p->model;
-  switch (nd->op) {
-  case GRAPH_EMBED: rt_embed(M, ibuf(s, nd->x), s->r->tokens + nd->a, nd->n, ar); return 0;
-  case GRAPH_ENGRAM_GATHER: rt_engram_rows(M, nd->layer, ibuf(s, nd->aux), s->r, nd->a, nd->n, ar); return 0;
-  case GRAPH_ENGRAM: rt_engram_inject(M, nd->layer, ibuf(s, nd->x), ibuf(s, nd->aux), nd->n, ar); return 0;
-  case GRAPH_ATTN: {
-    struct rt_buses bs = {ibuf(s, nd->bus[GRAPH_TOPK_OUT]), ibuf(s, nd->bus[GRAPH_POOL_OUT]),
-                          ibuf(s, nd->bus[GRAPH_TOPK_IN]), ibuf(s, nd->bus[GRAPH_POOL_IN])};
-    int rc = rt_attn(M, s->r, nd, ibuf(s, nd->x), ibuf(s, nd->aux), &bs, ar);
-    if (!rc) {
-      check_buses(s, nd);
-      check_reuse(s, nd);
-    }
-    return rc;
+  if (nd->op == GRAPH_HEAD) CEDAR_ASSERT(nd->n == 1);
+  struct rt_exec_out out = {logits, NULL};
+  int rc = rt_run_node(s->g, &s->f->M, s->r, nd, s->buf, &out, 0, ar);
+  if (!rc && nd->op == GRAPH_ATTN) {
+    check_buses(s, nd);
+    check_reuse(s, nd);
   }
-  case GRAPH_MOE: rt_moe(M, nd, ibuf(s, nd->x), ibuf(s, nd->aux), ar); return 0;
-  case GRAPH_DEC_KV: return rt_dec_kv(M, s->r, nd->layer, ibuf(s, nd->x), nd->a, nd->n, ar);
-  case GRAPH_REPLAY_IN: insp_replay_in(s, nd); return 0;
-  case GRAPH_HEAD: {
-    const struct graph_data *xd = &s->g->data[nd->x];
-    const float *X = (const float *)ibuf(s, nd->x) + (size_t)(nd->a - xd->a0) * m->hc_streams * m->hidden;
-    CEDAR_ASSERT(nd->n == 1);
-    rt_head(M, logits, X, nd->n, ar);
-    return 0;
-  }
-  case GRAPH_OP_COUNT: break;
-  }
-  return CEDAR_EINVAL;
+  return rc;
 }
 
 /* Prefill n with `chunk` through the inspecting loop and through
