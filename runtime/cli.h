@@ -16,6 +16,7 @@ int cmd_bench_model(int argc, char **argv);
 int cmd_weights(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_graph(int argc, char **argv);
+int cmd_serve_sim(int argc, char **argv);
 
 /* Plan subcommands (runtime/cmd_plan.c dispatches). */
 int cmd_plan_check(int argc, char **argv);

@@ -37,13 +37,92 @@ static int run_graph(const struct graph *g, const struct rt_model *M, struct rt_
   return rc;
 }
 
+/* Global entries r holds, all sources. */
+static int64_t entries_of(const struct rt_request *r) {
+  int64_t e = 0;
+  for (int l = 0; l < r->plan->n_layers; l++) e += r->seq[l].pool ? r->seq[l].n_entries : 0;
+  return e;
+}
+
+static int64_t entry_bytes_of(const struct rt_request *r) {
+  int64_t b = 0;
+  for (int l = 0; l < r->plan->n_layers; l++)
+    b += r->seq[l].pool ? r->seq[l].n_entries * (int64_t)r->seq[l].pool->entry_bytes : 0;
+  return b;
+}
+
+/* The longest cached prefix of the prompt into r (SPEC 6.5): its global
+ * entries read-only and, when a snapshot continues exactly where they end,
+ * the encoder rings, tails and kept encoder outputs at its boundary. */
+static void attach_prefix(const struct rt_model *M, struct rt_request *r, const int32_t *prompt, int64_t n,
+                          const struct rt_gen_opts *o, struct pc_hit *hit, struct rt_hit_report *h,
+                          struct graph_opts *go) {
+  struct pc_cache *c = o->cache;
+  int64_t disk0 = c->stats.disk_blocks;
+  pc_lookup(c, prompt, n, n, hit);
+  int64_t replay = o->replay >= 0 ? o->replay : M->p->serving.replay_decoder;
+  if (replay < 0) replay = M->p->model.window;
+  /* A snapshot restores encoder layers only, so it needs CED, and the kept
+   * encoder outputs must cover the decoder replay. */
+  bool ced = M->p->serving.ced && M->first_dec < M->p->n_layers;
+  struct pc_snapshot *snap = hit->snap && ced && replay <= r->xe_cap ? hit->snap : NULL;
+  if (pc_attach(c, hit, r)) {
+    pc_release(c, hit); /* the request is too small to hold the hit: run cold */
+    return;
+  }
+  h->global_hit = hit->n_blocks * c->block;
+  h->bytes_attached = hit->n_blocks * c->block_bytes;
+  h->disk_blocks = c->stats.disk_blocks - disk0;
+  h->hit = h->global_hit;
+  if (snap && pc_snapshot_restore(c, snap, r) == 0) {
+    h->hit = snap->c;
+    h->swa_hit = true;
+    h->bytes_restored = snap->bytes;
+  }
+  go->hit = h->hit;
+  go->swa_hit = h->swa_hit;
+}
+
+/* The end of a request with a cache: its full blocks in, its encoder state
+ * at its boundary saved (rows of the kept encoder outputs in position order). */
+static void finish_prefix(const struct rt_model *M, struct rt_request *r, const struct rt_gen_opts *o,
+                          struct pc_hit *hit, struct rt_hit_report *h) {
+  struct pc_cache *c = o->cache;
+  h->blocks_inserted = pc_insert(c, r, r->n_pos);
+  if (o->save_snapshot && r->xe_cap > 0) {
+    int64_t rows = r->n_pos < r->xe_cap ? r->n_pos : r->xe_cap;
+    size_t row = (size_t)M->p->model.hc_streams * M->p->model.hidden;
+    float *xe = malloc(sizeof(float) * row * (size_t)(rows ? rows : 1));
+    bool ok = xe != NULL;
+    for (int64_t i = 0; ok && i < rows; i++) {
+      int64_t p = r->n_pos - rows + i;
+      int slot = (int)(p % r->xe_cap);
+      ok = r->xe_pos[slot] == p;
+      if (ok) memcpy(xe + (size_t)i * row, r->xe + (size_t)slot * row, sizeof(float) * row);
+    }
+    if (ok) pc_snapshot_save(c, r, xe, rows);
+    free(xe);
+  }
+  pc_release(c, hit);
+}
+
 static int prefill(const struct rt_model *M, struct rt_request *r, int64_t n, const struct rt_gen_opts *o,
-                   struct rt_gen_result *res, char *err, size_t err_len) {
+                   const struct graph_opts *hit_opts, struct rt_gen_result *res, char *err, size_t err_len) {
   const struct plan *p = M->p;
   struct graph g;
-  struct graph_opts go = {.chunk = o->chunk, .replay = o->replay, .all_logits = o->all_logits};
+  struct graph_opts go = *hit_opts;
+  go.chunk = o->chunk;
+  go.replay = o->replay;
+  go.all_logits = o->all_logits;
   int rc = graph_build_prefill(&g, p, n, &go, err, err_len);
   if (rc) return rc;
+  struct rt_hit_report *h = &res->hit;
+  h->encoder_replay_start = g.encoder_start;
+  h->encoder_replay = g.hit - g.encoder_start;
+  h->encoder_positions = n - g.encoder_start;
+  h->decoder_replay = g.replay;
+  h->decoder_cached = g.replay && g.hit > n - g.replay ? g.hit - (n - g.replay) : 0;
+  int64_t e0 = entries_of(r), b0 = entry_bytes_of(r);
   res->replay = g.replay;
   res->prefill_nodes = g.n_node;
   res->prefill_edges = (int)edges_of(&g);
@@ -58,6 +137,8 @@ static int prefill(const struct rt_model *M, struct rt_request *r, int64_t n, co
   rc = run_graph(&g, M, r, &out, &res->prefill, o, o->progress, err, err_len);
   graph_free(&g);
   if (!rc) r->n_pos = n;
+  h->new_entries = entries_of(r) - e0;
+  h->new_entry_bytes = entry_bytes_of(r) - b0;
   return rc;
 }
 
@@ -99,7 +180,10 @@ int rt_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_re
   }
   uint64_t rng = o->seed;
   double t0 = now_s();
-  rc = prefill(M, r, n, o, res, err, err_len);
+  struct pc_hit hit = {0};
+  struct graph_opts hit_opts = {.replay = -1};
+  if (o->cache) attach_prefix(M, r, prompt, n, o, &hit, &res->hit, &hit_opts);
+  rc = prefill(M, r, n, o, &hit_opts, res, err, err_len);
   if (!rc) {
     const float *last = res->prefill_logits + (size_t)(res->prefill_rows - 1) * V;
     res->tokens[res->n_tokens++] = r->pending = op_sample(prob, order, last, V, o->temperature, o->top_p, &rng);
@@ -121,6 +205,12 @@ int rt_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_re
       steady += dt;
   }
   if (res->n_tokens > 2) res->steady_itl_s = steady / (res->n_tokens - 2);
+  if (o->cache) {
+    if (!rc)
+      finish_prefix(M, r, o, &hit, &res->hit);
+    else
+      pc_release(o->cache, &hit);
+  }
   free(prob);
   free(order);
   return rc;

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "runtime/exec.h"
+#include "runtime/prefix_cache.h"
 #include "runtime/state.h"
 
 enum rt_executor { RT_EXEC_DIRECT = 0, RT_EXEC_STARPU };
@@ -41,6 +42,27 @@ struct rt_gen_opts {
   enum rt_executor executor;
   rt_graph_cb on_graph;    /* or NULL */
   void *graph_user;
+  /* Prefix caching (issue 6): with a cache, the prompt's longest cached
+   * prefix is attached and only what SPEC 6.5 says is recomputed; at the end
+   * the request's full blocks are inserted and, with save_snapshot, its
+   * encoder state at its final boundary is saved for a continuation. */
+  struct pc_cache *cache;
+  bool save_snapshot;
+};
+
+/* What a prefix hit reused and what the prefill ran (SPEC 6.5, 6.6). */
+struct rt_hit_report {
+  int64_t hit;              /* the boundary c the prefill continued from (0 = cold) */
+  int64_t global_hit;       /* tokens of global entries attached from the cache (whole blocks) */
+  bool swa_hit;             /* path (a): an encoder-SWA snapshot at c was restored */
+  int64_t encoder_replay_start, encoder_replay; /* path (b): [start, c) replayed, global writes off */
+  int64_t encoder_positions;/* encoder replay + suffix (n - c) */
+  int64_t decoder_replay, decoder_cached; /* decoder replay positions, of which below c */
+  int64_t new_entries, new_entry_bytes;   /* global entries this prefill appended */
+  int64_t bytes_attached;   /* cached pages attached (memory tier) */
+  int64_t bytes_restored;   /* snapshot bytes restored */
+  int64_t disk_blocks;      /* of the attached blocks, loaded from the disk tier */
+  int64_t blocks_inserted;  /* at the end */
 };
 
 struct rt_gen_result {
@@ -54,6 +76,7 @@ struct rt_gen_result {
   struct rt_exec_stats prefill, decode;
   int64_t replay;          /* decoder replay length the prefill used (0 dense) */
   int prefill_nodes, prefill_edges, decode_nodes;
+  struct rt_hit_report hit;
 };
 
 /* Run prompt (n ids, checked against the vocab by the caller) on a fresh

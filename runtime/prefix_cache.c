@@ -507,6 +507,15 @@ int pc_snapshot_save(struct pc_cache *c, const struct rt_request *r, const float
 
 int pc_snapshot_restore(const struct pc_cache *c, const struct pc_snapshot *s, struct rt_request *r) {
   const struct plan *p = c->p;
+  if (s->xe_rows && r->xe_cap) { /* the kept encoder outputs, into the request's ring */
+    size_t row = (size_t)p->model.hc_streams * p->model.hidden;
+    for (int64_t i = 0; i < s->xe_rows; i++) {
+      int64_t pos = s->c - s->xe_rows + i;
+      int slot = (int)(pos % r->xe_cap);
+      memcpy(r->xe + (size_t)slot * row, s->xe + (size_t)i * row, sizeof(float) * row);
+      r->xe_pos[slot] = pos;
+    }
+  }
   for (int l = 0; l < p->n_layers; l++) {
     if (s->ring_slot[l]) {
       struct rt_ring *g = &r->ring[l];

@@ -1,0 +1,383 @@
+/* cmd_serve_sim.c: `cedar serve-sim`, a workload driver for the prefix cache
+ * (issue 6): JSON-lines requests through one runtime (model, page pools,
+ * prefix cache, encoder-SWA pool, optional disk tier), one after the other,
+ * printing per request what was reused and what ran.
+ *
+ *   cedar serve-sim --requests FILE [--plan P] [--weights W | --seed S] [--no-cache]
+ *                   [--no-swa-pool] [--cache-dir D] [--cache-bytes N] [--executor E] [--json]
+ *   cedar serve-sim gen [--sessions S] [--turns T] [--first N] [--turn-len N] [--max-new M] [--seed S]
+ *
+ * A request line: {"id": "s0t3", "session": "s0", "turn": 3, "tokens": [..] or
+ * "new_len": N, "max_new": M}. Its prompt is its session's history (every
+ * earlier prompt and the tokens generated for it) followed by its new
+ * tokens, as a chat client sends it; new_len draws N byte tokens from a
+ * seed of (session, turn).
+ * Tested by tests/cli/serve_sim.sh.
+ */
+#include <cJSON.h>
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/sample.h"
+#include "runtime/check.h"
+#include "runtime/cli.h"
+#include "runtime/disk_tier.h"
+#include "runtime/generate.h"
+#include "runtime/prefix_cache.h"
+
+static const char usage[] =
+    "usage: cedar serve-sim --requests FILE [--plan P] [--weights W | --seed S] [--no-cache] [--no-swa-pool]\n"
+    "                       [--cache-dir D] [--cache-bytes N] [--executor direct|starpu] [--json]\n"
+    "       cedar serve-sim gen [--sessions S] [--turns T] [--first N] [--turn-len N] [--max-new M] [--seed S]\n"
+    "Replay JSON-lines requests through one runtime with the prefix cache of plan P (default %s):\n"
+    "global KV blocks shared across requests, encoder-SWA snapshots at the end of every request,\n"
+    "and with --cache-dir a disk tier that survives restarts. Per request it prints the prompt,\n"
+    "the hit (global blocks, snapshot), encoder replay and suffix positions, decoder replay\n"
+    "positions (of which cached), token-layers, new global entries, bytes attached from memory,\n"
+    "blocks loaded from disk and TTFT. A line: {\"id\", \"session\", \"turn\", \"tokens\": [...] |\n"
+    "\"new_len\": N, \"max_new\": M}; the prompt is the session's history plus the new tokens.\n"
+    "  --no-cache       no prefix cache (every request cold): the baseline\n"
+    "  --no-swa-pool    global blocks only (every hit replays the encoder window: SPEC 6.5 path b)\n"
+    "  --cache-dir D    disk tier directory (block files, checked; see docs/runtime.md)\n"
+    "  --cache-bytes N  memory tier capacity in bytes (default serving.cache.host_cache_bytes; 0 = no limit)\n"
+    "`gen` writes a multi-turn chat workload: S sessions (default 4) of T turns (default 10), a\n"
+    "first prompt of N tokens (default 512), T-1 follow-ups of --turn-len tokens (default 32),\n"
+    "--max-new tokens generated per turn (default 16), interleaved turn by turn across sessions.\n";
+
+/* ---- gen --------------------------------------------------------------- */
+
+static bool parse_l(const char *s, long lo, long hi, long *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+static int gen(int argc, char **argv) {
+  static const struct option opts[] = {{"sessions", required_argument, NULL, 's'}, {"turns", required_argument, NULL, 't'},
+                                       {"first", required_argument, NULL, 'f'},    {"turn-len", required_argument, NULL, 'l'},
+                                       {"max-new", required_argument, NULL, 'm'},  {"seed", required_argument, NULL, 'S'},
+                                       {"help", no_argument, NULL, 'h'},           {0, 0, 0, 0}};
+  long sessions = 4, turns = 10, first = 512, turn_len = 32, max_new = 16, seed = 0;
+  int c;
+  optind = 1;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    long *dst = c == 's' ? &sessions : c == 't' ? &turns : c == 'f' ? &first : c == 'l' ? &turn_len
+              : c == 'm' ? &max_new : c == 'S' ? &seed : NULL;
+    if (c == 'h') {
+      printf(usage, CEDAR_DEFAULT_PLAN);
+      return 0;
+    }
+    if (!dst || !parse_l(optarg, c == 'S' ? 0 : 1, 1L << 24, dst))
+      return cli_usage_error("serve-sim gen", "bad option or value: '%s'", argv[optind - 1]);
+  }
+  if (optind < argc) return cli_usage_error("serve-sim gen", "unexpected argument '%s'", argv[optind]);
+  for (long t = 0; t < turns; t++)
+    for (long s = 0; s < sessions; s++)
+      printf("{\"id\": \"s%ldt%ld\", \"session\": \"s%ld\", \"turn\": %ld, \"new_len\": %ld, \"max_new\": %ld, "
+             "\"seed\": %ld}\n",
+             s, t, s, t, t ? turn_len : first, max_new, seed);
+  return 0;
+}
+
+/* ---- the driver ------------------------------------------------------------ */
+
+struct session {
+  char name[64];
+  int32_t *hist;
+  int64_t n, cap;
+};
+
+struct sopts {
+  const char *plan, *weights, *requests, *cache_dir;
+  uint64_t seed;
+  int64_t cache_bytes;
+  bool no_cache, no_swa, json, have_cache_bytes;
+  enum rt_executor executor;
+};
+
+static struct session *session_of(struct session **ss, int *n, const char *name) {
+  for (int i = 0; i < *n; i++)
+    if (!strcmp((*ss)[i].name, name)) return &(*ss)[i];
+  *ss = cedar_xrealloc(*ss, sizeof(**ss) * (size_t)(*n + 1));
+  struct session *s = &(*ss)[(*n)++];
+  memset(s, 0, sizeof(*s));
+  snprintf(s->name, sizeof(s->name), "%s", name);
+  return s;
+}
+
+static void hist_push(struct session *s, int32_t t) {
+  if (s->n == s->cap) {
+    s->cap = s->cap ? 2 * s->cap : 256;
+    s->hist = cedar_xrealloc(s->hist, sizeof(int32_t) * (size_t)s->cap);
+  }
+  s->hist[s->n++] = t;
+}
+
+/* The new tokens of one request line into the session; CEDAR_EINVAL with a
+ * message naming the line. */
+static int new_tokens(const cJSON *j, struct session *s, int vocab, long line, char *err, size_t len) {
+  const cJSON *tok = cJSON_GetObjectItemCaseSensitive(j, "tokens");
+  const cJSON *nl = cJSON_GetObjectItemCaseSensitive(j, "new_len");
+  if (cJSON_IsArray(tok)) {
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tok) {
+      if (!cJSON_IsNumber(t) || t->valuedouble < 0 || t->valuedouble >= vocab || t->valuedouble != (int)t->valuedouble) {
+        snprintf(err, len, "line %ld: \"tokens\" holds something that is not a token id in [0, %d)", line, vocab);
+        return CEDAR_EINVAL;
+      }
+      hist_push(s, (int32_t)t->valuedouble);
+    }
+    return 0;
+  }
+  if (cJSON_IsNumber(nl) && nl->valuedouble >= 1 && nl->valuedouble <= (1 << 24)) {
+    const cJSON *turn = cJSON_GetObjectItemCaseSensitive(j, "turn"), *sd = cJSON_GetObjectItemCaseSensitive(j, "seed");
+    uint64_t rng = (uint64_t)(cJSON_IsNumber(sd) ? sd->valuedouble : 0) * 1000003u + (uint64_t)s->name[0] * 131u +
+                   (uint64_t)strlen(s->name) + (uint64_t)(cJSON_IsNumber(turn) ? turn->valuedouble : 0) * 7919u;
+    for (const char *c = s->name; *c; c++) rng = rng * 31u + (uint64_t)(unsigned char)*c;
+    int lim = vocab < 256 ? vocab : 256;
+    for (int i = 0; i < (int)nl->valuedouble; i++) hist_push(s, (int32_t)(op_rng_next(&rng) % (uint64_t)lim));
+    return 0;
+  }
+  snprintf(err, len, "line %ld: give \"tokens\": [ids] or \"new_len\": N (1 <= N <= 16777216)", line);
+  return CEDAR_EINVAL;
+}
+
+struct totals {
+  int64_t requests, prompt, hit, token_layers, cold_token_layers;
+  double ttft;
+};
+
+static void print_row(const char *id, const struct session *s, int64_t n, const struct rt_gen_result *g, bool json,
+                      struct totals *tt) {
+  const struct rt_hit_report *h = &g->hit;
+  tt->requests++;
+  tt->prompt += n;
+  tt->hit += h->hit;
+  tt->token_layers += g->prefill.token_layers;
+  tt->ttft += g->ttft_s;
+  if (json) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "id", id);
+    cJSON_AddStringToObject(j, "session", s->name);
+    cJSON_AddNumberToObject(j, "prompt", (double)n);
+    cJSON_AddNumberToObject(j, "hit", (double)h->hit);
+    cJSON_AddNumberToObject(j, "global_hit", (double)h->global_hit);
+    cJSON_AddBoolToObject(j, "swa_hit", h->swa_hit);
+    cJSON_AddNumberToObject(j, "encoder_replay", (double)h->encoder_replay);
+    cJSON_AddNumberToObject(j, "encoder_replay_start", (double)h->encoder_replay_start);
+    cJSON_AddNumberToObject(j, "encoder_positions", (double)h->encoder_positions);
+    cJSON_AddNumberToObject(j, "decoder_replay", (double)h->decoder_replay);
+    cJSON_AddNumberToObject(j, "decoder_cached", (double)h->decoder_cached);
+    cJSON_AddNumberToObject(j, "token_layers", (double)g->prefill.token_layers);
+    cJSON_AddNumberToObject(j, "new_entries", (double)h->new_entries);
+    cJSON_AddNumberToObject(j, "new_entry_bytes", (double)h->new_entry_bytes);
+    cJSON_AddNumberToObject(j, "bytes_attached", (double)h->bytes_attached);
+    cJSON_AddNumberToObject(j, "bytes_restored", (double)h->bytes_restored);
+    cJSON_AddNumberToObject(j, "disk_blocks", (double)h->disk_blocks);
+    cJSON_AddNumberToObject(j, "blocks_inserted", (double)h->blocks_inserted);
+    cJSON_AddNumberToObject(j, "ttft_s", g->ttft_s);
+    cJSON *t = cJSON_AddArrayToObject(j, "tokens");
+    for (int i = 0; i < g->n_tokens; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(g->tokens[i]));
+    char *txt = cJSON_PrintUnformatted(j);
+    printf("%s\n", txt);
+    free(txt);
+    cJSON_Delete(j);
+    return;
+  }
+  printf("%-10s %-6s %7" PRId64 " %7" PRId64 " %4s %7" PRId64 " %7" PRId64 " %7" PRId64 "/%-4" PRId64 " %9" PRId64
+         " %8" PRId64 " %11" PRId64 " %5" PRId64 " %9.1f\n",
+         id, s->name, n, h->hit, h->swa_hit ? "yes" : "no", h->encoder_replay, h->encoder_positions, h->decoder_replay,
+         h->decoder_cached, g->prefill.token_layers, h->new_entries, h->bytes_attached, h->disk_blocks,
+         1e3 * g->ttft_s);
+}
+
+static int parse(int argc, char **argv, struct sopts *o) {
+  static const struct option opts[] = {
+      {"requests", required_argument, NULL, 'r'}, {"plan", required_argument, NULL, 'p'},
+      {"weights", required_argument, NULL, 'w'},  {"seed", required_argument, NULL, 's'},
+      {"no-cache", no_argument, NULL, 'n'},       {"no-swa-pool", no_argument, NULL, 'N'},
+      {"cache-dir", required_argument, NULL, 'd'}, {"cache-bytes", required_argument, NULL, 'b'},
+      {"executor", required_argument, NULL, 'E'}, {"json", no_argument, NULL, 'j'},
+      {"help", no_argument, NULL, 'h'},           {0, 0, 0, 0}};
+  memset(o, 0, sizeof(*o));
+  int c;
+  long v;
+  optind = 1;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    switch (c) {
+    case 'r': o->requests = optarg; break;
+    case 'p': o->plan = optarg; break;
+    case 'w': o->weights = optarg; break;
+    case 's':
+      if (!parse_l(optarg, 0, INT32_MAX, &v)) return cli_usage_error("serve-sim", "--seed takes S >= 0");
+      o->seed = (uint64_t)v;
+      break;
+    case 'n': o->no_cache = true; break;
+    case 'N': o->no_swa = true; break;
+    case 'd': o->cache_dir = optarg; break;
+    case 'b':
+      if (!parse_l(optarg, 0, INT64_MAX, &v)) return cli_usage_error("serve-sim", "--cache-bytes takes N >= 0");
+      o->cache_bytes = v;
+      o->have_cache_bytes = true;
+      break;
+    case 'E':
+      if (!strcmp(optarg, "direct"))
+        o->executor = RT_EXEC_DIRECT;
+      else if (!strcmp(optarg, "starpu"))
+        o->executor = RT_EXEC_STARPU;
+      else
+        return cli_usage_error("serve-sim", "--executor takes direct or starpu (got '%s')", optarg);
+      break;
+    case 'j': o->json = true; break;
+    case 'h': printf(usage, CEDAR_DEFAULT_PLAN); return 0;
+    default: return cli_usage_error("serve-sim", "bad option, or an option without its value: '%s'", argv[optind - 1]);
+    }
+  }
+  if (optind < argc) return cli_usage_error("serve-sim", "unexpected argument '%s'", argv[optind]);
+  if (!o->requests) return cli_usage_error("serve-sim", "--requests FILE is required (make one with `cedar serve-sim gen`)");
+  if (o->no_cache && (o->cache_dir || o->no_swa)) return cli_usage_error("serve-sim", "--no-cache excludes the cache options");
+  return -1;
+}
+
+/* Every request of the file, in order, through one runtime. */
+static int drive(const struct sopts *o, const struct plan *p, const struct rt_model *M, struct rt_kv_pool *pools,
+                 struct pc_cache *cache, FILE *in) {
+  struct session *ss = NULL;
+  int n_ss = 0, status = 0;
+  struct totals tt = {0};
+  char *line = NULL, err[1024];
+  size_t cap = 0;
+  long lineno = 0;
+  if (!o->json)
+    printf("%-10s %-6s %7s %7s %4s %7s %7s %12s %9s %8s %11s %5s %9s\n", "id", "sess", "prompt", "hit", "swa", "encrep",
+           "encpos", "dec/cached", "tok-lay", "new-ent", "attached-B", "disk", "ttft-ms");
+  while (getline(&line, &cap, in) > 0) {
+    lineno++;
+    if (line[strspn(line, " \t\r\n")] == 0) continue;
+    cJSON *j = cJSON_Parse(line);
+    const cJSON *sid = j ? cJSON_GetObjectItemCaseSensitive(j, "session") : NULL;
+    const cJSON *id = j ? cJSON_GetObjectItemCaseSensitive(j, "id") : NULL;
+    const cJSON *mn = j ? cJSON_GetObjectItemCaseSensitive(j, "max_new") : NULL;
+    if (!j || !cJSON_IsString(sid) || !cJSON_IsString(id)) {
+      fprintf(stderr, "cedar serve-sim: %s:%ld: not a request (a JSON object with \"id\" and \"session\" strings)\n",
+              o->requests, lineno);
+      cJSON_Delete(j);
+      status = 1;
+      continue;
+    }
+    struct session *s = session_of(&ss, &n_ss, sid->valuestring);
+    int64_t before = s->n;
+    if (new_tokens(j, s, p->model.vocab, lineno, err, sizeof err)) {
+      fprintf(stderr, "cedar serve-sim: %s: %s\n", o->requests, err);
+      s->n = before;
+      cJSON_Delete(j);
+      status = 1;
+      continue;
+    }
+    int max_new = cJSON_IsNumber(mn) && mn->valuedouble >= 1 ? (int)mn->valuedouble : 16;
+    struct rt_gen_opts go = {.replay = -1, .max_new = max_new, .top_p = 1, .seed = o->seed,
+                             .executor = o->executor, .cache = cache, .save_snapshot = cache && !o->no_swa};
+    struct rt_request r;
+    struct rt_gen_result g;
+    int64_t n = s->n;
+    if (rt_generate(M, pools, &r, s->hist, n, &go, &g, err, sizeof err)) {
+      fprintf(stderr, "cedar serve-sim: request %s failed: %s (the others go on)\n", id->valuestring, err);
+      s->n = before;
+      status = 1;
+    } else {
+      print_row(id->valuestring, s, n, &g, o->json, &tt);
+      for (int i = 0; i < g.n_tokens; i++) hist_push(s, g.tokens[i]);
+    }
+    rt_gen_result_free(&g);
+    rt_request_free(&r);
+    cJSON_Delete(j);
+  }
+  free(line);
+  if (!o->json && tt.requests)
+    printf("%" PRId64 " requests: %" PRId64 " prompt tokens, %" PRId64 " from the cache (%.1f%%), %" PRId64
+           " token-layers, mean TTFT %.1f ms\n",
+           tt.requests, tt.prompt, tt.hit, 100.0 * (double)tt.hit / (double)tt.prompt, tt.token_layers,
+           1e3 * tt.ttft / (double)tt.requests);
+  if (cache && !o->json) {
+    const struct pc_stats *st = &cache->stats;
+    printf("cache: %" PRId64 " blocks held (%" PRId64 " B), %" PRId64 " inserted, %" PRId64 " evicted, %" PRId64
+           " hit / %" PRId64 " missed blocks, %" PRId64 " from disk; snapshots %d held (%" PRId64 " B), %" PRId64
+           " hits, %" PRId64 " misses\n",
+           cache->count, cache->bytes, st->inserted, st->evicted, st->hit_blocks, st->miss_blocks, st->disk_blocks,
+           cache->n_snap, cache->snap_bytes, st->snap_hits, st->snap_misses);
+    if (cache->disk)
+      printf("disk tier %s: %" PRId64 " written (%" PRId64 " B), %" PRId64 " loaded, %" PRId64 " rejected, %" PRId64
+             " expired\n",
+             cache->disk->dir, cache->disk->stats.written, cache->disk->stats.bytes_written, cache->disk->stats.loaded,
+             cache->disk->stats.rejected, cache->disk->stats.expired);
+  }
+  for (int i = 0; i < n_ss; i++) free(ss[i].hist);
+  free(ss);
+  return status;
+}
+
+int cmd_serve_sim(int argc, char **argv) {
+  if (argc >= 2 && !strcmp(argv[1], "gen")) return gen(argc - 1, argv + 1);
+  struct sopts o;
+  int rc = parse(argc, argv, &o);
+  if (rc >= 0) return rc;
+  FILE *in = strcmp(o.requests, "-") ? fopen(o.requests, "r") : stdin;
+  if (!in) {
+    fprintf(stderr, "cedar serve-sim: cannot read %s: %s\n", o.requests, strerror(errno));
+    return 1;
+  }
+  struct plan p;
+  if (cli_load_plan("serve-sim", o.plan, &p)) {
+    if (in != stdin) fclose(in);
+    return 1;
+  }
+  char err[1024];
+  struct weights w = {0};
+  struct rt_model M = {0};
+  struct rt_kv_pool *pools = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*pools));
+  struct pc_cache cache;
+  struct dt_tier disk;
+  bool have_cache = false, have_disk = false, have_sp = false;
+  int status = 1;
+  rc = o.weights ? weights_load(&w, &p, o.weights, NULL, err, sizeof err)
+                 : weights_synth(&w, &p, o.seed, WEIGHTS_DEFAULT_MAX_BYTES, err, sizeof err);
+  if (!rc) rc = rt_model_init(&M, &p, &w, err, sizeof err);
+  if (!rc) rc = rt_kv_pools_init(pools, &p, err, sizeof err);
+  if (!rc && !o.no_cache) {
+    int64_t cap = o.have_cache_bytes ? o.cache_bytes : p.serving.host_cache_bytes;
+    rc = pc_init(&cache, &p, pools, w.list.fingerprint, cap, o.no_swa ? 0 : -1, err, sizeof err);
+    have_cache = rc == 0;
+    if (!rc && o.cache_dir) {
+      rc = dt_init(&disk, o.cache_dir, w.list.fingerprint, p.serving.global_ttl_hours, err, sizeof err);
+      have_disk = rc == 0;
+      if (have_disk) cache.disk = &disk;
+    }
+  }
+  if (!rc && o.executor == RT_EXEC_STARPU) {
+    struct rt_starpu_opts so = {0};
+    rc = rt_starpu_init(&so, err, sizeof err);
+    have_sp = rc == 0;
+  }
+  if (rc)
+    fprintf(stderr, "cedar serve-sim: %s\n", err);
+  else
+    status = drive(&o, &p, &M, pools, have_cache ? &cache : NULL, in);
+  if (have_sp) rt_starpu_shutdown();
+  if (have_cache) pc_free(&cache);
+  if (have_disk) dt_free(&disk);
+  rt_kv_pools_free(pools, p.n_layers);
+  free(pools);
+  rt_model_free(&M);
+  weights_free(&w);
+  plan_free(&p);
+  if (in != stdin) fclose(in);
+  return status;
+}
