@@ -1,6 +1,7 @@
 /* disk_tier.c: block files of the persistent prefix-cache tier (disk_tier.h). */
 #include "runtime/disk_tier.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -34,10 +35,42 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* mkdir -p */
+static int make_dirs(const char *dir) {
+  char buf[4096];
+  if (snprintf(buf, sizeof(buf), "%s", dir) >= (int)sizeof(buf)) return ENAMETOOLONG;
+  for (char *p = buf + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = 0;
+    if (mkdir(buf, 0755) && errno != EEXIST) return errno;
+    *p = '/';
+  }
+  if (mkdir(buf, 0755) && errno != EEXIST) return errno;
+  return 0;
+}
+
+/* Temporary files a killed writer left behind, older than a few minutes
+ * (a live writer's is seconds old). */
+static void remove_stale_tmp(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  time_t now = time(NULL);
+  while ((e = readdir(d))) {
+    if (!strstr(e->d_name, ".blk.tmp.")) continue;
+    char path[4096];
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+    if (!stat(path, &st) && now - st.st_mtime > 600) unlink(path);
+  }
+  closedir(d);
+}
+
 int dt_init(struct dt_tier *t, const char *dir, uint64_t fingerprint, double ttl_hours, char *err, size_t err_len) {
   memset(t, 0, sizeof(*t));
-  if (mkdir(dir, 0755) && errno != EEXIST) {
-    snprintf(err, err_len, "cannot create the cache directory %s: %s", dir, strerror(errno));
+  int e = make_dirs(dir);
+  if (e) {
+    snprintf(err, err_len, "cannot create the cache directory %s: %s", dir, strerror(e));
     return CEDAR_EIO;
   }
   struct stat st;
@@ -45,6 +78,7 @@ int dt_init(struct dt_tier *t, const char *dir, uint64_t fingerprint, double ttl
     snprintf(err, err_len, "%s is not a directory", dir);
     return CEDAR_EIO;
   }
+  remove_stale_tmp(dir);
   t->dir = cedar_xstrdup(dir);
   t->fingerprint = fingerprint;
   t->ttl_s = ttl_hours * 3600.0;
@@ -80,7 +114,7 @@ static bool write_all(int fd, const void *p, size_t n) {
 int dt_write(struct dt_tier *t, const struct dt_block *b, char *err, size_t err_len) {
   char path[4096], tmp[4200];
   path_of(t, b->key, path, sizeof(path));
-  snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
+  snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", path); /* unique per writer, same directory */
   struct dt_head h;
   memset(&h, 0, sizeof(h));
   memcpy(h.magic, DT_MAGIC, 8);
@@ -104,7 +138,8 @@ int dt_write(struct dt_tier *t, const struct dt_block *b, char *err, size_t err_
   }
   uint64_t hsum = XXH3_64bits_digest(hs);
   XXH3_freeState(hs);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  int fd = mkstemp(tmp);
+  if (fd >= 0) fchmod(fd, 0644);
   bool ok = fd >= 0 && write_all(fd, &h, sizeof(h)) && write_all(fd, rec, sizeof(rec[0]) * (size_t)b->n_parts) &&
             write_all(fd, &hsum, sizeof(hsum));
   int64_t bytes = h.header_bytes;
@@ -200,6 +235,12 @@ int dt_read(struct dt_tier *t, uint64_t key, const struct dt_block *expect, stru
   t->stats.bytes_loaded += bytes;
   t->stats.load_seconds += now_s() - t0;
   return 0;
+}
+
+bool dt_has(const struct dt_tier *t, uint64_t key) {
+  char path[4096];
+  path_of(t, key, path, sizeof(path));
+  return access(path, F_OK) == 0;
 }
 
 bool dt_worth_loading(const struct dt_tier *t, int64_t bytes) {

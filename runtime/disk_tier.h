@@ -9,13 +9,14 @@
  *            source: layer, ratio, entries, entry bytes, XXH3 of its bytes;
  *            last, XXH3 of everything before it in the header.
  *   payload  per source, its entries of the block (entries x entry bytes).
- * A file is written to a temporary name in the same directory, fsynced,
+ * A file is written to a unique temporary name in the same directory, fsynced,
  * renamed over the final name and the directory fsynced, so a crash leaves
  * either the old state or the whole new file. A file that is truncated,
  * corrupted (any checksum), from another fingerprint, of another layout
  * than the plan's, or older than the TTL is a miss: a warning, the file is
  * removed, and the block is recomputed; it is never used and never crashes
- * the process.
+ * the process. A TTL of 0 hours means blocks never expire. Temporary files
+ * that a killed writer left are removed by dt_init once 10 minutes old.
  *
  * Whether loading beats recomputing: the tier keeps running measurements
  * of its load throughput (bytes/s, including checks) and the caller's
@@ -64,7 +65,8 @@ struct dt_block {
   struct dt_part part[64];
 };
 
-/* Create dir if needed. Returns 0, or CEDAR_EIO with a message. */
+/* Create dir (and its parents) if needed. Returns 0, or CEDAR_EIO with a
+ * message. */
 int dt_init(struct dt_tier *t, const char *dir, uint64_t fingerprint, double ttl_hours, char *err, size_t err_len);
 void dt_free(struct dt_tier *t);
 
@@ -79,6 +81,9 @@ int dt_write(struct dt_tier *t, const struct dt_block *b, char *err, size_t err_
  * the file removed). */
 int dt_read(struct dt_tier *t, uint64_t key, const struct dt_block *expect, struct dt_block *out);
 void dt_block_free(struct dt_block *b);
+
+/* Whether a file for this key exists (it may still be rejected on read). */
+bool dt_has(const struct dt_tier *t, uint64_t key);
 
 /* Whether loading a block of `bytes` is expected to be faster than
  * recomputing it, from the measured throughput and recompute cost. */

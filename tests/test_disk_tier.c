@@ -53,6 +53,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <utime.h>
 #include <xxhash.h>
 
 #include "runtime/check.h"
@@ -708,8 +709,8 @@ static void test_write_failure(void) {
   dir_remove(dir);
 }
 
-/* Temporary files (ours by pid, and another process's holding a whole valid
- * image) are never read as blocks and do not stop a write. */
+/* Temporary files (one named with our pid, and another holding a whole
+ * valid image) are never read as blocks and do not stop a write. */
 static void test_tmp_leftovers(void) {
   char *dir = dir_new(), path[4096], tmp[4200];
   struct dt_tier t;
@@ -735,7 +736,9 @@ static void test_tmp_leftovers(void) {
   EXPECT_EQ(dt_read(&t, SMALL_KEY, &want, &out), 0, "read after writing over leftovers");
   EXPECT(block_same(&out, &b), "the block read is not the one written (a temporary file was read?)");
   dt_block_free(&out);
-  EXPECT_EQ(dir_count(dir, ".tmp."), 1, "another process's temporary file should be left alone");
+  /* writers use unique (mkstemp) names: neither leftover is reused or read;
+   * dt_init removes them once they are 10 minutes old */
+  EXPECT_EQ(dir_count(dir, ".tmp."), 2, "leftover temporary files are left alone by a write");
   stats_is(&t, 1, 0, 1, 1, 0, 0, "after leftovers");
   dt_block_free(&b);
   dt_block_free(&old);
@@ -974,6 +977,34 @@ static void test_worth_loading(void) {
   dir_remove(dir);
 }
 
+/* dt_init removes temporary files older than 10 minutes (a killed writer's)
+ * and keeps younger ones (a live writer's); it creates missing parents. */
+static void test_stale_tmp(void) {
+  char *dir = dir_new(), path[4096], old_tmp[4200], new_tmp[4200], nested[4200];
+  blk_path(dir, SMALL_KEY, path, sizeof path);
+  snprintf(old_tmp, sizeof old_tmp, "%s.tmp.AAAAAA", path);
+  snprintf(new_tmp, sizeof new_tmp, "%s.tmp.BBBBBB", path);
+  file_put(old_tmp, "killed", 6);
+  file_put(new_tmp, "writing", 7);
+  struct utimbuf ago = {time(NULL) - 1200, time(NULL) - 1200};
+  EXPECT_EQ(utime(old_tmp, &ago), 0, "set an old mtime");
+  struct dt_tier t;
+  init_or_die(&t, dir, FP, 72);
+  EXPECT(access(old_tmp, F_OK) != 0, "a 20-minute-old temporary file was not removed");
+  EXPECT(access(new_tmp, F_OK) == 0, "a fresh temporary file was removed");
+  dt_free(&t);
+  snprintf(nested, sizeof nested, "%s/a/b/c", dir);
+  init_or_die(&t, nested, FP, 72);
+  struct stat st;
+  EXPECT(stat(nested, &st) == 0 && S_ISDIR(st.st_mode), "missing parents were not created");
+  dt_free(&t);
+  char cmd[4300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s/a'", dir);
+  EXPECT_EQ(system(cmd), 0, "cleanup");
+  unlink(new_tmp);
+  dir_remove(dir);
+}
+
 int main(void) {
   setenv("CEDAR_LOG", "error", 0); /* thousands of rejections each warn; CEDAR_LOG=warn shows them */
   test_init();
@@ -986,6 +1017,7 @@ int main(void) {
   test_ttl();
   test_write_failure();
   test_tmp_leftovers();
+  test_stale_tmp();
   test_worth_loading();
   test_crash();
   return h_report("disk_tier");
