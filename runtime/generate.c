@@ -155,35 +155,24 @@ static int decode_step(const struct rt_model *M, struct rt_request *r, float *lo
   return rc;
 }
 
-int rt_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
-                int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len) {
+/* Prefill the request's tokens [0, n) from the state it holds (hit_opts
+ * say where that state ends), then decode. With a cache (rt_generate) the
+ * hit is attached before and the blocks inserted after. */
+static int run_request(const struct rt_model *M, struct rt_request *r, int64_t n, const struct rt_gen_opts *o,
+                       const struct graph_opts *hit_opts, struct pc_hit *hit, double t0, struct rt_gen_result *res,
+                       char *err, size_t err_len) {
   const int V = M->p->model.vocab;
-  memset(res, 0, sizeof(*res));
-  if (n < 1 || o->max_new < 1) {
-    snprintf(err, err_len, "a request needs a prompt of at least one token and --max-new of at least 1");
-    return CEDAR_EINVAL;
-  }
-  int rc = rt_request_init(r, 0, M->p, pools, n + o->max_new);
-  if (rc) {
-    snprintf(err, err_len, "out of memory for a request of %lld tokens", (long long)(n + o->max_new));
-    return rc;
-  }
-  for (int64_t i = 0; i < n; i++) rt_request_push_token(r, prompt[i]);
   res->tokens = malloc(sizeof(int32_t) * (size_t)o->max_new);
   res->decode_logits = malloc(sizeof(float) * (size_t)V * (size_t)(o->max_new > 1 ? o->max_new - 1 : 1));
   float *prob = malloc(sizeof(float) * (size_t)V);
   int32_t *order = malloc(sizeof(int32_t) * (size_t)V);
+  int rc = 0;
   if (!res->tokens || !res->decode_logits || !prob || !order) {
-    free(prob);
-    free(order);
-    return CEDAR_ENOMEM;
+    snprintf(err, err_len, "out of memory for the request's outputs");
+    rc = CEDAR_ENOMEM;
   }
   uint64_t rng = o->seed;
-  double t0 = now_s();
-  struct pc_hit hit = {0};
-  struct graph_opts hit_opts = {.replay = -1};
-  if (o->cache) attach_prefix(M, r, prompt, n, o, &hit, &res->hit, &hit_opts);
-  rc = prefill(M, r, n, o, &hit_opts, res, err, err_len);
+  if (!rc) rc = prefill(M, r, n, o, hit_opts, res, err, err_len);
   if (!rc) {
     const float *last = res->prefill_logits + (size_t)(res->prefill_rows - 1) * V;
     res->tokens[res->n_tokens++] = r->pending = op_sample(prob, order, last, V, o->temperature, o->top_p, &rng);
@@ -207,13 +196,60 @@ int rt_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_re
   if (res->n_tokens > 2) res->steady_itl_s = steady / (res->n_tokens - 2);
   if (o->cache) {
     if (!rc)
-      finish_prefix(M, r, o, &hit, &res->hit);
+      finish_prefix(M, r, o, hit, &res->hit);
     else
-      pc_release(o->cache, &hit);
+      pc_release(o->cache, hit);
   }
   free(prob);
   free(order);
   return rc;
+}
+
+int rt_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
+                int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len) {
+  memset(res, 0, sizeof(*res));
+  if (n < 1 || o->max_new < 1) {
+    snprintf(err, err_len, "a request needs a prompt of at least one token and --max-new of at least 1");
+    return CEDAR_EINVAL;
+  }
+  int64_t cap = n + o->max_new + (o->reserve > 0 ? o->reserve : 0);
+  int rc = rt_request_init(r, 0, M->p, pools, cap);
+  if (rc) {
+    snprintf(err, err_len, "out of memory for a request of %lld tokens", (long long)cap);
+    return rc;
+  }
+  for (int64_t i = 0; i < n; i++) rt_request_push_token(r, prompt[i]);
+  double t0 = now_s();
+  struct pc_hit hit = {0};
+  struct graph_opts hit_opts = {.replay = -1};
+  if (o->cache) attach_prefix(M, r, prompt, n, o, &hit, &res->hit, &hit_opts);
+  return run_request(M, r, n, o, &hit_opts, &hit, t0, res, err, err_len);
+}
+
+int rt_continue(const struct rt_model *M, struct rt_request *r, const int32_t *more, int64_t n_more,
+                const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len) {
+  memset(res, 0, sizeof(*res));
+  int64_t n = r->n_pos + n_more;
+  if (n_more < 1 || o->max_new < 1 || r->n_tokens != r->n_pos || n + o->max_new > r->max_tokens) {
+    snprintf(err, err_len, "a continuation needs new tokens, --max-new of at least 1 and room in the request "
+             "(%lld positions run, %lld ids held, %lld new, %d to generate, capacity %lld)",
+             (long long)r->n_pos, (long long)r->n_tokens, (long long)n_more, o->max_new, (long long)r->max_tokens);
+    return CEDAR_EINVAL;
+  }
+  if (o->cache) {
+    snprintf(err, err_len, "a continuation keeps its own state; it takes no cache");
+    return CEDAR_EINVAL;
+  }
+  for (int64_t i = 0; i < n_more; i++) rt_request_push_token(r, more[i]);
+  r->pending = -1;
+  double t0 = now_s();
+  /* the live state: global entries, tails, encoder rings and kept encoder
+   * outputs all end at n_pos, exactly what a restored snapshot holds */
+  struct graph_opts hit_opts = {.replay = -1, .hit = r->n_pos, .swa_hit = true};
+  res->hit.hit = r->n_pos;
+  res->hit.swa_hit = true;
+  struct pc_hit none = {0};
+  return run_request(M, r, n, o, &hit_opts, &none, t0, res, err, err_len);
 }
 
 void rt_gen_result_free(struct rt_gen_result *res) {

@@ -48,6 +48,7 @@ struct rt_gen_opts {
    * encoder state at its final boundary is saved for a continuation. */
   struct pc_cache *cache;
   bool save_snapshot;
+  int64_t reserve;     /* extra token capacity in the request, for rt_continue */
 };
 
 /* What a prefix hit reused and what the prefill ran (SPEC 6.5, 6.6). */
@@ -84,6 +85,14 @@ struct rt_gen_result {
  * after reading its state). Returns 0 or a negative cedar_status with err. */
 int rt_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
                 int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len);
+/* A live request continues (a session kept in memory): its state covers
+ * [0, r->n_pos) and it holds exactly those ids (the last sampled token is
+ * not consumed: pass it first in `more` to consume it). Appends `more`,
+ * prefills them from the live state, as a prefix hit with its encoder
+ * snapshot restored would (SPEC 6.5 path a), then decodes. The request
+ * needs room (rt_gen_opts.reserve when it was made). Takes no cache. */
+int rt_continue(const struct rt_model *M, struct rt_request *r, const int32_t *more, int64_t n_more,
+                const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len);
 void rt_gen_result_free(struct rt_gen_result *res);
 
 #endif

@@ -377,6 +377,7 @@ int rt_attn(const struct rt_model *M, struct rt_request *r, const struct graph_n
   RT_TIMED(ar, QKV, op_q_main(q, cq, L->wq_b, pos, L->rope, n, m->q_rank, m->heads, m->head_dim, m->q_head_norm, M->eps));
   float *kS = RT_ALLOC(ar, float, (size_t)n * m->head_dim);
   RT_TIMED(ar, QKV, op_swa_kv(kS, a_in, L->wkv, L->kv_norm, pos, L->rope, n, d, m->head_dim, M->eps));
+  if (nd->flags & GRAPH_F_RING_RESET) rt_ring_reset(ring, nd->r0);
   if (nd->r0 > ring->r0) ring->r0 = nd->r0;
   uint8_t *fresh;
   struct op_swa_view sv = swa_view(M, ring, kS, pos, n, ar, &fresh);

@@ -521,7 +521,10 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
         if (xs.a[i] < a + len && a < xs.a[i] + xs.n[i]) use(nd, xs.x[i], GRAPH_R);
       use(nd, t.x, GRAPH_W);
       use(nd, t.pre, GRAPH_W);
+      int first_node = g->n_node;
       emit_layers(&c, &t, c.first_dec, p->n_layers, false);
+      for (int i = first_node; k == 0 && i < g->n_node; i++)
+        if (g->node[i].op == GRAPH_ATTN) g->node[i].flags |= GRAPH_F_RING_RESET;
       if (all)
         emit_head(&c, &t, a, len);
       else if (a + len == n)

@@ -104,6 +104,8 @@ enum graph_bus_slot { GRAPH_TOPK_OUT = 0, GRAPH_POOL_OUT, GRAPH_TOPK_IN, GRAPH_P
 #define GRAPH_F_PRE_NEXT 4u    /* compute the next sublayer's mHC pre (single pass) */
 #define GRAPH_F_BUILD_POOL 8u  /* ATTN of a pool-building layer */
 #define GRAPH_F_REPLAY 16u     /* tile of a decoder bounded replay */
+#define GRAPH_F_RING_RESET 32u /* first replay tile: the layer's ring starts empty at r0 (SPEC 5.2: decoder
+                                  SWA is rebuilt by every prefill's replay, never carried over) */
 
 struct graph_node {
   enum graph_op op;

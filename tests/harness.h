@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <inttypes.h>
 #include <stdio.h>
 
 extern int h_failures;
@@ -35,6 +36,18 @@ extern int h_failures;
       fprintf(stderr, __VA_ARGS__);                                \
       fputc('\n', stderr);                                         \
     }                                                              \
+  } while (0)
+
+/* EXPECT got == want for integers (as int64); the trailing arguments are a
+ * printf format and its values saying which case failed. */
+#define EXPECT_EQ(got, want, ...)                                             \
+  do {                                                                        \
+    int64_t _g = (int64_t)(got), _w = (int64_t)(want);                        \
+    if (_g != _w) {                                                           \
+      char _m[256];                                                           \
+      snprintf(_m, sizeof _m, __VA_ARGS__);                                   \
+      EXPECT(0, "%s = %" PRId64 ", want %" PRId64 " (%s)", #got, _g, _w, _m); \
+    }                                                                         \
   } while (0)
 
 #define H_U32 (1.0 / 16777216.0) /* unit roundoff of fp32, 2^-24 */

@@ -60,18 +60,6 @@
 #include "runtime/disk_tier.h"
 #include "tests/harness.h"
 
-/* EXPECT got == want for integers; the trailing arguments say which case. */
-#define EXPECT_EQ(got, want, ...)                                                          \
-  do {                                                                                     \
-    int64_t _g = (int64_t)(got), _w = (int64_t)(want);                                     \
-    if (_g != _w) {                                                                        \
-      h_failures++;                                                                        \
-      fprintf(stderr, "FAIL %s:%d: %s = %" PRId64 ", want %" PRId64 " (", __FILE__, __LINE__, #got, _g, _w); \
-      fprintf(stderr, __VA_ARGS__);                                                        \
-      fprintf(stderr, ")\n");                                                              \
-    }                                                                                      \
-  } while (0)
-
 #define FP 0x0123456789abcdefull /* the plan-and-weights fingerprint of most cases */
 #define HEAD_FIXED 64            /* magic 8, version 4, header bytes 4, fp, key, parent, index, created 8 each, n_parts 4, pad 4 */
 #define HEAD_REC 24              /* layer, ratio, entries, entry bytes 4 each, XXH3 8 */

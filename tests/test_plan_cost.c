@@ -24,7 +24,7 @@
 
 static int failures;
 
-#define EXPECT_EQ(got, want)                                                        \
+#define EXPECT_I64(got, want)                                                        \
   do {                                                                              \
     int64_t _g = (int64_t)(got), _w = (int64_t)(want);                              \
     if (_g != _w) {                                                                 \
@@ -120,96 +120,96 @@ static void test_formats(void) {
   struct plan_format idx = {PLAN_E2M1, PLAN_SCALE_E8M0, 32, PLAN_RULE_CEIL};
   struct plan_format swa = {PLAN_E4M3, PLAN_SCALE_F32, 512, PLAN_RULE_CEIL};
   struct plan_format bf16 = {PLAN_BF16, PLAN_SCALE_NONE, 0, PLAN_RULE_CEIL};
-  EXPECT_EQ(plan_format_bytes(&main_kv, 512), 288); /* SPEC 4.2 */
-  EXPECT_EQ(plan_format_payload_bytes(&main_kv, 512), 256);
-  EXPECT_EQ(plan_format_bytes(&idx, 128), 68); /* SPEC 4.3 */
-  EXPECT_EQ(plan_format_payload_bytes(&swa, 512), 512); /* SPEC 4.4 */
-  EXPECT_EQ(plan_format_bytes(&swa, 512), 516);
-  EXPECT_EQ(plan_format_bytes(&swa, 513), 513 + 8); /* a short last block still has a scale */
-  EXPECT_EQ(plan_format_bytes(&bf16, 512), 1024);
-  EXPECT_EQ(plan_format_payload_bytes(&main_kv, 7), 4); /* an odd nibble count rounds up */
+  EXPECT_I64(plan_format_bytes(&main_kv, 512), 288); /* SPEC 4.2 */
+  EXPECT_I64(plan_format_payload_bytes(&main_kv, 512), 256);
+  EXPECT_I64(plan_format_bytes(&idx, 128), 68); /* SPEC 4.3 */
+  EXPECT_I64(plan_format_payload_bytes(&swa, 512), 512); /* SPEC 4.4 */
+  EXPECT_I64(plan_format_bytes(&swa, 512), 516);
+  EXPECT_I64(plan_format_bytes(&swa, 513), 513 + 8); /* a short last block still has a scale */
+  EXPECT_I64(plan_format_bytes(&bf16, 512), 1024);
+  EXPECT_I64(plan_format_payload_bytes(&main_kv, 7), 4); /* an odd nibble count rounds up */
   struct plan_format f32 = {PLAN_F32, PLAN_SCALE_NONE, 0, PLAN_RULE_CEIL};
-  EXPECT_EQ(plan_format_bytes(&f32, 3), 12);
+  EXPECT_I64(plan_format_bytes(&f32, 3), 12);
 }
 
 /* SPEC 4.5, 4.6, 5.2, 6.1, 6.2 at the defaults (N = 10^6, n = 1024). */
 static void expect_flash_defaults(const struct plan *p) {
   struct plan_cost *c = cost_of(p, 1000000, 1024, -1, false);
-  EXPECT_EQ(c->n_layers, 40);
-  EXPECT_EQ(c->n_encoder, 20);
-  EXPECT_EQ(c->n_decoder, 20);
-  EXPECT_EQ(c->n_csa, 38);
-  EXPECT_EQ(c->n_index_sources, 8);
-  EXPECT_EQ(c->n_sources, 4);
+  EXPECT_I64(c->n_layers, 40);
+  EXPECT_I64(c->n_encoder, 20);
+  EXPECT_I64(c->n_decoder, 20);
+  EXPECT_I64(c->n_csa, 38);
+  EXPECT_I64(c->n_index_sources, 8);
+  EXPECT_I64(c->n_sources, 4);
   static const int readers[] = {6, 6, 6, 20};
   for (int k = 0; k < c->n_sources && k < 4; k++) {
-    EXPECT_EQ(c->src[k].layer, flash_kv[k]);
-    EXPECT_EQ(c->src[k].main_bytes, 288);
-    EXPECT_EQ(c->src[k].indexer_bytes, 68);
-    EXPECT_EQ(c->src[k].entry_bytes, 356);
-    EXPECT_EQ(c->src[k].entries, k < 3 ? 500000 : 1000000);
-    EXPECT_EQ(c->src[k].readers, readers[k]);
-    EXPECT_EQ(c->src[k].tail_bytes, k < 3 ? 4096 : 0);
-    EXPECT_EQ(c->src[k].cold_entries, k < 3 ? 512 : 1024); /* SPEC 6.1 state table */
+    EXPECT_I64(c->src[k].layer, flash_kv[k]);
+    EXPECT_I64(c->src[k].main_bytes, 288);
+    EXPECT_I64(c->src[k].indexer_bytes, 68);
+    EXPECT_I64(c->src[k].entry_bytes, 356);
+    EXPECT_I64(c->src[k].entries, k < 3 ? 500000 : 1000000);
+    EXPECT_I64(c->src[k].readers, readers[k]);
+    EXPECT_I64(c->src[k].tail_bytes, k < 3 ? 4096 : 0);
+    EXPECT_I64(c->src[k].cold_entries, k < 3 ? 512 : 1024); /* SPEC 6.1 state table */
   }
   EXPECT_REAL(c->bytes_per_token, 890);
-  EXPECT_EQ(c->entries, 2500000);
-  EXPECT_EQ(c->bytes, 890000000);
-  EXPECT_EQ(c->baseline_entries, 29000000);
-  EXPECT_EQ(c->baseline_bytes, 29000000LL * 356);
+  EXPECT_I64(c->entries, 2500000);
+  EXPECT_I64(c->bytes, 890000000);
+  EXPECT_I64(c->baseline_entries, 29000000);
+  EXPECT_I64(c->baseline_bytes, 29000000LL * 356);
   EXPECT_REAL(c->baseline_bytes_per_token, 18 * 178 + 20 * 356);
-  EXPECT_EQ(c->swa_payload_per_layer, 65536);
-  EXPECT_EQ(c->swa_payload_bytes, 2621440);
-  EXPECT_EQ(c->swa_scale_bytes, 40 * 128 * 4);
-  EXPECT_EQ(c->tail_bytes, 12288);
-  EXPECT_EQ(c->n_tail_sources, 3);
-  EXPECT_EQ(c->cold.token_layers, 23040);
-  EXPECT_EQ(c->cold.dense_token_layers, 40960);
-  EXPECT_EQ(c->cold.decoder.begin, 896);
-  EXPECT_EQ(c->cold.encoder_positions, 1024);
-  EXPECT_EQ(c->cold.new_entries, 3 * 512 + 1024);
-  EXPECT_EQ(c->cold.new_bytes, (3 * 512 + 1024) * 356);
+  EXPECT_I64(c->swa_payload_per_layer, 65536);
+  EXPECT_I64(c->swa_payload_bytes, 2621440);
+  EXPECT_I64(c->swa_scale_bytes, 40 * 128 * 4);
+  EXPECT_I64(c->tail_bytes, 12288);
+  EXPECT_I64(c->n_tail_sources, 3);
+  EXPECT_I64(c->cold.token_layers, 23040);
+  EXPECT_I64(c->cold.dense_token_layers, 40960);
+  EXPECT_I64(c->cold.decoder.begin, 896);
+  EXPECT_I64(c->cold.encoder_positions, 1024);
+  EXPECT_I64(c->cold.new_entries, 3 * 512 + 1024);
+  EXPECT_I64(c->cold.new_bytes, (3 * 512 + 1024) * 356);
   /* SPEC 4.6: query at p = N; L20 scans N+1, L2/8/14 floor((N+1)/2), reindex 16384 each. */
-  EXPECT_EQ(c->idx_position, 1000000);
-  EXPECT_EQ(c->n_indexers, 8);
-  EXPECT_EQ(c->idx_full_key_dots, 3 * 500000 + 1000001);
-  EXPECT_EQ(c->idx_reindex_key_dots, 4 * 16384);
-  EXPECT_EQ(c->idx_key_dots, 3 * 500000 + 1000001 + 4 * 16384);
-  EXPECT_EQ(c->idx_per_layer_key_dots, 18 * 500000 + 20 * 1000001);
+  EXPECT_I64(c->idx_position, 1000000);
+  EXPECT_I64(c->n_indexers, 8);
+  EXPECT_I64(c->idx_full_key_dots, 3 * 500000 + 1000001);
+  EXPECT_I64(c->idx_reindex_key_dots, 4 * 16384);
+  EXPECT_I64(c->idx_key_dots, 3 * 500000 + 1000001 + 4 * 16384);
+  EXPECT_I64(c->idx_per_layer_key_dots, 18 * 500000 + 20 * 1000001);
 }
 
 /* SPEC 6.6: hit 4096, prompt 4100, encoder SWA miss; and the SWA-hit variant. */
 static void expect_flash_hit(const struct plan *p) {
   struct plan_cost *c = cost_of(p, 1000000, 4100, 4096, true);
   const struct plan_cost_prefill *h = &c->hit;
-  EXPECT_EQ(h->encoder_replay.begin, 3968);
-  EXPECT_EQ(h->encoder_replay.end, 4096);
-  EXPECT_EQ(h->encoder_positions, 132);
-  EXPECT_EQ(h->decoder.begin, 3972);
-  EXPECT_EQ(h->decoder.end, 4100);
-  EXPECT_EQ(h->decoder_prefix, 124);
-  EXPECT_EQ(h->decoder_suffix, 4);
-  EXPECT_EQ(h->decoder_positions, 128);
-  EXPECT_EQ(h->new_entries, 10);
-  EXPECT_EQ(h->new_bytes, 3560);
-  EXPECT_EQ(h->new_bytes, 4 * (int64_t)c->bytes_per_token);
-  EXPECT_EQ(h->token_layers, 5200);
-  EXPECT_EQ(h->dense_token_layers, 160);
-  EXPECT_EQ(c->src[0].hit_entries, 2);
-  EXPECT_EQ(c->src[3].hit_entries, 4);
-  EXPECT_EQ(c->src[3].hit_bytes, 1424);
+  EXPECT_I64(h->encoder_replay.begin, 3968);
+  EXPECT_I64(h->encoder_replay.end, 4096);
+  EXPECT_I64(h->encoder_positions, 132);
+  EXPECT_I64(h->decoder.begin, 3972);
+  EXPECT_I64(h->decoder.end, 4100);
+  EXPECT_I64(h->decoder_prefix, 124);
+  EXPECT_I64(h->decoder_suffix, 4);
+  EXPECT_I64(h->decoder_positions, 128);
+  EXPECT_I64(h->new_entries, 10);
+  EXPECT_I64(h->new_bytes, 3560);
+  EXPECT_I64(h->new_bytes, 4 * (int64_t)c->bytes_per_token);
+  EXPECT_I64(h->token_layers, 5200);
+  EXPECT_I64(h->dense_token_layers, 160);
+  EXPECT_I64(c->src[0].hit_entries, 2);
+  EXPECT_I64(c->src[3].hit_entries, 4);
+  EXPECT_I64(c->src[3].hit_bytes, 1424);
 
   c = cost_of(p, 1000000, 4100, 4096, false); /* snapshot at c: no encoder replay */
-  EXPECT_EQ(c->hit.encoder_positions, 4);
-  EXPECT_EQ(c->hit.token_layers, 20 * 4 + 20 * 128);
+  EXPECT_I64(c->hit.encoder_positions, 4);
+  EXPECT_I64(c->hit.token_layers, 20 * 4 + 20 * 128);
 
   c = cost_of(p, 1000000, 100, 60, true); /* replay starts at 0 near the beginning */
-  EXPECT_EQ(c->hit.encoder_replay.begin, 0);
-  EXPECT_EQ(c->hit.encoder_positions, 100);
-  EXPECT_EQ(c->hit.decoder.begin, 0);
-  EXPECT_EQ(c->hit.decoder_prefix, 60);
-  EXPECT_EQ(c->hit.token_layers, 40 * 100);
-  EXPECT_EQ(c->cold.token_layers, 40 * 100); /* SPEC 6.2: n <= 128 saves nothing */
+  EXPECT_I64(c->hit.encoder_replay.begin, 0);
+  EXPECT_I64(c->hit.encoder_positions, 100);
+  EXPECT_I64(c->hit.decoder.begin, 0);
+  EXPECT_I64(c->hit.decoder_prefix, 60);
+  EXPECT_I64(c->hit.token_layers, 40 * 100);
+  EXPECT_I64(c->cold.token_layers, 40 * 100); /* SPEC 6.2: n <= 128 saves nothing */
 }
 
 /* SPEC 6.4 and odd prompts: a ratio-2 group counts only once complete. */
@@ -218,21 +218,21 @@ static void expect_flash_odd(const struct plan *p) {
   for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
     int64_t n = ns[i];
     struct plan_cost *c = cost_of(p, n, n, -1, false);
-    EXPECT_EQ(c->entries, 3 * (n / 2) + n);
-    EXPECT_EQ(c->bytes, 356 * (3 * (n / 2) + n));
-    EXPECT_EQ(c->cold.new_bytes, 356 * (3 * (n / 2) + n));
+    EXPECT_I64(c->entries, 3 * (n / 2) + n);
+    EXPECT_I64(c->bytes, 356 * (3 * (n / 2) + n));
+    EXPECT_I64(c->cold.new_bytes, 356 * (3 * (n / 2) + n));
   }
   struct plan_cost *c = cost_of(p, 1025, 1025, -1, false);
-  EXPECT_EQ(c->src[0].entries, 512);
+  EXPECT_I64(c->src[0].entries, 512);
   c = cost_of(p, 1026, 1026, -1, false);
-  EXPECT_EQ(c->src[0].entries, 513);
+  EXPECT_I64(c->src[0].entries, 513);
   c = cost_of(p, 1000000, 1025, 1024, false); /* odd hit boundary: no new encoder group */
-  EXPECT_EQ(c->hit.new_entries, 1);
+  EXPECT_I64(c->hit.new_entries, 1);
   c = cost_of(p, 1000000, 1026, 1025, false); /* ...and the group completes one later */
-  EXPECT_EQ(c->hit.new_entries, 3 + 1);
+  EXPECT_I64(c->hit.new_entries, 3 + 1);
   c = cost_of(p, 0, 1, -1, false); /* empty context: the query at p = 0 */
-  EXPECT_EQ(c->entries, 0);
-  EXPECT_EQ(c->idx_key_dots, 1 + 4); /* only L20's own entry: L20 and 4 reindex layers */
+  EXPECT_I64(c->entries, 0);
+  EXPECT_I64(c->idx_key_dots, 1 + 4); /* only L20's own entry: L20 and 4 reindex layers */
 }
 
 static void expect_flash(const struct plan *p) {
@@ -249,10 +249,10 @@ static void test_window(void) {
   p.model.window = 64;
   p.serving.replay_encoder = p.serving.replay_decoder = -1; /* unset: follow the window */
   struct plan_cost *c = cost_of(&p, 1000000, 1024, 1000, true);
-  EXPECT_EQ(c->swa_payload_bytes, 40 * 64 * 512);
-  EXPECT_EQ(c->cold.token_layers, 20 * 1024 + 20 * 64);
-  EXPECT_EQ(c->hit.encoder_replay.begin, 1000 - 64);
-  EXPECT_EQ(c->hit.decoder.begin, 1024 - 64);
+  EXPECT_I64(c->swa_payload_bytes, 40 * 64 * 512);
+  EXPECT_I64(c->cold.token_layers, 20 * 1024 + 20 * 64);
+  EXPECT_I64(c->hit.encoder_replay.begin, 1000 - 64);
+  EXPECT_I64(c->hit.decoder.begin, 1024 - 64);
   EXPECT_REAL(c->bytes_per_token, 890); /* global KV does not depend on the window */
 }
 
@@ -264,19 +264,19 @@ static void test_added_source(void) {
   static const int ix[] = {2, 8, 14, 20, 24, 28, 30, 32, 36};
   build_plan(&p, 40, 20, 2, kv, 5, ix, 9, 2, 1);
   struct plan_cost *c = cost_of(&p, 1024, 1024, -1, false);
-  EXPECT_EQ(c->n_sources, 5);
-  EXPECT_EQ(c->src[3].entries, 1024);
-  EXPECT_EQ(c->src[4].entries, 1024);
-  EXPECT_EQ(c->src[0].entries, 512);
-  EXPECT_EQ(c->src[3].readers, 10);
-  EXPECT_EQ(c->src[4].readers, 10);
+  EXPECT_I64(c->n_sources, 5);
+  EXPECT_I64(c->src[3].entries, 1024);
+  EXPECT_I64(c->src[4].entries, 1024);
+  EXPECT_I64(c->src[0].entries, 512);
+  EXPECT_I64(c->src[3].readers, 10);
+  EXPECT_I64(c->src[4].readers, 10);
   EXPECT_REAL(c->bytes_per_token, 890 + 356);
-  EXPECT_EQ(c->entries, 3 * 512 + 2 * 1024);
+  EXPECT_I64(c->entries, 3 * 512 + 2 * 1024);
   c = cost_of(&p, 1000000, 4100, 4096, true);
-  EXPECT_EQ(c->hit.new_entries, 3 * 2 + 2 * 4);
-  EXPECT_EQ(c->hit.new_bytes, 14 * 356);
-  EXPECT_EQ(c->tail_bytes, 12288); /* ratio-1 sources have no tail */
-  EXPECT_EQ(c->idx_key_dots, 3 * 500000 + 2 * 1000001 + 4 * 16384);
+  EXPECT_I64(c->hit.new_entries, 3 * 2 + 2 * 4);
+  EXPECT_I64(c->hit.new_bytes, 14 * 356);
+  EXPECT_I64(c->tail_bytes, 12288); /* ratio-1 sources have no tail */
+  EXPECT_I64(c->idx_key_dots, 3 * 500000 + 2 * 1000001 + 4 * 16384);
 }
 
 /* Ratio-4 encoder sources, and the baseline with a different ratio. */
@@ -284,13 +284,13 @@ static void test_ratio4(void) {
   static struct plan p;
   build_plan(&p, 40, 20, 2, flash_kv, 4, flash_ix, 8, 4, 1);
   struct plan_cost *c = cost_of(&p, 1000, 1000, -1, false);
-  EXPECT_EQ(c->src[0].entries, 250);
+  EXPECT_I64(c->src[0].entries, 250);
   EXPECT_REAL(c->bytes_per_token, 3 * 89.0 + 356);
-  EXPECT_EQ(c->tail_bytes, 3 * (3 * 1024 * 4));
-  EXPECT_EQ(c->idx_full_key_dots, 3 * (1001 / 4) + 1001);
-  EXPECT_EQ(c->baseline_entries, 18 * 250 + 20 * 1000);
+  EXPECT_I64(c->tail_bytes, 3 * (3 * 1024 * 4));
+  EXPECT_I64(c->idx_full_key_dots, 3 * (1001 / 4) + 1001);
+  EXPECT_I64(c->baseline_entries, 18 * 250 + 20 * 1000);
   c = cost_of(&p, 1000, 1003, 1001, false); /* groups [1000,1004) incomplete: nothing new */
-  EXPECT_EQ(c->hit.new_entries, 2);
+  EXPECT_I64(c->hit.new_entries, 2);
 }
 
 static void test_ced_off(void) {
@@ -298,13 +298,13 @@ static void test_ced_off(void) {
   build_flash(&p);
   p.serving.ced = false;
   struct plan_cost *c = cost_of(&p, 1000000, 4100, 4096, true);
-  EXPECT_EQ(c->cold.token_layers, 40 * 4100);
-  EXPECT_EQ(c->cold.token_layers, c->cold.dense_token_layers);
-  EXPECT_EQ(c->hit.token_layers, 40 * (128 + 4)); /* every layer replays and runs the suffix */
-  EXPECT_EQ(c->hit.decoder.begin, 3968);
-  EXPECT_EQ(c->hit.new_bytes, 3560); /* global growth does not depend on CED */
+  EXPECT_I64(c->cold.token_layers, 40 * 4100);
+  EXPECT_I64(c->cold.token_layers, c->cold.dense_token_layers);
+  EXPECT_I64(c->hit.token_layers, 40 * (128 + 4)); /* every layer replays and runs the suffix */
+  EXPECT_I64(c->hit.decoder.begin, 3968);
+  EXPECT_I64(c->hit.new_bytes, 3560); /* global growth does not depend on CED */
   c = cost_of(&p, 1000000, 4100, 4096, false);
-  EXPECT_EQ(c->hit.token_layers, 160);
+  EXPECT_I64(c->hit.token_layers, 160);
 }
 
 static void test_bad_queries(void) {
@@ -314,31 +314,31 @@ static void test_bad_queries(void) {
   struct plan_cost_query q;
   char msg[200];
   plan_cost_query_init(&q);
-  EXPECT_EQ(plan_cost_query_check(&q, msg, sizeof msg), CEDAR_OK);
+  EXPECT_I64(plan_cost_query_check(&q, msg, sizeof msg), CEDAR_OK);
   q.has_hit = true, q.prompt = 4100, q.hit = 4101;
-  EXPECT_EQ(plan_cost_compute(&p, &q, &c), CEDAR_EINVAL);
+  EXPECT_I64(plan_cost_compute(&p, &q, &c), CEDAR_EINVAL);
   if (!strstr(c.error, "--hit")) fprintf(stderr, "message lacks the flag: %s\n", c.error), failures++;
   q.hit = -1;
-  EXPECT_EQ(plan_cost_query_check(&q, msg, sizeof msg), CEDAR_EINVAL);
+  EXPECT_I64(plan_cost_query_check(&q, msg, sizeof msg), CEDAR_EINVAL);
   q.hit = 0, q.prompt = 0;
-  EXPECT_EQ(plan_cost_query_check(&q, msg, sizeof msg), CEDAR_EINVAL);
+  EXPECT_I64(plan_cost_query_check(&q, msg, sizeof msg), CEDAR_EINVAL);
   plan_cost_query_init(&q);
   q.swa_miss = true;
-  EXPECT_EQ(plan_cost_query_check(&q, msg, sizeof msg), CEDAR_EINVAL);
+  EXPECT_I64(plan_cost_query_check(&q, msg, sizeof msg), CEDAR_EINVAL);
   plan_cost_query_init(&q);
   q.tokens = PLAN_COST_MAX_TOKENS + 1;
-  EXPECT_EQ(plan_cost_compute(&p, &q, &c), CEDAR_EINVAL);
+  EXPECT_I64(plan_cost_compute(&p, &q, &c), CEDAR_EINVAL);
   q.tokens = PLAN_COST_MAX_TOKENS;
-  EXPECT_EQ(plan_cost_compute(&p, &q, &c), CEDAR_OK); /* the limit itself fits for flash */
-  EXPECT_EQ(c.baseline_entries, 29 * PLAN_COST_MAX_TOKENS);
+  EXPECT_I64(plan_cost_compute(&p, &q, &c), CEDAR_OK); /* the limit itself fits for flash */
+  EXPECT_I64(c.baseline_entries, 29 * PLAN_COST_MAX_TOKENS);
   plan_cost_query_init(&q);
   p.model.head_dim = p.model.window = 1 << 30; /* 40 SWA rings of 2^60 bytes */
-  EXPECT_EQ(plan_cost_compute(&p, &q, &c), CEDAR_EINVAL);
+  EXPECT_I64(plan_cost_compute(&p, &q, &c), CEDAR_EINVAL);
   if (!strstr(c.error, "64-bit")) fprintf(stderr, "overflow message: %s\n", c.error), failures++;
   build_flash(&p);
   plan_cost_query_init(&q);
   p.layer[5].kv_src = 4; /* a reuse layer, not a source */
-  EXPECT_EQ(plan_cost_compute(&p, &q, &c), CEDAR_EINVAL);
+  EXPECT_I64(plan_cost_compute(&p, &q, &c), CEDAR_EINVAL);
 }
 
 /* ---- the real plan file ---------------------------------------------------- */

@@ -72,18 +72,6 @@
 #include "scheduler/plan.h"
 #include "tests/harness.h"
 
-/* EXPECT got == want; the trailing arguments are a printf format and its
- * values saying which case failed. */
-#define EXPECT_EQ(got, want, ...)                                             \
-  do {                                                                        \
-    int64_t _g = (int64_t)(got), _w = (int64_t)(want);                        \
-    if (_g != _w) {                                                           \
-      char _m[256];                                                           \
-      snprintf(_m, sizeof _m, __VA_ARGS__);                                   \
-      EXPECT(0, "%s = %" PRId64 ", want %" PRId64 " (%s)", #got, _g, _w, _m); \
-    }                                                                         \
-  } while (0)
-
 #define SEED_A 0x5eedA11CE0001ull
 #define SEED_B 0x5eedB0B500002ull
 /* A snapshot pool no test fills (1 TiB): "unbounded" without relying on

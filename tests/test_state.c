@@ -34,12 +34,6 @@
 #include "scheduler/plan_cost.h"
 #include "tests/harness.h"
 
-#define EXPECT_EQ(got, want, ...)                                                                      \
-  do {                                                                                                 \
-    int64_t _g = (int64_t)(got), _w = (int64_t)(want);                                                 \
-    EXPECT(_g == _w, "%s = %" PRId64 ", want %" PRId64 " (%s)", #got, _g, _w, __VA_ARGS__);            \
-  } while (0)
-
 /* Large structs (PLAN_MAX_LAYERS arrays): kept off the stack. */
 static struct plan plan;
 static struct rt_kv_pool pools[PLAN_MAX_LAYERS];
