@@ -353,10 +353,11 @@ int cmd_serve_sim(int argc, char **argv) {
   if (!rc) rc = rt_kv_pools_init(pools, &p, err, sizeof err);
   if (!rc && !o.no_cache) {
     int64_t cap = o.have_cache_bytes ? o.cache_bytes : p.serving.host_cache_bytes;
-    rc = pc_init(&cache, &p, pools, w.list.fingerprint, cap, o.no_swa ? 0 : -1, err, sizeof err);
+    uint64_t id = weights_identity(&w); /* plan and weights: another model's blocks never match */
+    rc = pc_init(&cache, &p, pools, id, cap, o.no_swa ? 0 : -1, err, sizeof err);
     have_cache = rc == 0;
     if (!rc && o.cache_dir) {
-      rc = dt_init(&disk, o.cache_dir, w.list.fingerprint, p.serving.global_ttl_hours, err, sizeof err);
+      rc = dt_init(&disk, o.cache_dir, id, p.serving.global_ttl_hours, err, sizeof err);
       have_disk = rc == 0;
       if (have_disk) cache.disk = &disk;
     }

@@ -625,3 +625,17 @@ const float *weights_f32(const struct weights *w, const char *name) {
   const void *d = weights_get(w, name, &s);
   return d && s->dtype == ST_F32 ? d : NULL;
 }
+
+uint64_t weights_identity(const struct weights *w) {
+  if (w->synthetic) {
+    uint64_t v[2] = {w->list.fingerprint, w->seed};
+    return XXH3_64bits(v, sizeof(v));
+  }
+  XXH3_state_t *st = XXH3_createState();
+  CEDAR_ASSERT(st != NULL);
+  XXH3_64bits_reset_withSeed(st, w->list.fingerprint);
+  for (size_t i = 0; i < w->list.n; i++) XXH3_64bits_update(st, w->data[i], w->list.t[i].nbytes);
+  uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
