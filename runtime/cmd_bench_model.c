@@ -361,6 +361,19 @@ static void print_text(const struct result *r, int n_plans, const struct bench *
                  td > 0 ? 100 * g->decode.op_seconds[k] / td : 0.0);
       printf("\n");
     }
+  printf("\ntime inside the ops by op family, %% of prefill | %% of decode:\n");
+  for (int i = 0; i < n_plans; i++)
+    for (int c = 0; c < B->n_cfg; c++) {
+      if (!r[i].ok[c]) continue;
+      const struct rt_gen_result *g = &r[i].res[c];
+      double tp = 0, td = 0;
+      for (int k = 0; k < RT_FAM_COUNT; k++) tp += g->prefill.family_seconds[k], td += g->decode.family_seconds[k];
+      printf("  %-16s %-10s", r[i].name, B->cfg[c].name);
+      for (int k = 0; k < RT_FAM_COUNT; k++)
+        printf(" %s %.1f|%.1f", rt_family_name(k), tp > 0 ? 100 * g->prefill.family_seconds[k] / tp : 0.0,
+               td > 0 ? 100 * g->decode.family_seconds[k] / td : 0.0);
+      printf("\n");
+    }
   print_compare_text(r, n_plans, B);
 }
 

@@ -314,10 +314,12 @@ static int drive(const struct sopts *o, const struct plan *p, const struct rt_mo
            cache->count, cache->bytes, st->inserted, st->evicted, st->hit_blocks, st->miss_blocks, st->disk_blocks,
            cache->n_snap, cache->snap_bytes, st->snap_hits, st->snap_misses);
     if (cache->disk)
-      printf("disk tier %s: %" PRId64 " written (%" PRId64 " B), %" PRId64 " loaded, %" PRId64 " rejected, %" PRId64
-             " expired\n",
+      printf("disk tier %s: %" PRId64 " written (%" PRId64 " B), %" PRId64 " loaded (%.3f ms per block), %" PRId64
+             " rejected, %" PRId64 " expired, %" PRId64 " skipped (recomputing was faster: %.1f ms per block)\n",
              cache->disk->dir, cache->disk->stats.written, cache->disk->stats.bytes_written, cache->disk->stats.loaded,
-             cache->disk->stats.rejected, cache->disk->stats.expired);
+             cache->disk->stats.loaded ? 1e3 * cache->disk->stats.load_seconds / (double)cache->disk->stats.loaded : 0.0,
+             cache->disk->stats.rejected, cache->disk->stats.expired, st->disk_skipped,
+             1e3 * cache->disk->recompute_s_per_block);
   }
   for (int i = 0; i < n_ss; i++) free(ss[i].hist);
   free(ss);

@@ -86,9 +86,19 @@ static void attach_prefix(const struct rt_model *M, struct rt_request *r, const 
 /* The end of a request with a cache: its full blocks in, its encoder state
  * at its boundary saved (rows of the kept encoder outputs in position order). */
 static void finish_prefix(const struct rt_model *M, struct rt_request *r, const struct rt_gen_opts *o,
-                          struct pc_hit *hit, struct rt_hit_report *h) {
+                          struct pc_hit *hit, struct rt_hit_report *h, double res_prefill_s, int64_t res_prefill_tl) {
   struct pc_cache *c = o->cache;
   h->blocks_inserted = pc_insert(c, r, r->n_pos);
+  if (c->disk && res_prefill_tl > 0) {
+    /* what recomputing one block costs here, from this prefill: B positions
+     * through the encoder (every layer when dense) at the measured seconds
+     * per token-layer; the disk tier loads a block only when that is slower */
+    int n_enc = 0;
+    for (int l = 0; l < M->p->n_layers; l++) n_enc += M->p->layer[l].region == PLAN_ENCODER || !M->p->serving.ced;
+    double per_block = res_prefill_s / (double)res_prefill_tl * (double)c->block * n_enc;
+    double *est = &c->disk->recompute_s_per_block;
+    *est = *est > 0 ? 0.7 * *est + 0.3 * per_block : per_block;
+  }
   if (o->save_snapshot && r->xe_cap > 0) {
     int64_t rows = r->n_pos < r->xe_cap ? r->n_pos : r->xe_cap;
     size_t row = (size_t)M->p->model.hc_streams * M->p->model.hidden;
@@ -196,7 +206,7 @@ static int run_request(const struct rt_model *M, struct rt_request *r, int64_t n
   if (res->n_tokens > 2) res->steady_itl_s = steady / (res->n_tokens - 2);
   if (o->cache) {
     if (!rc)
-      finish_prefix(M, r, o, hit, &res->hit);
+      finish_prefix(M, r, o, hit, &res->hit, res->prefill.seconds, res->prefill.token_layers);
     else
       pc_release(o->cache, hit);
   }
