@@ -1,4 +1,5 @@
 /* cli.c: helpers shared by the subcommands, and `cedar version`. */
+#include <errno.h>
 #include "runtime/cli.h"
 
 #include <cJSON.h>
@@ -78,4 +79,13 @@ int cli_load_plan(const char *cmd, const char *path, struct plan *p) {
   }
   plan_diags_free(&d);
   return rc ? 1 : 0;
+}
+
+bool cli_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi) return false;
+  *out = v;
+  return true;
 }

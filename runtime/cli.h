@@ -50,6 +50,11 @@ void cli_print_json(struct cJSON *root);
 struct plan;
 int cli_load_plan(const char *cmd, const char *path, struct plan *p);
 
+/* A whole decimal integer in [lo, hi] (no trailing characters). */
+#include <stdbool.h>
+#include <stdint.h>
+bool cli_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out);
+
 /* Print "cedar <cmd>: <msg>" to stderr and return 2 (usage error). */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -18,6 +18,7 @@
 #include <cJSON.h>
 #include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,21 +70,12 @@ struct bench {
   struct config cfg[MAX_CONFIGS];
   int n_cfg;
   const char *sched;
-  long n, steps;
+  int64_t n, steps;
   int chunk;
   uint64_t seed;
   int repeat;
   double ceiling_t1, ceiling_t2; /* the sgemm loop: one thread; two threads at once (minimum over rounds) */
 };
-
-static bool parse_i(const char *s, long lo, long hi, long *out) {
-  char *end;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || end == s || *end || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
 
 static double now_s(void) {
   struct timespec ts;
@@ -334,7 +326,7 @@ static void print_compare_text(const struct result *r, int n_plans, const struct
 }
 
 static void print_text(const struct result *r, int n_plans, const struct bench *B) {
-  printf("cold prefill of %ld tokens, then %ld decode steps%s%s; minimum of %d interleaved run%s\n\n", B->n,
+  printf("cold prefill of %" PRId64 " tokens, then %" PRId64 " decode steps%s%s; minimum of %d interleaved run%s\n\n", B->n,
          B->steps, B->sched ? "; StarPU policy " : "", B->sched ? B->sched : "", B->repeat, B->repeat > 1 ? "s" : "");
   printf("%-16s %-10s %10s %14s %10s %10s %12s %12s\n", "plan", "executor", "prefill s", "token-layers", "time/1st",
          "tl/1st", "decode tok/s", "ITL ms");
@@ -457,14 +449,14 @@ static int make_configs(struct bench *B, const char *ex, const char *workers) {
   copy = cedar_xstrdup(workers ? workers : "1,2");
   save = NULL;
   for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-    long v;
-    if (!parse_i(t, 1, 64, &v) || B->n_cfg == MAX_CONFIGS) {
+    int64_t v;
+    if (!cli_parse_int(t, 1, 64, &v) || B->n_cfg == MAX_CONFIGS) {
       free(copy);
       return cli_usage_error("bench model", "--workers takes up to %d counts >= 1, comma-separated", MAX_CONFIGS - 1);
     }
     struct config *c = &B->cfg[B->n_cfg++];
     *c = (struct config){RT_EXEC_STARPU, (int)v, ""};
-    snprintf(c->name, sizeof c->name, "starpu x%ld", v);
+    snprintf(c->name, sizeof c->name, "starpu x%" PRId64, v);
   }
   free(copy);
   return -1;
@@ -488,7 +480,7 @@ int cmd_bench_model(int argc, char **argv) {
   struct bench B = {.n = 4096, .steps = 16, .repeat = 1};
   const char *ex = NULL, *workers = NULL;
   int n_plans = 0, c;
-  long v;
+  int64_t v;
   bool json = false;
   optind = 1;
   opterr = 0;
@@ -499,24 +491,24 @@ int cmd_bench_model(int argc, char **argv) {
       r[n_plans++].path = optarg;
       break;
     case 'n':
-      if (!parse_i(optarg, 1, 1 << 22, &B.n)) return cli_usage_error("bench model", "--prompt-len takes N >= 1");
+      if (!cli_parse_int(optarg, 1, 1 << 22, &B.n)) return cli_usage_error("bench model", "--prompt-len takes N >= 1");
       break;
     case 'd':
-      if (!parse_i(optarg, 0, 1 << 16, &B.steps)) return cli_usage_error("bench model", "--decode takes S >= 0");
+      if (!cli_parse_int(optarg, 0, 1 << 16, &B.steps)) return cli_usage_error("bench model", "--decode takes S >= 0");
       break;
     case 'c':
-      if (!parse_i(optarg, 1, 1 << 20, &v)) return cli_usage_error("bench model", "--chunk takes C >= 1");
+      if (!cli_parse_int(optarg, 1, 1 << 20, &v)) return cli_usage_error("bench model", "--chunk takes C >= 1");
       B.chunk = (int)v;
       break;
     case 's':
-      if (!parse_i(optarg, 0, 1L << 62, &v)) return cli_usage_error("bench model", "--seed takes S >= 0");
+      if (!cli_parse_int(optarg, 0, 1L << 62, &v)) return cli_usage_error("bench model", "--seed takes S >= 0");
       B.seed = (uint64_t)v;
       break;
     case 'E': ex = optarg; break;
     case 'W': workers = optarg; break;
     case 'S': B.sched = optarg; break;
     case 'R':
-      if (!parse_i(optarg, 1, 100, &v)) return cli_usage_error("bench model", "--repeat takes R in [1, 100]");
+      if (!cli_parse_int(optarg, 1, 100, &v)) return cli_usage_error("bench model", "--repeat takes R in [1, 100]");
       B.repeat = (int)v;
       break;
     case 'j': json = true; break;

@@ -30,15 +30,6 @@ static const char dot_usage[] =
     "usage: cedar graph dot [--plan P] [--prompt-len N | --decode POS] [--chunk C] [--replay R] [--out FILE]\n"
     "The same graph as Graphviz DOT (stdout, or FILE): one box per node, one arrow per edge.\n";
 
-static bool parse_i64(const char *s, int64_t lo, int64_t *out) {
-  char *end;
-  errno = 0;
-  long long v = strtoll(s, &end, 10);
-  if (errno || end == s || *end || v < lo || v > INT32_MAX) return false;
-  *out = v;
-  return true;
-}
-
 static int parse(int argc, char **argv, const char *cmd, const char *usage, struct gopts *o) {
   static const struct option opts[] = {{"plan", required_argument, NULL, 'p'},
                                        {"prompt-len", required_argument, NULL, 'n'},
@@ -60,18 +51,18 @@ static int parse(int argc, char **argv, const char *cmd, const char *usage, stru
     switch (c) {
     case 'p': o->plan = optarg; break;
     case 'n':
-      if (!parse_i64(optarg, 1, &o->prompt_len)) return cli_usage_error(cmd, "--prompt-len takes N >= 1");
+      if (!cli_parse_int(optarg, 1, INT32_MAX, &o->prompt_len)) return cli_usage_error(cmd, "--prompt-len takes N >= 1");
       break;
     case 'd':
-      if (!parse_i64(optarg, 0, &o->decode_pos)) return cli_usage_error(cmd, "--decode takes a position >= 0");
+      if (!cli_parse_int(optarg, 0, INT32_MAX, &o->decode_pos)) return cli_usage_error(cmd, "--decode takes a position >= 0");
       o->decode = true;
       break;
     case 'c':
-      if (!parse_i64(optarg, 1, &v)) return cli_usage_error(cmd, "--chunk takes C >= 1");
+      if (!cli_parse_int(optarg, 1, INT32_MAX, &v)) return cli_usage_error(cmd, "--chunk takes C >= 1");
       o->chunk = (int)v;
       break;
     case 'r':
-      if (!parse_i64(optarg, 0, &o->replay)) return cli_usage_error(cmd, "--replay takes R >= 0");
+      if (!cli_parse_int(optarg, 0, INT32_MAX, &o->replay)) return cli_usage_error(cmd, "--replay takes R >= 0");
       break;
     case 'v': o->verbose = true; break;
     case 'o':

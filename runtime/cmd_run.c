@@ -83,15 +83,6 @@ struct ropts {
   bool exact, json;
 };
 
-static bool parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
-  char *end;
-  errno = 0;
-  long long v = strtoll(s, &end, 10);
-  if (errno || end == s || *end || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
-
 static bool parse_f(const char *s, float *out) {
   char *end;
   errno = 0;
@@ -128,25 +119,25 @@ static int parse(int argc, char **argv, struct ropts *o) {
     case 'p': o->plan = optarg; break;
     case 'w': o->weights = optarg; break;
     case 's':
-      if (!parse_i64(optarg, 0, INT64_MAX, &v)) return cli_usage_error("run", "--seed takes an integer >= 0");
+      if (!cli_parse_int(optarg, 0, INT64_MAX, &v)) return cli_usage_error("run", "--seed takes an integer >= 0");
       o->seed = (uint64_t)v;
       break;
     case 't': o->prompt = optarg; given++; break;
     case 'k': o->tokens = optarg; given++; break;
     case 'n':
-      if (!parse_i64(optarg, 1, INT32_MAX, &o->prompt_len)) return cli_usage_error("run", "--prompt-len takes N >= 1");
+      if (!cli_parse_int(optarg, 1, INT32_MAX, &o->prompt_len)) return cli_usage_error("run", "--prompt-len takes N >= 1");
       given++;
       break;
     case 'm':
-      if (!parse_i64(optarg, 1, 1 << 20, &v)) return cli_usage_error("run", "--max-new takes N in [1, 1048576]");
+      if (!cli_parse_int(optarg, 1, 1 << 20, &v)) return cli_usage_error("run", "--max-new takes N in [1, 1048576]");
       o->max_new = (int)v;
       break;
     case 'c':
-      if (!parse_i64(optarg, 1, 1 << 20, &v)) return cli_usage_error("run", "--chunk takes C in [1, 1048576]");
+      if (!cli_parse_int(optarg, 1, 1 << 20, &v)) return cli_usage_error("run", "--chunk takes C in [1, 1048576]");
       o->chunk = (int)v;
       break;
     case 'r':
-      if (!parse_i64(optarg, 0, INT32_MAX, &o->replay)) return cli_usage_error("run", "--replay takes R >= 0");
+      if (!cli_parse_int(optarg, 0, INT32_MAX, &o->replay)) return cli_usage_error("run", "--replay takes R >= 0");
       break;
     case 'T':
       if (!parse_f(optarg, &o->temperature) || o->temperature < 0)
@@ -169,7 +160,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
       break;
     case 'S': o->sched = optarg; break;
     case 'W':
-      if (!parse_i64(optarg, 1, 1024, &v)) return cli_usage_error("run", "--workers takes N >= 1");
+      if (!cli_parse_int(optarg, 1, 1024, &v)) return cli_usage_error("run", "--workers takes N >= 1");
       o->workers = (int)v;
       break;
     case 'A': o->trace = optarg; break;
@@ -198,7 +189,7 @@ static int make_prompt(const struct ropts *o, int vocab, int32_t **out, int64_t 
     char *copy = cedar_xstrdup(o->tokens), *save = NULL;
     for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
       int64_t v;
-      if (!parse_i64(t, 0, vocab - 1, &v)) {
+      if (!cli_parse_int(t, 0, vocab - 1, &v)) {
         snprintf(err, len, "--tokens: '%s' (item %lld) is not a token id in [0, %d)", t, (long long)*n + 1, vocab);
         free(copy);
         return CEDAR_EINVAL;

@@ -49,39 +49,30 @@ static const char usage[] =
 
 /* ---- gen --------------------------------------------------------------- */
 
-static bool parse_l(const char *s, long lo, long hi, long *out) {
-  char *end;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || end == s || *end || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
-
 static int gen(int argc, char **argv) {
   static const struct option opts[] = {{"sessions", required_argument, NULL, 's'}, {"turns", required_argument, NULL, 't'},
                                        {"first", required_argument, NULL, 'f'},    {"turn-len", required_argument, NULL, 'l'},
                                        {"max-new", required_argument, NULL, 'm'},  {"seed", required_argument, NULL, 'S'},
                                        {"help", no_argument, NULL, 'h'},           {0, 0, 0, 0}};
-  long sessions = 4, turns = 10, first = 512, turn_len = 32, max_new = 16, seed = 0;
+  int64_t sessions = 4, turns = 10, first = 512, turn_len = 32, max_new = 16, seed = 0;
   int c;
   optind = 1;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    long *dst = c == 's' ? &sessions : c == 't' ? &turns : c == 'f' ? &first : c == 'l' ? &turn_len
+    int64_t *dst = c == 's' ? &sessions : c == 't' ? &turns : c == 'f' ? &first : c == 'l' ? &turn_len
               : c == 'm' ? &max_new : c == 'S' ? &seed : NULL;
     if (c == 'h') {
       printf(usage, CEDAR_DEFAULT_PLAN);
       return 0;
     }
-    if (!dst || !parse_l(optarg, c == 'S' ? 0 : 1, 1L << 24, dst))
+    if (!dst || !cli_parse_int(optarg, c == 'S' ? 0 : 1, 1L << 24, dst))
       return cli_usage_error("serve-sim gen", "bad option or value: '%s'", argv[optind - 1]);
   }
   if (optind < argc) return cli_usage_error("serve-sim gen", "unexpected argument '%s'", argv[optind]);
-  for (long t = 0; t < turns; t++)
-    for (long s = 0; s < sessions; s++)
-      printf("{\"id\": \"s%ldt%ld\", \"session\": \"s%ld\", \"turn\": %ld, \"new_len\": %ld, \"max_new\": %ld, "
-             "\"seed\": %ld}\n",
+  for (int64_t t = 0; t < turns; t++)
+    for (int64_t s = 0; s < sessions; s++)
+      printf("{\"id\": \"s%" PRId64 "t%" PRId64 "\", \"session\": \"s%" PRId64 "\", \"turn\": %" PRId64
+             ", \"new_len\": %" PRId64 ", \"max_new\": %" PRId64 ", \"seed\": %" PRId64 "}\n",
              s, t, s, t, t ? turn_len : first, max_new, seed);
   return 0;
 }
@@ -208,7 +199,7 @@ static int parse(int argc, char **argv, struct sopts *o) {
       {"help", no_argument, NULL, 'h'},           {0, 0, 0, 0}};
   memset(o, 0, sizeof(*o));
   int c;
-  long v;
+  int64_t v;
   optind = 1;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -217,14 +208,14 @@ static int parse(int argc, char **argv, struct sopts *o) {
     case 'p': o->plan = optarg; break;
     case 'w': o->weights = optarg; break;
     case 's':
-      if (!parse_l(optarg, 0, INT32_MAX, &v)) return cli_usage_error("serve-sim", "--seed takes S >= 0");
+      if (!cli_parse_int(optarg, 0, INT32_MAX, &v)) return cli_usage_error("serve-sim", "--seed takes S >= 0");
       o->seed = (uint64_t)v;
       break;
     case 'n': o->no_cache = true; break;
     case 'N': o->no_swa = true; break;
     case 'd': o->cache_dir = optarg; break;
     case 'b':
-      if (!parse_l(optarg, 0, INT64_MAX, &v)) return cli_usage_error("serve-sim", "--cache-bytes takes N >= 0");
+      if (!cli_parse_int(optarg, 0, INT64_MAX, &v)) return cli_usage_error("serve-sim", "--cache-bytes takes N >= 0");
       o->cache_bytes = v;
       o->have_cache_bytes = true;
       break;
@@ -315,7 +306,7 @@ static int drive(const struct sopts *o, const struct plan *p, const struct rt_mo
            cache->n_snap, cache->snap_bytes, st->snap_hits, st->snap_misses);
     if (cache->disk)
       printf("disk tier %s: %" PRId64 " written (%" PRId64 " B), %" PRId64 " loaded (%.3f ms per block), %" PRId64
-             " rejected, %" PRId64 " expired, %" PRId64 " skipped (recomputing was faster: %.1f ms per block)\n",
+             " rejected, %" PRId64 " expired, %" PRId64 " skipped as slower than recomputing (estimated %.1f ms per block)\n",
              cache->disk->dir, cache->disk->stats.written, cache->disk->stats.bytes_written, cache->disk->stats.loaded,
              cache->disk->stats.loaded ? 1e3 * cache->disk->stats.load_seconds / (double)cache->disk->stats.loaded : 0.0,
              cache->disk->stats.rejected, cache->disk->stats.expired, st->disk_skipped,
