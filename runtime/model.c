@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops/attention.h"
 #include "ops/basic.h"
+#include "ops/formats.h"
 #include "ops/indexer.h"
 #include "ops/qkv.h"
 #include "runtime/check.h"
@@ -359,6 +361,52 @@ static struct op_swa_view swa_view(const struct rt_model *M, const struct rt_rin
   return (struct op_swa_view){buf, spos, slots, eb, m->head_dim, m->swa.block, M->swa_kind};
 }
 
+/* Tables of dequantized entries bigger than this fall back to the packed
+ * path (one tile's union of selections at very long contexts). */
+#define RT_ATTN_TABLE_MAX_BYTES ((size_t)256 << 20)
+
+/* Sparse attention of one tile. Each distinct global entry the tile's
+ * queries selected, and each visible SWA slot, is dequantized ONCE into an
+ * fp32 table (not once per query that reads it); op_sparse_attn_f32 then
+ * visits the same entries in the same order with the same values as
+ * op_sparse_attn on the packed caches (ops/attention.h: one core, entries
+ * copied instead of unpacked), so the result is bitwise the same. */
+static void attend_tile(const struct rt_model *M, float *o, const float *q, const int64_t *pos, const int32_t *topk,
+                        const struct op_kv_view *kv, const struct op_swa_view *sv, int n,
+                        const struct op_attn_params *pr, struct rt_arena *ar) {
+  const int d = M->p->model.head_dim, K = pr->topk;
+  int32_t *idx = NULL, u = 0;
+  float *gkv = NULL;
+  if (topk) {
+    int64_t ne = kv->n_entries;
+    int32_t *slot_of = RT_ALLOC(ar, int32_t, ne ? ne : 1);
+    memset(slot_of, 0xff, sizeof(int32_t) * (size_t)(ne ? ne : 1));
+    idx = RT_ALLOC(ar, int32_t, (size_t)n * K);
+    for (size_t i = 0; i < (size_t)n * K; i++) {
+      int32_t e = topk[i];
+      if (e < 0 || e >= ne) {
+        idx[i] = -1;
+        continue;
+      }
+      if (slot_of[e] < 0) slot_of[e] = u++;
+      idx[i] = slot_of[e];
+    }
+    if ((size_t)u * d * sizeof(float) > RT_ATTN_TABLE_MAX_BYTES) {
+      op_sparse_attn(o, NULL, q, pos, topk, kv, sv, n, pr);
+      return;
+    }
+    gkv = RT_ALLOC(ar, float, (size_t)(u ? u : 1) * d);
+    for (int64_t e = 0; e < ne; e++)
+      if (slot_of[e] >= 0)
+        op_fp4_unpack(gkv + (size_t)slot_of[e] * d, op_kv_entry(kv, e) + kv->main_off, kv->main_w, kv->main_block,
+                      kv->nibble);
+  }
+  float *skv = RT_ALLOC(ar, float, (size_t)sv->n_slots * d);
+  for (int s = 0; s < sv->n_slots; s++)
+    if (sv->pos[s] >= 0) op_fp8_unpack(skv + (size_t)s * d, sv->slots + (size_t)s * sv->entry_bytes, sv->w, sv->block, sv->scale);
+  op_sparse_attn_f32(o, NULL, q, pos, idx, gkv, u, skv, sv->pos, sv->n_slots, n, pr);
+}
+
 int rt_attn(const struct rt_model *M, struct rt_request *r, const struct graph_node *nd, float *X, float *pre,
             const struct rt_buses *b, struct rt_arena *ar) {
   const struct plan_model *m = &M->p->model;
@@ -403,7 +451,7 @@ int rt_attn(const struct rt_model *M, struct rt_request *r, const struct graph_n
       .rope = L->rope,
   };
   float *o = RT_ALLOC(ar, float, (size_t)n * hd);
-  RT_TIMED(ar, ATTENTION, op_sparse_attn(o, NULL, q, pos, topk, topk ? &kv : NULL, &sv, n, &pr));
+  RT_TIMED(ar, ATTENTION, attend_tile(M, o, q, pos, topk, topk ? &kv : NULL, &sv, n, &pr, ar));
   float *y = RT_ALLOC(ar, float, (size_t)n * d);
   float *z = RT_ALLOC(ar, float, (size_t)n * m->o_groups * m->o_rank);
   RT_TIMED(ar, OPROJ, op_grouped_oproj(y, z, o, L->wo_a, L->wo_b, n, m->heads, m->head_dim, m->o_groups, m->o_rank, d));
