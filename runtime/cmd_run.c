@@ -258,7 +258,7 @@ static int load_weights(const struct ropts *o, const struct plan *p, struct weig
     weights_problems_free(&pr);
   } else {
     rc = weights_synth(w, p, o->seed, WEIGHTS_DEFAULT_MAX_BYTES, err, sizeof err);
-    if (rc) fprintf(stderr, "cedar run: %s (give --weights, or a smaller plan)\n", err);
+    if (rc) fprintf(stderr, "cedar run: %s; or give --weights W, or a smaller plan\n", err);
   }
   return rc ? 1 : 0;
 }

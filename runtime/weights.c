@@ -507,7 +507,8 @@ int weights_synth(struct weights *w, const struct plan *p, uint64_t seed, uint64
     human_bytes(lim, sizeof lim, max_bytes);
     snprintf(err, err_len,
              "plan '%s' needs %s of weights (%" PRIu64 " bytes, Engram tables %s of them), more than the limit of "
-             "%s; raise --max-bytes if this machine has the memory and disk (`cedar weights list` shows every tensor)",
+             "%s (`cedar weights init --max-bytes` raises it if this machine has the memory and disk; `cedar weights list` "
+             "shows every tensor)",
              l->plan_name, total, l->total_bytes, eng, lim);
     weights_free(w);
     return CEDAR_EINVAL;
