@@ -54,9 +54,9 @@ static int64_t entry_bytes_of(const struct rt_request *r) {
 /* The longest cached prefix of the prompt into r (SPEC 6.5): its global
  * entries read-only and, when a snapshot continues exactly where they end,
  * the encoder rings, tails and kept encoder outputs at its boundary. */
-static void attach_prefix(const struct rt_model *M, struct rt_request *r, const int32_t *prompt, int64_t n,
-                          const struct rt_gen_opts *o, struct pc_hit *hit, struct rt_hit_report *h,
-                          struct graph_opts *go) {
+static int attach_prefix(const struct rt_model *M, struct rt_request *r, const int32_t *prompt, int64_t n,
+                         const struct rt_gen_opts *o, struct pc_hit *hit, struct rt_hit_report *h,
+                         struct graph_opts *go, char *err, size_t err_len) {
   struct pc_cache *c = o->cache;
   int64_t disk0 = c->stats.disk_blocks;
   pc_lookup(c, prompt, n, n, hit);
@@ -68,19 +68,27 @@ static void attach_prefix(const struct rt_model *M, struct rt_request *r, const 
   struct pc_snapshot *snap = hit->snap && ced && replay <= r->xe_cap ? hit->snap : NULL;
   if (pc_attach(c, hit, r)) {
     pc_release(c, hit); /* the request is too small to hold the hit: run cold */
-    return;
+    return 0;
   }
   h->global_hit = hit->n_blocks * c->block;
   h->bytes_attached = hit->n_blocks * c->block_bytes;
   h->disk_blocks = c->stats.disk_blocks - disk0;
   h->hit = h->global_hit;
-  if (snap && pc_snapshot_restore(c, snap, r) == 0) {
+  if (snap) {
+    if (pc_snapshot_restore(c, snap, r)) {
+      /* pages ran out half way: the state is neither the snapshot's nor the
+       * blocks' alone, so the request fails (the cache is untouched) */
+      snprintf(err, err_len, "restoring the encoder snapshot at %lld: the KV page pool is exhausted; this request "
+               "is dropped", (long long)snap->c);
+      return CEDAR_ENOMEM;
+    }
     h->hit = snap->c;
     h->swa_hit = true;
     h->bytes_restored = snap->bytes;
   }
   go->hit = h->hit;
   go->swa_hit = h->swa_hit;
+  return 0;
 }
 
 /* The end of a request with a cache: its full blocks in, its encoder state
@@ -232,7 +240,10 @@ int rt_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_re
   double t0 = now_s();
   struct pc_hit hit = {0};
   struct graph_opts hit_opts = {.replay = -1};
-  if (o->cache) attach_prefix(M, r, prompt, n, o, &hit, &res->hit, &hit_opts);
+  if (o->cache && (rc = attach_prefix(M, r, prompt, n, o, &hit, &res->hit, &hit_opts, err, err_len))) {
+    pc_release(o->cache, &hit);
+    return rc;
+  }
   return run_request(M, r, n, o, &hit_opts, &hit, t0, res, err, err_len);
 }
 
