@@ -19,7 +19,7 @@ static const struct command commands[] = {
     {"plan", cmd_plan, "check, show, cost, diff and draw execution plans"},
     {"op", cmd_op, "run one operator on tensors from a safetensors file (--list for all)"},
     {"weights", cmd_weights, "make, check and list a plan's weights (safetensors, docs/weights.md)"},
-    {"bench", cmd_bench, "time the ops at a plan's widths against this machine's measured peaks"},
+    {"bench", cmd_bench, "time the ops against this machine's peaks (ops), or the whole model side by side (model)"},
     {"env", cmd_env, "show library versions, CPU topology, StarPU workers and CUDA devices"},
     {"version", cmd_version, "print the cedar version"},
 };
