@@ -36,8 +36,8 @@ static const char usage[] =
     "global KV blocks shared across requests, encoder-SWA snapshots at the end of every request,\n"
     "and with --cache-dir a disk tier that survives restarts. Per request it prints the prompt,\n"
     "the hit (global blocks, snapshot), encoder replay and suffix positions, decoder replay\n"
-    "positions (of which cached), token-layers, new global entries, bytes attached from memory,\n"
-    "blocks loaded from disk and TTFT. A line: {\"id\", \"session\", \"turn\", \"tokens\": [...] |\n"
+    "positions (of which cached), token-layers, new global entries, bytes reused per tier (global\n"
+    "blocks from memory, the encoder snapshot, global blocks loaded from disk) and TTFT. A line: {\"id\", \"session\", \"turn\", \"tokens\": [...] |\n"
     "\"new_len\": N, \"max_new\": M}; the prompt is the session's history plus the new tokens.\n"
     "  --no-cache       no prefix cache (every request cold): the baseline\n"
     "  --no-swa-pool    global blocks only (every hit replays the encoder window: SPEC 6.5 path b)\n"
@@ -172,6 +172,7 @@ static void print_row(const char *id, const struct session *s, int64_t n, const 
     cJSON_AddNumberToObject(j, "bytes_attached", (double)h->bytes_attached);
     cJSON_AddNumberToObject(j, "bytes_restored", (double)h->bytes_restored);
     cJSON_AddNumberToObject(j, "disk_blocks", (double)h->disk_blocks);
+    cJSON_AddNumberToObject(j, "bytes_from_disk", (double)h->bytes_from_disk);
     cJSON_AddNumberToObject(j, "blocks_inserted", (double)h->blocks_inserted);
     cJSON_AddNumberToObject(j, "ttft_s", g->ttft_s);
     cJSON *t = cJSON_AddArrayToObject(j, "tokens");
@@ -183,10 +184,10 @@ static void print_row(const char *id, const struct session *s, int64_t n, const 
     return;
   }
   printf("%-10s %-6s %7" PRId64 " %7" PRId64 " %4s %7" PRId64 " %7" PRId64 " %7" PRId64 "/%-4" PRId64 " %9" PRId64
-         " %8" PRId64 " %11" PRId64 " %5" PRId64 " %9.1f\n",
+         " %8" PRId64 " %10" PRId64 " %10" PRId64 " %10" PRId64 " %9.1f\n",
          id, s->name, n, h->hit, h->swa_hit ? "yes" : "no", h->encoder_replay, h->encoder_positions, h->decoder_replay,
-         h->decoder_cached, g->prefill.token_layers, h->new_entries, h->bytes_attached, h->disk_blocks,
-         1e3 * g->ttft_s);
+         h->decoder_cached, g->prefill.token_layers, h->new_entries, h->bytes_attached - h->bytes_from_disk,
+         h->bytes_restored, h->bytes_from_disk, 1e3 * g->ttft_s);
 }
 
 static int parse(int argc, char **argv, struct sopts *o) {
@@ -248,8 +249,8 @@ static int drive(const struct sopts *o, const struct plan *p, const struct rt_mo
   size_t cap = 0;
   long lineno = 0;
   if (!o->json)
-    printf("%-10s %-6s %7s %7s %4s %7s %7s %12s %9s %8s %11s %5s %9s\n", "id", "sess", "prompt", "hit", "swa", "encrep",
-           "encpos", "dec/cached", "tok-lay", "new-ent", "attached-B", "disk", "ttft-ms");
+    printf("%-10s %-6s %7s %7s %4s %7s %7s %12s %9s %8s %10s %10s %10s %9s\n", "id", "sess", "prompt", "hit", "swa",
+           "encrep", "encpos", "dec/cached", "tok-lay", "new-ent", "memory-B", "snap-B", "disk-B", "ttft-ms");
   while (getline(&line, &cap, in) > 0) {
     lineno++;
     if (line[strspn(line, " \t\r\n")] == 0) continue;

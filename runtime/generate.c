@@ -73,6 +73,7 @@ static int attach_prefix(const struct rt_model *M, struct rt_request *r, const i
   h->global_hit = hit->n_blocks * c->block;
   h->bytes_attached = hit->n_blocks * c->block_bytes;
   h->disk_blocks = c->stats.disk_blocks - disk0;
+  h->bytes_from_disk = h->disk_blocks * c->block_bytes;
   h->hit = h->global_hit;
   if (snap) {
     if (pc_snapshot_restore(c, snap, r)) {

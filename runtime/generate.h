@@ -63,6 +63,7 @@ struct rt_hit_report {
   int64_t bytes_attached;   /* cached pages attached (memory tier) */
   int64_t bytes_restored;   /* snapshot bytes restored */
   int64_t disk_blocks;      /* of the attached blocks, loaded from the disk tier */
+  int64_t bytes_from_disk;  /* their bytes (part of bytes_attached) */
   int64_t blocks_inserted;  /* at the end */
 };
 
