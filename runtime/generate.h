@@ -7,11 +7,16 @@
  * on_graph, when set, sees every graph that ran, with its task times under
  * StarPU (traces, DOT export).
  *
+ * With a prefix cache (rt_gen_opts.cache) the prompt's cached prefix is
+ * attached first and only SPEC 6.5's paths run (docs/runtime.md); at the end
+ * the request's blocks go into the cache and its encoder state into the
+ * snapshot pool. rt_continue continues a live request instead.
+ *
  * Timing: TTFT is the prefill graph plus the first sample; the first ITL is
  * the first decode step (graph build, run, sample); the steady ITL is the
  * mean of the later steps.
  * Not here: argument parsing and printing (runtime/cmd_run.c).
- * Test: tests/test_model.c.
+ * Test: tests/test_model.c, tests/test_prefix_hit.c, tests/cli/serve_sim.sh.
  */
 #ifndef CEDAR_RUNTIME_GENERATE_H
 #define CEDAR_RUNTIME_GENERATE_H

@@ -34,7 +34,7 @@
  * published after the entry bytes are written.
  *
  * Not here: the forward (runtime/model.h), graphs (scheduler/graph.h),
- * the prefix cache (issue 6).
+ * the prefix cache (runtime/prefix_cache.h).
  * Test: tests/test_state.c (ctest -R state).
  */
 #ifndef CEDAR_RUNTIME_STATE_H
