@@ -16,18 +16,24 @@
 
 struct gopts {
   const char *plan, *out;
-  int64_t prompt_len, decode_pos, replay;
+  int64_t prompt_len, decode_pos, replay, hit;
   int chunk;
-  bool decode, verbose;
+  bool decode, verbose, swa_hit;
 };
 
 static const char show_usage[] =
-    "usage: cedar graph show [--plan P] [--prompt-len N | --decode POS] [--chunk C] [--replay R] [--verbose]\n"
+    "usage: cedar graph show [--plan P] [--prompt-len N | --decode POS] [--chunk C] [--replay R]\n"
+    "                        [--hit C [--swa-hit]] [--verbose]\n"
     "List the graph plan P (default %s) compiles to: the cold prefill of N tokens (default 1024;\n"
     "CED or dense by serving.ced) or one decode step at position POS. Each node with its tile,\n"
-    "flags and the nodes it waits for; --verbose adds every data access.\n";
+    "flags and the nodes it waits for; --verbose adds every data access.\n"
+    "  --hit C      a prefix hit: the global entries of [0, C) are cached (C a multiple of every\n"
+    "               source's ratio); the encoder replays [C - replay.encoder, C) with global\n"
+    "               writes off (SPEC 6.5 path b)\n"
+    "  --swa-hit    with --hit: the encoder snapshot at C is restored instead (path a)\n";
 static const char dot_usage[] =
-    "usage: cedar graph dot [--plan P] [--prompt-len N | --decode POS] [--chunk C] [--replay R] [--out FILE]\n"
+    "usage: cedar graph dot [--plan P] [--prompt-len N | --decode POS] [--chunk C] [--replay R]\n"
+    "                       [--hit C [--swa-hit]] [--out FILE]\n"
     "The same graph as Graphviz DOT (stdout, or FILE): one box per node, one arrow per edge.\n";
 
 static int parse(int argc, char **argv, const char *cmd, const char *usage, struct gopts *o) {
@@ -37,6 +43,8 @@ static int parse(int argc, char **argv, const char *cmd, const char *usage, stru
                                        {"chunk", required_argument, NULL, 'c'},
                                        {"replay", required_argument, NULL, 'r'},
                                        {"verbose", no_argument, NULL, 'v'},
+                                       {"hit", required_argument, NULL, 'H'},
+                                       {"swa-hit", no_argument, NULL, 'S'},
                                        {"out", required_argument, NULL, 'o'},
                                        {"help", no_argument, NULL, 'h'},
                                        {0, 0, 0, 0}};
@@ -65,6 +73,10 @@ static int parse(int argc, char **argv, const char *cmd, const char *usage, stru
       if (!cli_parse_int(optarg, 0, INT32_MAX, &o->replay)) return cli_usage_error(cmd, "--replay takes R >= 0");
       break;
     case 'v': o->verbose = true; break;
+    case 'H':
+      if (!cli_parse_int(optarg, 0, INT32_MAX, &o->hit)) return cli_usage_error(cmd, "--hit takes C >= 0");
+      break;
+    case 'S': o->swa_hit = true; break;
     case 'o':
       if (!strcmp(cmd, "graph show")) return cli_usage_error(cmd, "--out is for `cedar graph dot`");
       o->out = optarg;
@@ -74,13 +86,15 @@ static int parse(int argc, char **argv, const char *cmd, const char *usage, stru
     }
   }
   if (optind < argc) return cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+  if (o->swa_hit && !o->hit) return cli_usage_error(cmd, "--swa-hit needs --hit C");
+  if (o->decode && o->hit) return cli_usage_error(cmd, "--hit is for a prefill, not --decode");
   return -1;
 }
 
 static int build(const struct gopts *o, const char *cmd, struct plan *p, struct graph *g) {
   if (cli_load_plan("graph", o->plan, p)) return 1;
   char err[256];
-  struct graph_opts go = {.chunk = o->chunk, .replay = o->replay};
+  struct graph_opts go = {.chunk = o->chunk, .replay = o->replay, .hit = o->hit, .swa_hit = o->swa_hit};
   int rc = o->decode ? graph_build_decode(g, p, o->decode_pos, err, sizeof err)
                      : graph_build_prefill(g, p, o->prompt_len, &go, err, sizeof err);
   if (rc) {

@@ -20,6 +20,9 @@ void graph_print(const struct graph *g, FILE *f, bool verbose) {
   fprintf(f, "graph %s: plan %s, %s %" PRId64 ", tile %d", graph_flow_name(g->flow), g->plan->name,
           g->flow == GRAPH_DECODE ? "position" : "prompt", g->n_prompt, g->chunk);
   if (g->flow == GRAPH_PREFILL_CED) fprintf(f, ", decoder replay %" PRId64, g->replay);
+  if (g->hit)
+    fprintf(f, ", prefix hit %" PRId64 " (encoder from %" PRId64 "%s)", g->hit, g->encoder_start,
+            g->encoder_start < g->hit ? ": replay with global writes off" : ": snapshot restored");
   fprintf(f, "\n  %d nodes, %" PRId64 " edges, %d data objects, %" PRId64 " token-layers\n", g->n_node, edges,
           g->n_data, g->token_layers);
   fprintf(f, "  nodes by op:");

@@ -104,6 +104,13 @@ assert 3560 in nb, nb   # 10 entries x 356 B in the flash formats
 print('SPEC 6.6 ok: 132 encoder positions, decoder 128 (124 cached), 10 entries = 3560 B at flash, 5200 token-layers')
 PY
 
+# the same hit as a graph, compiled for the flash plan itself
+"$cedar" graph show --plan plans/v41-flash.yaml --prompt-len 4100 --hit 4096 > "$tmp/g.txt" || fail "graph show --hit"
+grep -q "prefix hit 4096 (encoder from 3968" "$tmp/g.txt" && grep -q " 5200 token-layers" "$tmp/g.txt" \
+  || fail "graph show --hit: $(head -2 "$tmp/g.txt")"
+"$cedar" graph show --prompt-len 4100 --hit 4097 > /dev/null 2> "$tmp/g.err"
+[ $? = 1 ] && grep -q "ratio-2 group" "$tmp/g.err" || fail "an odd block hit without a snapshot is not refused"
+
 # 4. the disk tier
 cache="$tmp/cache"
 "$cedar" serve-sim --plan $tiny --requests "$tmp/conv.jsonl" --executor direct --cache-dir "$cache" > "$tmp/d1.txt" \
