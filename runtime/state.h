@@ -7,7 +7,7 @@
  *               part then its Indexer-K part (docs/formats.md; 288 + 68 =
  *               356 bytes in the flash formats). Pages hold
  *               serving.page_tokens / ratio entries and are refcounted so a
- *               prefix cache (issue 6) can share them read-only.
+ *               prefix cache (prefix_cache.h) shares them read-only.
  *   SWA         one ring of `window` FP8 entries per (request, layer); the
  *               slot of position p is p mod window and each slot remembers
  *               its absolute position (-1 = empty), so attention never
