@@ -310,8 +310,9 @@ static void report_text(const struct plan *p, const struct ropts *o, const struc
   printf("graphs: prefill %d nodes, %d edges; decode step %d nodes\n", res->prefill_nodes, res->prefill_edges,
          res->decode_nodes);
   printf("state after %" PRId64 " positions: global KV %" PRId64 " entries, %" PRId64 " B (pages %" PRId64
-         " B); SWA %" PRId64 " B; tails %" PRId64 " B; tokens %" PRId64 " B\n",
-         pc->q.tokens, b->kv_entries, b->kv_entry_bytes, b->kv_page_bytes, b->swa_bytes, b->tail_bytes,
+         " B); SWA %" PRId64 " B; tails %" PRId64 " B; kept encoder outputs %" PRId64 " B; tokens %" PRId64
+         " B\n",
+         pc->q.tokens, b->kv_entries, b->kv_entry_bytes, b->kv_page_bytes, b->swa_bytes, b->tail_bytes, b->xe_bytes,
          b->token_bytes);
   bool agree = b->kv_entry_bytes == pc->bytes && b->kv_entries == pc->entries &&
                b->swa_bytes == pc->swa_payload_bytes + pc->swa_scale_bytes && b->tail_bytes == pc->tail_bytes;
@@ -374,6 +375,7 @@ static void report_json(const struct plan *p, const struct ropts *o, const struc
   cJSON_AddNumberToObject(s, "swa", (double)b->swa_bytes);
   cJSON_AddNumberToObject(s, "tails", (double)b->tail_bytes);
   cJSON_AddNumberToObject(s, "tokens", (double)b->token_bytes);
+  cJSON_AddNumberToObject(s, "encoder_outputs", (double)b->xe_bytes);
   cJSON *c = cJSON_AddObjectToObject(j, "plan_cost");
   cJSON_AddNumberToObject(c, "global_kv_entries", (double)pc->entries);
   cJSON_AddNumberToObject(c, "global_kv", (double)pc->bytes);

@@ -167,14 +167,18 @@ int dt_write(struct dt_tier *t, const struct dt_block *b, char *err, size_t err_
   return CEDAR_EIO;
 }
 
-/* A file that cannot be used: warn, remove it, count it. */
-static int reject(struct dt_tier *t, const char *path, const char *why, FILE *f, struct dt_block *out) {
+/* A file that cannot be used: warn, remove it, count it in *count. */
+static int drop(const char *path, const char *why, FILE *f, struct dt_block *out, int64_t *count) {
   LOG_WARN("prefix cache: %s: %s; the block is recomputed", path, why);
   if (f) fclose(f);
   dt_block_free(out);
   unlink(path);
-  t->stats.rejected++;
+  (*count)++;
   return CEDAR_EFORMAT;
+}
+
+static int reject(struct dt_tier *t, const char *path, const char *why, FILE *f, struct dt_block *out) {
+  return drop(path, why, f, out, &t->stats.rejected);
 }
 
 int dt_read(struct dt_tier *t, uint64_t key, const struct dt_block *expect, struct dt_block *out) {
@@ -205,11 +209,8 @@ int dt_read(struct dt_tier *t, uint64_t key, const struct dt_block *expect, stru
   if (h.fingerprint != t->fingerprint) return reject(t, path, "made for other weights or another plan", f, out);
   if (h.key != key || h.parent != expect->parent || h.index != expect->index)
     return reject(t, path, "the block's key, parent or index differs", f, out);
-  if (t->ttl_s > 0 && (double)(time(NULL) - h.created) > t->ttl_s) {
-    t->stats.expired++;
-    t->stats.rejected--;
-    return reject(t, path, "older than the TTL", f, out);
-  }
+  if (t->ttl_s > 0 && (double)(time(NULL) - h.created) > t->ttl_s)
+    return drop(path, "older than the TTL", f, out, &t->stats.expired);
   out->key = key;
   out->parent = h.parent;
   out->index = h.index;
@@ -224,7 +225,12 @@ int dt_read(struct dt_tier *t, uint64_t key, const struct dt_block *expect, stru
     *p = *e;
     size_t n = (size_t)e->n_entries * e->entry_bytes;
     p->bytes = malloc(n ? n : 1);
-    if (!p->bytes) return reject(t, path, "out of memory", f, out);
+    if (!p->bytes) { /* this process's problem, not the file's: keep it */
+      LOG_WARN("prefix cache: %s: out of memory reading %zu bytes; the block is recomputed", path, n);
+      fclose(f);
+      dt_block_free(out);
+      return CEDAR_ENOMEM;
+    }
     if (fread(p->bytes, 1, n, f) != n) return reject(t, path, "truncated payload", f, out);
     if (XXH3_64bits(p->bytes, n) != rec[i].checksum) return reject(t, path, "payload checksum mismatch", f, out);
     bytes += (int64_t)n;

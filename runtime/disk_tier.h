@@ -78,7 +78,7 @@ int dt_write(struct dt_tier *t, const struct dt_block *b, char *err, size_t err_
  * ratio, entries, entry bytes per part, bytes unset). Returns 0 and fills
  * out (parts' bytes malloc'd: dt_block_free), 1 when there is no file, or
  * CEDAR_EFORMAT when a file exists but is unusable (a warning is logged and
- * the file removed). */
+ * the file removed), or CEDAR_ENOMEM (the file is kept). */
 int dt_read(struct dt_tier *t, uint64_t key, const struct dt_block *expect, struct dt_block *out);
 void dt_block_free(struct dt_block *b);
 

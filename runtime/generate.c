@@ -60,8 +60,7 @@ static int attach_prefix(const struct rt_model *M, struct rt_request *r, const i
   struct pc_cache *c = o->cache;
   int64_t disk0 = c->stats.disk_blocks;
   pc_lookup(c, prompt, n, n, hit);
-  int64_t replay = o->replay >= 0 ? o->replay : M->p->serving.replay_decoder;
-  if (replay < 0) replay = M->p->model.window;
+  int64_t replay = o->replay >= 0 ? o->replay : M->p->serving.replay_decoder; /* resolved by plan_load */
   /* A snapshot restores encoder layers only, so it needs CED, and the kept
    * encoder outputs must cover the decoder replay. */
   bool ced = M->p->serving.ced && M->first_dec < M->p->n_layers;

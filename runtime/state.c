@@ -174,7 +174,7 @@ int rt_request_init(struct rt_request *r, int id, const struct plan *p, struct r
   bool has_dec = false;
   for (int l = 0; l < p->n_layers; l++) has_dec |= p->layer[l].region == PLAN_DECODER;
   if (p->serving.ced && has_dec) {
-    int cap = p->serving.replay_decoder >= 0 ? p->serving.replay_decoder : m->window;
+    int cap = p->serving.replay_decoder; /* resolved by plan_load (the window unless set) */
     r->xe_cap = cap > 0 ? cap : 1;
     r->xe = malloc(sizeof(float) * (size_t)r->xe_cap * m->hc_streams * m->hidden);
     r->xe_pos = malloc(sizeof(int64_t) * (size_t)r->xe_cap);

@@ -263,11 +263,14 @@ static void emit_head(struct ctx *c, struct tile *t, int64_t a, int n) {
   nd->flops = 2.0 * n * m->vocab * m->hidden;
 }
 
-/* Layers [lo, hi) of a tile, Engram rows gathered first. */
-static void emit_layers(struct ctx *c, struct tile *t, int lo, int hi, bool write_dec_kv) {
+/* Layers [lo, hi) of a tile, Engram rows gathered first. KV sources append
+ * from their own input where their region's flag says so: encoder sources
+ * unless the tile replays cached positions, decoder sources only without
+ * CED (under CED dec_kv appends for them). */
+static void emit_layers(struct ctx *c, struct tile *t, int lo, int hi, bool write_enc, bool write_dec) {
   for (int l = lo; l < hi; l++) {
     if (c->p->layer[l].engram) emit_engram(c, t, l);
-    emit_layer(c, t, l, c->p->layer[l].region == PLAN_ENCODER || write_dec_kv);
+    emit_layer(c, t, l, c->p->layer[l].region == PLAN_ENCODER ? write_enc : write_dec);
   }
 }
 
@@ -417,10 +420,7 @@ static void emit_prefix_tile(struct ctx *c, struct xlist *xs, const char *kind, 
   xs->a[xs->count] = a;
   xs->n[xs->count++] = len;
   emit_embed(c, &t);
-  for (int l = 0; l < hi; l++) {
-    if (c->p->layer[l].engram) emit_engram(c, &t, l);
-    emit_layer(c, &t, l, write && (dense || c->p->layer[l].region == PLAN_ENCODER));
-  }
+  emit_layers(c, &t, 0, hi, write, write && dense);
   if (dense) {
     if (head_all)
       emit_head(c, &t, a, len);
@@ -455,10 +455,8 @@ static int prefill_opts(const struct plan *p, int64_t n, const struct graph_opts
                "down to a multiple of every source's ratio", (long long)*hit, p->layer[l].ratio, l);
       return CEDAR_EINVAL;
     }
-  *replay = o && o->replay >= 0 ? o->replay : p->serving.replay_decoder;
-  if (*replay < 0) *replay = p->model.window;
+  *replay = o && o->replay >= 0 ? o->replay : p->serving.replay_decoder; /* resolved by plan_load */
   int64_t er = o && o->has_replay_encoder ? o->replay_encoder : p->serving.replay_encoder;
-  if (er < 0) er = p->model.window;
   *e0 = *hit == 0 || (o && o->swa_hit) ? *hit : (*hit > er ? *hit - er : 0);
   return 0;
 }
@@ -522,7 +520,7 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
       use(nd, t.x, GRAPH_W);
       use(nd, t.pre, GRAPH_W);
       int first_node = g->n_node;
-      emit_layers(&c, &t, c.first_dec, p->n_layers, false);
+      emit_layers(&c, &t, c.first_dec, p->n_layers, false, false);
       for (int i = first_node; k == 0 && i < g->n_node; i++)
         if (g->node[i].op == GRAPH_ATTN) g->node[i].flags |= GRAPH_F_RING_RESET;
       if (all)
@@ -551,12 +549,12 @@ int graph_build_decode(struct graph *g, const struct plan *p, int64_t pos, char 
   tile_init(&c, &t, 0, pos, 1, 0, "dec");
   emit_embed(&c, &t);
   if (c.ced && c.first_dec < p->n_layers) {
-    emit_layers(&c, &t, 0, c.first_dec, false);
+    emit_layers(&c, &t, 0, c.first_dec, true, false);
     emit_keep_xe(&c, &t);
     emit_dec_kv(&c, &t);
-    emit_layers(&c, &t, c.first_dec, p->n_layers, false);
+    emit_layers(&c, &t, c.first_dec, p->n_layers, true, false);
   } else {
-    emit_layers(&c, &t, 0, p->n_layers, true);
+    emit_layers(&c, &t, 0, p->n_layers, true, true);
   }
   emit_head(&c, &t, pos, 1);
   finish(g);

@@ -2,6 +2,7 @@
 #include "tests/harness.h"
 
 #include "ops/rope.h"
+#include "scheduler/plan.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -242,4 +243,13 @@ bool h_within(const float *got, const double *ref, const double *bound, size_t n
          got[worst], ref[worst], wr, bound[worst]);
   if (getenv("CEDAR_TEST_VERBOSE")) printf("  %-56s worst error / bound = %.3g\n", what, wr);
   return wr <= 1.0;
+}
+
+bool h_load_plan(const char *path, struct plan *p) {
+  struct plan_diags d = {0};
+  int rc = plan_load(path, p, &d);
+  if (rc) plan_diags_print(&d, stderr);
+  plan_diags_free(&d);
+  EXPECT(rc == 0, "plan %s does not load", path);
+  return rc == 0;
 }

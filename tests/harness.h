@@ -44,7 +44,7 @@ extern int h_failures;
   do {                                                                        \
     int64_t _g = (int64_t)(got), _w = (int64_t)(want);                        \
     if (_g != _w) {                                                           \
-      char _m[256];                                                           \
+      char _m[1024];                                                          \
       snprintf(_m, sizeof _m, __VA_ARGS__);                                   \
       EXPECT(0, "%s = %" PRId64 ", want %" PRId64 " (%s)", #got, _g, _w, _m); \
     }                                                                         \
@@ -95,6 +95,11 @@ void h_ref_rope(double *x, double *xb, const struct op_rope *r, const int64_t *p
 
 /* Print a summary and return main's exit status (0 or 1). */
 int h_report(const char *suite);
+
+/* Load a plan file into *p; on failure print its diagnostics, count a
+ * failure naming the file and return false (nothing to free). */
+struct plan;
+bool h_load_plan(const char *path, struct plan *p);
 
 /* ---- a memory-backed op_io (ops/registry.h), for descriptor tests -------- */
 

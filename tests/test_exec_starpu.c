@@ -74,12 +74,8 @@ static bool fx_open(struct fx *f, const char *path, int64_t n) {
   memset(f, 0, sizeof(*f));
   f->path = path;
   f->pools = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*f->pools));
-  struct plan_diags d = {0};
-  int rc = plan_load(path, &f->p, &d);
-  if (rc) plan_diags_print(&d, stderr);
-  plan_diags_free(&d);
-  EXPECT(rc == 0, "plan %s does not load", path);
-  if (rc) return false;
+  if (!h_load_plan(path, &f->p)) return false;
+  int rc;
   rc = weights_synth(&f->w, &f->p, WEIGHT_SEED, WEIGHTS_DEFAULT_MAX_BYTES, err, sizeof err);
   if (!rc) rc = rt_model_init(&f->M, &f->p, &f->w, err, sizeof err);
   if (!rc) rc = rt_kv_pools_init(f->pools, &f->p, err, sizeof err);

@@ -67,12 +67,7 @@ static enum { LIT_NONE, LIT_CED, LIT_DENSE } literal;
 #define FAILF(...) EXPECT(0, __VA_ARGS__)
 
 static bool load(const char *path) {
-  struct plan_diags d = {0};
-  int rc = plan_load(path, &plan, &d);
-  if (rc) plan_diags_print(&d, stderr);
-  plan_diags_free(&d);
-  EXPECT(rc == 0, "plan %s does not load", path);
-  return rc == 0;
+  return h_load_plan(path, &plan);
 }
 
 static bool is_write(enum graph_access m) { return m == GRAPH_W || m == GRAPH_RW; }

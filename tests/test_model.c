@@ -110,12 +110,8 @@ static bool fx_open(struct fx *f, const char *path) {
   f->p = calloc(1, sizeof(*f->p));
   f->pools = calloc(PLAN_MAX_LAYERS, sizeof(*f->pools));
   CEDAR_ASSERT(f->p && f->pools);
-  struct plan_diags d = {0};
-  int rc = plan_load(path, f->p, &d);
-  if (rc) plan_diags_print(&d, stderr);
-  plan_diags_free(&d);
-  EXPECT(rc == 0, "plan %s does not load", path);
-  if (rc) return false;
+  if (!h_load_plan(path, f->p)) return false;
+  int rc;
   rc = weights_synth(&f->w, f->p, WEIGHT_SEED, WEIGHTS_DEFAULT_MAX_BYTES, err, sizeof err);
   EXPECT(rc == 0, "%s: weights_synth: %s", path, err);
   if (rc) return false;

@@ -176,15 +176,10 @@ static void make_req(struct rt_request *r, const int32_t *tok, int64_t ntok, int
 /* Load a plan; page > 0 overrides page_tokens and prefix_block_tokens (small
  * blocks keep the tiny-plan tests short). */
 static bool setup(const char *path, int page, int block) {
-  struct plan_diags d = {0};
-  int rc = plan_load(path, &plan, &d);
-  if (rc) plan_diags_print(&d, stderr);
-  plan_diags_free(&d);
-  EXPECT(rc == 0, "plan %s does not load", path);
-  if (rc) return false;
+  if (!h_load_plan(path, &plan)) return false;
   if (page) plan.serving.page_tokens = page, plan.serving.prefix_block_tokens = block;
   char err[256] = "";
-  rc = rt_kv_pools_init(pools, &plan, err, sizeof err);
+  int rc = rt_kv_pools_init(pools, &plan, err, sizeof err);
   EXPECT(rc == 0, "%s: rt_kv_pools_init: %d %s", path, rc, err);
   if (rc) plan_free(&plan);
   return rc == 0;

@@ -47,10 +47,7 @@ struct fx {
 
 static bool fx_open(struct fx *f, const char *path) {
   memset(f, 0, sizeof(*f));
-  if (plan_load(path, &f->p, NULL)) {
-    EXPECT(0, "%s does not load", path);
-    return false;
-  }
+  if (!h_load_plan(path, &f->p)) return false;
   f->p.serving.page_tokens = 4;        /* several blocks in a short conversation */
   f->p.serving.prefix_block_tokens = 8;
   f->ok = !weights_synth(&f->w, &f->p, 11, WEIGHTS_DEFAULT_MAX_BYTES, err, sizeof err) &&
@@ -177,10 +174,9 @@ static void conversation(const char *path, int n1, int extra, bool snapshots) {
   EXPECT_EQ(h->global_hit, c_end / B * B, "%s: global hit in whole blocks", path);
   EXPECT_EQ(h->hit, c, "%s: the boundary the prefill continued from", path);
   EXPECT(h->swa_hit == snapshots, "%s: path %s expected", path, snapshots ? "(a)" : "(b)");
-  int64_t W = f.p.serving.replay_encoder >= 0 ? f.p.serving.replay_encoder : f.p.model.window;
+  int64_t W = f.p.serving.replay_encoder; /* resolved by plan_load */
   int64_t e0 = snapshots ? c : (c > W ? c - W : 0);
-  int64_t R = f.p.serving.replay_decoder >= 0 ? f.p.serving.replay_decoder : f.p.model.window;
-  R = R < n2 ? R : n2;
+  int64_t R = f.p.serving.replay_decoder < n2 ? f.p.serving.replay_decoder : n2;
   EXPECT_EQ(h->encoder_replay, c - e0, "%s: encoder replay", path);
   EXPECT_EQ(h->encoder_positions, n2 - e0, "%s: encoder positions", path);
   EXPECT_EQ(h->decoder_replay, R, "%s: decoder replay", path);

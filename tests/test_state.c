@@ -41,12 +41,7 @@ static struct rt_request req;
 static struct plan_cost cost;
 
 static bool load(const char *path) {
-  struct plan_diags d = {0};
-  int rc = plan_load(path, &plan, &d);
-  if (rc) plan_diags_print(&d, stderr);
-  plan_diags_free(&d);
-  EXPECT(rc == 0, "plan %s does not load", path);
-  return rc == 0;
+  return h_load_plan(path, &plan);
 }
 
 static bool init_pools(const char *what) {

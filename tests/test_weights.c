@@ -35,12 +35,7 @@ static char err[2048];
 static char tmpdir[] = "/tmp/cedar_test_weights_XXXXXX";
 
 static bool load(const char *path, struct plan *p) {
-  struct plan_diags d = {0};
-  int rc = plan_load(path, p, &d);
-  if (rc) plan_diags_print(&d, stderr);
-  plan_diags_free(&d);
-  EXPECT(rc == 0, "plan %s does not load", path);
-  return rc == 0;
+  return h_load_plan(path, p);
 }
 
 /* A 6-layer plan at tiny widths (tests/plans/small.yaml's schedule), with the
