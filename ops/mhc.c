@@ -7,82 +7,135 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops/basic.h"
 #include "ops/registry.h"
 #include "runtime/check.h"
 
-/* The per-element expressions, in tiles of len values of every stream, shared by the plain
- * and the fused paths so that both give the same bits (the build is ISO C11: no
- * floating-point contraction into FMA). x points at stream 0 of one position, at the
- * tile's first column; streams are d apart. Each element follows the same sequence of
- * roundings as the scalar formula (stream 0's product, then streams 1..hc-1 added in
- * order, then post[j] F); the loops run over k innermost so that they vectorize. */
-static void mix_tile(float *restrict u, const float *restrict x, const float *pre, int hc, size_t d, int len) {
-  const float p0 = pre[0];
-  for (int k = 0; k < len; k++) u[k] = p0 * x[k];
-  for (int i = 1; i < hc; i++) {
-    const float p = pre[i], *restrict xi = x + (size_t)i * d;
-    for (int k = 0; k < len; k++) u[k] += p * xi[k];
+/* ---- per-element passes --------------------------------------------------------------- */
+
+/* The per-element expressions, shared by the plain and the fused paths so that both give
+ * the same bits (the build is ISO C11: no floating-point contraction into FMA). x points at
+ * stream 0 of one position, at the tile's first column; streams are d apart. Each element
+ * follows the scalar formula's roundings: stream 0's product, then streams 1..hc-1 added
+ * in order (then post[j] F). The column loop is the outer one and the streams are unrolled
+ * (hc is a constant where the hot calls below inline these), so every column's values stay
+ * in registers and the column loop vectorizes. */
+static inline void mix_cols(float *restrict u, const float *restrict x, const float *restrict pre, int hc, size_t d,
+                            int len) {
+  for (int k = 0; k < len; k++) {
+    float s = pre[0] * x[k];
+    for (int i = 1; i < hc; i++) s += pre[i] * x[i * d + k];
+    u[k] = s;
   }
 }
 
 /* X'_j[k] = sum_i C[i][j] X_i[k] + post[j] F[k]. */
-static void update_tile(float *restrict xn, const float *restrict x, const float *C, const float *post,
-                        const float *restrict f, int hc, size_t d, int len) {
-  for (int j = 0; j < hc; j++) {
-    float *restrict y = xn + (size_t)j * d;
-    const float c0 = C[j], pj = post[j];
-    for (int k = 0; k < len; k++) y[k] = c0 * x[k];
-    for (int i = 1; i < hc; i++) {
-      const float c = C[i * hc + j], *restrict xi = x + (size_t)i * d;
-      for (int k = 0; k < len; k++) y[k] += c * xi[k];
+static inline void update_cols(float *restrict xn, const float *restrict x, const float *restrict C,
+                               const float *restrict post, const float *restrict f, int hc, size_t d, int len) {
+  for (int k = 0; k < len; k++)
+    for (int j = 0; j < hc; j++) {
+      float y = C[j] * x[k];
+      for (int i = 1; i < hc; i++) y += C[i * hc + j] * x[i * d + k];
+      xn[j * d + k] = y + post[j] * f[k];
     }
-    for (int k = 0; k < len; k++) y[k] += pj * f[k];
+}
+
+/* hc = 4 [A] gets its own unrolled copy; other widths run the same expressions in loops. */
+static void mix_tile(float *u, const float *x, const float *pre, int hc, size_t d, int len) {
+  if (hc == 4)
+    mix_cols(u, x, pre, 4, d, len);
+  else
+    mix_cols(u, x, pre, hc, d, len);
+}
+
+static void update_tile(float *xn, const float *x, const float *C, const float *post, const float *f, int hc, size_t d,
+                        int len) {
+  if (hc == 4)
+    update_cols(xn, x, C, post, f, 4, d, len);
+  else
+    update_cols(xn, x, C, post, f, hc, d, len);
+}
+
+/* ---- statistics in the fixed order of mhc.h ------------------------------------------- */
+
+/* GROUP rows of W share each load of x; UNROLL steps of a lane run in a register between
+ * one load and one store of its accumulator. Neither changes any sum's order. */
+enum { LANES = OP_MHC_LANES, GROUP = 3, UNROLL = 4 };
+
+/* acc[r][l] += w_r[c] x[c] for the columns c = l, l + LANES, l + 2 LANES, ... < len of one
+ * stream, in that order, for the nr rows w_r = w + r ws (nr is a constant where this
+ * inlines). The lane loop is the one that vectorizes, as in the indexer's head_dots. */
+static inline void seg_dots(float (*restrict acc)[LANES], int nr, const float *restrict w, size_t ws,
+                            const float *restrict x, int len) {
+  int k = 0;
+  for (; k + UNROLL * LANES <= len; k += UNROLL * LANES)
+    for (int l = 0; l < LANES; l++)
+      for (int r = 0; r < nr; r++) {
+        float a = acc[r][l];
+        for (int s = 0; s < UNROLL; s++) a += w[r * ws + k + s * LANES + l] * x[k + s * LANES + l];
+        acc[r][l] = a;
+      }
+  for (; k < len; k += LANES) /* the last columns: up to UNROLL - 1 whole steps and a short one */
+    for (int r = 0; r < nr; r++)
+      for (int l = 0; l < LANES && k + l < len; l++) acc[r][l] += w[r * ws + k + l] * x[k + l];
+}
+
+/* out[r] += lane 0 + lane 1 + ... + lane LANES - 1 of acc[r], for nr rows. */
+static void add_lanes(float *out, float (*acc)[LANES], int nr) {
+  for (int r = 0; r < nr; r++) {
+    float p = acc[r][0];
+    for (int l = 1; l < LANES; l++) p += acc[r][l];
+    out[r] += p;
   }
 }
 
-/* The tile statistics in the fixed order of mhc.h: OP_MHC_LANES partial sums, lane l
- * taking columns l, l + LANES, l + 2 LANES, ... of stream 0, then of stream 1, ...; then
- * the lanes added in lane order. Independent lanes let the compiler keep them in vector
- * registers. A tile is hc streams of len values, d apart. */
-enum { LANES = OP_MHC_LANES, ROWS = 4 };
-
-/* sum_j sum_k x_j[k]^2 of one tile. */
-static float tile_sumsq(const float *restrict x, int hc, size_t d, int len) {
-  float acc[LANES] = {0};
-  for (int j = 0; j < hc; j++) {
-    const float *restrict xj = x + (size_t)j * d;
-    int k = 0;
-    for (; k + LANES <= len; k += LANES)
-      for (int l = 0; l < LANES; l++) acc[l] += xj[k + l] * xj[k + l];
-    for (int l = 0; k + l < len; l++) acc[l] += xj[k + l] * xj[k + l];
-  }
-  float s = acc[0];
-  for (int l = 1; l < LANES; l++) s += acc[l];
-  return s;
+/* *total += the sum of squares of one position's tile (x at its first column). */
+static void tile_sumsq(float *total, const float *x, int hc, size_t d, int len) {
+  float acc[1][LANES] = {{0}};
+  for (int j = 0; j < hc; j++) seg_dots(acc, 1, x + j * d, 0, x + j * d, len);
+  add_lanes(total, acc, 1);
 }
 
-/* out[r] = sum_j sum_k w_r,j[k] x_j[k] of one tile for ROWS rows of W at once (w_r = w +
- * r ws; ws = 0 repeats one row), so that the rows share the loads of x. Each row keeps
- * its own lanes: the number of rows at once does not change any row's order. */
-static void tile_dots(float out[ROWS], const float *restrict w, size_t ws, const float *restrict x, int hc, size_t d,
-                      int len) {
-  float acc[ROWS][LANES] = {{0}};
-  for (int j = 0; j < hc; j++) {
-    const float *restrict wj = w + (size_t)j * d, *restrict xj = x + (size_t)j * d;
-    int k = 0;
-    for (; k + LANES <= len; k += LANES)
-      for (int r = 0; r < ROWS; r++)
-        for (int l = 0; l < LANES; l++) acc[r][l] += wj[r * ws + k + l] * xj[k + l];
-    for (int r = 0; r < ROWS; r++)
-      for (int l = 0; k + l < len; l++) acc[r][l] += wj[r * ws + k + l] * xj[k + l];
+/* Positions go in blocks of BLOCK and, inside a block, tile by tile. Within a tile, W's
+ * rows go GROUP at a time, copied first into a packed buffer (GROUP hc OP_MHC_TILE values,
+ * 12 KiB for hc = 4): W's rows and streams lie hc d and d floats apart, a multiple of 4 KiB
+ * at real widths, so unpacked they would fall into the same few L1 sets and not stay there
+ * while the block's positions use them (blocks of fewer than PACK_MIN positions read W in
+ * place). Every sum keeps its order for any blocking, packing, n or position. */
+enum { BLOCK = 16, PACK_MIN = 4 };
+
+static int tile_len(int d, int k0) { return d - k0 < OP_MHC_TILE ? d - k0 : OP_MHC_TILE; }
+
+/* Add the statistics of one tile of nb positions (x at the first position's tile, the
+ * positions width apart) to their totals: dots (nb, m) and sumsq (nb). W at row 0 and the
+ * tile's first column; wp: GROUP hc OP_MHC_TILE floats of scratch, or NULL not to pack
+ * (when few positions would share the packed rows). */
+static void tile_stats(float *dots, float *sumsq, const float *W, const float *x, float *wp, int nb, int m, int hc,
+                       size_t d, int len) {
+  const size_t width = (size_t)hc * d, rs = wp ? (size_t)hc * OP_MHC_TILE : width, js = wp ? OP_MHC_TILE : d;
+  float acc[GROUP][LANES];
+  for (int q = 0; q < m;) { /* GROUP rows at a time, the last m % GROUP one by one */
+    const int nr = m - q >= GROUP ? GROUP : 1;
+    const float *w = wp ? wp : W + q * width;
+    for (int r = 0; wp && r < nr; r++)
+      for (int j = 0; j < hc; j++) memcpy(wp + r * rs + j * js, W + (q + r) * width + j * d, len * sizeof *wp);
+    for (int t = 0; t < nb; t++) {
+      memset(acc, 0, sizeof acc);
+      for (int j = 0; j < hc; j++) {
+        const float *xj = x + t * width + j * d;
+        if (nr == GROUP)
+          seg_dots(acc, GROUP, w + j * js, rs, xj, len);
+        else
+          seg_dots(acc, 1, w + j * js, 0, xj, len);
+      }
+      add_lanes(dots + (size_t)t * m + q, acc, nr);
+    }
+    q += nr;
   }
-  for (int r = 0; r < ROWS; r++) {
-    out[r] = acc[r][0];
-    for (int l = 1; l < LANES; l++) out[r] += acc[r][l];
-  }
+  for (int t = 0; t < nb; t++) tile_sumsq(sumsq + t, x + t * width, hc, d, len);
 }
 
 void op_mhc_expand(float *X, const float *h, int n, int hc, int d) {
@@ -90,17 +143,22 @@ void op_mhc_expand(float *X, const float *h, int n, int hc, int d) {
     for (int i = 0; i < hc; i++) memcpy(X + ((size_t)t * hc + i) * d, h + (size_t)t * d, (size_t)d * sizeof *X);
 }
 
-/* ---- coefficients ---------------------------------------------------------------- */
-
-void op_mhc_stats(float *dots, float *sumsq, const float *X, const float *W, int n, int m, int width) {
-  op_linear(dots, X, W, n, width, m, width, m);
-  for (int t = 0; t < n; t++) {
-    const float *x = X + (size_t)t * width;
-    float ss = 0.0f;
-    for (int k = 0; k < width; k++) ss += x[k] * x[k];
-    sumsq[t] = ss;
-  }
+/* The sum of squares of one state, tile by tile in the fused pass's order. */
+static float state_sumsq(const float *x, int hc, int d) {
+  float total = 0.0f;
+  for (int k0 = 0; k0 < d; k0 += OP_MHC_TILE) tile_sumsq(&total, x + k0, hc, (size_t)d, tile_len(d, k0));
+  return total;
 }
+
+/* The dots through op_linear (OpenBLAS sgemm, AVX-512 where the CPU has it: about twice the
+ * fixed-order kernel's speed at these shapes), the sum of squares in the fused pass's order. */
+void op_mhc_stats(float *dots, float *sumsq, const float *X, const float *W, int n, int m, int hc, int d) {
+  const size_t width = (size_t)hc * d;
+  op_linear(dots, X, W, n, (int)width, m, (int)width, m);
+  for (int t = 0; t < n; t++) sumsq[t] = state_sumsq(X + t * width, hc, d);
+}
+
+/* ---- coefficients ---------------------------------------------------------------- */
 
 static void norm_cols(float *C, int hc, float eps) {
   for (int j = 0; j < hc; j++) {
@@ -138,26 +196,80 @@ void op_mhc_sinkhorn(float *C, const float *logits, int hc, int iters, float eps
   }
 }
 
+/* op_mhc_sinkhorn on SL positions at once, c[q][p] = entry q of position p's matrix: the
+ * same operations in the same order for every entry (so the same bits), with the loop over
+ * positions innermost so that the sums and divisions vectorize. SQ: the largest hc * hc
+ * kept on the stack. */
+enum { SL = 8, SQ = 64 };
+
+/* Divide each line a of the matrices by its sum + eps: entries a * major + b * minor, b =
+ * 0..hc-1 (columns: major 1, minor hc; rows: major hc, minor 1). */
+static void norm_lanes(float (*c)[SL], int hc, float eps, int major, int minor) {
+  for (int a = 0; a < hc; a++) {
+    float s[SL];
+    for (int p = 0; p < SL; p++) s[p] = 0.0f;
+    for (int b = 0; b < hc; b++)
+      for (int p = 0; p < SL; p++) s[p] += c[a * major + b * minor][p];
+    for (int b = 0; b < hc; b++)
+      for (int p = 0; p < SL; p++) c[a * major + b * minor][p] /= s[p] + eps;
+  }
+}
+
+static void sinkhorn_lanes(float (*c)[SL], int hc, int iters, float eps) {
+  for (int i = 0; i < hc; i++) { /* softmax over each row, + eps */
+    float (*row)[SL] = c + i * hc, m[SL], s[SL];
+    for (int p = 0; p < SL; p++) m[p] = row[0][p], s[p] = 0.0f;
+    for (int j = 1; j < hc; j++)
+      for (int p = 0; p < SL; p++) m[p] = row[j][p] > m[p] ? row[j][p] : m[p];
+    for (int j = 0; j < hc; j++) {
+      for (int p = 0; p < SL; p++) row[j][p] = expf(row[j][p] - m[p]);
+      for (int p = 0; p < SL; p++) s[p] += row[j][p];
+    }
+    for (int j = 0; j < hc; j++)
+      for (int p = 0; p < SL; p++) row[j][p] = row[j][p] / s[p] + eps;
+  }
+  norm_lanes(c, hc, eps, 1, hc);
+  for (int it = 1; it < iters; it++) {
+    norm_lanes(c, hc, eps, hc, 1);
+    norm_lanes(c, hc, eps, 1, hc);
+  }
+}
+
+/* pre and post of one position (unless pre is NULL), and its H_res logits into lane p of z. */
+static void coeff_row(float *pre, float *post, float (*z)[SL], int p, const float *mx, float sumsq, const float *scale,
+                      const float *base, const struct op_mhc_cfg *c) {
+  const int hc = c->hc;
+  const float r = 1.0f / sqrtf(sumsq / ((float)hc * (float)c->hidden) + c->norm_eps);
+  for (int i = 0; pre && i < hc; i++) {
+    pre[i] = op_sigmoid(mx[i] * r * scale[0] + base[i]) + c->hc_eps;
+    post[i] = 2.0f * op_sigmoid(mx[hc + i] * r * scale[1] + base[hc + i]);
+  }
+  for (int q = 0; q < hc * hc; q++) z[q][p] = mx[2 * hc + q] * r * scale[2] + base[2 * hc + q];
+}
+
 void op_mhc_coeffs_from_stats(float *pre, float *post, float *C, const float *dots, const float *sumsq,
                               const float *scale, const float *base, int n, const struct op_mhc_cfg *c) {
-  int hc = c->hc, M = op_mhc_rows(hc);
-  float width = (float)hc * (float)c->hidden;
-  for (int t = 0; t < n; t++) {
-    const float *mx = dots + (size_t)t * M;
-    float r = 1.0f / sqrtf(sumsq[t] / width + c->norm_eps);
-    float *pt = pre + (size_t)t * hc, *qt = post + (size_t)t * hc, *ct = C + (size_t)t * hc * hc;
-    for (int i = 0; i < hc; i++) {
-      pt[i] = op_sigmoid(mx[i] * r * scale[0] + base[i]) + c->hc_eps;
-      qt[i] = 2.0f * op_sigmoid(mx[hc + i] * r * scale[1] + base[hc + i]);
+  const int hc = c->hc, M = op_mhc_rows(hc), q2 = hc * hc;
+  float zs[SQ][SL], (*z)[SL] = q2 <= SQ ? zs : cedar_xmalloc((size_t)q2 * sizeof *z);
+  for (int t0 = 0; t0 < n; t0 += SL) {
+    const int nb = n - t0 < SL ? n - t0 : SL;
+    const int lanes = nb == 1 ? 1 : SL; /* a lone position (decode) goes through op_mhc_sinkhorn */
+    for (int p = 0; p < lanes; p++) { /* lanes past n repeat position t0; their C is dropped */
+      const int t = t0 + (p < nb ? p : 0);
+      coeff_row(p < nb ? pre + (size_t)t * hc : NULL, post + (size_t)t * hc, z, p, dots + (size_t)t * M, sumsq[t],
+                scale, base, c);
     }
-    for (int q = 0; q < hc * hc; q++) ct[q] = mx[2 * hc + q] * r * scale[2] + base[2 * hc + q];
-    op_mhc_sinkhorn(ct, ct, hc, c->sinkhorn_iters, c->hc_eps);
+    if (nb > 1) sinkhorn_lanes(z, hc, c->sinkhorn_iters, c->hc_eps);
+    for (int p = 0; p < nb; p++)
+      for (int q = 0; q < q2; q++) C[(size_t)(t0 + p) * q2 + q] = z[q][p];
+    if (nb == 1) op_mhc_sinkhorn(C + (size_t)t0 * q2, C + (size_t)t0 * q2, hc, c->sinkhorn_iters, c->hc_eps);
   }
+  if (z != zs) free(z);
 }
 
 void op_mhc_coeffs(float *pre, float *post, float *C, float *dots, float *sumsq, const float *X, const float *W_fn,
                    const float *scale, const float *base, int n, const struct op_mhc_cfg *c) {
-  op_mhc_stats(dots, sumsq, X, W_fn, n, op_mhc_rows(c->hc), c->hc * c->hidden);
+  op_mhc_stats(dots, sumsq, X, W_fn, n, op_mhc_rows(c->hc), c->hc, c->hidden);
   op_mhc_coeffs_from_stats(pre, post, C, dots, sumsq, scale, base, n, c);
 }
 
@@ -167,7 +279,7 @@ void op_mhc_mix(float *u, const float *X, const float *pre, int n, int hc, int d
   for (int t = 0; t < n; t++)
     for (int k0 = 0; k0 < d; k0 += OP_MHC_TILE)
       mix_tile(u + (size_t)t * d + k0, X + (size_t)t * hc * d + k0, pre + (size_t)t * hc, hc, (size_t)d,
-               d - k0 < OP_MHC_TILE ? d - k0 : OP_MHC_TILE);
+               tile_len(d, k0));
 }
 
 void op_mhc_update(float *Xn, const float *X, const float *C, const float *post, const float *F, int n, int hc, int d) {
@@ -175,65 +287,48 @@ void op_mhc_update(float *Xn, const float *X, const float *C, const float *post,
     for (int k0 = 0; k0 < d; k0 += OP_MHC_TILE) {
       size_t o = (size_t)t * hc * d + k0;
       update_tile(Xn + o, X + o, C + (size_t)t * hc * hc, post + (size_t)t * hc, F + (size_t)t * d + k0, hc,
-                  (size_t)d, d - k0 < OP_MHC_TILE ? d - k0 : OP_MHC_TILE);
+                  (size_t)d, tile_len(d, k0));
     }
 }
 
-/* One position's tile [k0, k0 + len) of the fused pass: write X', mix u, then add the
- * tile's partial sum of squares and partial dot products to the totals. All pointers are
- * at the position and the tile's first column (W at row 0); width = hc d. */
-static void fused_tile(float *xn, float *u, float *dots, float *sumsq, const float *x, const float *C,
-                       const float *post, const float *f, const float *pre, const float *W, int m, int hc, size_t d,
-                       int len) {
-  size_t width = (size_t)hc * d;
-  update_tile(xn, x, C, post, f, hc, d, len);
-  mix_tile(u, xn, pre, hc, d, len);
-  *sumsq += tile_sumsq(xn, hc, d, len);
-  float part[ROWS];
-  for (int q = 0; q < m;) { /* the last m % ROWS rows one at a time (ws = 0) */
-    int nr = m - q >= ROWS ? ROWS : 1;
-    tile_dots(part, W + q * width, nr == ROWS ? width : 0, xn, hc, d, len);
-    for (int r = 0; r < nr; r++) dots[q + r] += part[r];
-    q += nr;
-  }
-}
-
-/* Positions go in blocks of BLOCK, tiles outermost inside a block, so that W's columns of
- * one tile (m hc OP_MHC_TILE values, 96 KiB for hc = 4) stay in cache for the block's
- * positions; the order of every sum is the same for any blocking. */
-enum { BLOCK = 16 };
-
+/* One pass: per block of positions and tile, write the tile of X' and mix u from it, then
+ * add the tile's statistics while the block's tiles of X' are in cache. */
 void op_mhc_update_mix_fused(float *Xn, float *u_next, float *dots, float *sumsq, const float *X, const float *C,
                              const float *post, const float *F, const float *pre_next, const float *W, int n, int m,
                              int hc, int d) {
-  size_t width = (size_t)hc * d;
-  for (size_t i = 0; i < (size_t)n * m; i++) dots[i] = 0.0f;
-  for (int t = 0; t < n; t++) sumsq[t] = 0.0f;
-  for (int t0 = 0; t0 < n; t0 += BLOCK)
-    for (int k0 = 0; k0 < d; k0 += OP_MHC_TILE)
-      for (int t = t0; t < t0 + BLOCK && t < n; t++) {
-        size_t o = t * width + k0;
-        fused_tile(Xn + o, u_next + (size_t)t * d + k0, dots + (size_t)t * m, sumsq + t, X + o,
-                   C + (size_t)t * hc * hc, post + (size_t)t * hc, F + (size_t)t * d + k0, pre_next + (size_t)t * hc,
-                   W + k0, m, hc, (size_t)d, d - k0 < OP_MHC_TILE ? d - k0 : OP_MHC_TILE);
+  const size_t width = (size_t)hc * d;
+  float *wp = n >= PACK_MIN ? cedar_xmalloc((size_t)GROUP * hc * OP_MHC_TILE * sizeof *wp) : NULL;
+  memset(dots, 0, (size_t)n * m * sizeof *dots);
+  memset(sumsq, 0, (size_t)n * sizeof *sumsq);
+  for (int t0 = 0; t0 < n; t0 += BLOCK) {
+    const int nb = n - t0 < BLOCK ? n - t0 : BLOCK;
+    for (int k0 = 0; k0 < d; k0 += OP_MHC_TILE) {
+      const int len = tile_len(d, k0);
+      for (int t = t0; t < t0 + nb; t++) {
+        const size_t o = t * width + k0;
+        update_tile(Xn + o, X + o, C + (size_t)t * hc * hc, post + (size_t)t * hc, F + (size_t)t * d + k0, hc,
+                    (size_t)d, len);
+        mix_tile(u_next + (size_t)t * d + k0, Xn + o, pre_next + (size_t)t * hc, hc, (size_t)d, len);
       }
+      tile_stats(dots + (size_t)t0 * m, sumsq + t0, W + k0, Xn + t0 * width + k0, nb >= PACK_MIN ? wp : NULL, nb, m,
+                 hc, (size_t)d, len);
+    }
+  }
+  free(wp);
 }
 
 /* ---- head merge -------------------------------------------------------------------- */
 
 void op_mhc_merge(float *y, float *pre, const float *X, const float *W_fn, float scale, const float *base, int n,
                   const struct op_mhc_cfg *c) {
-  int hc = c->hc, width = hc * c->hidden;
-  op_linear(pre, X, W_fn, n, width, hc, width, hc); /* the dots, transformed in place below */
+  const int hc = c->hc, d = c->hidden;
+  const size_t width = (size_t)hc * d;
+  op_linear(pre, X, W_fn, n, (int)width, hc, (int)width, hc); /* the dots, as op_mhc_stats; transformed below */
   for (int t = 0; t < n; t++) {
-    const float *x = X + (size_t)t * width;
-    float ss = 0.0f;
-    for (int k = 0; k < width; k++) ss += x[k] * x[k];
-    float r = 1.0f / sqrtf(ss / (float)width + c->norm_eps);
-    float *p = pre + (size_t)t * hc;
+    float r = 1.0f / sqrtf(state_sumsq(X + t * width, hc, d) / (float)width + c->norm_eps), *p = pre + (size_t)t * hc;
     for (int i = 0; i < hc; i++) p[i] = op_sigmoid(p[i] * r * scale + base[i]) + c->hc_eps;
   }
-  op_mhc_mix(y, X, pre, n, hc, c->hidden);
+  op_mhc_mix(y, X, pre, n, hc, d);
 }
 
 /* ---- registry descriptors (ops/registry.h) -------------------------------------------- */

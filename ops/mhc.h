@@ -24,12 +24,16 @@
  * the statistics of X' in one pass over X, tile by tile. Which sublayer's coefficients
  * those statistics feed (SPEC 3.14: pre of the next sublayer, post and C of this one) is the
  * executor's wiring: the fused op takes any m rows of weights. X' and u_next are bit-equal
- * to op_mhc_update then op_mhc_mix (same per-element expressions, same order); the
- * statistics differ from op_mhc_stats by summation order only (the fixed tile-and-lane order
- * at OP_MHC_TILE below against sgemm's blocking and one sequential sum of squares), within
- * 2 gamma(hc * hidden) of the sum of |terms|. The lanes let the CPU loops vectorize; a
- * twin kernel that follows the same order gets the same bits. Step 5 of SPEC's pass (pre-norm and FP8 cast of u) is not fused here: the
- * RMSNorm of u needs u's whole row first.
+ * to op_mhc_update then op_mhc_mix (same per-element expressions, same order), and sumsq to
+ * op_mhc_stats on X' (both follow the fixed order at OP_MHC_TILE below). The dots differ
+ * from op_mhc_stats by summation order only: the fused pass sums them in that fixed order,
+ * op_mhc_stats through op_linear (OpenBLAS sgemm, about twice as fast on these shapes as
+ * any fixed-order loop in this portable SSE2 build, but not row-independent bit for bit:
+ * DESIGN.md facts), so the two are within 2 gamma(hc * hidden) of the sum of |terms|. Every
+ * fixed-order value of a position depends on that position's inputs only, not on n or on
+ * its neighbours; a twin kernel that follows the same order gets the same bits. Step 5 of
+ * SPEC's pass (pre-norm and FP8 cast of u) is not fused here: the RMSNorm of u needs u's
+ * whole row first.
  *
  * Decisions where SPEC is silent: sums over streams run i = 0..hc-1 in fp32; X'_j adds
  * post[j] F after the stream sum; the sum of squares accumulates in fp32 (SPEC 3.2).
@@ -55,24 +59,30 @@ struct op_mhc_cfg {
 /* Rows of a sublayer's W_fn: (2 + hc) * hc (24 for hc = 4). */
 static inline int op_mhc_rows(int hc) { return (2 + hc) * hc; }
 
-/* The fixed order of the fused pass's statistics. Per position, each of the m dot products
- * and the sum of squares is a sum over tiles of OP_MHC_TILE columns of every stream, added
- * to the total tile after tile (the total starts at 0). A tile's partial runs in
- * OP_MHC_LANES lanes: lane l sums, in order, the products at tile columns l, l + LANES,
- * l + 2 LANES, ... of stream 0, then of stream 1, ..., hc - 1 (a short last tile leaves
- * the higher lanes short); the partial is then lane 0 + lane 1 + ... + lane LANES - 1. */
+/* The fixed order of the fused pass's statistics (and of every sum of squares here). Per
+ * position, each of the m dot products and the sum of squares is a sum over tiles of
+ * OP_MHC_TILE columns of every stream, added to the total tile after tile (the total starts
+ * at 0). A tile's partial runs in OP_MHC_LANES lanes: lane l sums, in order, the products at
+ * tile columns l, l + LANES, l + 2 LANES, ... of stream 0, then of stream 1, ..., hc - 1 (a
+ * short last tile leaves the higher lanes short); the partial is then lane 0 + lane 1 + ...
+ * + lane LANES - 1. A product is rounded once, then passes through at most
+ * hc ceil(TILE / LANES) + LANES - 1 + ceil(hidden / TILE) additions (99 at the real widths),
+ * so its error bound is far below a sequential sum's gamma(hc * hidden). */
 #define OP_MHC_TILE 256
 #define OP_MHC_LANES 16
 
 /* Initial state: every stream of position t is h[t] (SPEC 3.1 [R]). */
 void op_mhc_expand(float *X /* (n, hc, d) */, const float *h /* (n, d) */, int n, int hc, int d);
 
-/* Statistics of n states: dots = xf W^T (op_linear), sumsq = sum(xf^2) in fp32.
- * width = hc * d. */
-void op_mhc_stats(float *dots /* (n, m) */, float *sumsq /* (n) */, const float *X /* (n, width) */,
-                  const float *W /* (m, width) */, int n, int m, int width);
+/* Statistics of n states against m rows of W: dots = xf W^T through op_linear (sgemm: a
+ * position's bits may depend on n, DESIGN.md facts), sumsq = sum(xf^2) in the fixed order
+ * above (a position's bits depend on its state only). */
+void op_mhc_stats(float *dots /* (n, m) */, float *sumsq /* (n) */, const float *X /* (n, hc, d) */,
+                  const float *W /* (m, hc * d) */, int n, int m, int hc, int d);
 
-/* pre, post, C from the statistics (R.7). scale (3), base (M). */
+/* pre, post, C from the statistics (R.7). scale (3), base (M). Several positions go
+ * through Sinkhorn at once, one per vector lane, with op_mhc_sinkhorn's operations in its
+ * order: each position's C is bit-equal to op_mhc_sinkhorn on its logits, whatever n. */
 void op_mhc_coeffs_from_stats(float *pre /* (n, hc) */, float *post /* (n, hc) */, float *C /* (n, hc, hc) */,
                               const float *dots /* (n, M) */, const float *sumsq /* (n) */,
                               const float *scale /* (3) */, const float *base /* (M) */, int n,

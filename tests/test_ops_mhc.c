@@ -3,7 +3,10 @@
  * What it is: the coefficients (pre, post, C from a state, R.7), Sinkhorn alone, the mix,
  * the update, the head merge and the stream expansion, at odd and real sizes, with derived
  * error bounds; the single-pass fused update+mix+statistics against the unfused sequence
- * (X' and u bit for bit, the statistics within the bound of two summation orders); and
+ * (X', u and the sum of squares bit for bit, the dots within the bound of two summation
+ * orders, both statistics bit for bit in mhc.h's fixed order); row independence (the fused
+ * pass over runs of positions, the batched Sinkhorn of the coefficients against
+ * op_mhc_sinkhorn and against each position alone); and
  * SPEC 8.6.27: H_res entries >= 0, column sums 1 to rounding, row sums bounded per logit
  * range by values measured here (SPEC's "1e-3 for |logit| <~ 4" does not hold at 20
  * iterations; see check_sinkhorn_rows), pre in (0, 1 + eps], post in (0, 2).
@@ -188,7 +191,9 @@ static void case_init(struct mhc_case *m, int n, int hc, int d, float scale_mag,
 static void case_free(struct mhc_case *m) { free(m->X), free(m->W), free(m->scale), free(m->base); }
 
 /* Float64 coefficients and bounds for position t. dots: fp32 dot products of `width` terms,
- * gamma(width) sum|W x|; sumsq likewise relative gamma(width). r = 1/sqrt(ss/width + eps):
+ * gamma(width) sum|W x|; sumsq likewise relative gamma(width) (both hold for any summation
+ * order: a term passes through at most width - 1 additions; sumsq's fixed tile-and-lane
+ * order, mhc.h, has a far smaller one). r = 1/sqrt(ss/width + eps):
  * relative 0.5 (gamma(width) + 2u) (the /width and + eps roundings, halved by the sqrt) +
  * 2u (sqrtf, 1/). mixes * scale + base: three more roundings. Then
  * pre: |d sigmoid| <= s(1-s) |dz| + 5u s (op_sigmoid, test_ops_basic) + u (+ hc_eps);
@@ -351,11 +356,13 @@ static void check_merge(int n, int hc, int d, uint64_t *seed) {
 
 /* ---- single pass -------------------------------------------------------------------------- */
 
-/* The fused pass against op_mhc_update, op_mhc_mix and op_mhc_stats on X': X' and u_next
- * must match bit for bit (the same per-element expressions in the same order); dots and
- * sumsq are two fp32 summations of the same `width` terms in different orders (tiles
- * against sgemm's blocking), so each is within gamma(width) sum|terms| of the exact value
- * and the two within twice that. */
+/* The fused pass against op_mhc_update, op_mhc_mix and op_mhc_stats on X': X', u_next and
+ * sumsq must match bit for bit (the same per-element expressions in the same order, one
+ * shared sum-of-squares order); dots are two fp32 summations of the same `width` terms in
+ * different orders (mhc.h's tiles and lanes against sgemm's blocking), so each is within
+ * gamma(width) sum|terms| of the exact value (any order: a term passes through at most
+ * width - 1 additions, and the additions of the empty lanes' exact zeros do not round) and
+ * the two within twice that. */
 /* One fp32 statistic in the fixed order mhc.h documents (the order a twin kernel must
  * follow to be bit-equal): per tile, OP_MHC_LANES lane sums over stream 0's columns then
  * stream 1's ..., the lanes added in lane order, the tile partials added tile after tile. */
@@ -402,9 +409,11 @@ static void check_fused(int n, int hc, int d, int m, uint64_t *seed) {
   op_mhc_update_mix_fused(Xf, uf, df, sf, X, C, post, F, pre, W, n, m, hc, d);
   op_mhc_update(Xu, X, C, post, F, n, hc, d);
   op_mhc_mix(uu, Xu, pre, n, hc, d);
-  op_mhc_stats(du, su, Xu, W, n, m, width);
+  op_mhc_stats(du, su, Xu, W, n, m, hc, d);
   EXPECT(memcmp(Xf, Xu, lx * sizeof(float)) == 0, "%s: X' differs from op_mhc_update", what);
   EXPECT(memcmp(uf, uu, lu * sizeof(float)) == 0, "%s: u_next differs from op_mhc_mix", what);
+  EXPECT(memcmp(sf, su, (size_t)n * sizeof(float)) == 0, "%s: sumsq differs from op_mhc_stats (one shared order)",
+         what);
   double *rd = dvec(nm), *bd = dvec(nm), *rs = dvec(n), *bs = dvec(n);
   for (int t = 0; t < n; t++) {
     const float *x = Xu + (size_t)t * width;
@@ -425,6 +434,68 @@ static void check_fused(int n, int hc, int d, int m, uint64_t *seed) {
   free(X), free(F), free(post), free(pre), free(z), free(C), free(W), free(rd), free(bd), free(rs), free(bs);
 }
 
+/* ---- row independence and the batched Sinkhorn ---------------------------------------- */
+
+/* op_mhc_coeffs_from_stats runs Sinkhorn on several positions at once (one per vector lane,
+ * mhc.c). Each position's pre, post and C must equal what it gets alone (n = 1), whatever
+ * the batch and its padding lanes hold, and C must equal op_mhc_sinkhorn (checked against
+ * float64 above) bit for bit on the same fp32 logits, which this test forms with the op's
+ * own expression: mixes * r * scale + base, r = 1 / sqrtf(sumsq / width + norm_eps). */
+static void check_coeffs_lanes(int n, int hc, float spread, uint64_t *seed) {
+  char what[96];
+  snprintf(what, sizeof what, "coeffs lanes n %d hc %d spread %g", n, hc, spread);
+  struct op_mhc_cfg c = {.hc = hc, .hidden = 3, .sinkhorn_iters = 20, .hc_eps = 1e-6f, .norm_eps = 1e-6f};
+  int M = op_mhc_rows(hc), q2 = hc * hc;
+  float *dots = fvec((size_t)n * M, seed, -spread, spread), *ss = fvec(n, seed, 0.5f, 40), scale[3] = {1.5f, 0.7f, 1.2f};
+  float *base = fvec(M, seed, -1, 1), *pre = h_alloc((size_t)n * hc), *post = h_alloc((size_t)n * hc);
+  float *C = h_alloc((size_t)n * q2), one[3][128], z[128], want[128]; /* hc <= 11 */
+  op_mhc_coeffs_from_stats(pre, post, C, dots, ss, scale, base, n, &c);
+  int bad_alone = 0, bad_sinkhorn = 0;
+  for (int t = 0; t < n; t++) {
+    op_mhc_coeffs_from_stats(one[0], one[1], one[2], dots + (size_t)t * M, ss + t, scale, base, 1, &c);
+    bad_alone += memcmp(one[0], pre + (size_t)t * hc, hc * sizeof(float)) != 0 ||
+                 memcmp(one[1], post + (size_t)t * hc, hc * sizeof(float)) != 0 ||
+                 memcmp(one[2], C + (size_t)t * q2, q2 * sizeof(float)) != 0;
+    float r = 1.0f / sqrtf(ss[t] / ((float)hc * (float)c.hidden) + c.norm_eps);
+    for (int q = 0; q < q2; q++) z[q] = dots[(size_t)t * M + 2 * hc + q] * r * scale[2] + base[2 * hc + q];
+    op_mhc_sinkhorn(want, z, hc, c.sinkhorn_iters, c.hc_eps);
+    bad_sinkhorn += memcmp(want, C + (size_t)t * q2, q2 * sizeof(float)) != 0;
+  }
+  EXPECT(bad_alone == 0, "%s: %d positions differ from the same position alone (n = 1)", what, bad_alone);
+  EXPECT(bad_sinkhorn == 0, "%s: %d positions' C differ from op_mhc_sinkhorn", what, bad_sinkhorn);
+  h_free(pre, (size_t)n * hc, what), h_free(post, (size_t)n * hc, what), h_free(C, (size_t)n * q2, what);
+  free(dots), free(ss), free(base);
+}
+
+/* The fused pass of positions [t0, t0 + k) alone against the same rows of a pass over all
+ * n positions, bit for bit: every output of a position depends on that position only. */
+static void check_fused_rows(int n, int hc, int d, int m, uint64_t *seed) {
+  char what[96];
+  snprintf(what, sizeof what, "fused rows n %d hc %d d %d m %d", n, hc, d, m);
+  size_t width = (size_t)hc * d;
+  float *X = fvec(n * width, seed, -2, 2), *F = fvec((size_t)n * d, seed, -3, 3), *post = fvec((size_t)n * hc, seed, 0, 2);
+  float *pre = fvec((size_t)n * hc, seed, 0, 1), *C = fvec((size_t)n * hc * hc, seed, 0, 1);
+  float *W = fvec((size_t)m * width, seed, -0.1f, 0.1f);
+  float *Xa = h_alloc(n * width), *ua = h_alloc((size_t)n * d), *da = h_alloc((size_t)n * m), *sa = h_alloc(n);
+  float *Xb = h_alloc(n * width), *ub = h_alloc((size_t)n * d), *db = h_alloc((size_t)n * m), *sb = h_alloc(n);
+  op_mhc_update_mix_fused(Xa, ua, da, sa, X, C, post, F, pre, W, n, m, hc, d);
+  int bad = 0;
+  for (int t0 = 0, k = 1; t0 < n; t0 += k, k = k % 5 + 2) { /* runs of 1, 3, 5, 2, 4, ... positions */
+    k = t0 + k > n ? n - t0 : k;
+    op_mhc_update_mix_fused(Xb + t0 * width, ub + (size_t)t0 * d, db + (size_t)t0 * m, sb + t0, X + t0 * width,
+                            C + (size_t)t0 * hc * hc, post + (size_t)t0 * hc, F + (size_t)t0 * d, pre + (size_t)t0 * hc,
+                            W, k, m, hc, d);
+  }
+  bad += memcmp(Xa, Xb, n * width * sizeof(float)) != 0;
+  bad += memcmp(ua, ub, (size_t)n * d * sizeof(float)) != 0;
+  bad += memcmp(da, db, (size_t)n * m * sizeof(float)) != 0;
+  bad += memcmp(sa, sb, (size_t)n * sizeof(float)) != 0;
+  EXPECT(bad == 0, "%s: %d of X', u, dots, sumsq differ between one pass and runs of positions", what, bad);
+  h_free(Xa, n * width, what), h_free(ua, (size_t)n * d, what), h_free(da, (size_t)n * m, what), h_free(sa, n, what);
+  h_free(Xb, n * width, what), h_free(ub, (size_t)n * d, what), h_free(db, (size_t)n * m, what), h_free(sb, n, what);
+  free(X), free(F), free(post), free(pre), free(C), free(W);
+}
+
 int main(void) {
   op_blas_init();
   uint64_t seed = 0x3C0FFEE5;
@@ -441,6 +512,7 @@ int main(void) {
   check_coeffs(5, 3, 129, 3.0f, &seed);
   check_coeffs(4, 1, 16, 1.0f, &seed);
   check_coeffs(9, 5, 64, 8.0f, &seed); /* wide logits: Sinkhorn far from converged */
+  check_coeffs(3, 9, 8, 1.0f, &seed);  /* hc * hc past the batched Sinkhorn's stack buffer */
   check_coeff_extremes();
 
   check_mix_update(5, 4, 37, &seed);
@@ -458,5 +530,12 @@ int main(void) {
   check_fused(2, 4, OP_MHC_TILE + 1, 1, &seed);
   check_fused(19, 4, 300, 7, &seed); /* more positions than a block; lanes of the last tile short */
   check_fused(17, 2, 2 * OP_MHC_TILE, 8, &seed);
+  check_fused_rows(37, 4, 300, op_mhc_rows(4), &seed); /* past two blocks of positions */
+  check_fused_rows(9, 3, 70, 7, &seed);
+  check_coeffs_lanes(19, 4, 3, &seed); /* two whole batches of positions and a short one */
+  check_coeffs_lanes(17, 4, 3, &seed); /* ... and a lone one */
+  check_coeffs_lanes(5, 4, 30, &seed);
+  check_coeffs_lanes(11, 3, 2, &seed);
+  check_coeffs_lanes(3, 9, 2, &seed);
   return h_report("ops_mhc");
 }
