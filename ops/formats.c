@@ -5,6 +5,9 @@
  * rounding is done on the float's bits with integer arithmetic, so the result
  * does not depend on the FPU rounding mode for the element codecs; the only
  * float arithmetic (x / s, q * s, amax / 448) is single IEEE operations.
+ * The packers run faster block paths that give the same bytes (see "fast
+ * block paths"); one of their float operations rounds in the default mode,
+ * as x / s does.
  *
  * Decoding is table lookups (E2M1, E4M3) and exponent bits (E8M0), exact;
  * encoding is the integer rounding below (E2M1: exact midpoint compares).
@@ -181,38 +184,165 @@ uint8_t op_e8m0_scale(float amax, float qmax, enum op_mx_rule rule) {
   return (uint8_t)(k + 127);
 }
 
-/* ---- shared block helpers -------------------------------------------- */
+/* ---- fast block paths -------------------------------------------------- */
+/* The packers do not call the element codecs per element: per block they
+ * take amax, scale code and payload from the helpers below, loops of
+ * branch-free integer and compare code that GCC -O3 vectorizes with baseline
+ * SSE2 (no per-lane shifts, no calls in the element loops). They give the
+ * bytes the element codecs give for every input: a block reaching an element
+ * loop is finite with a scale s > 0, or all zero and coded with s = 1, which
+ * gives its signed zeros; a poisoned block gets its NaN scale and a zeroed
+ * payload. Each helper's comment says why its bytes are the same;
+ * tests/test_formats.c checks it byte for byte against the block loops as
+ * they were before, built from the public element codecs (test_fast_paths_*:
+ * every exponent and rounding boundary of the element and scale paths, and
+ * random blocks of every kind and shape, both nibble orders and MX rules). */
 
-/* amax of a block; returns 0 when the block holds NaN or Inf. */
-static int block_amax(const float *x /* (n) */, int n, float *amax) {
-  float m = 0.0f;
-  for (int i = 0; i < n; i++) {
-    if (!isfinite(x[i]))
-      return 0;
-    float a = fabsf(x[i]);
-    if (a > m)
-      m = a;
+#define F32_ABS_MASK 0x7FFFFFFFu
+#define F32_INF_BITS 0x7F800000u
+#define F32_MANT_MASK 0x7FFFFFu
+#define FAST_CHUNK 64
+#define E4M3_MAX_BITS 0x43E00000     /* 448.0f */
+#define E4M3_MIN_NORMAL_BITS 0x3C800000 /* 0x1p-6f */
+
+/* The bits of a block's amax. Non-negative floats order like their bit
+ * patterns, and every NaN or Inf pattern is >= 0x7F800000, so the block is
+ * finite iff the result is below that, and then it is the bits of max |x|
+ * (-0 counts as +0). Signed compares: the masked patterns are below 2^31.
+ * On long blocks AMAX_LANES partial maxima break the dependency chain of one
+ * running max; short ones (16, 32) are faster as one loop. */
+#define AMAX_LANES 16
+static inline uint32_t block_amax_bits(const float *x /* (n) */, int n) {
+  int32_t r = 0;
+  int i = 0;
+  if (n >= 4 * AMAX_LANES) {
+    int32_t m[AMAX_LANES] = {0};
+    for (; i + AMAX_LANES <= n; i += AMAX_LANES)
+      for (int j = 0; j < AMAX_LANES; j++) {
+        int32_t a = (int32_t)(float_bits(x[i + j]) & F32_ABS_MASK);
+        m[j] = a > m[j] ? a : m[j];
+      }
+    for (int j = 0; j < AMAX_LANES; j++)
+      r = m[j] > r ? m[j] : r;
   }
-  *amax = m;
-  return 1;
+  for (; i < n; i++) {
+    int32_t a = (int32_t)(float_bits(x[i]) & F32_ABS_MASK);
+    r = a > r ? a : r;
+  }
+  return (uint32_t)r;
 }
 
-/* E2M1 code of x / s; s == 0 only for an all-zero block, where the code is
- * the signed zero (x / 0 would be NaN). */
-static unsigned e2m1_scaled(float x, float s) {
-  if (s == 0.0f)
-    return signbit(x) ? 0x8u : 0x0u;
-  return op_e2m1_encode(x / s);
+/* op_e4m3_encode(y) for |y| < 464, which is every y the packers pass: their
+ * scales keep |x / s| <= 448 (an E8M0 s >= amax / 448 exactly), or within
+ * a rounding of it (FP32 s = fl(amax / 448): |x / s| < 448 (1 + 2^-23)).
+ * a = |y|; p = 2^floor(log2 a), at least 2^-6 (below that the quantum is
+ * that of [2^-6, 2^-5), the subnormal 2^-9). c = p 2^20 has ulp(c) = p/8, the
+ * E4M3 quantum of a's binade, and a < 2p keeps a + c in c's binade, so the
+ * one float rounding of a + c rounds a to the grid, to nearest even, and
+ * t = bits(a + c) - bits(c) is a / quantum: 8 + m (16 on a carry) in a
+ * normal binade, the subnormal code 0..8 below 2^-6. Adding (e - 1) << 3,
+ * e = log2(p) + 7 the E4M3 exponent, gives the code; a carry lands on the
+ * next exponent, and 448 <= a < 464 lands on 448 (0x7E), which is the
+ * saturation op_e4m3_encode applies there. The float add assumes the
+ * default rounding mode, as x / s does (formats.h). */
+static inline uint32_t e4m3_code_fast(float y) {
+  uint32_t u = float_bits(y), ua = u & F32_ABS_MASK;
+  int32_t pb = (int32_t)(ua & F32_INF_BITS);
+  pb = pb > E4M3_MIN_NORMAL_BITS ? pb : E4M3_MIN_NORMAL_BITS;
+  uint32_t cb = (uint32_t)pb + (20u << 23);
+  uint32_t t = float_bits(bits_float(ua) + bits_float(cb)) - cb;
+  return (u >> 24 & 0x80u) | (t + ((uint32_t)pb >> 20) - (121u << 3));
 }
 
-static void e2m1_block_pack(uint8_t *p /* (n/2) */, const float *x /* (n) */,
-                            int n, float s, enum op_nibble_order order) {
-  for (int j = 0; j < n / 2; j++) {
-    unsigned even = e2m1_scaled(x[2 * j], s);
-    unsigned odd = e2m1_scaled(x[2 * j + 1], s);
-    p[j] = (uint8_t)(order == OP_NIBBLE_EVEN_LOW ? (even | odd << 4)
-                                                 : (odd | even << 4));
+/* E2M1 codes of x[i] / s, i < n, two per byte (element 2j in the low nibble
+ * when even_shift is 0, the high one when 4), for s > 0 an E4M3 or E8M0
+ * value, without dividing. op_e2m1_encode counts the midpoints T (0.25 ..
+ * 5) below |y|, y = fl(x / s), with > or >= by the tie rule; here fl(|x| /
+ * s) > T iff |x| > T s, and >= iff >=. T s is exact (T has at most 3
+ * significant bits, s at most 4, and 2^-129 <= T s <= 5 * 448). At |x| = T s
+ * the quotient is exactly T; the float next to T s on either side is more
+ * than half an ulp of T away once divided by s (the float spacing at T s
+ * over s is at least ulp(T) / m, m < 2 the significand of s), so the
+ * rounding cannot bring it to T, nor tie to it. A tiny x whose quotient
+ * underflows is far below 0.25 s either way. n is even; the codes go
+ * through a FAST_CHUNK buffer. */
+static inline void e2m1_block_pack(uint8_t *restrict p /* (n/2) */, const float *restrict x /* (n) */,
+                                   int n, float s, int even_shift) {
+  const float t0 = 0.25f * s, t1 = 0.75f * s, t2 = 1.25f * s, t3 = 1.75f * s, t4 = 2.5f * s,
+              t5 = 3.5f * s, t6 = 5.0f * s;
+  const int odd_shift = 4 - even_shift;
+  uint32_t code[FAST_CHUNK];
+  for (int i0 = 0; i0 < n; i0 += FAST_CHUNK) { /* m is even: n is, and i0 */
+    int m = n - i0 < FAST_CHUNK ? n - i0 : FAST_CHUNK;
+    for (int i = 0; i < m; i++) {
+      uint32_t u = float_bits(x[i0 + i]);
+      float a = bits_float(u & F32_ABS_MASK);
+      code[i] = (u >> 28 & 0x8u) | (uint32_t)((a > t0) + (a >= t1) + (a > t2) + (a >= t3) +
+                                              (a > t4) + (a >= t5) + (a > t6));
+    }
+    for (int j = 0; j < m / 2; j++)
+      p[i0 / 2 + j] = (uint8_t)(code[2 * j] << even_shift | code[2 * j + 1] << odd_shift);
   }
+}
+
+/* E4M3 codes of x[i] / s, i < n, or of x[i] * r when r != 0: the caller
+ * passes r = 1 / s for a power-of-two s (E8M0; 1 / s is exact for every
+ * E8M0 value), where x * r is the correctly rounded x / s too, so the same
+ * bits, and a multiply is cheaper. Not for other s: x * (1/s) differs from
+ * x / s there. */
+static inline void e4m3_block_pack(uint8_t *restrict p /* (n) */, const float *restrict x /* (n) */,
+                                   int n, float s, float r) {
+  uint32_t code[FAST_CHUNK];
+  for (int i0 = 0; i0 < n; i0 += FAST_CHUNK) {
+    int m = n - i0 < FAST_CHUNK ? n - i0 : FAST_CHUNK;
+    if (r != 0.0f)
+      for (int i = 0; i < m; i++)
+        code[i] = e4m3_code_fast(x[i0 + i] * r);
+    else
+      for (int i = 0; i < m; i++)
+        code[i] = e4m3_code_fast(x[i0 + i] / s);
+    for (int i = 0; i < m; i++)
+      p[i0 + i] = (uint8_t)code[i];
+  }
+}
+
+/* op_e8m0_scale(amax, qmax, rule), or 0xFF for a poisoned block (amax bits
+ * >= F32_INF_BITS), qmax 6 or 448, ceil 1 for OP_MX_CEIL. With amax = fa
+ * 2^ea and qmax = fq 2^eq (frexp), the code is k + 127 with k = ea - eq
+ * (OCP) or ea - eq + (fa > fq) (ceil); for a normal amax ea - eq is the
+ * difference of the biased exponents and fa > fq compares the mantissa
+ * fields. Clamped below at 0: a subnormal amax (or 0) gives k < -127 for
+ * both qmax, as the clamp in op_e8m0_scale does. Never above 254: qmax >= 4
+ * keeps k <= 127. */
+static inline uint32_t e8m0_scale_fast(uint32_t amax_bits, uint32_t qmax_bits, int32_t ceil) {
+  int32_t up = (int32_t)(amax_bits & F32_MANT_MASK) > (int32_t)(qmax_bits & F32_MANT_MASK);
+  int32_t k = (int32_t)(amax_bits >> 23) - (int32_t)(qmax_bits >> 23) + 127 + (up & ceil);
+  k = k < 0 ? 0 : k;
+  return amax_bits >= F32_INF_BITS ? E8M0_NAN_CODE : (uint32_t)k;
+}
+
+/* The Main-KV scale code of a block, branch-free: 0x00 for an all-zero
+ * block, 0x7F for a poisoned one, else op_e4m3_roundup(amax / 6) raised to
+ * 0x01 where amax / 6 underflows to 0: s = E4M3_roundup(amax/6) is then
+ * the smallest E4M3 s with 6s >= amax (rounding amax/6 to float cannot move
+ * it across an E4M3 value, docs/formats.md). The roundup of v = amax / 6:
+ * above 448 it saturates; from 2^-6 up it rounds the bits up at bit 20 (3
+ * mantissa bits kept, a carry runs into the exponent) and rebiases, which is
+ * op_e4m3_roundup's round-to-nearest plus one code when that fell below v;
+ * below, the subnormal k 2^-9 with k = 1 + the number of j = 1..7 with
+ * j 2^-9 < v is the smallest at or above v, and 0x01 for v == 0. The
+ * compares are on the bits (v >= 0 orders like them). */
+static inline uint32_t fp4_scale_fast(uint32_t amax_bits) {
+  float v = bits_float(amax_bits) / 6.0f;
+  int32_t vb = (int32_t)float_bits(v);
+  uint32_t normal = (((uint32_t)vb + 0xFFFFFu) >> 20) - (120u << 3);
+  uint32_t sub = 1u + (uint32_t)((vb > 0x3B000000) + (vb > 0x3B800000) + (vb > 0x3BC00000) + /* 1-3 2^-9 */
+                                 (vb > 0x3C000000) + (vb > 0x3C200000) + (vb > 0x3C400000) + /* 4-6 2^-9 */
+                                 (vb > 0x3C600000));                                         /* 7 2^-9 */
+  uint32_t c = vb < E4M3_MIN_NORMAL_BITS ? sub : normal;
+  c = vb > E4M3_MAX_BITS ? E4M3_MAX_CODE : c;
+  c = amax_bits == 0 ? 0x00 : c;
+  return amax_bits >= F32_INF_BITS ? E4M3_NAN_CODE : c;
 }
 
 /* out[i] = decode(q_i) * s; q * s is exact for E4M3 and E8M0 scales. A NaN
@@ -241,32 +371,33 @@ size_t op_fp4_bytes(int W, int block) {
   return (size_t)W / 2 + (size_t)(W / block);
 }
 
-/* s = E4M3_roundup(amax/6) exactly, i.e. the smallest E4M3 s with 6s >= amax.
- * Rounding amax/6 to float cannot move it across an E4M3 value (docs), but it
- * can underflow to 0 for a subnormal amax; the smallest scale covers that. */
-static uint8_t fp4_scale_code(float amax) {
-  if (amax == 0.0f)
-    return 0x00;
-  uint8_t c = op_e4m3_roundup(amax / 6.0f);
-  return c == 0x00 ? 0x01 : c;
+/* One Main-KV block: scale byte, then payload (zero when poisoned). */
+static inline void fp4_block_pack(uint8_t *restrict p /* (n/2) */, uint8_t *restrict scale,
+                                  const float *restrict x /* (n) */, int n, int even_shift) {
+  uint32_t code = fp4_scale_fast(block_amax_bits(x, n));
+  float s = op_e4m3_decode((uint8_t)code);
+  *scale = (uint8_t)code;
+  if (code == E4M3_NAN_CODE)
+    memset(p, 0, (size_t)n / 2);
+  else
+    e2m1_block_pack(p, x, n, s == 0.0f ? 1.0f : s, even_shift);
 }
 
 void op_fp4_pack(uint8_t *out, const float *x, int W, int block,
                  enum op_nibble_order order) {
   check_fp4_dims(W, block, order);
   uint8_t *scales = out + W / 2;
-  for (int b = 0; b < W / block; b++) {
-    const float *xb = x + (size_t)b * block;
-    uint8_t *pb = out + (size_t)b * block / 2;
-    float amax;
-    if (!block_amax(xb, block, &amax)) {
-      memset(pb, 0, (size_t)block / 2);
-      scales[b] = E4M3_NAN_CODE;
-      continue;
-    }
-    scales[b] = fp4_scale_code(amax);
-    e2m1_block_pack(pb, xb, block, op_e4m3_decode(scales[b]), order);
-  }
+  const int even_shift = order == OP_NIBBLE_EVEN_LOW ? 0 : 4;
+  /* The same code twice: with the SPEC block size as a constant GCC unrolls
+   * the element loops. */
+  if (block == OP_MAIN_KV_BLOCK)
+    for (int b = 0; b < W / block; b++)
+      fp4_block_pack(out + b * OP_MAIN_KV_BLOCK / 2, scales + b, x + b * OP_MAIN_KV_BLOCK,
+                     OP_MAIN_KV_BLOCK, even_shift);
+  else
+    for (int b = 0; b < W / block; b++)
+      fp4_block_pack(out + (size_t)b * block / 2, scales + b, x + (size_t)b * block, block,
+                     even_shift);
 }
 
 void op_fp4_unpack(float *out, const uint8_t *in, int W, int block,
@@ -282,23 +413,32 @@ void op_fp4_unpack(float *out, const uint8_t *in, int W, int block,
 
 size_t op_mxfp4_bytes(int W, int block) { return op_fp4_bytes(W, block); }
 
+/* One Indexer-K block: scale byte, then payload (zero when poisoned). */
+static inline void mxfp4_block_pack(uint8_t *restrict p /* (n/2) */, uint8_t *restrict scale,
+                                    const float *restrict x /* (n) */, int n, int ceil,
+                                    int even_shift) {
+  uint32_t code = e8m0_scale_fast(block_amax_bits(x, n), float_bits(6.0f), ceil);
+  *scale = (uint8_t)code;
+  if (code == E8M0_NAN_CODE)
+    memset(p, 0, (size_t)n / 2);
+  else
+    e2m1_block_pack(p, x, n, op_e8m0_decode((uint8_t)code), even_shift);
+}
+
 void op_mxfp4_pack(uint8_t *out, const float *x, int W, int block,
                    enum op_mx_rule rule, enum op_nibble_order order) {
   check_fp4_dims(W, block, order);
   CEDAR_ASSERT(rule == OP_MX_CEIL || rule == OP_MX_OCP);
   uint8_t *scales = out + W / 2;
-  for (int b = 0; b < W / block; b++) {
-    const float *xb = x + (size_t)b * block;
-    uint8_t *pb = out + (size_t)b * block / 2;
-    float amax;
-    if (!block_amax(xb, block, &amax)) {
-      memset(pb, 0, (size_t)block / 2);
-      scales[b] = E8M0_NAN_CODE;
-      continue;
-    }
-    scales[b] = op_e8m0_scale(amax, 6.0f, rule);
-    e2m1_block_pack(pb, xb, block, op_e8m0_decode(scales[b]), order);
-  }
+  const int even_shift = order == OP_NIBBLE_EVEN_LOW ? 0 : 4, ceil = rule == OP_MX_CEIL;
+  if (block == OP_INDEXER_K_BLOCK) /* as in op_fp4_pack */
+    for (int b = 0; b < W / block; b++)
+      mxfp4_block_pack(out + b * OP_INDEXER_K_BLOCK / 2, scales + b, x + b * OP_INDEXER_K_BLOCK,
+                       OP_INDEXER_K_BLOCK, ceil, even_shift);
+  else
+    for (int b = 0; b < W / block; b++)
+      mxfp4_block_pack(out + (size_t)b * block / 2, scales + b, x + (size_t)b * block, block,
+                       ceil, even_shift);
 }
 
 void op_mxfp4_unpack(float *out, const uint8_t *in, int W, int block,
@@ -330,14 +470,15 @@ static void check_fp8_dims(int W, int block, enum op_scale_kind kind) {
                    "W %% block == 0, a known scale kind)", W, block, (int)kind);
 }
 
-/* Writes one block's scale at p and returns its value (NaN when poisoned). */
-static float fp8_put_scale(uint8_t *p, enum op_scale_kind kind, int finite,
-                           float amax) {
+/* Writes one block's scale at p and returns its value, NaN when the block
+ * is poisoned (amax_bits >= F32_INF_BITS, see block_amax_bits). */
+static float fp8_put_scale(uint8_t *p, enum op_scale_kind kind, uint32_t amax_bits) {
+  int finite = amax_bits < F32_INF_BITS;
   if (kind == OP_SCALE_E8M0) {
-    p[0] = finite ? op_e8m0_scale(amax, 448.0f, OP_MX_CEIL) : E8M0_NAN_CODE;
+    p[0] = (uint8_t)e8m0_scale_fast(amax_bits, float_bits(448.0f), 1);
     return op_e8m0_decode(p[0]);
   }
-  float s = amax / 448.0f;
+  float amax = bits_float(amax_bits), s = amax / 448.0f;
   if (s < FLT_MIN && amax > 0.0f)
     s = FLT_MIN; /* keep s normal so x/s <= 448 and the bound holds */
   uint32_t u = finite ? float_bits(s) : FP32_QNAN_BITS;
@@ -362,16 +503,13 @@ void op_fp8_pack(uint8_t *out, const float *x, int W, int block,
   for (int b = 0; b < W / block; b++) {
     const float *xb = x + (size_t)b * block;
     uint8_t *pb = out + (size_t)b * block;
-    float amax = 0.0f;
-    int finite = block_amax(xb, block, &amax);
-    float s = fp8_put_scale(scales + (size_t)b * scale_width(kind), kind,
-                            finite, amax);
-    if (!finite)
+    float s = fp8_put_scale(scales + (size_t)b * scale_width(kind), kind, block_amax_bits(xb, block));
+    if (isnan(s))
       memset(pb, 0x00, (size_t)block);
-    else if (s == 0.0f)
-      for (int i = 0; i < block; i++) pb[i] = signbit(xb[i]) ? 0x80 : 0x00;
+    else if (s == 0.0f) /* all-zero block (FP32 scale): x * 1 keeps the signed zeros */
+      e4m3_block_pack(pb, xb, block, 1.0f, 1.0f);
     else
-      for (int i = 0; i < block; i++) pb[i] = op_e4m3_encode(xb[i] / s);
+      e4m3_block_pack(pb, xb, block, s, kind == OP_SCALE_E8M0 ? 1.0f / s : 0.0f);
   }
 }
 
