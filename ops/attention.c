@@ -21,6 +21,7 @@
 
 #include "ops/basic.h"
 #include "ops/formats.h"
+#include "ops/isa.h"
 #include "runtime/check.h"
 
 /* Where the entries come from: packed views, or float rows (gf/sf set). */
@@ -88,17 +89,35 @@ static void online_init(struct online *st, const float *sink) {
  * it. (The accumulation streams whole rows: chunking it measured slower.) */
 #define ATTN_CHUNK 64
 
+/* Heads whose logits are summed together in one pass over the block's
+ * channels: their sums are independent chains, so a wide vector unit is not
+ * left waiting on one head's adds. */
+#define ATTN_HEADS_PER_PASS 4
+
 /* z (heads, B) = tau * q (heads, d) . kt (d, B). Each logit is summed over
  * i = 0, 1, ..., d-1 in order, one product and one add per step (the partial
  * sum waits in z between channel chunks, exactly), then scaled by tau: the
- * order of a plain scalar dot, whatever B and the block's fill. The lanes are
- * the B entries, independent, so the inner loop vectorizes. */
-static void block_logits(float *restrict z, const float *restrict q, const float *restrict kt, int heads, int d,
-                         float tau) {
+ * order of a plain scalar dot, whatever B, the block's fill, the number of
+ * heads per pass or the vector width. The lanes are the B entries of up to
+ * ATTN_HEADS_PER_PASS heads, independent, so the inner loop vectorizes. */
+static inline OP_ISA_BODY void block_logits(float *restrict z, const float *restrict q, const float *restrict kt,
+                                            int heads, int d, float tau) {
   memset(z, 0, (size_t)heads * ATTN_BLOCK * sizeof *z);
   for (int i0 = 0; i0 < d; i0 += ATTN_CHUNK) {
     const int i1 = d - i0 < ATTN_CHUNK ? d : i0 + ATTN_CHUNK;
-    for (int h = 0; h < heads; h++) {
+    int h = 0;
+    for (; h + ATTN_HEADS_PER_PASS <= heads; h += ATTN_HEADS_PER_PASS) {
+      float s[ATTN_HEADS_PER_PASS][ATTN_BLOCK];
+      const float *qh = q + (size_t)h * d;
+      for (int j = 0; j < ATTN_HEADS_PER_PASS; j++)
+        for (int b = 0; b < ATTN_BLOCK; b++) s[j][b] = z[(size_t)(h + j) * ATTN_BLOCK + b];
+      for (int i = i0; i < i1; i++)
+        for (int j = 0; j < ATTN_HEADS_PER_PASS; j++)
+          for (int b = 0; b < ATTN_BLOCK; b++) s[j][b] += qh[(size_t)j * d + i] * kt[(size_t)i * ATTN_BLOCK + b];
+      for (int j = 0; j < ATTN_HEADS_PER_PASS; j++)
+        for (int b = 0; b < ATTN_BLOCK; b++) z[(size_t)(h + j) * ATTN_BLOCK + b] = s[j][b];
+    }
+    for (; h < heads; h++) {
       const float *qh = q + (size_t)h * d;
       float s[ATTN_BLOCK];
       for (int b = 0; b < ATTN_BLOCK; b++) s[b] = z[(size_t)h * ATTN_BLOCK + b];
@@ -114,7 +133,7 @@ static void block_logits(float *restrict z, const float *restrict q, const float
  * acc[h][i] adds its terms w[h][b] kb[b][i] one at a time in entry order.
  * Four entries go per pass over the row (left to right: the same order),
  * so acc is loaded and stored once per four terms. */
-static void block_accumulate(float *restrict acc, const float *restrict w, const float *restrict kb, int heads,
+static inline OP_ISA_BODY void block_accumulate(float *restrict acc, const float *restrict w, const float *restrict kb, int heads,
                              int d, int nb) {
   for (int h = 0; h < heads; h++) {
     float *ah = acc + (size_t)h * d;
@@ -135,7 +154,7 @@ static void block_accumulate(float *restrict acc, const float *restrict w, const
 /* kt (d, B) = kb (nb, d) transposed, columns nb.. zero. By tiles of 16
  * channels (a cache line of a kb row), not channel by channel: kb's rows are
  * d apart, often a multiple of 4 KiB that would thrash one cache set. */
-static void block_transpose(float *restrict kt, const float *restrict kb, int d, int nb) {
+static inline OP_ISA_BODY void block_transpose(float *restrict kt, const float *restrict kb, int d, int nb) {
   for (int i0 = 0; i0 < d; i0 += 16) {
     const int n = d - i0 < 16 ? d - i0 : 16;
     for (int b = 0; b < nb; b++)
@@ -150,7 +169,7 @@ static void block_transpose(float *restrict kt, const float *restrict kb, int d,
  * once by exp(m_old - m_new); the weights exp(z - m) join l in entry order
  * and acc through block_accumulate. A NaN logit fails the max test and
  * poisons l and acc through exp(NaN). */
-static void online_flush(struct online *st) {
+static inline OP_ISA_BODY void online_flush_body(struct online *st) {
   const int H = st->heads, d = st->d, nb = st->nb;
   if (nb == 0) return;
   block_transpose(st->kt, st->kb, d, nb);
@@ -174,6 +193,8 @@ static void online_flush(struct online *st) {
   block_accumulate(st->acc, st->z, st->kb, H, d, nb);
   st->nb = 0;
 }
+/* online_flush: the body above at the vector ISA op_isa() chose (isa.h). */
+OP_ISA_KERNEL(online_flush, (struct online *st), (st))
 
 /* The next row of the block to fill; flushes a full block first. */
 static float *online_slot(struct online *st) {

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "ops/formats.h"
+#include "ops/isa.h"
 #include "runtime/check.h"
 
 #define KTILE 64 /* keys per tile, the kernel's lanes: (idx_w, 64) floats = 32 KiB at flash width */
@@ -113,7 +114,7 @@ static void tile_load(float *tile /* (tile_floats(kv)) */, const struct op_kv_vi
  * (one rounding per step, always in that order, so the tile size, the
  * unroll and the lane a key sits in change nothing). The lanes are
  * independent: that inner loop is what the compiler vectorizes. */
-static void head_dots(float dot[restrict HBLK][KTILE], const float *const qh[HBLK] /* HBLK x (hd) */,
+static inline OP_ISA_BODY void head_dots(float dot[restrict HBLK][KTILE], const float *const qh[HBLK] /* HBLK x (hd) */,
                       const float *restrict tile /* (hd, KTILE) */, int hd) {
   for (int j = 0; j < HBLK; j++)
     for (int l = 0; l < KTILE; l++) dot[j][l] = 0.0f;
@@ -139,8 +140,9 @@ static void head_dots(float dot[restrict HBLK][KTILE], const float *const qh[HBL
  * heads summed in order h = 0, 1, ... from 0. ReLU keeps a NaN (a poisoned
  * key must stay visible, see the ranking rule in indexer.h). Every score of
  * every path comes from here. */
-static void score_tile(float *restrict out /* (KTILE) */, const float *q /* (heads, hd) */,
-                       const float *w /* (heads) */, const float *tile /* (hd, KTILE) */, int heads, int hd) {
+static inline OP_ISA_BODY void score_tile_body(float *restrict out /* (KTILE) */, const float *q /* (heads, hd) */,
+                                              const float *w /* (heads) */, const float *tile /* (hd, KTILE) */,
+                                              int heads, int hd) {
   float dot[HBLK][KTILE];
   for (int l = 0; l < KTILE; l++) out[l] = 0.0f;
   for (int h0 = 0; h0 < heads; h0 += HBLK) {
@@ -151,6 +153,9 @@ static void score_tile(float *restrict out /* (KTILE) */, const float *q /* (hea
       for (int l = 0; l < KTILE; l++) out[l] += w[h0 + j] * (dot[j][l] < 0.0f ? 0.0f : dot[j][l]);
   }
 }
+/* score_tile: the body above at the vector ISA op_isa() chose (isa.h). */
+OP_ISA_KERNEL(score_tile, (float *out, const float *q, const float *w, const float *tile, int heads, int hd),
+              (out, q, w, tile, heads, hd))
 
 static void check_view(const struct op_kv_view *kv, int heads) {
   CEDAR_ASSERT_MSG(kv->ratio >= 1 && kv->n_entries >= 0 && kv->page_entries >= 1,

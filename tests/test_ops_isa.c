@@ -1,0 +1,162 @@
+/* test_ops_isa.c: the kernels compiled for several vector ISAs (ops/isa.h)
+ * give the same bits at every level this CPU has.
+ *
+ * What it checks: op_sparse_attn_f32 (online_flush) and the indexer
+ * (score_tile through op_indexer_score, op_indexer_topk and
+ * op_indexer_reindex) run once per supported level, forced with
+ * op_isa_force; every output is compared byte for byte with the default
+ * (SSE2) level's. Shapes are odd on purpose: head counts that are not a
+ * multiple of the heads summed per pass, widths that are not a multiple of
+ * a vector or a channel chunk, blocks left partly filled, -1 in Top-K.
+ * Also: op_isa_force refuses a level the CPU lacks and an unknown one.
+ *
+ * What it is not: a check of the values (tests/test_ops_attention.c and
+ * tests/test_ops_indexer.c compare them with float64 references).
+ * On a CPU with only the default level it says so and checks that level
+ * against itself.
+ *
+ * Run from the repository root: ctest --test-dir build -R ops_isa.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/attention.h"
+#include "ops/formats.h"
+#include "ops/indexer.h"
+#include "ops/isa.h"
+#include "tests/harness.h"
+
+/* ---- attention ----------------------------------------------------------- */
+
+struct attn_case {
+  int S, heads, d, topk, n_global, slots, window;
+  bool sink;
+};
+
+/* o (S, heads, d) and n_used (S) of one case at the current level. */
+static void attn_run(const struct attn_case *c, float *o, int32_t *used, uint64_t seed) {
+  const size_t qn = (size_t)c->S * c->heads * c->d;
+  float *q = malloc(qn * sizeof *q), *g = malloc((size_t)c->n_global * c->d * sizeof *g);
+  float *sw = malloc((size_t)c->slots * c->d * sizeof *sw), sink[64];
+  int64_t *pos = malloc((size_t)c->S * sizeof *pos), *spos = malloc((size_t)c->slots * sizeof *spos);
+  int32_t *idx = malloc((size_t)c->S * c->topk * sizeof *idx);
+  h_fill(q, qn, &seed, -2, 2);
+  h_fill(g, (size_t)c->n_global * c->d, &seed, -3, 3);
+  h_fill(sw, (size_t)c->slots * c->d, &seed, -3, 3);
+  h_fill(sink, 64, &seed, -1, 1);
+  for (int i = 0; i < c->S; i++) pos[i] = 200 + i;
+  for (int s = 0; s < c->slots; s++) spos[s] = s % 7 == 3 ? -1 : 200 - c->slots / 2 + s; /* some empty, some future */
+  for (int t = 0; t < c->S * c->topk; t++) idx[t] = t % 11 == 5 ? -1 : (int32_t)(h_uniform(&seed) * c->n_global);
+  struct op_attn_params pr = {.heads = c->heads, .head_dim = c->d, .topk = c->topk, .window = c->window,
+                              .tau = 0.125f, .sink = c->sink ? sink : NULL};
+  op_sparse_attn_f32(o, used, q, pos, idx, g, c->n_global, sw, spos, c->slots, c->S, &pr);
+  free(q), free(g), free(sw), free(pos), free(spos), free(idx);
+}
+
+static void check_attention(const enum op_isa *levels, int n_levels) {
+  static const struct attn_case cases[] = {
+      {3, 6, 72, 40, 100, 20, 16, true},   /* 4 + 2 heads, d not a multiple of 16 */
+      {2, 8, 128, 33, 70, 9, 128, false},  /* blocks left part full, no sink */
+      {1, 64, 512, 64, 200, 40, 32, true}, /* flash-like heads and width */
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+    const struct attn_case *c = &cases[k];
+    const size_t on = (size_t)c->S * c->heads * c->d;
+    float *ref = malloc(on * sizeof *ref), *o = malloc(on * sizeof *o);
+    int32_t ref_used[8], used[8];
+    op_isa_force(OP_ISA_DEFAULT);
+    attn_run(c, ref, ref_used, 0x1234 + k);
+    EXPECT(h_finite(ref, on, "attention reference"), "case %zu", k);
+    for (int l = 0; l < n_levels; l++) {
+      EXPECT(op_isa_force(levels[l]), "force %s", op_isa_name(levels[l]));
+      memset(o, 0xA5, on * sizeof *o);
+      attn_run(c, o, used, 0x1234 + k);
+      EXPECT(!memcmp(o, ref, on * sizeof *o) && !memcmp(used, ref_used, (size_t)c->S * sizeof *used),
+             "attention case %zu (S %d heads %d d %d): level %s differs from default", k, c->S, c->heads, c->d,
+             op_isa_name(levels[l]));
+    }
+    free(ref), free(o);
+  }
+}
+
+/* ---- indexer ------------------------------------------------------------- */
+
+enum { IDX_W = 64, IDX_BLOCK = 32, PAGE = 16 };
+
+struct idx_src {
+  struct op_kv_view kv;
+  uint8_t *pages[32];
+};
+
+static void idx_build(struct idx_src *s, int n_entries, uint64_t seed) {
+  const size_t eb = op_mxfp4_bytes(IDX_W, IDX_BLOCK);
+  s->kv = (struct op_kv_view){.page_entries = PAGE, .entry_bytes = eb, .n_entries = n_entries, .ratio = 1,
+                              .idx_w = IDX_W, .idx_block = IDX_BLOCK, .nibble = OP_NIBBLE_EVEN_LOW};
+  float x[IDX_W];
+  for (int p = 0; p * PAGE < n_entries; p++) {
+    s->pages[p] = calloc(PAGE, eb);
+    for (int e = 0; e < PAGE && p * PAGE + e < n_entries; e++) {
+      h_fill(x, IDX_W, &seed, -4, 4);
+      op_mxfp4_pack(s->pages[p] + (size_t)e * eb, x, IDX_W, IDX_BLOCK, OP_MX_CEIL, OP_NIBBLE_EVEN_LOW);
+    }
+  }
+  s->kv.pages = (const uint8_t *const *)s->pages;
+}
+
+struct idx_out {
+  float scores[400];
+  int32_t topk[4 * 24], pool[4 * 6], re[4 * 24];
+};
+
+static void idx_run(const struct idx_src *s, struct idx_out *out, int heads, uint64_t seed) {
+  enum { S = 4, K = 24, BLOCK = 8, TOP = 6 };
+  float q[S * 7 * IDX_W], w[S * 7];
+  int64_t pos[S] = {150, 260, 300, 399};
+  h_fill(q, (size_t)S * heads * IDX_W, &seed, -1, 1);
+  h_fill(w, (size_t)S * heads, &seed, -1, 1);
+  memset(out, 0, sizeof *out);
+  op_indexer_score(out->scores, q, w, &s->kv, 399, heads);
+  size_t wb = op_indexer_topk_work_bytes(&s->kv, pos, S, BLOCK);
+  size_t rb = op_indexer_reindex_work_bytes(&s->kv, BLOCK, TOP);
+  void *work = malloc(wb > rb ? wb : rb);
+  op_indexer_topk(out->topk, out->pool, work, q, w, pos, &s->kv, S, heads, K, BLOCK, TOP);
+  op_indexer_reindex(out->re, work, out->pool, q, w, pos, &s->kv, S, heads, K, BLOCK, TOP);
+  free(work);
+}
+
+static void check_indexer(const enum op_isa *levels, int n_levels) {
+  struct idx_src s = {0};
+  idx_build(&s, 400, 99);
+  static struct idx_out ref, got;
+  for (int heads = 1; heads <= 7; heads += 3) { /* 1, 4, 7: one head, a full HBLK, a partial one */
+    op_isa_force(OP_ISA_DEFAULT);
+    idx_run(&s, &ref, heads, 7 + heads);
+    EXPECT(h_finite(ref.scores, 400, "indexer reference scores"), "heads %d", heads);
+    for (int l = 0; l < n_levels; l++) {
+      op_isa_force(levels[l]);
+      idx_run(&s, &got, heads, 7 + heads);
+      EXPECT(!memcmp(&got, &ref, sizeof got), "indexer heads %d: level %s differs from default (scores %s)", heads,
+             op_isa_name(levels[l]), memcmp(got.scores, ref.scores, sizeof got.scores) ? "differ" : "equal");
+    }
+  }
+  for (int p = 0; p < 32; p++) free(s.pages[p]);
+}
+
+int main(void) {
+  enum op_isa levels[OP_ISA_COUNT];
+  int n = 0;
+  for (int i = 0; i < OP_ISA_COUNT; i++)
+    if (op_isa_supported((enum op_isa)i)) levels[n++] = (enum op_isa)i;
+  printf("levels on this CPU:");
+  for (int i = 0; i < n; i++) printf(" %s", op_isa_name(levels[i]));
+  printf("%s\n", n == 1 ? " (only the default level: it is checked against itself)" : "");
+  EXPECT(!op_isa_force((enum op_isa)OP_ISA_COUNT), "an unknown level must be refused");
+  for (int i = 0; i < OP_ISA_COUNT; i++)
+    if (!op_isa_supported((enum op_isa)i))
+      EXPECT(!op_isa_force((enum op_isa)i), "level %s is not supported here: force must refuse it",
+             op_isa_name((enum op_isa)i));
+  check_attention(levels, n);
+  check_indexer(levels, n);
+  return h_report("test_ops_isa");
+}
