@@ -9,6 +9,8 @@
  * Speed: blocks of 32 entries (attention.h: "How"); the inner loops run over
  * independent lanes (the block's entries for the logits, channels for the
  * accumulation) so the compiler vectorizes them without reordering any sum.
+ * online_flush is compiled for SSE2, AVX2 and AVX-512 from one body
+ * (ops/isa.h): the same bits at every level.
  * One thread: queries are independent (each reads its own entries once);
  * parallelism comes from the task graph.
  *

@@ -7,8 +7,9 @@
  *      order of indexer.h (a sequential dot per head, heads summed in order),
  *      and every path scores through it, so their scores are equal bit for
  *      bit. The lanes are independent, so the compiler vectorizes across keys
- *      (about 40 GFLOP/s at -O3 with SSE2 on this machine, where a reduction
- *      split into lanes inside one key reached 8);
+ *      (about 30 GFLOP/s at -O3 with SSE2 at flash widths on this machine, 42
+ *      with AVX-512, where a reduction split into lanes inside one key
+ *      reached 8);
  *   2. selection: a bounded heap of indices ranked by (score desc, index asc),
  *      used for Top-K over entries and for Top-blocks over block scores;
  *   3. the chunk entry points: a full scan that scores 8 queries against each
@@ -17,7 +18,8 @@
  *
  * What it is not: threaded (parallelism comes from the task graph) or tied
  * to an instruction set (portable C11: no intrinsics, the compiler's
- * vectorizer does the SIMD).
+ * vectorizer does the SIMD; score_tile is compiled for SSE2, AVX2 and
+ * AVX-512 from one body, ops/isa.h, with the same bits at every level).
  *
  * Test: ctest --test-dir build -R ops_indexer --output-on-failure
  */

@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "ops/basic.h"
+#include "ops/isa.h"
 #include "runtime/check.h"
 #include "runtime/cli.h"
 #include "runtime/generate.h"
@@ -326,8 +327,9 @@ static void print_compare_text(const struct result *r, int n_plans, const struct
 }
 
 static void print_text(const struct result *r, int n_plans, const struct bench *B) {
-  printf("cold prefill of %" PRId64 " tokens, then %" PRId64 " decode steps%s%s; minimum of %d interleaved run%s\n\n", B->n,
-         B->steps, B->sched ? "; StarPU policy " : "", B->sched ? B->sched : "", B->repeat, B->repeat > 1 ? "s" : "");
+  printf("cold prefill of %" PRId64 " tokens, then %" PRId64 " decode steps%s%s; minimum of %d interleaved run%s; "
+         "kernels at %s (CEDAR_ISA)\n\n", B->n, B->steps, B->sched ? "; StarPU policy " : "", B->sched ? B->sched : "",
+         B->repeat, B->repeat > 1 ? "s" : "", op_isa_name(op_isa()));
   printf("%-16s %-10s %10s %14s %10s %10s %12s %12s\n", "plan", "executor", "prefill s", "token-layers", "time/1st",
          "tl/1st", "decode tok/s", "ITL ms");
   const struct rt_gen_result *first = &r[0].res[0];

@@ -29,6 +29,7 @@
 #include <yaml.h>
 
 #include "kernels/device.h"
+#include "ops/isa.h"
 #include "runtime/check.h"
 #include "runtime/cli.h"
 
@@ -111,6 +112,12 @@ static void gather_versions(cJSON *root) {
   jstr(b, "config", openblas_get_config());
   jstr(b, "core", openblas_get_corename());
   jnum(b, "threads", openblas_get_num_threads());
+
+  cJSON *k = jobj(lib, "cedar_kernels"); /* ops/isa.h */
+  jstr(k, "isa", op_isa_name(op_isa()));
+  cJSON *lv = cJSON_AddArrayToObject(k, "supported");
+  for (int i = 0; i < OP_ISA_COUNT; i++)
+    if (op_isa_supported((enum op_isa)i)) cJSON_AddItemToArray(lv, cJSON_CreateString(op_isa_name((enum op_isa)i)));
 
   cJSON *c = jobj(lib, "cuda");
   char err[512];
@@ -309,6 +316,10 @@ static void print_libraries(const cJSON *lib) {
   printf("  %-9s %s\n", "cJSON", jget_str(jget(lib, "cjson"), "version"));
   printf("  %-9s %s; core %s; %.0f threads\n", "OpenBLAS", jget_str(b, "config"),
          jget_str(b, "core"), jget_num(b, "threads"));
+  const cJSON *k = jget(lib, "cedar_kernels"), *lv;
+  printf("  %-9s cedar's CPU kernels at %s (CEDAR_ISA; this CPU:", "ISA", jget_str(k, "isa"));
+  cJSON_ArrayForEach(lv, jget(k, "supported")) printf(" %s", lv->valuestring);
+  printf(")\n");
   if (jget_str(cu, "runtime"))
     printf("  %-9s runtime %s, driver %s\n", "CUDA", jget_str(cu, "runtime"),
            jget_str(cu, "driver"));

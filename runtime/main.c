@@ -37,7 +37,9 @@ static void usage(FILE *f) {
           "\n"
           "Run 'cedar <command> --help' for a command's options.\n"
           "The default plan is %s.\n"
-          "Environment: CEDAR_LOG=error|warn|info|debug sets the log level (default warn).\n",
+          "Environment: CEDAR_LOG=error|warn|info|debug sets the log level (default warn);\n"
+          "CEDAR_ISA=default|avx2|avx512 picks the vector ISA of cedar's CPU kernels (default: the\n"
+          "best this CPU has; every level gives the same bits).\n",
           CEDAR_DEFAULT_PLAN);
 }
 
