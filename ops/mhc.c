@@ -34,12 +34,13 @@ static inline void mix_cols(float *restrict u, const float *restrict x, const fl
 
 /* X'_j[k] = sum_i C[i][j] X_i[k] + post[j] F[k]. */
 static inline void update_cols(float *restrict xn, const float *restrict x, const float *restrict C,
-                               const float *restrict post, const float *restrict f, int hc, size_t d, int len) {
+                               const float *restrict post, const float *restrict f, int hc, size_t dn, size_t dx,
+                               int len) {
   for (int k = 0; k < len; k++)
     for (int j = 0; j < hc; j++) {
       float y = C[j] * x[k];
-      for (int i = 1; i < hc; i++) y += C[i * hc + j] * x[i * d + k];
-      xn[j * d + k] = y + post[j] * f[k];
+      for (int i = 1; i < hc; i++) y += C[i * hc + j] * x[i * dx + k];
+      xn[j * dn + k] = y + post[j] * f[k];
     }
 }
 
@@ -51,12 +52,12 @@ static void mix_tile(float *u, const float *x, const float *pre, int hc, size_t 
     mix_cols(u, x, pre, hc, d, len);
 }
 
-static void update_tile(float *xn, const float *x, const float *C, const float *post, const float *f, int hc, size_t d,
-                        int len) {
+static void update_tile(float *xn, size_t dn, const float *x, size_t dx, const float *C, const float *post,
+                        const float *f, int hc, int len) {
   if (hc == 4)
-    update_cols(xn, x, C, post, f, 4, d, len);
+    update_cols(xn, x, C, post, f, 4, dn, dx, len);
   else
-    update_cols(xn, x, C, post, f, hc, d, len);
+    update_cols(xn, x, C, post, f, hc, dn, dx, len);
 }
 
 /* ---- statistics in the fixed order of mhc.h ------------------------------------------- */
@@ -286,9 +287,22 @@ void op_mhc_update(float *Xn, const float *X, const float *C, const float *post,
   for (int t = 0; t < n; t++)
     for (int k0 = 0; k0 < d; k0 += OP_MHC_TILE) {
       size_t o = (size_t)t * hc * d + k0;
-      update_tile(Xn + o, X + o, C + (size_t)t * hc * hc, post + (size_t)t * hc, F + (size_t)t * d + k0, hc,
-                  (size_t)d, tile_len(d, k0));
+      update_tile(Xn + o, (size_t)d, X + o, (size_t)d, C + (size_t)t * hc * hc, post + (size_t)t * hc,
+                  F + (size_t)t * d + k0, hc, tile_len(d, k0));
     }
+}
+
+void op_mhc_update_inplace(float *X, const float *C, const float *post, const float *F, int n, int hc, int d) {
+  float buf[8 * OP_MHC_TILE], *tile = hc <= 8 ? buf : cedar_xmalloc((size_t)hc * OP_MHC_TILE * sizeof *tile);
+  for (int t = 0; t < n; t++)
+    for (int k0 = 0; k0 < d; k0 += OP_MHC_TILE) {
+      const size_t o = (size_t)t * hc * d + k0;
+      const int len = tile_len(d, k0);
+      for (int i = 0; i < hc; i++) memcpy(tile + (size_t)i * len, X + o + (size_t)i * d, (size_t)len * sizeof *tile);
+      update_tile(X + o, (size_t)d, tile, (size_t)len, C + (size_t)t * hc * hc, post + (size_t)t * hc,
+                  F + (size_t)t * d + k0, hc, len);
+    }
+  if (tile != buf) free(tile);
 }
 
 /* One pass: per block of positions and tile, write the tile of X' and mix u from it, then
@@ -306,8 +320,8 @@ void op_mhc_update_mix_fused(float *Xn, float *u_next, float *dots, float *sumsq
       const int len = tile_len(d, k0);
       for (int t = t0; t < t0 + nb; t++) {
         const size_t o = t * width + k0;
-        update_tile(Xn + o, X + o, C + (size_t)t * hc * hc, post + (size_t)t * hc, F + (size_t)t * d + k0, hc,
-                    (size_t)d, len);
+        update_tile(Xn + o, (size_t)d, X + o, (size_t)d, C + (size_t)t * hc * hc, post + (size_t)t * hc,
+                    F + (size_t)t * d + k0, hc, len);
         mix_tile(u_next + (size_t)t * d + k0, Xn + o, pre_next + (size_t)t * hc, hc, (size_t)d, len);
       }
       tile_stats(dots + (size_t)t0 * m, sumsq + t0, W + k0, Xn + t0 * width + k0, nb >= PACK_MIN ? wp : NULL, nb, m,

@@ -106,6 +106,12 @@ void op_mhc_mix(float *u /* (n, d) */, const float *X /* (n, hc, d) */, const fl
 void op_mhc_update(float *Xn /* (n, hc, d) */, const float *X /* (n, hc, d) */, const float *C /* (n, hc, hc) */,
                    const float *post /* (n, hc) */, const float *F /* (n, d) */, int n, int hc, int d);
 
+/* op_mhc_update written over X itself, bit for bit the same X': each tile of
+ * a position's streams is copied to a buffer first (L1-sized), instead of a
+ * whole second state and a copy back. */
+void op_mhc_update_inplace(float *X /* (n, hc, d) */, const float *C /* (n, hc, hc) */, const float *post /* (n, hc) */,
+                           const float *F /* (n, d) */, int n, int hc, int d);
+
 /* One pass: Xn = op_mhc_update(X, C, post, F); u_next = op_mhc_mix(Xn, pre_next);
  * dots, sumsq = the statistics of Xn against W (m, hc * d), accumulated tile by tile.
  * Xn must not alias X. */

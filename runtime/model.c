@@ -240,19 +240,17 @@ static struct mhc_step mhc_begin(const struct rt_model *M, const struct graph_no
     const struct rt_layer *N = k == 0 ? L : &M->L[nd->next_layer];
     int nk = k == 0 ? 1 : 0;
     float *post2 = RT_ALLOC(ar, float, (size_t)n * hc), *C2 = RT_ALLOC(ar, float, (size_t)n * hc * hc);
-    RT_TIMED(ar, MHC, op_mhc_coeffs(pre, post2, C2, dots, sumsq, X, N->hc_fn[nk], N->hc_scale[nk], N->hc_base[nk], n, &M->mhc));
+    /* op_mhc_coeffs on the same X, without its second pass for sumsq */
+    RT_TIMED(ar, MHC, op_linear(dots, X, N->hc_fn[nk], n, hc * d, rows, hc * d, rows));
+    RT_TIMED(ar, MHC, op_mhc_coeffs_from_stats(pre, post2, C2, dots, sumsq, N->hc_scale[nk], N->hc_base[nk], n, &M->mhc));
   }
   return s;
 }
 
-/* X = sum_i C[i][j] X_i + post[j] y (through a scratch copy: the op must not
- * write its input). */
+/* X = sum_i C[i][j] X_i + post[j] y, in place. */
 static void mhc_end(const struct rt_model *M, float *X, const struct mhc_step *s, const float *y, int n,
                     struct rt_arena *ar) {
-  int hc = M->mhc.hc, d = M->mhc.hidden;
-  float *Xn = RT_ALLOC(ar, float, (size_t)n * hc * d);
-  RT_TIMED(ar, MHC, op_mhc_update(Xn, X, s->C, s->post, y, n, hc, d));
-  memcpy(X, Xn, sizeof(float) * (size_t)n * hc * d);
+  RT_TIMED(ar, MHC, op_mhc_update_inplace(X, s->C, s->post, y, n, M->mhc.hc, M->mhc.hidden));
 }
 
 /* ---- embed, Engram (docs/model.md s1, s5) -------------------------------- */

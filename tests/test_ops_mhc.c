@@ -307,6 +307,12 @@ static void check_mix_update(int n, int hc, int d, uint64_t *seed) {
   h_within(u, ru, bu, lu, what);
   op_mhc_update(Xn, X, C, post, F, n, hc, d);
   h_within(Xn, rx, bx, lx, what);
+  /* in place: the same bits, written over X */
+  float *Xi = h_alloc(lx);
+  memcpy(Xi, X, lx * sizeof *Xi);
+  op_mhc_update_inplace(Xi, C, post, F, n, hc, d);
+  EXPECT(!memcmp(Xi, Xn, lx * sizeof *Xi), "%s: op_mhc_update_inplace is not bitwise op_mhc_update", what);
+  h_free(Xi, lx, what);
   h_free(u, lu, what), h_free(Xn, lx, what);
   free(X), free(F), free(pre), free(post), free(C), free(ru), free(bu), free(rx), free(bx);
 }
@@ -519,6 +525,7 @@ int main(void) {
   check_mix_update(2, 4, 5120, &seed);
   check_mix_update(3, 1, 7, &seed);
   check_mix_update(4, 3, 129, &seed);
+  check_mix_update(2, 9, 300, &seed); /* hc > 8: the in-place update's buffer on the heap */
   check_expand(&seed);
   check_merge(6, 4, 37, &seed);
   check_merge(2, 4, 5120, &seed);
