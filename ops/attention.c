@@ -48,30 +48,14 @@ struct online {
   const float *q; /* (heads, d) this query's rows */
   float *acc;     /* (heads, d) running numerator: the output row itself */
   float *m, *l;   /* (heads) running max and running sum */
-  float *kb;      /* (ATTN_BLOCK, d) the block's entries, one row each */
+  float *kb;      /* (ATTN_BLOCK, d) rows for entries that had to be dequantized */
+  const float *row[ATTN_BLOCK]; /* the block's entries: rows of kb, or of the caller's float tables */
   float *kt;      /* (d, ATTN_BLOCK) the same transposed; columns >= nb are 0 */
   float *z;       /* (heads, ATTN_BLOCK) the block's logits, then weights */
   int heads, d, nb; /* nb: entries in the block so far */
   float tau;
 };
 
-static void swa_entry(float *row /* (d) */, const struct entry_src *src, int slot, int d) {
-  if (src->sf) {
-    memcpy(row, src->sf + (size_t)slot * d, (size_t)d * sizeof *row);
-    return;
-  }
-  const struct op_swa_view *v = src->swa;
-  op_fp8_unpack(row, v->slots + (size_t)slot * v->entry_bytes, v->w, v->block, v->scale);
-}
-
-static void global_entry(float *row /* (d) */, const struct entry_src *src, int64_t e, int d) {
-  if (src->gf) {
-    memcpy(row, src->gf + (size_t)e * d, (size_t)d * sizeof *row);
-    return;
-  }
-  const struct op_kv_view *v = src->kv;
-  op_fp4_unpack(row, op_kv_entry(v, e) + v->main_off, v->main_w, v->main_block, v->nibble);
-}
 
 /* Start every head with the sink as the only term: m = sigma, l = exp(0) = 1,
  * acc = 0. Without a sink, m = -inf and l = 0; the first block's rescale
@@ -135,19 +119,20 @@ static inline OP_ISA_BODY void block_logits(float *restrict z, const float *rest
  * acc[h][i] adds its terms w[h][b] kb[b][i] one at a time in entry order.
  * Four entries go per pass over the row (left to right: the same order),
  * so acc is loaded and stored once per four terms. */
-static inline OP_ISA_BODY void block_accumulate(float *restrict acc, const float *restrict w, const float *restrict kb, int heads,
-                             int d, int nb) {
+static inline OP_ISA_BODY void block_accumulate(float *restrict acc, const float *restrict w,
+                                                const float *const *row, int heads, int d, int nb) {
   for (int h = 0; h < heads; h++) {
     float *ah = acc + (size_t)h * d;
     const float *wh = w + (size_t)h * ATTN_BLOCK;
     int b = 0;
     for (; b + 4 <= nb; b += 4) {
       const float w0 = wh[b], w1 = wh[b + 1], w2 = wh[b + 2], w3 = wh[b + 3];
-      const float *k0 = kb + (size_t)b * d, *k1 = k0 + d, *k2 = k1 + d, *k3 = k2 + d;
+      const float *restrict k0 = row[b], *restrict k1 = row[b + 1], *restrict k2 = row[b + 2],
+                          *restrict k3 = row[b + 3];
       for (int i = 0; i < d; i++) ah[i] = ah[i] + w0 * k0[i] + w1 * k1[i] + w2 * k2[i] + w3 * k3[i];
     }
     for (; b < nb; b++) {
-      const float wb = wh[b], *kr = kb + (size_t)b * d;
+      const float wb = wh[b], *restrict kr = row[b];
       for (int i = 0; i < d; i++) ah[i] += wb * kr[i];
     }
   }
@@ -156,11 +141,11 @@ static inline OP_ISA_BODY void block_accumulate(float *restrict acc, const float
 /* kt (d, B) = kb (nb, d) transposed, columns nb.. zero. By tiles of 16
  * channels (a cache line of a kb row), not channel by channel: kb's rows are
  * d apart, often a multiple of 4 KiB that would thrash one cache set. */
-static inline OP_ISA_BODY void block_transpose(float *restrict kt, const float *restrict kb, int d, int nb) {
+static inline OP_ISA_BODY void block_transpose(float *restrict kt, const float *const *row, int d, int nb) {
   for (int i0 = 0; i0 < d; i0 += 16) {
     const int n = d - i0 < 16 ? d - i0 : 16;
     for (int b = 0; b < nb; b++)
-      for (int j = 0; j < n; j++) kt[(size_t)(i0 + j) * ATTN_BLOCK + b] = kb[(size_t)b * d + i0 + j];
+      for (int j = 0; j < n; j++) kt[(size_t)(i0 + j) * ATTN_BLOCK + b] = row[b][i0 + j];
     for (int j = 0; j < n; j++)
       for (int b = nb; b < ATTN_BLOCK; b++) kt[(size_t)(i0 + j) * ATTN_BLOCK + b] = 0.0f;
   }
@@ -174,7 +159,7 @@ static inline OP_ISA_BODY void block_transpose(float *restrict kt, const float *
 static inline OP_ISA_BODY void online_flush_body(struct online *st) {
   const int H = st->heads, d = st->d, nb = st->nb;
   if (nb == 0) return;
-  block_transpose(st->kt, st->kb, d, nb);
+  block_transpose(st->kt, st->row, d, nb);
   block_logits(st->z, st->q, st->kt, H, d, st->tau);
   for (int h = 0; h < H; h++) {
     float *zh = st->z + (size_t)h * ATTN_BLOCK, mb = st->m[h];
@@ -192,16 +177,42 @@ static inline OP_ISA_BODY void online_flush_body(struct online *st) {
       st->l[h] += zh[b];
     }
   }
-  block_accumulate(st->acc, st->z, st->kb, H, d, nb);
+  block_accumulate(st->acc, st->z, st->row, H, d, nb);
   st->nb = 0;
 }
 /* online_flush: the body above at the vector ISA op_isa() chose (isa.h). */
 OP_ISA_KERNEL(online_flush, (struct online *st), (st))
 
-/* The next row of the block to fill; flushes a full block first. */
+/* The next row of kb to dequantize an entry into; flushes a full block first. */
 static float *online_slot(struct online *st) {
   if (st->nb == ATTN_BLOCK) online_flush(st);
-  return st->kb + (size_t)st->nb++ * st->d;
+  float *r = st->kb + (size_t)st->nb * st->d;
+  st->row[st->nb++] = r;
+  return r;
+}
+
+/* Take a float row of the caller's as the block's next entry, in place. */
+static void online_row(struct online *st, const float *r) {
+  if (st->nb == ATTN_BLOCK) online_flush(st);
+  st->row[st->nb++] = r;
+}
+
+static void swa_entry(struct online *st, const struct entry_src *src, int slot) {
+  if (src->sf) {
+    online_row(st, src->sf + (size_t)slot * st->d);
+    return;
+  }
+  const struct op_swa_view *v = src->swa;
+  op_fp8_unpack(online_slot(st), v->slots + (size_t)slot * v->entry_bytes, v->w, v->block, v->scale);
+}
+
+static void global_entry(struct online *st, const struct entry_src *src, int64_t e) {
+  if (src->gf) {
+    online_row(st, src->gf + (size_t)e * st->d);
+    return;
+  }
+  const struct op_kv_view *v = src->kv;
+  op_fp4_unpack(online_slot(st), op_kv_entry(v, e) + v->main_off, v->main_w, v->main_block, v->nibble);
 }
 
 /* o_h = acc / l. l == 0 only when there was neither a sink nor an entry:
@@ -227,12 +238,12 @@ static int32_t attend_query(struct online *st, const struct entry_src *src, cons
   for (int s = 0; pr->window > 0 && s < src->slots; s++) {
     const int64_t ps = src->spos[s];
     if (ps < 0 || ps < lo || ps > p) continue; /* empty, too old, before r0, or future */
-    swa_entry(online_slot(st), src, s, st->d);
+    swa_entry(st, src, s);
     used++;
   }
   for (int t = 0; idx && t < pr->topk; t++) {
     if (idx[t] < 0 || idx[t] >= src->n_global) continue; /* -1 = none; uncommitted */
-    global_entry(online_slot(st), src, idx[t], st->d);
+    global_entry(st, src, idx[t]);
     used++;
   }
   return used;
