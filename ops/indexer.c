@@ -241,6 +241,22 @@ static int cmp_i32(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+/* a[0 .. m) (distinct, in [0, n)) in ascending order: an LSD radix sort by
+ * bytes, as many passes as n - 1 has bytes, through tmp (m). Replaces qsort,
+ * whose comparator calls cost more than the heap at small widths. */
+static void sort_indices(int32_t *a, int32_t *tmp, int m, int64_t n) {
+  int32_t *src = a, *dst = tmp;
+  for (int shift = 0; shift < 32 && ((n - 1) >> shift) > 0; shift += 8) {
+    int count[257] = {0};
+    for (int i = 0; i < m; i++) count[((uint32_t)src[i] >> shift & 0xFFu) + 1]++;
+    for (int b = 0; b < 256; b++) count[b + 1] += count[b];
+    for (int i = 0; i < m; i++) dst[count[(uint32_t)src[i] >> shift & 0xFFu]++] = src[i];
+    int32_t *t = src;
+    src = dst, dst = t;
+  }
+  if (src != a) memcpy(a, src, (size_t)m * sizeof *a);
+}
+
 int op_topk_select(int32_t *out, const float *scores, int64_t n, int k) {
   CEDAR_ASSERT_MSG(k >= 1 && n >= 0 && n <= INT32_MAX, "topk: k=%d n=%lld", k, (long long)n);
   int m = 0;
@@ -256,7 +272,9 @@ int op_topk_select(int32_t *out, const float *scores, int64_t n, int k) {
         sift_down(out, k, scores);
       }
     }
-    qsort(out, (size_t)m, sizeof *out, cmp_i32);
+    int32_t stack[2048], *tmp = m <= 2048 ? stack : cedar_xmalloc((size_t)m * sizeof *tmp);
+    sort_indices(out, tmp, m, n);
+    if (tmp != stack) free(tmp);
   }
   for (int j = m; j < k; j++) out[j] = -1;
   return m;

@@ -73,8 +73,9 @@ void op_indexer_score(float *scores /* (n_vis) */, const float *q /* (heads, kv-
 
 /* Top-k of scores[0, n) under the ranking rule above: writes the min(k, n)
  * best indices in ascending order, then -1 up to k; returns min(k, n).
- * A bounded heap of size k kept in out itself: O(n log k), no workspace,
- * no sort of n. Needs k >= 1 and n <= INT32_MAX. */
+ * A bounded heap of size k kept in out itself: O(n log k), then a radix
+ * sort of the kept indices (scratch on the stack up to k = 2048, allocated
+ * above); no sort of n. Needs k >= 1 and n <= INT32_MAX. */
 int op_topk_select(int32_t *out /* (k) */, const float *scores /* (n) */, int64_t n, int k);
 
 /* The candidate pool from one query's scores over its n_vis visible entries:
