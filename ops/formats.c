@@ -24,6 +24,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "ops/isa.h"
 #include "runtime/check.h"
 
 #define E2M1_MAX_CODE 0x7u  /* +6 */
@@ -212,7 +213,7 @@ uint8_t op_e8m0_scale(float amax, float qmax, enum op_mx_rule rule) {
  * On long blocks AMAX_LANES partial maxima break the dependency chain of one
  * running max; short ones (16, 32) are faster as one loop. */
 #define AMAX_LANES 16
-static inline uint32_t block_amax_bits(const float *x /* (n) */, int n) {
+static inline OP_ISA_BODY uint32_t block_amax_bits(const float *x /* (n) */, int n) {
   int32_t r = 0;
   int i = 0;
   if (n >= 4 * AMAX_LANES) {
@@ -245,7 +246,7 @@ static inline uint32_t block_amax_bits(const float *x /* (n) */, int n) {
  * next exponent, and 448 <= a < 464 lands on 448 (0x7E), which is the
  * saturation op_e4m3_encode applies there. The float add assumes the
  * default rounding mode, as x / s does (formats.h). */
-static inline uint32_t e4m3_code_fast(float y) {
+static inline OP_ISA_BODY uint32_t e4m3_code_fast(float y) {
   uint32_t u = float_bits(y), ua = u & F32_ABS_MASK;
   int32_t pb = (int32_t)(ua & F32_INF_BITS);
   pb = pb > E4M3_MIN_NORMAL_BITS ? pb : E4M3_MIN_NORMAL_BITS;
@@ -266,7 +267,7 @@ static inline uint32_t e4m3_code_fast(float y) {
  * rounding cannot bring it to T, nor tie to it. A tiny x whose quotient
  * underflows is far below 0.25 s either way. n is even; the codes go
  * through a FAST_CHUNK buffer. */
-static inline void e2m1_block_pack(uint8_t *restrict p /* (n/2) */, const float *restrict x /* (n) */,
+static inline OP_ISA_BODY void e2m1_block_pack(uint8_t *restrict p /* (n/2) */, const float *restrict x /* (n) */,
                                    int n, float s, int even_shift) {
   const float t0 = 0.25f * s, t1 = 0.75f * s, t2 = 1.25f * s, t3 = 1.75f * s, t4 = 2.5f * s,
               t5 = 3.5f * s, t6 = 5.0f * s;
@@ -290,7 +291,7 @@ static inline void e2m1_block_pack(uint8_t *restrict p /* (n/2) */, const float 
  * E8M0 value), where x * r is the correctly rounded x / s too, so the same
  * bits, and a multiply is cheaper. Not for other s: x * (1/s) differs from
  * x / s there. */
-static inline void e4m3_block_pack(uint8_t *restrict p /* (n) */, const float *restrict x /* (n) */,
+static inline OP_ISA_BODY void e4m3_block_pack(uint8_t *restrict p /* (n) */, const float *restrict x /* (n) */,
                                    int n, float s, float r) {
   uint32_t code[FAST_CHUNK];
   for (int i0 = 0; i0 < n; i0 += FAST_CHUNK) {
@@ -314,7 +315,7 @@ static inline void e4m3_block_pack(uint8_t *restrict p /* (n) */, const float *r
  * fields. Clamped below at 0: a subnormal amax (or 0) gives k < -127 for
  * both qmax, as the clamp in op_e8m0_scale does. Never above 254: qmax >= 4
  * keeps k <= 127. */
-static inline uint32_t e8m0_scale_fast(uint32_t amax_bits, uint32_t qmax_bits, int32_t ceil) {
+static inline OP_ISA_BODY uint32_t e8m0_scale_fast(uint32_t amax_bits, uint32_t qmax_bits, int32_t ceil) {
   int32_t up = (int32_t)(amax_bits & F32_MANT_MASK) > (int32_t)(qmax_bits & F32_MANT_MASK);
   int32_t k = (int32_t)(amax_bits >> 23) - (int32_t)(qmax_bits >> 23) + 127 + (up & ceil);
   k = k < 0 ? 0 : k;
@@ -332,7 +333,7 @@ static inline uint32_t e8m0_scale_fast(uint32_t amax_bits, uint32_t qmax_bits, i
  * below, the subnormal k 2^-9 with k = 1 + the number of j = 1..7 with
  * j 2^-9 < v is the smallest at or above v, and 0x01 for v == 0. The
  * compares are on the bits (v >= 0 orders like them). */
-static inline uint32_t fp4_scale_fast(uint32_t amax_bits) {
+static inline OP_ISA_BODY uint32_t fp4_scale_fast(uint32_t amax_bits) {
   float v = bits_float(amax_bits) / 6.0f;
   int32_t vb = (int32_t)float_bits(v);
   uint32_t normal = (((uint32_t)vb + 0xFFFFFu) >> 20) - (120u << 3);
@@ -347,7 +348,7 @@ static inline uint32_t fp4_scale_fast(uint32_t amax_bits) {
 
 /* out[i] = decode(q_i) * s; q * s is exact for E4M3 and E8M0 scales. A NaN
  * scale makes the whole block NaN, including its zero codes. */
-static void e2m1_block_unpack(float *restrict out /* (n) */, const uint8_t *restrict p /* (n/2) */,
+static inline OP_ISA_BODY void e2m1_block_unpack(float *restrict out /* (n) */, const uint8_t *restrict p /* (n/2) */,
                               int n, float s, enum op_nibble_order order) {
   const int even_shift = order == OP_NIBBLE_EVEN_LOW ? 0 : 4, odd_shift = 4 - even_shift;
   for (int j = 0; j < n / 2; j++) {
@@ -372,7 +373,7 @@ size_t op_fp4_bytes(int W, int block) {
 }
 
 /* One Main-KV block: scale byte, then payload (zero when poisoned). */
-static inline void fp4_block_pack(uint8_t *restrict p /* (n/2) */, uint8_t *restrict scale,
+static inline OP_ISA_BODY void fp4_block_pack(uint8_t *restrict p /* (n/2) */, uint8_t *restrict scale,
                                   const float *restrict x /* (n) */, int n, int even_shift) {
   uint32_t code = fp4_scale_fast(block_amax_bits(x, n));
   float s = op_e4m3_decode((uint8_t)code);
@@ -383,11 +384,8 @@ static inline void fp4_block_pack(uint8_t *restrict p /* (n/2) */, uint8_t *rest
     e2m1_block_pack(p, x, n, s == 0.0f ? 1.0f : s, even_shift);
 }
 
-void op_fp4_pack(uint8_t *out, const float *x, int W, int block,
-                 enum op_nibble_order order) {
-  check_fp4_dims(W, block, order);
+static inline OP_ISA_BODY void fp4_pack_rows_body(uint8_t *out, const float *x, int W, int block, int even_shift) {
   uint8_t *scales = out + W / 2;
-  const int even_shift = order == OP_NIBBLE_EVEN_LOW ? 0 : 4;
   /* The same code twice: with the SPEC block size as a constant GCC unrolls
    * the element loops. */
   if (block == OP_MAIN_KV_BLOCK)
@@ -398,6 +396,14 @@ void op_fp4_pack(uint8_t *out, const float *x, int W, int block,
     for (int b = 0; b < W / block; b++)
       fp4_block_pack(out + (size_t)b * block / 2, scales + b, x + (size_t)b * block, block,
                      even_shift);
+}
+/* fp4_pack_rows: the body above at the vector ISA op_isa() chose (isa.h). */
+OP_ISA_KERNEL(fp4_pack_rows, (uint8_t * out, const float *x, int W, int block, int even_shift),
+              (out, x, W, block, even_shift))
+
+void op_fp4_pack(uint8_t *out, const float *x, int W, int block, enum op_nibble_order order) {
+  check_fp4_dims(W, block, order);
+  fp4_pack_rows(out, x, W, block, order == OP_NIBBLE_EVEN_LOW ? 0 : 4);
 }
 
 void op_fp4_unpack(float *out, const uint8_t *in, int W, int block,
@@ -414,7 +420,7 @@ void op_fp4_unpack(float *out, const uint8_t *in, int W, int block,
 size_t op_mxfp4_bytes(int W, int block) { return op_fp4_bytes(W, block); }
 
 /* One Indexer-K block: scale byte, then payload (zero when poisoned). */
-static inline void mxfp4_block_pack(uint8_t *restrict p /* (n/2) */, uint8_t *restrict scale,
+static inline OP_ISA_BODY void mxfp4_block_pack(uint8_t *restrict p /* (n/2) */, uint8_t *restrict scale,
                                     const float *restrict x /* (n) */, int n, int ceil,
                                     int even_shift) {
   uint32_t code = e8m0_scale_fast(block_amax_bits(x, n), float_bits(6.0f), ceil);
@@ -425,12 +431,9 @@ static inline void mxfp4_block_pack(uint8_t *restrict p /* (n/2) */, uint8_t *re
     e2m1_block_pack(p, x, n, op_e8m0_decode((uint8_t)code), even_shift);
 }
 
-void op_mxfp4_pack(uint8_t *out, const float *x, int W, int block,
-                   enum op_mx_rule rule, enum op_nibble_order order) {
-  check_fp4_dims(W, block, order);
-  CEDAR_ASSERT(rule == OP_MX_CEIL || rule == OP_MX_OCP);
+static inline OP_ISA_BODY void mxfp4_pack_rows_body(uint8_t *out, const float *x, int W, int block, int ceil,
+                                               int even_shift) {
   uint8_t *scales = out + W / 2;
-  const int even_shift = order == OP_NIBBLE_EVEN_LOW ? 0 : 4, ceil = rule == OP_MX_CEIL;
   if (block == OP_INDEXER_K_BLOCK) /* as in op_fp4_pack */
     for (int b = 0; b < W / block; b++)
       mxfp4_block_pack(out + b * OP_INDEXER_K_BLOCK / 2, scales + b, x + b * OP_INDEXER_K_BLOCK,
@@ -439,6 +442,16 @@ void op_mxfp4_pack(uint8_t *out, const float *x, int W, int block,
     for (int b = 0; b < W / block; b++)
       mxfp4_block_pack(out + (size_t)b * block / 2, scales + b, x + (size_t)b * block, block,
                        ceil, even_shift);
+}
+/* mxfp4_pack_rows: the body above at the vector ISA op_isa() chose (isa.h). */
+OP_ISA_KERNEL(mxfp4_pack_rows, (uint8_t * out, const float *x, int W, int block, int ceil, int even_shift),
+              (out, x, W, block, ceil, even_shift))
+
+void op_mxfp4_pack(uint8_t *out, const float *x, int W, int block, enum op_mx_rule rule,
+                   enum op_nibble_order order) {
+  check_fp4_dims(W, block, order);
+  CEDAR_ASSERT(rule == OP_MX_CEIL || rule == OP_MX_OCP);
+  mxfp4_pack_rows(out, x, W, block, rule == OP_MX_CEIL, order == OP_NIBBLE_EVEN_LOW ? 0 : 4);
 }
 
 void op_mxfp4_unpack(float *out, const uint8_t *in, int W, int block,
@@ -496,9 +509,8 @@ static float fp8_get_scale(const uint8_t *p, enum op_scale_kind kind) {
   return bits_float(u);
 }
 
-void op_fp8_pack(uint8_t *out, const float *x, int W, int block,
-                 enum op_scale_kind kind) {
-  check_fp8_dims(W, block, kind);
+static inline OP_ISA_BODY void fp8_pack_rows_body(uint8_t *out, const float *x, int W, int block,
+                                             enum op_scale_kind kind) {
   uint8_t *scales = out + W;
   for (int b = 0; b < W / block; b++) {
     const float *xb = x + (size_t)b * block;
@@ -511,6 +523,14 @@ void op_fp8_pack(uint8_t *out, const float *x, int W, int block,
     else
       e4m3_block_pack(pb, xb, block, s, kind == OP_SCALE_E8M0 ? 1.0f / s : 0.0f);
   }
+}
+/* fp8_pack_rows: the body above at the vector ISA op_isa() chose (isa.h). */
+OP_ISA_KERNEL(fp8_pack_rows, (uint8_t * out, const float *x, int W, int block, enum op_scale_kind kind),
+              (out, x, W, block, kind))
+
+void op_fp8_pack(uint8_t *out, const float *x, int W, int block, enum op_scale_kind kind) {
+  check_fp8_dims(W, block, kind);
+  fp8_pack_rows(out, x, W, block, kind);
 }
 
 void op_fp8_unpack(float *out, const uint8_t *in, int W, int block,

@@ -5,7 +5,8 @@
  * code under test), scale rules checked against their definitions, round-trip
  * error bounds derived from the element grids, byte sizes, the documented
  * byte layout, sentinel bytes around every output, and the NaN/Inf policy of
- * docs/formats.md.
+ * docs/formats.md; the fast packers byte for byte against per-element
+ * reference packers, at every vector ISA level the CPU has (ops/isa.h).
  *
  * What it is not: a performance test, or a test of any cache built on these.
  *
@@ -20,6 +21,7 @@
 #include <string.h>
 
 #include "ops/formats.h"
+#include "ops/isa.h"
 
 static int g_checks, g_fails;
 
@@ -1146,10 +1148,15 @@ int main(void) {
   test_zero_blocks();
   test_main_extremes();
   test_nonfinite_poison();
-  test_fast_paths_element_sweep();
-  test_fast_paths_scale_sweep();
-  test_fast_paths_ties();
-  test_fast_paths_random_blocks();
+  /* The packers are compiled for each vector ISA (ops/isa.h): check every
+   * level this CPU has against the reference, not only the one it picks. */
+  for (int isa = 0; isa < OP_ISA_COUNT; isa++) {
+    if (!op_isa_force((enum op_isa)isa)) continue;
+    test_fast_paths_element_sweep();
+    test_fast_paths_scale_sweep();
+    test_fast_paths_ties();
+    test_fast_paths_random_blocks();
+  }
   if (g_fails) {
     fprintf(stderr, "test_formats: %d of %d checks FAILED\n", g_fails, g_checks);
     return 1;

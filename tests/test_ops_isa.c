@@ -1,9 +1,12 @@
 /* test_ops_isa.c: the kernels compiled for several vector ISAs (ops/isa.h)
  * give the same bits at every level this CPU has.
  *
- * What it checks: op_sparse_attn_f32 (online_flush) and the indexer
+ * What it checks: op_sparse_attn_f32 (online_flush), the indexer
  * (score_tile through op_indexer_score, op_indexer_topk and
- * op_indexer_reindex) run once per supported level, forced with
+ * op_indexer_reindex) and the KV packers (op_fp4_pack, op_mxfp4_pack,
+ * op_fp8_pack, on rows with zeros, subnormals, NaN and Inf; their bytes
+ * against the per-element reference are tests/test_formats.c's, at the
+ * level the CPU picks) run once per supported level, forced with
  * op_isa_force; every output is compared byte for byte with the default
  * (SSE2) level's. Shapes are odd on purpose: head counts that are not a
  * multiple of the heads summed per pass, widths that are not a multiple of
@@ -17,6 +20,7 @@
  *
  * Run from the repository root: ctest --test-dir build -R ops_isa.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +29,7 @@
 #include "ops/formats.h"
 #include "ops/indexer.h"
 #include "ops/isa.h"
+#include "runtime/check.h"
 #include "tests/harness.h"
 
 /* ---- attention ----------------------------------------------------------- */
@@ -143,6 +148,61 @@ static void check_indexer(const enum op_isa *levels, int n_levels) {
   for (int p = 0; p < 32; p++) free(s.pages[p]);
 }
 
+/* ---- packers ---------------------------------------------------------------- */
+
+enum { PW = 512, PROWS = 24 };
+
+/* Rows of PW values: mixed magnitudes, with zeros, -0, subnormals, huge
+ * values, and one NaN or Inf in some blocks. */
+static void pack_rows(float *x, uint64_t seed) {
+  h_fill(x, (size_t)PW * PROWS, &seed, -50, 50);
+  for (int i = 0; i < PW * PROWS; i++) {
+    double u = h_uniform(&seed);
+    if (u < 0.05) x[i] = 0.0f;
+    else if (u < 0.08) x[i] = -0.0f;
+    else if (u < 0.12) x[i] *= 1e-40f; /* subnormal */
+    else if (u < 0.14) x[i] *= 1e30f;
+  }
+  x[3 * PW + 17] = NAN, x[7 * PW + 200] = INFINITY, x[11 * PW + 33] = -INFINITY;
+  for (int i = 0; i < 32; i++) x[13 * PW + i] = 0.0f; /* an all-zero block */
+}
+
+/* Every packer's bytes over the rows, for one format setting, appended to out. */
+static size_t pack_all(uint8_t *out, const float *x) {
+  size_t o = 0;
+  for (int r = 0; r < PROWS; r++, o += op_fp4_bytes(PW, 16))
+    op_fp4_pack(out + o, x + (size_t)r * PW, PW, 16, r % 2 ? OP_NIBBLE_EVEN_HIGH : OP_NIBBLE_EVEN_LOW);
+  for (int r = 0; r < PROWS; r++, o += op_fp4_bytes(PW, 64)) op_fp4_pack(out + o, x + (size_t)r * PW, PW, 64, 0);
+  for (int r = 0; r < PROWS; r++, o += op_mxfp4_bytes(PW, 32))
+    op_mxfp4_pack(out + o, x + (size_t)r * PW, PW, 32, r % 2 ? OP_MX_OCP : OP_MX_CEIL, OP_NIBBLE_EVEN_LOW);
+  for (int r = 0; r < PROWS; r++, o += op_mxfp4_bytes(PW, 128))
+    op_mxfp4_pack(out + o, x + (size_t)r * PW, PW, 128, OP_MX_CEIL, OP_NIBBLE_EVEN_HIGH);
+  for (int r = 0; r < PROWS; r++, o += op_fp8_bytes(PW, PW, OP_SCALE_FP32))
+    op_fp8_pack(out + o, x + (size_t)r * PW, PW, PW, OP_SCALE_FP32);
+  for (int r = 0; r < PROWS; r++, o += op_fp8_bytes(PW, 32, OP_SCALE_E8M0))
+    op_fp8_pack(out + o, x + (size_t)r * PW, PW, 32, OP_SCALE_E8M0);
+  return o;
+}
+
+static void check_packers(const enum op_isa *levels, int n_levels) {
+  float *x = malloc((size_t)PW * PROWS * sizeof *x);
+  const size_t cap = (size_t)PROWS * 6 * (PW + 64);
+  uint8_t *ref = calloc(cap, 1), *got = calloc(cap, 1);
+  pack_rows(x, 4242);
+  op_isa_force(OP_ISA_DEFAULT);
+  size_t n = pack_all(ref, x);
+  CEDAR_ASSERT(n <= cap);
+  for (int l = 0; l < n_levels; l++) {
+    op_isa_force(levels[l]);
+    memset(got, 0xA5, cap);
+    pack_all(got, x);
+    size_t first = 0;
+    while (first < n && got[first] == ref[first]) first++;
+    EXPECT(first == n, "packers: level %s differs from default at byte %zu of %zu", op_isa_name(levels[l]), first, n);
+  }
+  free(x), free(ref), free(got);
+}
+
 int main(void) {
   enum op_isa levels[OP_ISA_COUNT];
   int n = 0;
@@ -158,5 +218,6 @@ int main(void) {
              op_isa_name((enum op_isa)i));
   check_attention(levels, n);
   check_indexer(levels, n);
+  check_packers(levels, n);
   return h_report("test_ops_isa");
 }
