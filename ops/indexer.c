@@ -7,8 +7,8 @@
  *      order of indexer.h (a sequential dot per head, heads summed in order),
  *      and every path scores through it, so their scores are equal bit for
  *      bit. The lanes are independent, so the compiler vectorizes across keys
- *      (about 30 GFLOP/s at -O3 with SSE2 at flash widths on this machine, 42
- *      with AVX-512, where a reduction split into lanes inside one key
+ *      (about 34 GFLOP/s at -O3 with SSE2 at flash widths on this machine,
+ *      45-64 with AVX-512, where a reduction split into lanes inside one key
  *      reached 8);
  *   2. selection: a bounded heap of indices ranked by (score desc, index asc),
  *      used for Top-K over entries and for Top-blocks over block scores;
