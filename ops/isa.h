@@ -2,16 +2,17 @@
  *
  * What it is: the build is for baseline x86-64 (SSE2), so the compiler
  * vectorizes the ops' lane loops 4 wide. A hot kernel can be compiled again
- * for AVX2 and AVX-512F with OP_ISA_KERNEL and called through a pointer that
- * op_isa() picks from the CPU (or from CEDAR_ISA=default|avx2|avx512 in the
- * environment, for tests and comparisons).
+ * for AVX2 and AVX-512F with OP_ISA_KERNEL and called at the level that
+ * op_isa() picks once from the CPU (or from CEDAR_ISA=default|avx2|avx512 in
+ * the environment, for tests and comparisons). Users: ops/attention.c
+ * (online_flush), ops/indexer.c (score_tile), ops/formats.c (the packers).
  *
  * Why the results are the same bits on every level: the kernels' loops run
  * over independent lanes, in the order the C says; the build is ISO C11
  * (no FMA contraction: CMakeLists.txt also passes -ffp-contract=off) and never
  * -ffast-math, so a wider vector does the same roundings in the same order.
- * tests/test_ops_attention.c and tests/test_ops_indexer.c run their kernels
- * at every level this CPU has and compare bitwise.
+ * tests/test_ops_isa.c runs every user at every level this CPU has and
+ * compares bitwise; tests/test_formats.c checks the packers' bytes at each.
  *
  * What it is not: hand-written intrinsics, or a way to change numerics.
  */
