@@ -671,6 +671,8 @@ static void usage(FILE *f) {
           "entries (indexer decode scans at 4K, 64K and 1M). MoE rows use the default plan's MoE\n"
           "widths when the plan's routed experts exceed %llu GiB of fp32 weights; Engram tables are\n"
           "bounded to %llu MiB. The run prints every bound it applied.\n"
+          "cedar's own kernels (attention, indexer, packers) run at the vector ISA the header names:\n"
+          "the best this CPU has, or CEDAR_ISA=default|avx2|avx512 (the same bits at every level).\n"
           "Nothing is asserted: these VMs are noisy, compare the ratios, not the times.\n"
           "\n"
           "options:\n"

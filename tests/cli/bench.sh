@@ -30,6 +30,7 @@ assert c["gbs"] < 1e3 and g["gflops"] < 1e4, (g, c)
 assert abs(g["gflops"] * 1e9 * g["best_s"] - 2 * 1024**3) < 1e-6 * 2 * 1024**3, g
 assert abs(c["gbs"] * 1e9 * c["best_s"] - 2 * c["bytes"]) < 1e-6 * 2 * c["bytes"], c
 assert j["plan"] == "v41-mini" and j["machine"]["nproc"] >= 1 and j["machine"]["cpu"], j["machine"]
+assert j["machine"]["isa"] in ("default", "avx2", "avx512"), j["machine"]
 rows = j["ops"]
 assert [r["name"] for r in rows] == ["rmsnorm", "rmsnorm"], [r["name"] for r in rows]
 assert rows[0]["shape"] == "n=%d d=256" % j["chunk"] and rows[1]["shape"] == "n=1 d=256", rows
@@ -44,6 +45,15 @@ for r in rows:
     assert abs(r["floor_s"] - floor) <= 1e-9 * floor and abs(r["ratio"] - r["best_s"] / floor) <= 1e-9 * r["ratio"], r
     assert r["bound"] in ("compute", "memory"), r
 EOF
+
+# CEDAR_ISA picks the kernels' level and the report says which; an unknown
+# name is a warning, not a failure.
+CEDAR_ISA=default "$cedar" bench ops --reps 1 --filter sample_greedy > "$tmp/isa.txt" 2>&1 ||
+  fail "CEDAR_ISA=default: exit $?"
+grep -q "cedar's kernels at default (CEDAR_ISA)" "$tmp/isa.txt" || fail "CEDAR_ISA=default is not reported"
+CEDAR_ISA=sse9 "$cedar" bench ops --reps 1 --filter sample_greedy > "$tmp/isa.txt" 2>&1 ||
+  fail "CEDAR_ISA=sse9: exit $?"
+grep -q "CEDAR_ISA=sse9 is not one of default, avx2, avx512" "$tmp/isa.txt" || fail "an unknown CEDAR_ISA is not named"
 
 # The table says the same things.
 "$cedar" bench ops --reps 1 --filter sample_greedy > "$tmp/table.txt"
