@@ -63,6 +63,13 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+double bench_loop_best(const struct bench_loop *l) {
+  CEDAR_ASSERT(l->done >= 1);
+  double best = l->sample[0];
+  for (int i = 1; i < l->done; i++) best = l->sample[i] < best ? l->sample[i] : best;
+  return best;
+}
+
 void bench_row_set(struct bench_row *r, const char *name, const char *shape, double flops, double bytes,
                    const struct bench_loop *l) {
   double s[BENCH_MAX_REPS];
@@ -77,6 +84,7 @@ void bench_row_set(struct bench_row *r, const char *name, const char *shape, dou
   r->median_s = l->done % 2 ? s[l->done / 2] : 0.5 * (s[l->done / 2 - 1] + s[l->done / 2]);
   r->flops = flops;
   r->bytes = bytes;
+  r->gemm_s = 0.0;
 }
 
 /* ---- inputs ---------------------------------------------------------------- */
@@ -274,17 +282,21 @@ void bench_print_table(FILE *f, const struct bench_meta *m, const struct bench_p
   fprintf(f, "peak memcpy %zu MiB: %.1f GB/s counting read + write (best %.2f ms)\n", p->copy_bytes >> 20,
           p->bw * 1e-9, p->copy_s * 1e3);
   for (int i = 0; m->notes[i]; i++) fprintf(f, "bound: %s\n", m->notes[i]);
-  fprintf(f, "\n%-14s %-50s %4s %10s %10s %8s %7s %10s %-4s %7s %7s\n", "op", "shape", "reps", "best ms",
-          "median ms", "GFLOP/s", "GB/s", "floor ms", "by", "x floor", "x mem");
+  fprintf(f, "\n%-14s %-50s %4s %10s %10s %8s %7s %10s %-4s %7s %7s %7s\n", "op", "shape", "reps", "best ms",
+          "median ms", "GFLOP/s", "GB/s", "floor ms", "by", "x floor", "x mem", "x gemm");
   for (int i = 0; i < n; i++) {
     const struct bench_row *r = &rows[i];
     struct derived d = derive(p, r);
-    fprintf(f, "%-14s %-50s %4d %10.4f %10.4f %8.2f %7.2f %10.4f %-4s %7.2f %7.2f\n", r->name, r->shape, r->reps,
+    char xg[16] = "      -";
+    if (r->gemm_s > 0) snprintf(xg, sizeof xg, "%7.2f", r->best_s / r->gemm_s);
+    fprintf(f, "%-14s %-50s %4d %10.4f %10.4f %8.2f %7.2f %10.4f %-4s %7.2f %7.2f %s\n", r->name, r->shape, r->reps,
             r->best_s * 1e3, r->median_s * 1e3, d.gflops, d.gbs, d.floor_s * 1e3, d.bound[0] == 'c' ? "C" : "M",
-            d.ratio, d.mem_ratio);
+            d.ratio, d.mem_ratio, xg);
   }
   fprintf(f, "\nby: the floor's bound, C compute (flops / peak sgemm) or M memory (bytes / peak memcpy).\n"
-             "x floor = best / floor; x mem = best / (bytes / peak memcpy). Best and median are per call.\n");
+             "x floor = best / floor; x mem = best / (bytes / peak memcpy). Best and median are per call.\n"
+             "x gemm (GEMM-shaped ops) = best / the best time of the op's own op_linear calls alone, at the\n"
+             "same shapes, timed in the same run: what the op adds around its GEMMs.\n");
 }
 
 static cJSON *json_peaks(const struct bench_peaks *p) {
@@ -319,6 +331,10 @@ static cJSON *json_row(const struct bench_peaks *p, const struct bench_row *r) {
   cJSON_AddStringToObject(o, "bound", d.bound);
   cJSON_AddNumberToObject(o, "ratio", d.ratio);
   cJSON_AddNumberToObject(o, "mem_ratio", d.mem_ratio);
+  if (r->gemm_s > 0) {
+    cJSON_AddNumberToObject(o, "gemm_s", r->gemm_s);
+    cJSON_AddNumberToObject(o, "gemm_ratio", r->best_s / r->gemm_s);
+  }
   return o;
 }
 

@@ -66,10 +66,15 @@ struct bench_row {
   int reps, inner; /* samples taken; calls per sample */
   double best_s, median_s;
   double flops, bytes; /* per call, counted from the shapes (cmd_bench.c says how) */
+  double gemm_s;       /* GEMM-shaped ops: best time of their op_linear calls alone, same
+                          shapes, same run; 0 = not measured */
 };
 
 void bench_row_set(struct bench_row *r, const char *name, const char *shape, double flops, double bytes,
                    const struct bench_loop *l);
+
+/* The best time of a loop's samples (seconds per call). */
+double bench_loop_best(const struct bench_loop *l);
 
 /* max(flops / peak sgemm, bytes / peak bandwidth): the time no call of this
  * size can beat on this machine, one thread. */

@@ -112,6 +112,13 @@ static enum op_mx_rule mx_rule(const struct plan_model *m) {
 /* TIME(l, b) call; runs `call` under bench.h's timing loop l. */
 #define TIME(l, b) for (bench_loop_start(&(l), (b)->reps, ROW_BUDGET_S); bench_loop_next(&(l));)
 
+/* The last recorded row's GEMMs alone: `lg` timed its op_linear calls at the
+ * same shapes (the x gemm column). */
+static void record_gemm(struct bench *b, const struct bench_loop *lg) {
+  CEDAR_ASSERT(b->n_rows > 0);
+  b->rows[b->n_rows - 1].gemm_s = bench_loop_best(lg);
+}
+
 /* ---- projections: linear, rmsnorm, rope, q path, SWA KV ------------------- */
 
 static void case_linear(struct bench *b, const char *name) {
@@ -185,6 +192,13 @@ static void case_q_path(struct bench *b, const char *name) {
     record(b, name, 2.0 * n * ((double)d * r + (double)r * qo + (double)r * io + (double)d * iH),
            4.0 * W + 4.0 * n * ((double)d + r + qo + io + iH), &l, "n=%d hidden=%d q_rank=%d q=%d qI=%d", n, d, r,
            qo, io);
+    TIME(l, b) {
+      op_linear(cq, u, Wa, n, d, r, d, r);
+      op_linear(q, cq, Wb, n, r, qo, r, qo);
+      op_linear(qI, cq, Wi, n, r, io, r, io);
+      op_linear(w, u, Ww, n, d, iH, d, iH);
+    }
+    record_gemm(b, &l);
   }
   free(Wa), free(ga), free(Wb), free(Wi), free(Ww), free(u), free(cq), free(q), free(qI), free(w), free(pos);
 }
@@ -212,6 +226,8 @@ static void case_swa_kv(struct bench *b, const char *name) {
      * W, gamma, u read, FP8 entries written (kS is an intermediate) */
     record(b, name, 2.0 * n * d * hd, 4.0 * ((double)hd * d + hd + (double)n * d) + (double)n * eb, &l,
            "n=%d hidden=%d head_dim=%d fp8 %zu B", n, d, hd, eb);
+    TIME(l, b) op_linear(kS, u, W, n, d, hd, d, hd);
+    record_gemm(b, &l);
   }
   free(W), free(g), free(u), free(kS), free(out), free(pos);
 }
@@ -228,6 +244,7 @@ static void case_compress(struct bench *b, const char *name) {
   float *scratch = fbuf(op_comp_scratch_floats(C, r, d, id));
   float *tbuf = r > 1 ? frand(b, op_comp_tail_floats(r, d), 1.0) : NULL;
   uint8_t *entries = bench_alloc((size_t)(C / r + 1) * (mb + ib));
+  float *gv = fbuf((size_t)C * d), *gg = fbuf((size_t)C * d), *gk = fbuf((size_t)(C / r + 1) * id);
   struct op_comp_layer L = {.ratio = r, .hidden = hid, .d = d, .idx_dim = id, .W_kv = Wkv, .W_gate = Wg,
                             .gamma = gam, .W_ik = Wik, .k_norm = m->idx_k_norm, .eps = (float)m->norm_eps,
                             .rope = &b->rope_q, .rope_i = &b->rope_i, .main_block = m->main_kv.block,
@@ -252,8 +269,16 @@ static void case_compress(struct bench *b, const char *name) {
     record(b, name, 2.0 * n * hid * d * (r > 1 ? 2 : 1) + 2.0 * e * d * id,
            4.0 * (w + (double)n * hid) + (double)e * (mb + ib) + (k ? 8.0 * (r - 1) * d : 0.0), &l,
            "%s n=%d hidden=%d d=%d -> %d entries", k ? "decode" : "chunk", n, hid, d, e);
+    TIME(l, b) { /* as the op calls them: the value and gate projections of the n rows, then W_ik
+                  * one entry at a time (compressor.c: an entry's bits never depend on the call) */
+      op_linear(gv, u, Wkv, n, hid, d, hid, d);
+      if (r > 1) op_linear(gg, u, Wg, n, hid, d, hid, d);
+      for (int j = 0; j < e; j++) op_linear(gk + (size_t)j * id, gv + (size_t)j * d, Wik, 1, d, id, d, id);
+    }
+    record_gemm(b, &l);
   }
   free(Wkv), free(Wg), free(gam), free(Wik), free(u), free(scratch), free(tbuf), free(entries);
+  free(gv), free(gg), free(gk);
 }
 
 /* ---- storage formats -------------------------------------------------------- */
@@ -468,11 +493,47 @@ static void case_oproj(struct bench *b, const char *name) {
     record(b, name, 2.0 * n * ((double)H * hd * R + (double)G * R * d),
            4.0 * ((double)G * R * gw + (double)d * G * R) + 4.0 * n * ((double)H * hd + (double)G * R + d), &l,
            "n=%d in=%d groups=%d o_rank=%d hidden=%d", n, H * hd, G, R, d);
+    TIME(l, b) {
+      for (int g = 0; g < G; g++)
+        op_linear(z + (size_t)g * R, o + (size_t)g * gw, Wa + (size_t)g * R * gw, n, gw, R, H * hd, G * R);
+      op_linear(a, z, Wb, n, G * R, d, G * R, d);
+    }
+    record_gemm(b, &l);
   }
   free(o), free(Wa), free(Wb), free(a), free(z);
 }
 
 /* ---- MoE, mHC ---------------------------------------------------------------- */
+
+/* The MoE row's GEMMs alone, at the shapes its call ran: the router and the
+ * shared expert over n rows, and each routed expert over the tokens sel sent
+ * it (gate, up, down). */
+static void moe_gemms(struct bench *b, const struct op_moe_weights *w, const int32_t *sel, const float *x, int n,
+                      const struct op_moe_cfg *c) {
+  const int d = c->hidden, R = c->n_routed, I = c->inter, SI = c->n_shared * c->shared_inter;
+  const int wide = (I > SI ? I : SI) > (d > R ? d : R) ? (I > SI ? I : SI) : (d > R ? d : R);
+  int *cnt = calloc((size_t)R, sizeof *cnt);
+  float *t1 = fbuf((size_t)n * wide), *t2 = fbuf((size_t)n * wide);
+  CEDAR_ASSERT(cnt);
+  for (int t = 0; t < n * c->n_active; t++) cnt[sel[t]]++;
+  struct bench_loop l;
+  TIME(l, b) {
+    op_linear(t1, x, w->router, n, d, R, d, R);
+    if (SI > 0) {
+      op_linear(t1, x, w->shared_gate, n, d, SI, d, SI);
+      op_linear(t2, x, w->shared_up, n, d, SI, d, SI);
+      op_linear(t2, t1, w->shared_down, n, SI, d, SI, d);
+    }
+    for (int e = 0; e < R; e++) {
+      if (!cnt[e]) continue;
+      op_linear(t1, x, w->gate + (size_t)e * I * d, cnt[e], d, I, d, I);
+      op_linear(t2, x, w->up + (size_t)e * I * d, cnt[e], d, I, d, I);
+      op_linear(t2, t1, w->down + (size_t)e * d * I, cnt[e], I, d, I, d);
+    }
+  }
+  record_gemm(b, &l);
+  free(cnt), free(t1), free(t2);
+}
 
 static void case_moe(struct bench *b, const char *name) {
   const struct plan_model *m = b->moe_m;
@@ -506,6 +567,7 @@ static void case_moe(struct bench *b, const char *name) {
     record(b, name, 2.0 * n * d * R + 6.0 * n * d * ((double)A * I + SI),
            4.0 * ((double)R * d + 3.0 * touched * I * d + 3.0 * SI * d) + 8.0 * n * d, &l,
            "n=%d d=%d top %d/%d inter=%d shared=%d, %d read", n, d, A, R, I, SI, touched);
+    moe_gemms(b, &w, sel, x, n, &c);
   }
   free((void *)w.router), free((void *)w.bias), free((void *)w.gate), free((void *)w.up), free((void *)w.down);
   free((void *)w.shared_gate), free((void *)w.shared_up), free((void *)w.shared_down);
@@ -546,6 +608,8 @@ static void case_mhc(struct bench *b, const char *name) {
      * weights + 4 n (2 Wd + 2 d): X and F read, X' and u written, once */
     record(b, name, n * (2.0 * M * Wd + (2.0 * hc + 6.0) * Wd + 4.0 * c.sinkhorn_iters * hc * hc),
            4.0 * M * Wd + 4.0 * n * (2.0 * Wd + 2.0 * d), &l, "n=%d streams=%d hidden=%d rows=%d", n, hc, d, M);
+    TIME(l, b) op_linear(dots, X, Wfn, n, Wd, M, Wd, M); /* the M dot products through sgemm */
+    record_gemm(b, &l);
   }
   free(X), free(Xn), free(F), free(Wfn), free(scale), free(base), free(pre), free(post), free(Cm), free(dots);
   free(ss), free(u);
@@ -610,6 +674,8 @@ static void case_engram(struct bench *b, const char *name) {
              4.0 * ((double)(hc + 1) * hid * de + 2.0 * hc * hid) +
                  4.0 * n * ((double)de + 2.0 * hc * hid + (double)(hc + 1) * hid),
              &l, "n=%d d_e=%d streams=%d hidden=%d", n, de, hc, hid);
+      TIME(l, b) op_linear(kv, e, wkv, n, de, (hc + 1) * hid, de, (hc + 1) * hid);
+      record_gemm(b, &l);
     }
   }
   op_engram_tables_free(&t);
@@ -664,7 +730,9 @@ static void usage(FILE *f) {
           "the same run: a one-thread OpenBLAS sgemm (1024x1024x1024) in GFLOP/s and a 256 MiB\n"
           "memcpy in GB/s counting read + write. Per call shape it prints the best and median time,\n"
           "FLOPs and bytes counted from the shapes (cmd_bench.c's header says how), GFLOP/s, GB/s,\n"
-          "the roofline floor max(flops / peak sgemm, bytes / peak memcpy) and time / floor.\n"
+          "the roofline floor max(flops / peak sgemm, bytes / peak memcpy) and time / floor; for the\n"
+          "GEMM-shaped ops also x gemm, the time over that of the op's own op_linear calls alone at the\n"
+          "same shapes, timed right after it.\n"
           "Shapes: a prefill chunk of serving.prefill_chunk positions and a decode step of 1 (the\n"
           "chunk rows of indexer_scan, reindex and sparse_attn use at most %d queries when hidden >\n"
           "%d); indexer, Top-K, pool, reindex and attention read a ratio-1 source of up to %d\n"

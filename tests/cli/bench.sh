@@ -46,6 +46,18 @@ for r in rows:
     assert r["bound"] in ("compute", "memory"), r
 EOF
 
+# A GEMM-shaped row carries the time of its own GEMMs alone (x gemm); others do not.
+"$cedar" bench ops --reps 1 --filter swa_kv --json > "$tmp/gemm.json" || fail "bench ops --filter swa_kv: exit $?"
+"$py" - "$tmp/gemm.json" <<'EOF' || fail "the x gemm fields are not what --help describes"
+import json, sys
+rows = json.load(open(sys.argv[1]))["ops"]
+assert [r["name"] for r in rows] == ["swa_kv_pack", "swa_kv_pack"], rows
+for r in rows:
+    assert r["gemm_s"] > 0 and abs(r["gemm_ratio"] - r["best_s"] / r["gemm_s"]) <= 1e-9 * r["gemm_ratio"], r
+EOF
+"$py" -c 'import json,sys; assert all("gemm_s" not in r for r in json.load(open(sys.argv[1]))["ops"])' "$tmp/out.json" ||
+  fail "rmsnorm rows carry a GEMM time"
+
 # CEDAR_ISA picks the kernels' level and the report says which; an unknown
 # name is a warning, not a failure.
 CEDAR_ISA=default "$cedar" bench ops --reps 1 --filter sample_greedy > "$tmp/isa.txt" 2>&1 ||
