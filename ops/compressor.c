@@ -8,8 +8,8 @@
  *     accumulated slot by slot in position order; c_hat[c] = acc / s;
  *     ratio 1 copies v (the softmax over one slot is exactly 1: SPEC 3.7);
  *   then op_rmsnorm on one row, op_linear on one row for kI (a 1-row GEMM
- *   has one code path whatever the call), op_rope_apply on one row, and the
- *   packers of ops/formats.h.
+ *   has one code path whatever the call), RoPE of kM and kI at the entry's
+ *   position (op_rope_apply_two), and the packers of ops/formats.h.
  *
  * Test: tests/test_ops_compressor.c (ctest -R ops_compressor).
  */
@@ -83,10 +83,8 @@ static void emit_entry(const struct op_comp_out *out, int e, float *work, int64_
 
   op_linear(kI, c, L->W_ik, 1, d, di, d, di);
   if (L->k_norm) op_rmsnorm(kI, kI, L->k_gamma, 1, di, L->eps);
-  op_rope_apply(kI, L->rope_i, &pos, 1, 1, di, +1);
-
   memcpy(kM, c, (size_t)d * sizeof *kM);
-  op_rope_apply(kM, L->rope, &pos, 1, 1, d, +1);
+  op_rope_apply_two(kM, L->rope, kI, L->rope_i, pos); /* one sin/cos table when the angles agree */
 
   uint8_t *entry = out->entries + (size_t)e * out->entry_bytes;
   op_fp4_pack(entry + out->main_off, kM, d, L->main_block, L->nibble);

@@ -6,7 +6,8 @@
  * from a double-precision table reproduces these results to a few ulps.
  *
  * What it is not: a position table cache. sin/cos are recomputed per call,
- * once per (row, pair) and shared by all heads of the row.
+ * once per (row, pair) and shared by all heads of the row (and by two rows
+ * at one position with op_rope_apply_two).
  *
  * Test: ctest --test-dir build -R ops_rope --output-on-failure
  */
@@ -75,28 +76,49 @@ int op_rope_init(struct op_rope *r, int dim, int rope_dim, bool last, double the
   return 0;
 }
 
-void op_rope_apply(float *x, const struct op_rope *r, const int64_t *pos, int n, int heads, int ld, int sign) {
-  const int half = r->rope_dim / 2;
-  const int off = r->last ? r->dim - r->rope_dim : 0;
-  float cs[ROPE_MAX_PAIRS], sn[ROPE_MAX_PAIRS];
-  for (int i = 0; i < n; i++) {
-    /* SPEC 3.1 precision note: pos * freq in double, so the angle keeps
-     * ~1e-10 rad at pos 1e6 where float would lose ~0.06 rad. sin(-t) is
-     * -sin(t) exactly, so the inverse is the transpose bit for bit. */
+/* cos and sin of pos * freq[j] for the rope_dim / 2 pairs. SPEC 3.1
+ * precision note: pos * freq in double, so the angle keeps ~1e-10 rad at pos
+ * 1e6 where float would lose ~0.06 rad. sin(-t) is -sin(t) exactly, so the
+ * inverse is the transpose bit for bit. */
+static void row_angles(float *cs, float *sn, const struct op_rope *r, int64_t pos, int sign) {
+  for (int j = 0; j < r->rope_dim / 2; j++) {
+    double t = (double)pos * r->freq[j];
+    cs[j] = (float)cos(t);
+    sn[j] = (float)(sign < 0 ? -sin(t) : sin(t));
+  }
+}
+
+/* The rope slice of every head of one row, by the given angles. */
+static void rotate_row(float *x, const struct op_rope *r, const float *cs, const float *sn, int heads) {
+  const int half = r->rope_dim / 2, off = r->last ? r->dim - r->rope_dim : 0;
+  for (int h = 0; h < heads; h++) {
+    float *v = x + (size_t)h * r->dim + off;
     for (int j = 0; j < half; j++) {
-      double t = (double)pos[i] * r->freq[j];
-      cs[j] = (float)cos(t);
-      sn[j] = (float)(sign < 0 ? -sin(t) : sin(t));
-    }
-    for (int h = 0; h < heads; h++) {
-      float *v = x + (size_t)i * ld + (size_t)h * r->dim + off;
-      for (int j = 0; j < half; j++) {
-        float a = v[2 * j], b = v[2 * j + 1];
-        v[2 * j] = a * cs[j] - b * sn[j];
-        v[2 * j + 1] = a * sn[j] + b * cs[j];
-      }
+      float a = v[2 * j], b = v[2 * j + 1];
+      v[2 * j] = a * cs[j] - b * sn[j];
+      v[2 * j + 1] = a * sn[j] + b * cs[j];
     }
   }
+}
+
+void op_rope_apply(float *x, const struct op_rope *r, const int64_t *pos, int n, int heads, int ld, int sign) {
+  float cs[ROPE_MAX_PAIRS], sn[ROPE_MAX_PAIRS];
+  for (int i = 0; i < n; i++) { /* angles once per row, shared by all heads */
+    row_angles(cs, sn, r, pos[i], sign);
+    rotate_row(x + (size_t)i * ld, r, cs, sn, heads);
+  }
+}
+
+bool op_rope_same_angles(const struct op_rope *a, const struct op_rope *b) {
+  return a->rope_dim == b->rope_dim && !memcmp(a->freq, b->freq, (size_t)(a->rope_dim / 2) * sizeof a->freq[0]);
+}
+
+void op_rope_apply_two(float *x, const struct op_rope *rx, float *y, const struct op_rope *ry, int64_t pos) {
+  float cs[ROPE_MAX_PAIRS], sn[ROPE_MAX_PAIRS];
+  row_angles(cs, sn, rx, pos, +1);
+  rotate_row(x, rx, cs, sn, 1);
+  if (!op_rope_same_angles(rx, ry)) row_angles(cs, sn, ry, pos, +1);
+  rotate_row(y, ry, cs, sn, 1);
 }
 
 /* ---- registry descriptor (ops/registry.h) ------------------------------- */

@@ -58,6 +58,17 @@ int op_rope_init(struct op_rope *r, int dim, int rope_dim, bool last, double the
 void op_rope_apply(float *x /* (n, ld) */, const struct op_rope *r, const int64_t *pos /* (n) */, int n, int heads,
                    int ld, int sign);
 
+/* Two rows at one position, each rotated (sign +1) under its own RoPE:
+ * bitwise op_rope_apply(x, rx, &pos, 1, 1, rx->dim, +1) and the same for y
+ * under ry. When rx and ry have the same angles (op_rope_same_angles) the
+ * cos/sin are computed once for both. */
+void op_rope_apply_two(float *x /* (rx->dim) */, const struct op_rope *rx, float *y /* (ry->dim) */,
+                       const struct op_rope *ry, int64_t pos);
+
+/* Whether a and b rotate by the same angles at every position: the same
+ * rope_dim and the same frequencies, bit for bit. */
+bool op_rope_same_angles(const struct op_rope *a, const struct op_rope *b);
+
 /* For op descriptors (ops/registry.h): the RoPE described by a descriptor's
  * parameters `dim_param` (rotated channels), `last_param`, and the shared
  * theta, yarn, yarn_factor, yarn_original_len, yarn_beta_fast and

@@ -29,6 +29,7 @@
 
 #include "ops/basic.h"
 #include "ops/rope.h"
+#include "runtime/check.h"
 #include "tests/harness.h"
 
 #define PI 3.14159265358979323846
@@ -359,6 +360,34 @@ static void check_init_rejects(void) {
   EXPECT(memcmp(x, x0, sizeof x) == 0, "rope_dim 0 changed the rows");
 }
 
+/* op_rope_apply_two is bitwise two op_rope_apply calls, whether the two
+ * RoPEs share their angles (the compressor's kM at 512 and kI at 128, both
+ * rope_dim 64 [A]) or not (another rope_dim, another theta). */
+static void check_apply_two(uint64_t *seed) {
+  struct op_rope m, i_same, i_dim, i_theta;
+  CEDAR_ASSERT(op_rope_init(&m, 512, 64, true, 160000, true, 16, 65536, 32, 1) == 0);
+  CEDAR_ASSERT(op_rope_init(&i_same, 128, 64, true, 160000, true, 16, 65536, 32, 1) == 0);
+  CEDAR_ASSERT(op_rope_init(&i_dim, 128, 32, false, 160000, true, 16, 65536, 32, 1) == 0);
+  CEDAR_ASSERT(op_rope_init(&i_theta, 128, 64, true, 10000, false, 1, 0, 0, 0) == 0);
+  EXPECT(op_rope_same_angles(&m, &i_same), "rope_dim 64 at widths 512 and 128: the same angles");
+  EXPECT(!op_rope_same_angles(&m, &i_dim) && !op_rope_same_angles(&m, &i_theta),
+         "another rope_dim or theta: other angles");
+  const struct op_rope *ys[3] = {&i_same, &i_dim, &i_theta};
+  const int64_t positions[3] = {0, 77, 1000003};
+  float x[512], y[128], xa[512], ya[128];
+  for (int k = 0; k < 3; k++)
+    for (int p = 0; p < 3; p++) {
+      h_fill(x, 512, seed, -2, 2);
+      h_fill(y, 128, seed, -2, 2);
+      memcpy(xa, x, sizeof x), memcpy(ya, y, sizeof y);
+      op_rope_apply(xa, &m, &positions[p], 1, 1, 512, +1);
+      op_rope_apply(ya, ys[k], &positions[p], 1, 1, 128, +1);
+      op_rope_apply_two(x, &m, y, ys[k], positions[p]);
+      EXPECT(!memcmp(x, xa, sizeof x) && !memcmp(y, ya, sizeof y),
+             "op_rope_apply_two (case %d, pos %lld) is not two op_rope_apply calls", k, (long long)positions[p]);
+    }
+}
+
 int main(void) {
   op_blas_init();
   uint64_t seed = 0x5EED0001;
@@ -386,5 +415,6 @@ int main(void) {
   check_shift_invariance(&seed);
   check_yarn(&seed);
   check_init_rejects();
+  check_apply_two(&seed);
   return h_report("test_ops_rope");
 }
