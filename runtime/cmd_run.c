@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ops/isa.h"
 #include "runtime/check.h"
 #include "runtime/cli.h"
 #include "runtime/generate.h"
@@ -298,7 +299,7 @@ static void report_text(const struct plan *p, const struct ropts *o, const struc
     printf("%s", o->weights);
   char ex[96];
   executor_desc(o, ex, sizeof ex);
-  printf(" (fingerprint %s); executor %s\n", fp, ex);
+  printf(" (fingerprint %s); executor %s; kernels at %s\n", fp, ex, op_isa_name(op_isa()));
   printf("prompt %" PRId64 " tokens; generated %d:", n, res->n_tokens);
   for (int i = 0; i < res->n_tokens; i++) printf(" %d", res->tokens[i]);
   printf("\nTTFT %.3f s", res->ttft_s);
@@ -352,6 +353,7 @@ static void report_json(const struct plan *p, const struct ropts *o, const struc
     cJSON_AddStringToObject(ex, "sched", rt_starpu_sched());
     cJSON_AddNumberToObject(ex, "workers", rt_starpu_workers());
   }
+  cJSON_AddStringToObject(ex, "isa", op_isa_name(op_isa()));
   cJSON_AddStringToObject(j, "plan", p->name);
   cJSON_AddStringToObject(j, "flow", res->replay ? "ced" : "dense");
   cJSON_AddStringToObject(j, "weights_fingerprint", fp);
