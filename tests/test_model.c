@@ -67,8 +67,8 @@
  *     main(); ring flips in 5 of 20 split prefills, drift <= 5e-4 relative;
  *     with other prompts up to 8 of 783 entries and 8e-2 drift after 4
  *     steps, traced to one adjacent-code flip at L9's ring, position 58; with
- *     RMSNorm summed in 16 lanes (tried, not kept) one flip at L14's entry
- *     for positions 14-15 grew to 9% of entries and 12% of ring codes.
+ *     RMSNorm summed in 16 lanes (tried, not kept) one flip in L20's entry
+ *     for position 11 grew to 9% of entries and 12% of ring codes.
  *   Equal graphs (chunk >= N) are asserted bitwise.
  *
  * Run from the repository root: ctest --test-dir build -R '^model$', or
@@ -492,9 +492,10 @@ static double chunk_rel_tol(const struct plan *p) { return (2.0 * p->n_layers + 
 /* FLIP ORIGIN. Once a code flips, what follows is chaotic: the flipped
  * value moves later positions and layers by ~1e-3 relative, more codes flip,
  * a Top-K or expert choice at a near-tie can change, and from there codes
- * and logits differ by O(1) (measured: one flip at a 40-layer plan's layer 14
- * left 9% of entries and 12% of ring codes different after 4 steps). So the
- * share of differing codes says nothing; where they start does. Nothing at
+ * and logits differ by O(1) (measured: one flip in a 40-layer plan's L20
+ * entry for position 11 left 9% of entries and 12% of ring codes different
+ * after 4 steps). So the share of differing codes says nothing; where they
+ * start does. Nothing at
  * position p depends on a later position, and within p the encoder layers
  * run before the decoder's, bottom up; so the earliest differing site (the
  * lowest such layer at the earliest such position) has no differing input
