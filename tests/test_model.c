@@ -497,10 +497,9 @@ static double chunk_rel_tol(const struct plan *p) { return (2.0 * p->n_layers + 
  * after 4 steps). So the share of differing codes says nothing; where they
  * start does. Nothing at position p depends on a later position, and within
  * p the encoder layers run before the decoder's, bottom up; so the earliest
- * differing site (the
- * lowest such layer at the earliest such position) has no differing input
- * of its own but the fp32 rounding of the GEMMs, and its codes can only be
- * one rounding step apart (entry_far, e4m3_adjacent). An entry or ring slot
+ * differing site (the lowest such layer at the earliest such position) has
+ * no differing input of its own but the fp32 rounding of the GEMMs, and its
+ * codes can only be one rounding step apart (entry_far, e4m3_adjacent). An entry or ring slot
  * computed from wrong positions or a wrong tail moves by O(1) where it is
  * first wrong. */
 static void expect_origin_flip(const struct state_cmp *c, const char *what) {
