@@ -499,9 +499,9 @@ static double chunk_rel_tol(const struct plan *p) { return (2.0 * p->n_layers + 
  * p the encoder layers run before the decoder's, bottom up; so the earliest
  * differing site (the lowest such layer at the earliest such position) has
  * no differing input of its own but the fp32 rounding of the GEMMs, and its
- * codes can only be one rounding step apart (entry_far, e4m3_adjacent). An entry or ring slot
- * computed from wrong positions or a wrong tail moves by O(1) where it is
- * first wrong. */
+ * codes can only be one rounding step apart (entry_far, e4m3_adjacent). An
+ * entry or ring slot computed from wrong positions or a wrong tail moves by
+ * O(1) where it is first wrong. */
 static void expect_origin_flip(const struct state_cmp *c, const char *what) {
   if (c->origin.pos == INT64_MAX) return;
   EXPECT(!c->origin.far, "%s: the first differing codes (position %lld, layer %d) are more than one rounding step "
