@@ -436,10 +436,9 @@ static int make_configs(struct bench *B, const char *ex, const char *workers) {
   bool direct = false, starpu = false;
   char *copy = cedar_xstrdup(ex ? ex : "direct"), *save = NULL;
   for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-    if (!strcmp(t, "direct"))
-      direct = true;
-    else if (!strcmp(t, "starpu"))
-      starpu = true;
+    enum rt_executor e;
+    if (rt_executor_parse(t, &e))
+      *(e == RT_EXEC_DIRECT ? &direct : &starpu) = true;
     else {
       free(copy);
       return cli_usage_error("bench model", "--executor takes direct, starpu or both, comma-separated (got '%s')", t);

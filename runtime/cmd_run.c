@@ -152,11 +152,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
     case 'd': o->dump = optarg; break;
     case 'j': o->json = true; break;
     case 'E':
-      if (!strcmp(optarg, "direct"))
-        o->executor = RT_EXEC_DIRECT;
-      else if (!strcmp(optarg, "starpu"))
-        o->executor = RT_EXEC_STARPU;
-      else
+      if (!rt_executor_parse(optarg, &o->executor))
         return cli_usage_error("run", "--executor takes direct or starpu (got '%s')", optarg);
       break;
     case 'S': o->sched = optarg; break;
@@ -348,7 +344,7 @@ static void report_json(const struct plan *p, const struct ropts *o, const struc
   char fp[17];
   weights_fingerprint_hex(w->list.fingerprint, fp);
   cJSON *ex = cJSON_AddObjectToObject(j, "executor");
-  cJSON_AddStringToObject(ex, "name", o->executor == RT_EXEC_DIRECT ? "direct" : "starpu");
+  cJSON_AddStringToObject(ex, "name", rt_executor_name(o->executor));
   if (o->executor == RT_EXEC_STARPU) {
     cJSON_AddStringToObject(ex, "sched", rt_starpu_sched());
     cJSON_AddNumberToObject(ex, "workers", rt_starpu_workers());

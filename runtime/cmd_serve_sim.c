@@ -225,11 +225,7 @@ static int parse(int argc, char **argv, struct sopts *o) {
       o->have_cache_bytes = true;
       break;
     case 'E':
-      if (!strcmp(optarg, "direct"))
-        o->executor = RT_EXEC_DIRECT;
-      else if (!strcmp(optarg, "starpu"))
-        o->executor = RT_EXEC_STARPU;
-      else
+      if (!rt_executor_parse(optarg, &o->executor))
         return cli_usage_error("serve-sim", "--executor takes direct or starpu (got '%s')", optarg);
       break;
     case 'j': o->json = true; break;

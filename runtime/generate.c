@@ -15,6 +15,17 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+const char *rt_executor_name(enum rt_executor e) { return e == RT_EXEC_STARPU ? "starpu" : "direct"; }
+
+bool rt_executor_parse(const char *name, enum rt_executor *e) {
+  for (int k = RT_EXEC_DIRECT; k <= RT_EXEC_STARPU; k++)
+    if (!strcmp(name, rt_executor_name((enum rt_executor)k))) {
+      *e = (enum rt_executor)k;
+      return true;
+    }
+  return false;
+}
+
 static int64_t edges_of(const struct graph *g) {
   int64_t e = 0;
   for (int k = 0; k < g->n_node; k++) e += g->node[k].n_dep;

@@ -30,6 +30,10 @@
 
 enum rt_executor { RT_EXEC_DIRECT = 0, RT_EXEC_STARPU };
 
+/* "direct" or "starpu", and back: false, *e untouched, for another name. */
+const char *rt_executor_name(enum rt_executor e);
+bool rt_executor_parse(const char *name, enum rt_executor *e);
+
 /* Called after each graph ran (prefill, then each decode step): the graph
  * and, under StarPU, each node's record (g->n_node); NULL under direct. */
 typedef void (*rt_graph_cb)(void *user, const struct graph *g, const struct rt_task_time *times);
