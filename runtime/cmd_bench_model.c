@@ -440,8 +440,9 @@ static int make_configs(struct bench *B, const char *ex, const char *workers) {
     if (rt_executor_parse(t, &e))
       *(e == RT_EXEC_DIRECT ? &direct : &starpu) = true;
     else {
-      free(copy);
-      return cli_usage_error("bench model", "--executor takes direct, starpu or both, comma-separated (got '%s')", t);
+      int rc = cli_usage_error("bench model", "--executor takes direct, starpu or both, comma-separated (got '%s')", t);
+      free(copy); /* t points into it */
+      return rc;
     }
   }
   free(copy);

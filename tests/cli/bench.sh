@@ -106,4 +106,6 @@ expect 2 "no op name contains 'nosuchop'" "$cedar" bench ops --filter nosuchop
 expect 2 "give one" "$cedar" bench ops --flash --plan plans/v41-mini.yaml
 expect 2 "unexpected argument 'extra'" "$cedar" bench ops extra
 expect 1 "did not load" "$cedar" bench ops --plan "$tmp/missing.yaml" --filter rmsnorm
+expect 2 "(got 'baz')" "$cedar" bench model --executor direct,baz
+expect 2 "(got 'foo')" "$cedar" run --executor foo
 echo "bench: ok"
