@@ -270,7 +270,13 @@ static void attend(float *o /* (S, heads, head_dim) */, int32_t *n_used /* (S) o
   }
   free(scratch);
   /* SPEC 3.12: o_h[rope dims] = RoPE(o_h, -p), all heads of row i at pos[i]. */
-  if (pr->rope && S > 0) op_rope_apply(o, pr->rope, pos, S, H, H * d, -1);
+  if (pr->rope && S > 0 && pr->angles) {
+    for (int i = 0; i < S; i++)
+      CEDAR_ASSERT_MSG(i < pr->angles->n && pr->angles->pos[i] == pos[i], "attention: angle row %d is not query %d's", i, i);
+    op_rope_rotate(o, pr->rope, pr->angles, 0, S, H, H * d, -1);
+  } else if (pr->rope && S > 0) {
+    op_rope_apply(o, pr->rope, pos, S, H, H * d, -1);
+  }
 }
 
 void op_sparse_attn(float *o, int32_t *n_used, const float *q, const int64_t *pos, const int32_t *topk_idx,

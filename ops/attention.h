@@ -60,6 +60,10 @@ struct op_attn_params {
   const float *sink;          /* (heads): sigma_h, fp32, unscaled (R.2); NULL = no sink */
   const struct op_rope *rope; /* the layer's RoPE (dim == head_dim) for the inverse
                                  rotation of o; NULL = no rotation */
+  const struct op_rope_angles *angles; /* optional: rows [0, S) hold the queries'
+                                          angles under rope (the layer's table,
+                                          same positions: asserted); NULL = each
+                                          call computes them. Same bits either way. */
 };
 
 static inline float op_attn_tau_default(int head_dim) { return 1.0f / sqrtf((float)head_dim); }

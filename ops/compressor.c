@@ -7,9 +7,11 @@
  *     s = sum_i e_i, acc = sum_i e_i v_i[c] with e_i = expf(g_i[c] - m),
  *     accumulated slot by slot in position order; c_hat[c] = acc / s;
  *     ratio 1 copies v (the softmax over one slot is exactly 1: SPEC 3.7);
- *   then op_rmsnorm on one row, op_linear on one row for kI (a 1-row GEMM
- *   has one code path whatever the call), RoPE of kM and kI at the entry's
- *   position (op_rope_apply_two), and the packers of ops/formats.h.
+ *   then op_rmsnorm (row by row in its own order, several entries at once),
+ *   op_linear on one row for kI (a 1-row GEMM has one code path whatever
+ *   the call), RoPE of kM and kI at the entry's position (from the caller's
+ *   angle table when it has the position, else op_rope_apply_two: the same
+ *   cos/sin either way), and the packers of ops/formats.h.
  *
  * Test: tests/test_ops_compressor.c (ctest -R ops_compressor).
  */
@@ -36,7 +38,14 @@ int op_comp_tail_init(struct op_comp_tail *t, float *buf, int ratio, int d, int6
   return 0;
 }
 
-size_t op_comp_work_floats(int d, int idx_dim) { return 2 * (size_t)d + (size_t)idx_dim; }
+/* Entries go through normalisation, W_ik, RoPE and packing COMP_BLOCK at a
+ * time: the RMSNorms then run over several rows at once (op_rmsnorm keeps
+ * each row's order, so an entry's bits do not depend on its neighbours). */
+enum { COMP_BLOCK = 8 };
+
+size_t op_comp_work_floats(int d, int idx_dim) {
+  return COMP_BLOCK * (2 * (size_t)d + (size_t)idx_dim) + 3 * (size_t)d;
+}
 
 size_t op_comp_scratch_floats(int n, int ratio, int d, int idx_dim) {
   return (size_t)n * (size_t)d * (ratio > 1 ? 2 : 1) + op_comp_work_floats(d, idx_dim);
@@ -47,53 +56,100 @@ void op_comp_project(float *v, float *g, const float *u, int n, const struct op_
   if (L->ratio > 1) op_linear(g, u, L->W_gate, n, L->hidden, L->d, L->hidden, L->d);
 }
 
-/* Row k of a group whose first nt rows sit in (tv, tg) and the rest in
- * (nv, ng): the tail's pending rows come before the call's new rows. */
+/* Row k of a group whose first nt rows sit in t and the rest in nw: the
+ * tail's pending rows come before the call's new rows. */
 static const float *group_row(const float *t, const float *nw, int nt, int k, int d) {
   return k < nt ? t + (size_t)k * d : nw + (size_t)(k - nt) * d;
 }
 
+/* z[c] = expf(z[c]) for c < d. A slot holding its channel's max has z = +0,
+ * and exp(+-0) is exactly 1 (C11 F.10.3.1), so expf runs only on the other
+ * z (about half of them at ratio 2), gathered first without branching; a NaN
+ * z (an infinite or NaN gate) still goes through expf. */
+static void exp_nonzero(float *restrict z, int d) {
+  enum { CHUNK = 256 };
+  int idx[CHUNK];
+  for (int c0 = 0; c0 < d; c0 += CHUNK) {
+    const int len = d - c0 < CHUNK ? d - c0 : CHUNK;
+    float *restrict zc = z + c0;
+    int nz = 0;
+    for (int c = 0; c < len; c++) {
+      idx[nz] = c;
+      nz += zc[c] != 0.0f;
+    }
+    for (int c = 0; c < len; c++) zc[c] = zc[c] == 0.0f ? 1.0f : zc[c]; /* before expf, which may underflow to 0 */
+    for (int j = 0; j < nz; j++) zc[idx[j]] = expf(zc[idx[j]]);
+  }
+}
+
 /* c_hat = per-channel softmax(g)-weighted sum of v over the r slots (SPEC
- * 3.7), in the order the file header fixes. */
-static void pool_group(float *c_hat /* (d) */, const float *tv, const float *tg, int nt, const float *nv,
-                       const float *ng, int r, int d) {
+ * 3.7), in the order the file header fixes. Channels go side by side, slot
+ * after slot, so each channel still sees its slots in position order; m, s
+ * and e are d floats of scratch each. The max keeps the first of equal
+ * values; it differs from fmaxf only when a gate is NaN, and then both give a
+ * NaN channel (the NaN slot's e is NaN). */
+static void pool_group(float *restrict c_hat /* (d) */, float *restrict m, float *restrict s, float *restrict e,
+                       const float *tv, const float *tg, int nt, const float *nv, const float *ng, int r, int d) {
   if (r == 1) {
     memcpy(c_hat, group_row(tv, nv, nt, 0, d), (size_t)d * sizeof *c_hat);
     return;
   }
-  for (int c = 0; c < d; c++) {
-    float m = group_row(tg, ng, nt, 0, d)[c];
-    for (int k = 1; k < r; k++) m = fmaxf(m, group_row(tg, ng, nt, k, d)[c]);
-    float s = 0.0f, acc = 0.0f;
-    for (int k = 0; k < r; k++) {
-      float e = expf(group_row(tg, ng, nt, k, d)[c] - m);
-      s += e;
-      acc += e * group_row(tv, nv, nt, k, d)[c];
-    }
-    c_hat[c] = acc / s;
+  memcpy(m, group_row(tg, ng, nt, 0, d), (size_t)d * sizeof *m);
+  for (int k = 1; k < r; k++) {
+    const float *restrict gk = group_row(tg, ng, nt, k, d);
+    for (int c = 0; c < d; c++) m[c] = gk[c] > m[c] ? gk[c] : m[c];
   }
+  for (int c = 0; c < d; c++) s[c] = 0.0f, c_hat[c] = 0.0f;
+  for (int k = 0; k < r; k++) {
+    const float *restrict gk = group_row(tg, ng, nt, k, d), *restrict vk = group_row(tv, nv, nt, k, d);
+    for (int c = 0; c < d; c++) e[c] = gk[c] - m[c];
+    exp_nonzero(e, d);
+    for (int c = 0; c < d; c++) {
+      s[c] += e[c];
+      c_hat[c] += e[c] * vk[c];
+    }
+  }
+  for (int c = 0; c < d; c++) c_hat[c] /= s[c];
 }
 
-/* Turn work[0, d) = c_hat of the group at `pos` into entry e of `out` (SPEC
- * 3.7 norm, 3.8): c, kI from c before RoPE, kM = RoPE(c), then pack. */
-static void emit_entry(const struct op_comp_out *out, int e, float *work, int64_t pos, const struct op_comp_layer *L) {
+/* Turn rows c (nb, d) = c_hat of groups e0 .. e0 + nb - 1 of the call, at
+ * positions pos0 + j r, into those entries of `out` (SPEC 3.7 norm, 3.8):
+ * c, kI from c before RoPE, kM = RoPE(c), then pack. ang: the call's rows'
+ * angles (rows [0, n) = positions [a, a + n)) or NULL; an entry whose
+ * position is not among them (its group began in an earlier call) gets its
+ * angles computed here, with the same bits. */
+static void emit_block(const struct op_comp_out *out, int e0, int nb, float *c, float *kM, float *kI, int64_t pos0,
+                       const struct op_comp_layer *L, const struct op_rope_angles *ang, int64_t a, int n) {
   const int d = L->d, di = L->idx_dim;
-  float *c = work, *kM = work + d, *kI = work + 2 * d;
-  op_rmsnorm(c, c, L->gamma, 1, d, L->eps);
-
-  op_linear(kI, c, L->W_ik, 1, d, di, d, di);
-  if (L->k_norm) op_rmsnorm(kI, kI, L->k_gamma, 1, di, L->eps);
-  memcpy(kM, c, (size_t)d * sizeof *kM);
-  op_rope_apply_two(kM, L->rope, kI, L->rope_i, pos); /* one sin/cos table when the angles agree */
-
-  uint8_t *entry = out->entries + (size_t)e * out->entry_bytes;
-  op_fp4_pack(entry + out->main_off, kM, d, L->main_block, L->nibble);
-  op_mxfp4_pack(entry + out->idx_off, kI, di, L->idx_block, L->mx, L->nibble);
-
-  if (out->pos) out->pos[e] = pos;
-  if (out->c) memcpy(out->c + (size_t)e * d, c, (size_t)d * sizeof *c);
-  if (out->kM) memcpy(out->kM + (size_t)e * d, kM, (size_t)d * sizeof *kM);
-  if (out->kI) memcpy(out->kI + (size_t)e * di, kI, (size_t)di * sizeof *kI);
+  op_rmsnorm(c, c, L->gamma, nb, d, L->eps);
+  for (int j = 0; j < nb; j++) op_linear(kI + (size_t)j * di, c + (size_t)j * d, L->W_ik, 1, d, di, d, di);
+  if (L->k_norm) op_rmsnorm(kI, kI, L->k_gamma, nb, di, L->eps);
+  memcpy(kM, c, (size_t)nb * d * sizeof *kM);
+  const bool share_i = ang && op_rope_same_angles(L->rope_i, ang->rope);
+  for (int j = 0; j < nb; j++) {
+    const int e = e0 + j;
+    const int64_t pos = pos0 + (int64_t)e * L->ratio;
+    float *km = kM + (size_t)j * d, *ki = kI + (size_t)j * di;
+    if (ang && pos >= a && pos < a + n) {
+      const int row = (int)(pos - a);
+      CEDAR_ASSERT_MSG(ang->pos[row] == pos, "compressor: angle row %d holds position %lld, not %lld", row,
+                       (long long)ang->pos[row], (long long)pos);
+      op_rope_rotate(km, L->rope, ang, row, 1, 1, d, +1);
+      if (share_i)
+        op_rope_rotate(ki, L->rope_i, ang, row, 1, 1, di, +1);
+      else
+        op_rope_apply(ki, L->rope_i, &pos, 1, 1, di, +1);
+    } else {
+      op_rope_apply_two(km, L->rope, ki, L->rope_i, pos); /* one sin/cos table when the angles agree */
+    }
+    uint8_t *entry = out->entries + (size_t)e * out->entry_bytes;
+    op_fp4_pack(entry + out->main_off, km, d, L->main_block, L->nibble);
+    op_mxfp4_pack(entry + out->idx_off, ki, di, L->idx_block, L->mx, L->nibble);
+    if (out->pos) out->pos[e] = pos;
+    if (out->c) memcpy(out->c + (size_t)e * d, c + (size_t)j * d, (size_t)d * sizeof *c);
+    if (out->kM) memcpy(out->kM + (size_t)e * d, km, (size_t)d * sizeof *km);
+    if (out->kI) memcpy(out->kI + (size_t)e * di, ki, (size_t)di * sizeof *ki);
+  }
 }
 
 /* The dimension checks shared by push and compress (internal invariants:
@@ -122,21 +178,27 @@ static int check_call(const struct op_comp_out *out, const struct op_comp_tail *
 }
 
 int op_comp_push(const struct op_comp_out *out, struct op_comp_tail *tail, float *work, const float *v,
-                 const float *g, int64_t a, int n, const struct op_comp_layer *L) {
+                 const float *g, int64_t a, int n, const struct op_comp_layer *L, const struct op_rope_angles *ang) {
   check_layer(out, tail, L);
   if (check_call(out, tail, a, n) != 0) return -1;
   const int r = L->ratio, d = L->d, t = tail->count;
   CEDAR_ASSERT(r == 1 || g != NULL || n == 0);
+  CEDAR_ASSERT(!ang || ang->n >= n);
   const int n_emit = op_comp_n_emit(tail, n);
+  float *c = work, *kM = c + (size_t)COMP_BLOCK * d, *kI = kM + (size_t)COMP_BLOCK * d;
+  float *m = kI + (size_t)COMP_BLOCK * L->idx_dim, *s = m + d, *ex = s + d;
 
   /* Group e covers rows [e r, e r + r) of (tail rows, then new rows). */
-  for (int e = 0; e < n_emit; e++) {
-    int first = e * r;                                   /* index of its first row */
-    int nt = first < t ? t - first : 0;                  /* rows of it still in the tail (e == 0 only) */
-    const float *nv = v + (size_t)(first + nt - t) * d;  /* its first new row */
-    const float *ng = r > 1 ? g + (size_t)(first + nt - t) * d : NULL;
-    pool_group(work, tail->v, tail->g, nt, nv, ng, r, d);
-    emit_entry(out, e, work, tail->pos0 + first, L);
+  for (int e0 = 0; e0 < n_emit; e0 += COMP_BLOCK) {
+    const int nb = n_emit - e0 < COMP_BLOCK ? n_emit - e0 : COMP_BLOCK;
+    for (int j = 0; j < nb; j++) {
+      int first = (e0 + j) * r;                            /* index of its first row */
+      int nt = first < t ? t - first : 0;                  /* rows of it still in the tail (e == 0 only) */
+      const float *nv = v + (size_t)(first + nt - t) * d;  /* its first new row */
+      const float *ng = r > 1 ? g + (size_t)(first + nt - t) * d : NULL;
+      pool_group(c + (size_t)j * d, m, s, ex, tail->v, tail->g, nt, nv, ng, r, d);
+    }
+    emit_block(out, e0, nb, c, kM, kI, tail->pos0, L, ang, a, n);
   }
 
   /* What is left (fewer than r rows) becomes the tail. With no entry emitted,
@@ -153,14 +215,14 @@ int op_comp_push(const struct op_comp_out *out, struct op_comp_tail *tail, float
 }
 
 int op_compress(const struct op_comp_out *out, struct op_comp_tail *tail, float *scratch, const float *u, int64_t a,
-                int n, const struct op_comp_layer *L) {
+                int n, const struct op_comp_layer *L, const struct op_rope_angles *ang) {
   check_layer(out, tail, L);
   if (check_call(out, tail, a, n) != 0) return -1;
   const size_t rows = (size_t)n * L->d;
   float *v = scratch, *g = L->ratio > 1 ? scratch + rows : NULL;
   float *work = scratch + rows * (L->ratio > 1 ? 2 : 1);
   op_comp_project(v, g, u, n, L);
-  return op_comp_push(out, tail, work, v, g, a, n, L);
+  return op_comp_push(out, tail, work, v, g, a, n, L, ang);
 }
 
 /* ---- registry descriptors (ops/registry.h) ------------------------------ */
@@ -290,7 +352,7 @@ static int comp_outputs(const struct op_desc *self, struct op_io *io, struct com
   }
   struct op_comp_tail tail;
   int rc = op_comp_tail_init(&tail, tbuf, r, d, c->start);
-  if (rc == 0) rc = op_compress(&out, &tail, scratch, c->u, c->start, c->n, L);
+  if (rc == 0) rc = op_compress(&out, &tail, scratch, c->u, c->start, c->n, L, NULL);
   CEDAR_ASSERT_MSG(rc == n_emit && tail.count == left, "compress: emitted %d of %d", rc, n_emit);
   if (left) {
     memcpy(tv, tail.v, (size_t)left * d * sizeof *tv);

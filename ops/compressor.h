@@ -104,7 +104,8 @@ int op_comp_tail_init(struct op_comp_tail *t, float *buf /* (op_comp_tail_floats
 /* Entries a call of n positions emits: floor((count + n) / ratio). */
 static inline int op_comp_n_emit(const struct op_comp_tail *t, int n) { return (t->count + n) / t->ratio; }
 
-/* Work floats op_comp_push needs (one entry at a time): 2 d + idx_dim. */
+/* Work floats op_comp_push needs (entries go a few at a time, COMP_BLOCK in
+ * compressor.c): 8 (2 d + idx_dim) + 3 d. */
 size_t op_comp_work_floats(int d, int idx_dim);
 /* Scratch op_compress needs for n positions: n d (v), n d more for g when
  * ratio > 1, plus op_comp_work_floats. */
@@ -119,15 +120,19 @@ void op_comp_project(float *v /* (n, d) */, float *g /* (n, d), or NULL when rat
  * entry per group completed, in order, into `out`, and leaves the rest in the
  * tail. Returns the number of entries emitted, or -1 (and changes nothing)
  * when a != tail->pos0 + tail->count or out->max_entries is too small.
- * Bitwise independent of how positions are split into calls (header note). */
+ * Bitwise independent of how positions are split into calls (header note).
+ * ang: NULL, or the RoPE angles of the call's rows under L->rope (rows
+ * [0, n) = positions [a, a + n): the caller's table, computed once for all
+ * its users); entries at those positions take their cos/sin from it, the
+ * others compute them, with the same bits either way. */
 int op_comp_push(const struct op_comp_out *out, struct op_comp_tail *tail, float *work /* (op_comp_work_floats) */,
                  const float *v /* (n, d) */, const float *g /* (n, d), or NULL when ratio == 1 */, int64_t a, int n,
-                 const struct op_comp_layer *L);
+                 const struct op_comp_layer *L, const struct op_rope_angles *ang /* or NULL */);
 
 /* op_comp_project then op_comp_push on the inputs u of positions [a, a + n).
  * Same return values; checks before projecting. */
 int op_compress(const struct op_comp_out *out, struct op_comp_tail *tail,
                 float *scratch /* (op_comp_scratch_floats(n, ratio, d, idx_dim)) */, const float *u /* (n, hidden) */,
-                int64_t a, int n, const struct op_comp_layer *L);
+                int64_t a, int n, const struct op_comp_layer *L, const struct op_rope_angles *ang /* or NULL */);
 
 #endif

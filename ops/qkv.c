@@ -20,23 +20,23 @@ void op_q_latent(float *cq, const float *u, const float *W_qa, const float *gamm
   op_rmsnorm(cq, cq, gamma_q, n, q_rank, eps);
 }
 
-void op_q_main(float *q, const float *cq, const float *W_qb, const int64_t *pos, const struct op_rope *rope, int n,
-               int q_rank, int heads, int head_dim, bool head_norm, float eps) {
+void op_q_main(float *q, const float *cq, const float *W_qb, const struct op_rope_angles *ang,
+               const struct op_rope *rope, int n, int q_rank, int heads, int head_dim, bool head_norm, float eps) {
   CEDAR_ASSERT(rope->dim == head_dim);
   const int width = heads * head_dim;
   op_linear(q, cq, W_qb, n, q_rank, width, q_rank, width);
   /* (n, heads*head_dim) row-major is (n*heads, head_dim): one weightless
    * RMSNorm row per head is exactly q_h *= rsqrt(mean(q_h^2) + eps) (R.2). */
   if (head_norm) op_rmsnorm(q, q, NULL, n * heads, head_dim, eps);
-  op_rope_apply(q, rope, pos, n, heads, width, +1);
+  op_rope_rotate(q, rope, ang, 0, n, heads, width, +1);
 }
 
-void op_q_indexer(float *qI, const float *cq, const float *W_iq, const int64_t *pos, const struct op_rope *rope_i,
-                  int n, int q_rank, int idx_heads, int idx_dim) {
+void op_q_indexer(float *qI, const float *cq, const float *W_iq, const struct op_rope_angles *ang,
+                  const struct op_rope *rope_i, int n, int q_rank, int idx_heads, int idx_dim) {
   CEDAR_ASSERT(rope_i->dim == idx_dim);
   const int width = idx_heads * idx_dim;
   op_linear(qI, cq, W_iq, n, q_rank, width, q_rank, width);
-  op_rope_apply(qI, rope_i, pos, n, idx_heads, width, +1);
+  op_rope_rotate(qI, rope_i, ang, 0, n, idx_heads, width, +1);
 }
 
 void op_index_weights(float *w, const float *u, const float *W_w, int n, int hidden, int idx_heads, float scale) {
@@ -45,12 +45,12 @@ void op_index_weights(float *w, const float *u, const float *W_w, int n, int hid
   for (size_t i = 0; i < (size_t)n * idx_heads; i++) w[i] *= scale;
 }
 
-void op_swa_kv(float *kS, const float *u, const float *W_kv, const float *gamma, const int64_t *pos,
+void op_swa_kv(float *kS, const float *u, const float *W_kv, const float *gamma, const struct op_rope_angles *ang,
                const struct op_rope *rope, int n, int hidden, int head_dim, float eps) {
   CEDAR_ASSERT(rope->dim == head_dim);
   op_linear(kS, u, W_kv, n, hidden, head_dim, hidden, head_dim);
   op_rmsnorm(kS, kS, gamma, n, head_dim, eps);
-  op_rope_apply(kS, rope, pos, n, 1, head_dim, +1);
+  op_rope_rotate(kS, rope, ang, 0, n, 1, head_dim, +1);
 }
 
 void op_swa_pack(uint8_t *out, const float *kS, int n, int w, int block, enum op_scale_kind kind, size_t stride) {
@@ -67,6 +67,7 @@ void op_swa_pack(uint8_t *out, const float *kS, int n, int w, int block, enum op
 
 #include <float.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops/registry.h"
@@ -125,6 +126,15 @@ static const int64_t *read_pos(const struct op_desc *self, struct op_io *io, int
   return p ? p->data : NULL;
 }
 
+/* The angles of n rows at pos, in *buf (the caller frees it); false when
+ * out of memory. */
+static bool angles_at(struct op_rope_angles *a, float **buf, const struct op_rope *r, const int64_t *pos, int n) {
+  *buf = malloc((op_rope_angles_floats(r, n) + 1) * sizeof **buf);
+  if (!*buf) return false;
+  op_rope_angles_init(a, *buf, r, pos, n);
+  return true;
+}
+
 static int q_latent_run(const struct op_desc *self, struct op_io *io) {
   const struct op_tensor *u, *W;
   int64_t ud[2], wd[2];
@@ -159,10 +169,14 @@ static int q_heads_run(const struct op_desc *self, struct op_io *io, bool main) 
   if (!op_rope_from_params(self, io, "rope_dim", "last", (int)hd, &rope)) return CEDAR_EINVAL;
   float *q = op_io_out(self, io, main ? "q" : "qI", 3, (int64_t[]){cd[0], (int64_t)heads, (int64_t)hd});
   if (!q) return CEDAR_ENOMEM;
+  struct op_rope_angles ang;
+  float *abuf;
+  if (!angles_at(&ang, &abuf, &rope, pos, (int)cd[0])) return CEDAR_ENOMEM;
   if (main)
-    op_q_main(q, cq->data, W->data, pos, &rope, (int)cd[0], (int)cd[1], (int)heads, (int)hd, norm != 0, (float)eps);
+    op_q_main(q, cq->data, W->data, &ang, &rope, (int)cd[0], (int)cd[1], (int)heads, (int)hd, norm != 0, (float)eps);
   else
-    op_q_indexer(q, cq->data, W->data, pos, &rope, (int)cd[0], (int)cd[1], (int)heads, (int)hd);
+    op_q_indexer(q, cq->data, W->data, &ang, &rope, (int)cd[0], (int)cd[1], (int)heads, (int)hd);
+  free(abuf);
   return 0;
 }
 
@@ -200,7 +214,11 @@ static int swa_kv_run(const struct op_desc *self, struct op_io *io) {
   float *kS = op_io_out(self, io, "kS", 2, (int64_t[]){n, hd});
   uint8_t *entries = kS && pack ? op_io_out(self, io, "entries", 2, (int64_t[]){n, (int64_t)bytes}) : NULL;
   if (!kS || (pack && !entries)) return CEDAR_ENOMEM;
-  op_swa_kv(kS, u->data, W->data, gamma, pos, &rope, n, (int)ud[1], hd, (float)eps);
+  struct op_rope_angles ang;
+  float *abuf;
+  if (!angles_at(&ang, &abuf, &rope, pos, n)) return CEDAR_ENOMEM;
+  op_swa_kv(kS, u->data, W->data, gamma, &ang, &rope, n, (int)ud[1], hd, (float)eps);
+  free(abuf);
   if (pack) op_swa_pack(entries, kS, n, hd, blk, (enum op_scale_kind)scale, bytes);
   return 0;
 }

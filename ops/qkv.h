@@ -16,6 +16,10 @@
  * Parameters SPEC marks [R]/[R-cfg] are arguments, with SPEC's default named
  * beside them; RoPE parameters come as a `struct op_rope` (ops/rope.h)
  * because SWA-only layers and CSA2 layers use different thetas (SPEC 1.1).
+ * The rotating ops take the rows' angles as a table (struct op_rope_angles,
+ * rows 0..n-1 are positions pos[0..n-1]) that the caller computes once for
+ * every tensor it rotates at those rows; `rope` gives the geometry (dim,
+ * rope_dim, last) and must have the table's frequencies.
  *
  * Not here: where the SWA entry goes (the ring slot p mod W is the runtime's
  * business, SPEC 3.6), the compressor (ops/compressor.h), scoring.
@@ -41,17 +45,18 @@ void op_q_latent(float *cq /* (n, q_rank) */, const float *u /* (n, hidden) */,
 /* Main query heads (SPEC 3.5, R.2): q = W_qb c_q viewed (heads, head_dim);
  * when head_norm, every head is scaled by rsqrt(mean(q_h^2) + eps) with no
  * weight (plan `q_head_norm`, default true [R-cfg, unverified]); then RoPE on
- * each head's rope slice at pos[i]. rope->dim must equal head_dim. */
+ * each head's rope slice at row i's angles. rope->dim must equal head_dim. */
 void op_q_main(float *q /* (n, heads * head_dim) */, const float *cq /* (n, q_rank) */,
-               const float *W_qb /* (heads * head_dim, q_rank) */, const int64_t *pos /* (n) */,
+               const float *W_qb /* (heads * head_dim, q_rank) */, const struct op_rope_angles *ang /* >= n rows */,
                const struct op_rope *rope, int n, int q_rank, int heads, int head_dim, bool head_norm, float eps);
 
 /* Indexer query heads (SPEC 3.5, R.4): qI = W_iq c_q viewed (idx_heads,
- * idx_dim), indexer RoPE at pos[i] (rope_i->dim must equal idx_dim; default
- * 64 of 128 dims, last [R-cfg]). No per-head norm (R.4 has none). */
+ * idx_dim), indexer RoPE at row i's angles (rope_i->dim must equal idx_dim;
+ * default 64 of 128 dims, last [R-cfg]). No per-head norm (R.4 has none). */
 void op_q_indexer(float *qI /* (n, idx_heads * idx_dim) */, const float *cq /* (n, q_rank) */,
-                  const float *W_iq /* (idx_heads * idx_dim, q_rank) */, const int64_t *pos /* (n) */,
-                  const struct op_rope *rope_i, int n, int q_rank, int idx_heads, int idx_dim);
+                  const float *W_iq /* (idx_heads * idx_dim, q_rank) */,
+                  const struct op_rope_angles *ang /* >= n rows */, const struct op_rope *rope_i, int n, int q_rank,
+                  int idx_heads, int idx_dim);
 
 /* Indexer head weights w = scale * (W_w u), from the query hidden u, not from
  * c_q (SPEC 3.5 [A]). A positive scale never changes Top-K (SPEC 3.10), so it
@@ -67,11 +72,12 @@ static inline float op_index_weight_scale(int idx_heads, int idx_dim) {
 }
 
 /* SWA key/value, float path (SPEC 3.6): kS = RMSNorm(W_kv u) * gamma, then
- * RoPE on the rope slice at pos[i]. rope->dim must equal head_dim. This is the
+ * RoPE on the rope slice at row i's angles. rope->dim must equal head_dim. This is the
  * layer's own projection, never the global compressor's (SPEC 8.10). */
 void op_swa_kv(float *kS /* (n, head_dim) */, const float *u /* (n, hidden) */,
                const float *W_kv /* (head_dim, hidden) */, const float *gamma /* (head_dim) or NULL */,
-               const int64_t *pos /* (n) */, const struct op_rope *rope, int n, int hidden, int head_dim, float eps);
+               const struct op_rope_angles *ang /* >= n rows */, const struct op_rope *rope, int n, int hidden,
+               int head_dim, float eps);
 
 /* SWA entries (SPEC 4.4, R.2): row i of kS packed with op_fp8_pack into
  * out + i * stride; stride >= op_fp8_bytes(w, block, kind), and bytes past

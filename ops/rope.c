@@ -5,9 +5,10 @@
  * float from cos/sin rounded to float, so a CUDA twin that takes its cos/sin
  * from a double-precision table reproduces these results to a few ulps.
  *
- * What it is not: a position table cache. sin/cos are recomputed per call,
- * once per (row, pair) and shared by all heads of the row (and by two rows
- * at one position with op_rope_apply_two).
+ * What it is not: a position table cache. sin/cos are computed once per
+ * (row, pair) and shared by all heads of the row; a caller that rotates
+ * several tensors at the same rows computes them once for all of them with
+ * op_rope_angles_init (the model does, per attention tile).
  *
  * Test: ctest --test-dir build -R ops_rope --output-on-failure
  */
@@ -105,6 +106,32 @@ void op_rope_apply(float *x, const struct op_rope *r, const int64_t *pos, int n,
   float cs[ROPE_MAX_PAIRS], sn[ROPE_MAX_PAIRS];
   for (int i = 0; i < n; i++) { /* angles once per row, shared by all heads */
     row_angles(cs, sn, r, pos[i], sign);
+    rotate_row(x + (size_t)i * ld, r, cs, sn, heads);
+  }
+}
+
+size_t op_rope_angles_floats(const struct op_rope *r, int n) {
+  return 2 * (size_t)(n > 0 ? n : 0) * (size_t)(r->rope_dim / 2);
+}
+
+void op_rope_angles_init(struct op_rope_angles *a, float *buf, const struct op_rope *r, const int64_t *pos, int n) {
+  const size_t half = (size_t)(r->rope_dim / 2);
+  *a = (struct op_rope_angles){.rope = r, .pos = pos, .n = n, .cs = buf, .sn = buf + (size_t)n * half};
+  for (int i = 0; i < n; i++) row_angles(a->cs + i * half, a->sn + i * half, r, pos[i], +1);
+}
+
+void op_rope_rotate(float *x, const struct op_rope *r, const struct op_rope_angles *a, int row0, int n, int heads,
+                    int ld, int sign) {
+  CEDAR_ASSERT_MSG(op_rope_same_angles(r, a->rope) && row0 >= 0 && row0 + n <= a->n,
+                   "op_rope_rotate: rows [%d, %d) of a %d-row table, or other frequencies", row0, row0 + n, a->n);
+  const int half = r->rope_dim / 2;
+  float neg[ROPE_MAX_PAIRS];
+  for (int i = 0; i < n; i++) {
+    const float *cs = a->cs + (size_t)(row0 + i) * half, *sn = a->sn + (size_t)(row0 + i) * half;
+    if (sign < 0) { /* (float)-sin(t) == -(float)sin(t): rounding is symmetric */
+      for (int j = 0; j < half; j++) neg[j] = -sn[j];
+      sn = neg;
+    }
     rotate_row(x + (size_t)i * ld, r, cs, sn, heads);
   }
 }

@@ -28,6 +28,7 @@
 #define CEDAR_OPS_ROPE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct op_rope {
@@ -57,6 +58,32 @@ int op_rope_init(struct op_rope *r, int dim, int rope_dim, bool last, double the
  * written; other channels and the columns past heads*dim keep their bits. */
 void op_rope_apply(float *x /* (n, ld) */, const struct op_rope *r, const int64_t *pos /* (n) */, int n, int heads,
                    int ld, int sign);
+
+/* The cos and sin of some rows' angles under one RoPE's frequencies,
+ * computed once and applied to every tensor rotated at those rows: a layer's
+ * attention tile rotates q, qI, kS, its compressed entries and (inverse) its
+ * output at the same positions, by the same angles wherever the frequencies
+ * agree (op_rope_same_angles). Rotating through a table gives the bits of
+ * op_rope_apply: the same cos/sin, rounded to float the same way, in the
+ * same two-term expressions (and sin(-t) == -sin(t) exactly for the inverse). */
+struct op_rope_angles {
+  const struct op_rope *rope; /* the frequencies they were computed under */
+  const int64_t *pos;         /* (n) the rows' positions (the caller's array) */
+  int n;
+  float *cs, *sn;             /* (n, rope->rope_dim / 2) each */
+};
+
+/* Floats a table of n rows needs: 2 n rope_dim / 2. */
+size_t op_rope_angles_floats(const struct op_rope *r, int n);
+/* Compute the table for positions pos[0, n) in buf (op_rope_angles_floats);
+ * a keeps pointers to r, pos and buf. */
+void op_rope_angles_init(struct op_rope_angles *a, float *buf, const struct op_rope *r, const int64_t *pos, int n);
+/* Rotate n rows of x (layout as op_rope_apply) by the table's rows
+ * [row0, row0 + n), under r's geometry (dim, rope_dim, last). r must have the
+ * table's angles (op_rope_same_angles with a->rope: asserted). Bitwise
+ * op_rope_apply(x, r, a->pos + row0, n, heads, ld, sign). */
+void op_rope_rotate(float *x /* (n, ld) */, const struct op_rope *r, const struct op_rope_angles *a, int row0, int n,
+                    int heads, int ld, int sign);
 
 /* Two rows at one position, each rotated (sign +1) under its own RoPE:
  * bitwise op_rope_apply(x, rx, &pos, 1, 1, rx->dim, +1) and the same for y

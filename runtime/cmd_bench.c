@@ -150,10 +150,15 @@ static void case_rmsnorm(struct bench *b, const char *name) {
   free(x), free(g), free(y);
 }
 
+/* Three rows: op_rope_apply (the angles and one tensor rotated, as a lone
+ * caller runs it), the angle table alone (op_rope_angles_init, once per
+ * attention tile in the model), and one tensor rotated from the table
+ * (op_rope_rotate, what each of the tile's five rotations costs then). */
 static void case_rope(struct bench *b, const char *name) {
   const int H = b->m->heads, hd = b->m->head_dim, rd = b->m->rope_dim, ns[2] = {b->chunk, 1};
-  float *x = frand(b, (size_t)b->chunk * H * hd, 1.0);
+  float *x = frand(b, (size_t)b->chunk * H * hd, 1.0), *abuf = fbuf(op_rope_angles_floats(&b->rope_q, b->chunk) + 1);
   int64_t *pos = bench_positions(4096, b->chunk);
+  struct op_rope_angles ang;
   for (int k = 0; k < 2; k++) {
     const int n = ns[k];
     struct bench_loop l;
@@ -162,8 +167,15 @@ static void case_rope(struct bench *b, const char *name) {
      * counted); bytes 8 n H rope_dim (the rope slice read and written) + 8 n */
     record(b, name, 3.0 * n * H * rd, 8.0 * n * H * rd + 8.0 * n, &l, "q n=%d heads=%d dim=%d rope=%d", n, H, hd,
            rd);
+    TIME(l, b) op_rope_angles_init(&ang, abuf, &b->rope_q, pos, n);
+    /* flops: the cos/sin are not counted; bytes 8 n + 4 n rope_dim (positions
+     * read, the cos and sin tables written) */
+    record(b, name, 0, 8.0 * n + 4.0 * n * rd, &l, "angles n=%d rope=%d (once per tile)", n, rd);
+    TIME(l, b) op_rope_rotate(x, &b->rope_q, &ang, 0, n, H, H * hd, 1);
+    /* as op_rope_apply, plus the table read: 4 n rope_dim bytes */
+    record(b, name, 3.0 * n * H * rd, 8.0 * n * H * rd + 4.0 * n * rd, &l, "q n=%d heads=%d from the angles", n, H);
   }
-  free(x), free(pos);
+  free(x), free(abuf), free(pos);
 }
 
 static void case_q_path(struct bench *b, const char *name) {
@@ -176,13 +188,20 @@ static void case_q_path(struct bench *b, const char *name) {
   float *cq = fbuf((size_t)C * r), *q = fbuf((size_t)C * qo), *qI = fbuf((size_t)C * io), *w = fbuf((size_t)C * iH);
   int64_t *pos = bench_positions(4096, C);
   const float eps = (float)m->norm_eps, ws = op_index_weight_scale(iH, m->idx_head_dim);
+  /* The tile's angle table is built inside the loop (q is its first user in
+   * the model); qI shares it when its frequencies agree, as in the model. */
+  const bool share = op_rope_same_angles(&b->rope_q, &b->rope_i);
+  float *abuf = fbuf(op_rope_angles_floats(&b->rope_q, C) + 1), *aibuf = fbuf(op_rope_angles_floats(&b->rope_i, C) + 1);
+  struct op_rope_angles aq, ai;
   for (int k = 0; k < 2; k++) {
     const int n = ns[k];
     struct bench_loop l;
     TIME(l, b) {
+      op_rope_angles_init(&aq, abuf, &b->rope_q, pos, n);
+      if (!share) op_rope_angles_init(&ai, aibuf, &b->rope_i, pos, n);
       op_q_latent(cq, u, Wa, ga, n, d, r, eps);
-      op_q_main(q, cq, Wb, pos, &b->rope_q, n, r, m->heads, m->head_dim, m->q_head_norm, eps);
-      op_q_indexer(qI, cq, Wi, pos, &b->rope_i, n, r, iH, m->idx_head_dim);
+      op_q_main(q, cq, Wb, &aq, &b->rope_q, n, r, m->heads, m->head_dim, m->q_head_norm, eps);
+      op_q_indexer(qI, cq, Wi, share ? &aq : &ai, &b->rope_i, n, r, iH, m->idx_head_dim);
       op_index_weights(w, u, Ww, n, d, iH, ws);
     }
     /* flops 2 n (d r + r qo + r io + d iH): the four GEMMs (norms, RoPE not
@@ -201,6 +220,7 @@ static void case_q_path(struct bench *b, const char *name) {
     record_gemm(b, &l);
   }
   free(Wa), free(ga), free(Wb), free(Wi), free(Ww), free(u), free(cq), free(q), free(qI), free(w), free(pos);
+  free(abuf), free(aibuf);
 }
 
 static void case_swa_kv(struct bench *b, const char *name) {
@@ -215,11 +235,16 @@ static void case_swa_kv(struct bench *b, const char *name) {
   const struct plan_rope *pr = &m->rope_swa;
   op_rope_init(&rope, hd, m->rope_dim, true, pr->theta, pr->yarn, pr->yarn_factor, pr->yarn_original_len,
                pr->yarn_beta_fast, pr->yarn_beta_slow);
+  /* The layer's angle table, built before the loop: in the model q_path's
+   * timed build serves kS too (see the rope rows for its cost). */
+  float *abuf = fbuf(op_rope_angles_floats(&rope, C) + 1);
+  struct op_rope_angles ang;
+  op_rope_angles_init(&ang, abuf, &rope, pos, C);
   for (int k = 0; k < 2; k++) {
     const int n = ns[k];
     struct bench_loop l;
     TIME(l, b) {
-      op_swa_kv(kS, u, W, g, pos, &rope, n, d, hd, (float)m->norm_eps);
+      op_swa_kv(kS, u, W, g, &ang, &rope, n, d, hd, (float)m->norm_eps);
       op_swa_pack(out, kS, n, hd, m->swa.block, swa_kind(m), eb);
     }
     /* flops 2 n d hd (the projection); bytes 4 (hd d + hd + n d) + n entry:
@@ -229,7 +254,7 @@ static void case_swa_kv(struct bench *b, const char *name) {
     TIME(l, b) op_linear(kS, u, W, n, d, hd, d, hd);
     record_gemm(b, &l);
   }
-  free(W), free(g), free(u), free(kS), free(out), free(pos);
+  free(W), free(g), free(u), free(kS), free(out), free(pos), free(abuf);
 }
 
 /* ---- compressor ------------------------------------------------------------ */
@@ -252,6 +277,13 @@ static void case_compress(struct bench *b, const char *name) {
   struct op_comp_out out = {.entries = entries, .entry_bytes = mb + ib, .main_off = 0, .idx_off = mb,
                             .max_entries = C / r + 1};
   struct op_comp_tail t;
+  /* The tile's angle table (positions 0 .. C - 1), built before the loop as
+   * the layer shares it; the decode row's entry began in the tail, so it
+   * computes its own, as in the model. */
+  int64_t *pos = bench_positions(0, C);
+  float *abuf = fbuf(op_rope_angles_floats(&b->rope_q, C) + 1);
+  struct op_rope_angles ang;
+  op_rope_angles_init(&ang, abuf, &b->rope_q, pos, C);
   for (int k = 0; k < 2; k++) {
     /* The chunk starts a fresh request; the decode step is the one that
      * completes a group (r - 1 rows already pending in the tail). */
@@ -260,7 +292,7 @@ static void case_compress(struct bench *b, const char *name) {
     TIME(l, b) {
       op_comp_tail_init(&t, tbuf, r, d, 0);
       t.count = k == 0 ? 0 : r - 1;
-      op_compress(&out, &t, scratch, u, t.count, n, &L);
+      op_compress(&out, &t, scratch, u, t.count, n, &L, k == 0 ? &ang : NULL);
     }
     /* flops 2 n hid d (r > 1 ? 2 : 1) (v and gate projections) + e 2 d id
      * (W_ik per entry; pooling, norms, RoPE, packing not counted); bytes 4
@@ -277,7 +309,7 @@ static void case_compress(struct bench *b, const char *name) {
     }
     record_gemm(b, &l);
   }
-  free(Wkv), free(Wg), free(gam), free(Wik), free(u), free(scratch), free(tbuf), free(entries);
+  free(Wkv), free(Wg), free(gam), free(Wik), free(u), free(scratch), free(tbuf), free(entries), free(pos), free(abuf);
   free(gv), free(gg), free(gk);
 }
 
@@ -452,6 +484,8 @@ static void case_attention(struct bench *b, const char *name) {
   uint8_t *ring = swa_ring(b, &spos, W + C, CTX_MAX - C - W, &sb);
   float *q = frand(b, (size_t)C * H * hd, 1.0), *o = fbuf((size_t)C * H * hd), *sink = frand(b, (size_t)H, 1);
   int32_t *idx = ibuf((size_t)C * k), *perm = bench_iota(CTX_MAX - C);
+  float *abuf = fbuf(op_rope_angles_floats(&b->rope_q, C) + 1);
+  struct op_rope_angles ang;
   for (int i = 0; i < C; i++) bench_pick(idx + (size_t)i * k, k, perm, CTX_MAX - C, &b->rng); /* all causal */
   struct op_attn_params pr = {.heads = H, .head_dim = hd, .topk = k, .window = W, .r0 = 0,
                               .tau = (float)plan_softmax_scale(b->p), .sink = m->sink ? sink : NULL,
@@ -463,6 +497,8 @@ static void case_attention(struct bench *b, const char *name) {
     const int S = ns[j], off = C - S, first = C - S + 1;
     struct op_swa_view swa = {.slots = ring + (size_t)first * sb, .pos = spos + first, .n_slots = W + S - 1,
                               .entry_bytes = sb, .w = hd, .block = m->swa.block, .scale = swa_kind(m)};
+    op_rope_angles_init(&ang, abuf, &b->rope_q, pos + off, S); /* the layer's table, built by q_path */
+    pr.angles = &ang;
     struct bench_loop l;
     TIME(l, b) op_sparse_attn(o + (size_t)off * H * hd, NULL, q + (size_t)off * H * hd, pos + off,
                               idx + (size_t)off * k, &kv->view, &swa, S, &pr);
@@ -474,7 +510,7 @@ static void case_attention(struct bench *b, const char *name) {
            S * (k * (kv->main_bytes + 4.0) + 8.0 * H * hd + 8.0) + (double)(W + S - 1) * sb, &l,
            "%s S=%d heads=%d d=%d topk=%d+window=%d", S == 1 ? "decode" : "chunk", S, H, hd, k, W);
   }
-  free(pos), free(spos), free(ring), free(q), free(o), free(sink), free(idx), free(perm);
+  free(pos), free(spos), free(ring), free(q), free(o), free(sink), free(idx), free(perm), free(abuf);
 }
 
 static void case_oproj(struct bench *b, const char *name) {

@@ -292,7 +292,7 @@ void rt_engram_inject(const struct rt_model *M, int l, float *X, const float *e,
 /* Compress the tile's attention inputs into entries and append them to
  * source l (s3.1). */
 static int append_entries(const struct rt_model *M, struct rt_request *r, int l, const float *a_in, int64_t a, int n,
-                          struct rt_arena *ar) {
+                          const struct op_rope_angles *ang, struct rt_arena *ar) {
   const struct rt_layer *L = &M->L[l];
   struct rt_kv_seq *seq = &r->seq[l];
   struct op_comp_tail *tail = &r->tail[l];
@@ -308,7 +308,8 @@ static int append_entries(const struct rt_model *M, struct rt_request *r, int l,
   const struct op_comp_layer *C = &L->comp;
   float *scratch = RT_ALLOC(ar, float, op_comp_scratch_floats(n, C->ratio, C->d, C->idx_dim));
   int got;
-  RT_TIMED(ar, COMPRESS, got = op_compress(&out, tail, scratch, a_in, a, n, C));
+  if (ang && !op_rope_same_angles(C->rope, ang->rope)) ang = NULL; /* other frequencies: computed per entry */
+  RT_TIMED(ar, COMPRESS, got = op_compress(&out, tail, scratch, a_in, a, n, C, ang));
   CEDAR_ASSERT_MSG(got == emit, "layer %d: compressor emitted %d entries, expected %d (tail at %lld + %d, tile at %lld)",
                    l, got, emit, (long long)tail->pos0, tail->count, (long long)a);
   return emit ? rt_kv_append(seq, out.entries, emit) : 0;
@@ -317,6 +318,7 @@ static int append_entries(const struct rt_model *M, struct rt_request *r, int l,
 /* The Top-K this layer attends with (s3: full, reindex, reuse). */
 static const int32_t *select_topk(const struct rt_model *M, struct rt_request *r, const struct graph_node *nd,
                                   const float *a_in, const float *cq, const int64_t *pos,
+                                  const struct op_rope_angles *ang,
                                   const struct op_kv_view *kv, const struct rt_buses *b, struct rt_arena *ar) {
   const struct plan_model *m = &M->p->model;
   const struct rt_layer *L = &M->L[nd->layer];
@@ -325,7 +327,13 @@ static const int32_t *select_topk(const struct rt_model *M, struct rt_request *r
   if (L->pl->mode == PLAN_REUSE) return b->topk_in;
   float *qI = RT_ALLOC(ar, float, (size_t)n * m->idx_heads * m->idx_head_dim);
   float *w = RT_ALLOC(ar, float, (size_t)n * m->idx_heads);
-  RT_TIMED(ar, INDEXER, op_q_indexer(qI, cq, L->iq_b, pos, &M->rope_idx, n, m->q_rank, m->idx_heads, m->idx_head_dim));
+  struct op_rope_angles own;
+  if (!op_rope_same_angles(&M->rope_idx, ang->rope)) { /* other frequencies: a table of its own */
+    float *buf = RT_ALLOC(ar, float, op_rope_angles_floats(&M->rope_idx, n) + 1);
+    RT_TIMED(ar, INDEXER, op_rope_angles_init(&own, buf, &M->rope_idx, pos, n));
+    ang = &own;
+  }
+  RT_TIMED(ar, INDEXER, op_q_indexer(qI, cq, L->iq_b, ang, &M->rope_idx, n, m->q_rank, m->idx_heads, m->idx_head_dim));
   RT_TIMED(ar, INDEXER, op_index_weights(w, a_in, L->iw, n, m->hidden, m->idx_heads, M->idx_scale));
   if (L->pl->mode == PLAN_REINDEX && b->pool_in) {
     void *work = rt_arena_alloc(ar, op_indexer_reindex_work_bytes(kv, m->cand_block, m->cand_top_blocks));
@@ -417,26 +425,31 @@ int rt_attn(const struct rt_model *M, struct rt_request *r, const struct graph_n
   RT_TIMED(ar, OTHER, op_rmsnorm(a_in, s.u, L->attn_norm, n, d, M->eps));
   int64_t *pos = RT_ALLOC(ar, int64_t, n);
   for (int i = 0; i < n; i++) pos[i] = nd->a + i;
+  /* The tile's RoPE angles, once for q, kS, the attention's inverse and,
+   * where the frequencies agree, qI and the compressed entries (ops/rope.h). */
+  struct op_rope_angles ang;
+  float *abuf = RT_ALLOC(ar, float, op_rope_angles_floats(L->rope, n) + 1);
+  RT_TIMED(ar, QKV, op_rope_angles_init(&ang, abuf, L->rope, pos, n));
   float *cq = RT_ALLOC(ar, float, (size_t)n * m->q_rank);
   float *q = RT_ALLOC(ar, float, (size_t)n * hd);
   RT_TIMED(ar, QKV, op_q_latent(cq, a_in, L->wq_a, L->q_norm, n, d, m->q_rank, M->eps));
-  RT_TIMED(ar, QKV, op_q_main(q, cq, L->wq_b, pos, L->rope, n, m->q_rank, m->heads, m->head_dim, m->q_head_norm, M->eps));
+  RT_TIMED(ar, QKV, op_q_main(q, cq, L->wq_b, &ang, L->rope, n, m->q_rank, m->heads, m->head_dim, m->q_head_norm, M->eps));
   float *kS = RT_ALLOC(ar, float, (size_t)n * m->head_dim);
-  RT_TIMED(ar, QKV, op_swa_kv(kS, a_in, L->wkv, L->kv_norm, pos, L->rope, n, d, m->head_dim, M->eps));
+  RT_TIMED(ar, QKV, op_swa_kv(kS, a_in, L->wkv, L->kv_norm, &ang, L->rope, n, d, m->head_dim, M->eps));
   if (nd->flags & GRAPH_F_RING_RESET) rt_ring_reset(ring, nd->r0);
   if (nd->r0 > ring->r0) ring->r0 = nd->r0;
   uint8_t *fresh;
   struct op_swa_view sv = swa_view(M, ring, kS, pos, n, ar, &fresh);
 
   if (nd->flags & GRAPH_F_WRITE_KV) {
-    int rc = append_entries(M, r, l, a_in, nd->a, n, ar);
+    int rc = append_entries(M, r, l, a_in, nd->a, n, &ang, ar);
     if (rc) return rc;
   }
   struct op_kv_view kv;
   const int32_t *topk = NULL;
   if (plan_is_csa(L->pl)) {
     kv = rt_kv_view(&r->seq[L->pl->kv_src]);
-    topk = select_topk(M, r, nd, a_in, cq, pos, &kv, b, ar);
+    topk = select_topk(M, r, nd, a_in, cq, pos, &ang, &kv, b, ar);
   }
   struct op_attn_params pr = {
       .heads = m->heads,
@@ -447,6 +460,7 @@ int rt_attn(const struct rt_model *M, struct rt_request *r, const struct graph_n
       .tau = M->tau,
       .sink = L->sink,
       .rope = L->rope,
+      .angles = &ang,
   };
   float *o = RT_ALLOC(ar, float, (size_t)n * hd);
   RT_TIMED(ar, ATTENTION, attend_tile(M, o, q, pos, topk, topk ? &kv : NULL, &sv, n, &pr, ar));
@@ -489,7 +503,7 @@ int rt_dec_kv(const struct rt_model *M, struct rt_request *r, int l, const float
   RT_TIMED(ar, MHC, op_mhc_mix(u, XE, pre, n, hc, d));
   float *a_enc = RT_ALLOC(ar, float, (size_t)n * d);
   op_rmsnorm(a_enc, u, L->attn_norm, n, d, M->eps);
-  return append_entries(M, r, l, a_enc, a, n, ar);
+  return append_entries(M, r, l, a_enc, a, n, NULL, ar); /* its one user computes its own angles */
 }
 
 /* ---- head (docs/model.md s1, s2) ------------------------------------------ */

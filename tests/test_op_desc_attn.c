@@ -244,8 +244,12 @@ static void check_q_heads(void) {
   struct op_rope r, ri;
   rope_make(&r, D, 8, true);
   rope_make(&ri, DI, 6, false);
-  op_q_main(q, cq, Wqb, pos, &r, QN, QR, H, D, true, 1e-6f);
-  op_q_indexer(qi, cq, Wiq, pos, &ri, QN, QR, HI, DI);
+  float ab[2 * QN * 8], aib[2 * QN * 8]; /* angle tables: rope_dim / 2 = 4 and 3 pairs per row */
+  struct op_rope_angles a, ai;
+  op_rope_angles_init(&a, ab, &r, pos, QN);
+  op_rope_angles_init(&ai, aib, &ri, pos, QN);
+  op_q_main(q, cq, Wqb, &a, &r, QN, QR, H, D, true, 1e-6f);
+  op_q_indexer(qi, cq, Wiq, &ai, &ri, QN, QR, HI, DI);
   struct h_io h;
   h_io_init(&h);
   h_io_input(&h, "cq", OP_F32, 2, (int64_t[]){QN, QR}, cq);
@@ -287,7 +291,10 @@ static void check_swa_kv(void) {
   uint8_t *e = zalloc(N * b);
   struct op_rope r;
   rope_make(&r, D, 8, false);
-  op_swa_kv(kS, u, W, g, pos, &r, N, HID, D, 1e-6f);
+  float ab[2 * N * 4];
+  struct op_rope_angles a;
+  op_rope_angles_init(&a, ab, &r, pos, N);
+  op_swa_kv(kS, u, W, g, &a, &r, N, HID, D, 1e-6f);
   op_swa_pack(e, kS, N, D, BLK, OP_SCALE_E8M0, b);
   struct h_io h;
   h_io_init(&h);
@@ -363,7 +370,7 @@ static void check_compress_case(const struct comp_case *c) {
   float *scratch = zalloc(op_comp_scratch_floats(c->n, c->ratio, d, di) * sizeof(float));
   struct op_comp_tail tail;
   EXPECT(op_comp_tail_init(&tail, tbuf, c->ratio, d, c->start) == 0, "tail init");
-  EXPECT(op_compress(&out, &tail, scratch, u, c->start, c->n, &L) == n_emit, "direct compress");
+  EXPECT(op_compress(&out, &tail, scratch, u, c->start, c->n, &L, NULL) == n_emit, "direct compress");
   int64_t tpos[8] = {0};
   for (int i = 0; i < left; i++) tpos[i] = tail.pos0 + i;
   struct h_io h;

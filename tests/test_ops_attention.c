@@ -382,6 +382,20 @@ static void run_case(const struct tcase *tc) {
   ref_all(res.oref, res.absb, res.k, res.nref, res.sinkw, &st, qd, &r, 0, 0);
   check_result(&res, &st, "f32");
   check_flags(&res, &st, "f32");
+  if (st.pr.rope) { /* the inverse RoPE from the caller's angle table: the same bits */
+    const size_t no = (size_t)st.S * st.H * st.d;
+    float *o2 = malloc((no + 1) * sizeof *o2), *abuf = malloc((op_rope_angles_floats(st.pr.rope, st.S) + 1) * sizeof *abuf);
+    struct op_rope_angles ang;
+    op_rope_angles_init(&ang, abuf, st.pr.rope, st.pos, st.S);
+    struct op_attn_params pa = st.pr;
+    pa.angles = &ang;
+    op_sparse_attn_f32(o2, NULL, st.q, st.pos, st.idx, st.grow, st.n_global, st.srow, st.spos, st.slots, st.S, &pa);
+    EXPECT(!memcmp(o2, res.o, no * sizeof *o2), "%s: f32 with the angle table differs", tc->name);
+    op_sparse_attn(o2, NULL, st.q, st.pos, st.idx, st.idx ? &st.kv : NULL, &st.swa, st.S, &pa);
+    op_sparse_attn(res.o, NULL, st.q, st.pos, st.idx, st.idx ? &st.kv : NULL, &st.swa, st.S, &st.pr);
+    EXPECT(!memcmp(o2, res.o, no * sizeof *o2), "%s: packed with the angle table differs", tc->name);
+    free(o2), free(abuf);
+  }
   free(qd), free(gd), free(sd);
   result_free(&res, &st, tc->name);
   free_state(&st);

@@ -252,18 +252,29 @@ static int run_split(const struct op_comp_out *o, struct op_comp_tail *t, const 
     int n = sz[k];
     struct op_comp_out view = out_from(o, L, E);
     int got;
+    /* Every other call takes its rows' RoPE angles from a table, as the
+     * model's tiles do; the bitwise split checks then also hold the table
+     * path to the computed one. */
+    int64_t *pos = malloc(((size_t)n + 1) * sizeof *pos);
+    size_t na = op_rope_angles_floats(L->rope, n) + 1;
+    float *abuf = h_alloc(na);
+    struct op_rope_angles ang;
+    for (int i = 0; i < n; i++) pos[i] = start + done + i;
+    op_rope_angles_init(&ang, abuf, L->rope, pos, n);
+    const struct op_rope_angles *at = k % 2 ? &ang : NULL;
     if (v) {
       size_t nw = op_comp_work_floats(d, L->idx_dim) + (size_t)align;
       float *work = h_alloc(nw);
       got = op_comp_push(&view, t, work + align, v + (size_t)done * d, g ? g + (size_t)done * d : NULL,
-                         start + done, n, L);
+                         start + done, n, L, at);
       h_free(work, nw, "push work");
     } else {
       size_t ns = op_comp_scratch_floats(n, r, d, L->idx_dim);
       float *scratch = h_alloc(ns);
-      got = op_compress(&view, t, scratch, u + (size_t)done * L->hidden, start + done, n, L);
+      got = op_compress(&view, t, scratch, u + (size_t)done * L->hidden, start + done, n, L, at);
       h_free(scratch, ns, "compress scratch");
     }
+    h_free(abuf, na, "angles"), free(pos);
     int64_t b = start + done + n;
     int want = (int)((b - start) / r) - E; /* groups completed by position b, less those already out */
     EXPECT(got == want, "%s: call %d [%lld, %lld) emitted %d, want %d", what, k, (long long)(start + done),
@@ -366,7 +377,7 @@ static void test_ratio1(uint64_t *seed) {
   out_alloc(&o, &D.L, N, 0);
   size_t ns = op_comp_scratch_floats(N, 1, c.d, c.idx_dim);
   float *scratch = h_alloc(ns), *want = h_alloc((size_t)N * c.d);
-  EXPECT(op_compress(&o, &t, scratch, u, 0, N, &D.L) == N, "ratio 1: one entry per position");
+  EXPECT(op_compress(&o, &t, scratch, u, 0, N, &D.L, NULL) == N, "ratio 1: one entry per position");
   EXPECT(t.count == 0 && t.pos0 == N, "ratio 1: the tail stays empty");
   op_linear(want, u, D.W_kv, N, c.hidden, c.d, c.hidden, c.d);
   op_rmsnorm(want, want, D.gamma, N, c.d, EPS);
@@ -399,7 +410,7 @@ static void test_equal_gates(uint64_t *seed) {
     struct op_comp_out o;
     out_alloc(&o, &D.L, 1, 0);
     float *work = h_alloc(op_comp_work_floats(d, c.idx_dim));
-    EXPECT(op_comp_push(&o, &t, work, v, g, 0, r, &D.L) == 1, "equal gates r=%d: one entry", r);
+    EXPECT(op_comp_push(&o, &t, work, v, g, 0, r, &D.L, NULL) == 1, "equal gates r=%d: one entry", r);
 
     double *vd = dalloc((size_t)r * d), *zero = dalloc((size_t)r * d), *gd = dalloc((size_t)r * d);
     double *mean = dalloc(d), *pool = dalloc(d), *b = dalloc(d);
@@ -446,7 +457,7 @@ static void test_counts(uint64_t *seed) {
     for (size_t k = 0; k < sizeof ns_list / sizeof ns_list[0]; k++) {
       int n = ns_list[k];
       struct op_comp_tail t = new_tail(&tb, r, c.d, 0);
-      int E = op_compress(&o, &t, scratch, u, 0, n, &D.L);
+      int E = op_compress(&o, &t, scratch, u, 0, n, &D.L, NULL);
       EXPECT(E == n / r && t.count == n % r && t.pos0 == n - n % r,
              "r=%d n=%d: %d entries, tail (pos0 %lld, count %d); want %d, (%d, %d)", r, n, E, (long long)t.pos0,
              t.count, n / r, n - n % r, n % r);
@@ -457,7 +468,7 @@ static void test_counts(uint64_t *seed) {
     struct op_comp_tail t = new_tail(&tb, r, c.d, 0);
     int total = 0, sizes[3] = {1024, 1, 1}, done = 0;
     for (int step = 0; step < 3; step++) {
-      int e = op_compress(&o, &t, scratch, u + (size_t)done * c.hidden, done, sizes[step], &D.L);
+      int e = op_compress(&o, &t, scratch, u + (size_t)done * c.hidden, done, sizes[step], &D.L, NULL);
       done += sizes[step], total += e;
       if (r == 2) {
         static const int want_total[3] = {512, 512, 513}, want_tail[3] = {0, 1, 0};
@@ -499,7 +510,7 @@ static void test_rope_position(uint64_t *seed) {
     struct op_comp_tail t = new_tail(&tb, r, d, 0);
     struct op_comp_out o;
     out_alloc(&o, &D.L, N / r, 0);
-    int E = op_compress(&o, &t, scratch, u, 0, N, &D.L);
+    int E = op_compress(&o, &t, scratch, u, 0, N, &D.L, NULL);
     double *m = dalloc(d), *mb = dalloc(d), *zero = dalloc(d), *k = dalloc(di), *kb = dalloc(di);
     for (int j = 0; j < E; j++) {
       for (int shift = 0; shift <= 1; shift++) {
@@ -549,7 +560,7 @@ static void test_indexer_independent(uint64_t *seed) {
     L.main_block = blocks[k];
     struct op_comp_tail t = new_tail(&tb, 2, d, 0);
     out_alloc(&o[k], &L, E, k == 1);
-    EXPECT(op_compress(&o[k], &t, scratch, u, 0, N, &L) == E, "8.2.11 block %d: %d entries", blocks[k], E);
+    EXPECT(op_compress(&o[k], &t, scratch, u, 0, N, &L, NULL) == E, "8.2.11 block %d: %d entries", blocks[k], E);
     free_tail(tb, 2, d);
     if (k == 0) continue;
     EXPECT(memcmp(o[k].kI, o[0].kI, (size_t)E * di * sizeof(float)) == 0, "8.2.11: kI floats changed with block %d",
@@ -668,21 +679,21 @@ static void test_tail_rule(uint64_t *seed) {
     struct op_comp_out o0, o2;
     out_alloc(&o0, &D.L, 0, 0);
     out_alloc(&o2, &D.L, 2, 0);
-    EXPECT(op_compress(&o0, &t, scratch, u, 4 * r, r - 1, &D.L) == 0 && t.count == r - 1,
+    EXPECT(op_compress(&o0, &t, scratch, u, 4 * r, r - 1, &D.L, NULL) == 0 && t.count == r - 1,
            "r=%d: %d tokens must stay pending", r, r - 1);
     struct op_comp_tail saved = t;
     float *rows = h_alloc(op_comp_tail_floats(r, d));
     memcpy(rows, tb, op_comp_tail_floats(r, d) * sizeof *rows);
     /* one more token completes a group: no room, wrong positions, NULL out */
-    EXPECT(op_compress(&o0, &t, scratch, u, 4 * r + r - 1, 1, &D.L) == -1, "r=%d: no room must fail", r);
-    EXPECT(op_compress(NULL, &t, scratch, u, 4 * r + r - 1, 1, &D.L) == -1, "r=%d: NULL out must fail", r);
-    EXPECT(op_compress(&o2, &t, scratch, u, 4 * r + r, 1, &D.L) == -1, "r=%d: a gap must fail", r);
-    EXPECT(op_compress(&o2, &t, scratch, u, 4 * r + r - 2, 1, &D.L) == -1, "r=%d: an overlap must fail", r);
+    EXPECT(op_compress(&o0, &t, scratch, u, 4 * r + r - 1, 1, &D.L, NULL) == -1, "r=%d: no room must fail", r);
+    EXPECT(op_compress(NULL, &t, scratch, u, 4 * r + r - 1, 1, &D.L, NULL) == -1, "r=%d: NULL out must fail", r);
+    EXPECT(op_compress(&o2, &t, scratch, u, 4 * r + r, 1, &D.L, NULL) == -1, "r=%d: a gap must fail", r);
+    EXPECT(op_compress(&o2, &t, scratch, u, 4 * r + r - 2, 1, &D.L, NULL) == -1, "r=%d: an overlap must fail", r);
     EXPECT(memcmp(&saved, &t, sizeof t) == 0 && memcmp(rows, tb, op_comp_tail_floats(r, d) * sizeof *rows) == 0,
            "r=%d: a failed call changed the tail", r);
-    EXPECT(op_compress(NULL, &t, scratch, u, 4 * r + r - 1, 0, &D.L) == 0, "r=%d: an empty call emits nothing", r);
+    EXPECT(op_compress(NULL, &t, scratch, u, 4 * r + r - 1, 0, &D.L, NULL) == 0, "r=%d: an empty call emits nothing", r);
     /* the rest: 2 r more tokens complete exactly two groups, r - 1 stay */
-    int E = op_compress(&o2, &t, scratch, u, 4 * r + r - 1, 2 * r, &D.L);
+    int E = op_compress(&o2, &t, scratch, u, 4 * r + r - 1, 2 * r, &D.L, NULL);
     EXPECT(E == 2 && t.count == r - 1 && t.pos0 == 6 * r && o2.pos[0] == 4 * r && o2.pos[1] == 5 * r,
            "r=%d: %d entries, tail (pos0 %lld, count %d)", r, E, (long long)t.pos0, t.count);
     check_bytes(&o2, &D.L, 2, "tail rule");
@@ -699,6 +710,39 @@ static void test_tail_rule(uint64_t *seed) {
   EXPECT(op_comp_tail_init(&t, buf, 2, 4, 3) == -1, "a ratio-2 tail cannot start at an odd position");
   EXPECT(op_comp_tail_init(&t, buf, 2, 4, -2) == -1, "a tail cannot start before 0");
   EXPECT(op_comp_tail_init(&t, buf, 2, 4, 6) == 0 && t.count == 0 && t.pos0 == 6, "tail init at 6");
+}
+
+/* One slot's gate far above the others' in every channel (200 apart, or the
+ * others at -inf): their weights exp(g - m) underflow to exactly 0 and the
+ * max slot's is exp(0) = 1, so c_hat is that slot's v exactly and c is
+ * op_rmsnorm of it, bit for bit. The max sits in the first or the last slot
+ * by channel (the pooling gives expf only the non-zero g - m: compressor.c). */
+static void test_far_gates(uint64_t *seed) {
+  for (int r = 2; r <= 3; r++) {
+    const struct ccfg c = {r, 8, 24, 8, 8, 4, 8, 8, false, false, false};
+    struct cdata D;
+    cdata_init(&D, &c, seed);
+    const int d = c.d;
+    float *v = rand_floats((size_t)r * d, seed, -1, 1), *g = h_alloc((size_t)r * d), *want = h_alloc(d), *tb;
+    for (int k = 0; k < d; k++) {
+      const int top = k % 2 ? r - 1 : 0;
+      const float gt = (float)(k % 7) - 3.0f;
+      for (int i = 0; i < r; i++) g[(size_t)i * d + k] = i == top ? gt : k % 3 ? gt - 200.0f : -INFINITY;
+      want[k] = v[(size_t)top * d + k];
+    }
+    op_rmsnorm(want, want, D.gamma, 1, d, EPS);
+    struct op_comp_tail t = new_tail(&tb, r, d, 0);
+    struct op_comp_out o;
+    out_alloc(&o, &D.L, 1, 0);
+    float *work = h_alloc(op_comp_work_floats(d, c.idx_dim));
+    EXPECT(op_comp_push(&o, &t, work, v, g, 0, r, &D.L, NULL) == 1, "far gates r=%d: one entry", r);
+    EXPECT(memcmp(o.c, want, (size_t)d * sizeof *want) == 0, "far gates r=%d: c != RMSNorm(v of the max slot)", r);
+    h_free(work, op_comp_work_floats(d, c.idx_dim), "work");
+    h_free(v, (size_t)r * d, "v"), h_free(g, (size_t)r * d, "g"), h_free(want, d, "want");
+    out_free(&o, &D.L);
+    free_tail(tb, r, d);
+    cdata_free(&D);
+  }
 }
 
 int main(void) {
@@ -721,6 +765,7 @@ int main(void) {
     test_reference(&cases[i].c, cases[i].N, cases[i].start, &seed);
   test_ratio1(&seed);
   test_equal_gates(&seed);
+  test_far_gates(&seed);
   test_counts(&seed);
   test_rope_position(&seed);
   test_indexer_independent(&seed);

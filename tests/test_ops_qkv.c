@@ -110,6 +110,15 @@ static void qdata_free(struct qdata *D) {
   free(D->ud);
 }
 
+/* The angle table of n rows at pos under r (the ops rotate from one); the
+ * caller frees *buf. */
+static struct op_rope_angles angles_of(const struct op_rope *r, const int64_t *pos, int n, float **buf) {
+  struct op_rope_angles a;
+  *buf = malloc((op_rope_angles_floats(r, n) + 1) * sizeof **buf);
+  op_rope_angles_init(&a, *buf, r, pos, n);
+  return a;
+}
+
 /* Main Q with and without the per-head norm. cqr/cqb: the c_q reference and
  * its bound. With the norm on, every head of the output has RMS 1 (RoPE keeps
  * each pair's norm): | rms(op head) - rms(ref head) | <= ||bound||_2/sqrt(hd). */
@@ -122,7 +131,10 @@ static void test_q_main(const struct qdata *D, const float *cq, const double *cq
   double max_off = 0; /* largest |rms - 1| of a head without the norm */
   for (int hn = 0; hn <= 1; hn++) {
     float *q = h_alloc(nq);
-    op_q_main(q, cq, D->W_qb, D->pos, &D->rope, c->n, c->q_rank, c->heads, c->head_dim, hn, EPS);
+    float *abuf;
+    struct op_rope_angles ang = angles_of(&D->rope, D->pos, c->n, &abuf);
+    op_q_main(q, cq, D->W_qb, &ang, &D->rope, c->n, c->q_rank, c->heads, c->head_dim, hn, EPS);
+    free(abuf);
     h_ref_linear(qr, qb, D->W_qb, cqr, cqb, c->n, c->q_rank, W);
     if (hn) h_ref_rmsnorm(qr, qb, qr, qb, NULL, c->n * c->heads, c->head_dim, EPS);
     h_ref_rope(qr, qb, &D->rope, D->pos, c->n, c->heads);
@@ -156,7 +168,10 @@ static void test_indexer(const struct qdata *D, const float *cq, const double *c
   const size_t nqi = (size_t)c->n * c->idx_heads * c->idx_dim, nw = (size_t)c->n * c->idx_heads;
   double *r = dalloc(nqi), *b = dalloc(nqi);
   float *qI = h_alloc(nqi);
-  op_q_indexer(qI, cq, D->W_iq, D->pos, &D->rope_i, c->n, c->q_rank, c->idx_heads, c->idx_dim);
+  float *abuf;
+  struct op_rope_angles ang = angles_of(&D->rope_i, D->pos, c->n, &abuf);
+  op_q_indexer(qI, cq, D->W_iq, &ang, &D->rope_i, c->n, c->q_rank, c->idx_heads, c->idx_dim);
+  free(abuf);
   h_ref_linear(r, b, D->W_iq, cqr, cqb, c->n, c->q_rank, c->idx_heads * c->idx_dim);
   h_ref_rope(r, b, &D->rope_i, D->pos, c->n, c->idx_heads);
   char what[128];
@@ -196,7 +211,10 @@ static void test_swa(const struct qdata *D, const char *name) {
   const size_t nk = (size_t)c->n * hd;
   float *kS = h_alloc(nk);
   double *r = dalloc(nk), *b = dalloc(nk);
-  op_swa_kv(kS, D->u, D->W_kv, D->g_kv, D->pos, &D->rope_swa, c->n, c->hidden, hd, EPS);
+  float *abuf;
+  struct op_rope_angles ang = angles_of(&D->rope_swa, D->pos, c->n, &abuf);
+  op_swa_kv(kS, D->u, D->W_kv, D->g_kv, &ang, &D->rope_swa, c->n, c->hidden, hd, EPS);
+  free(abuf);
   h_ref_linear(r, b, D->W_kv, D->ud, NULL, c->n, c->hidden, hd);
   h_ref_rmsnorm(r, b, r, b, D->g_kv, c->n, hd, EPS);
   h_ref_rope(r, b, &D->rope_swa, D->pos, c->n, 1);

@@ -388,6 +388,38 @@ static void check_apply_two(uint64_t *seed) {
     }
 }
 
+/* op_rope_rotate from an angle table is bitwise op_rope_apply at the
+ * table's positions, both signs, any row offset, several heads, a row
+ * stride past the heads, and under another geometry with the same angles
+ * (a table built for 512-wide rows rotating 128-wide ones). */
+static void check_angles(uint64_t *seed) {
+  struct op_rope m, i_same;
+  CEDAR_ASSERT(op_rope_init(&m, 512, 64, true, 160000, true, 16, 65536, 32, 1) == 0);
+  CEDAR_ASSERT(op_rope_init(&i_same, 128, 64, false, 160000, true, 16, 65536, 32, 1) == 0);
+  enum { N = 11, HEADS = 3, PAD = 5 };
+  const int64_t pos[N] = {0, 1, 2, 77, 78, 4095, 65536, 65537, 1000003, 1048575, 5};
+  float *buf = malloc(op_rope_angles_floats(&m, N) * sizeof *buf);
+  EXPECT(op_rope_angles_floats(&m, N) == 2 * N * 32, "a table of %d rows at rope_dim 64 holds %d floats", N, 2 * N * 32);
+  struct op_rope_angles a;
+  op_rope_angles_init(&a, buf, &m, pos, N);
+  const struct op_rope *rs[2] = {&m, &i_same};
+  for (int k = 0; k < 2; k++)
+    for (int sign = -1; sign <= 1; sign += 2)
+      for (int row0 = 0; row0 <= 4; row0 += 4) {
+        const int dim = rs[k]->dim, ld = HEADS * dim + PAD, n = N - row0;
+        const size_t len = (size_t)n * ld;
+        float *x = malloc(len * sizeof *x), *y = malloc(len * sizeof *y);
+        h_fill(x, len, seed, -2, 2);
+        memcpy(y, x, len * sizeof *x);
+        op_rope_apply(x, rs[k], pos + row0, n, HEADS, ld, sign);
+        op_rope_rotate(y, rs[k], &a, row0, n, HEADS, ld, sign);
+        EXPECT(!memcmp(x, y, len * sizeof *x), "op_rope_rotate (width %d, sign %d, rows from %d) is not op_rope_apply",
+               dim, sign, row0);
+        free(x), free(y);
+      }
+  free(buf);
+}
+
 int main(void) {
   op_blas_init();
   uint64_t seed = 0x5EED0001;
@@ -416,5 +448,6 @@ int main(void) {
   check_yarn(&seed);
   check_init_rejects();
   check_apply_two(&seed);
+  check_angles(&seed);
   return h_report("test_ops_rope");
 }
