@@ -82,6 +82,38 @@ static void exp_nonzero(float *restrict z, int d) {
   }
 }
 
+/* pool_group at ratio 2 (the encoder sources' [A]), the same operations in
+ * the same order: of z0 = g0 - m and z1 = g1 - m one is +0 (its weight
+ * exp(+0) = 1), so one expf per channel, of the other; both are non-zero
+ * only for infinite or NaN gates, and then each gets its own expf. */
+static void pool_pair(float *restrict c_hat, float *restrict z0, float *restrict z1, float *restrict ew,
+                      const float *restrict v0, const float *restrict g0, const float *restrict v1,
+                      const float *restrict g1, int d) {
+  for (int c = 0; c < d; c++) {
+    const float m = g1[c] > g0[c] ? g1[c] : g0[c];
+    z0[c] = g0[c] - m, z1[c] = g1[c] - m;
+    ew[c] = z0[c] != 0.0f ? z0[c] : z1[c];
+  }
+  for (int c = 0; c < d; c++) ew[c] = expf(ew[c]);
+  for (int c = 0; c < d; c++) {
+    const bool both = z0[c] != 0.0f && z1[c] != 0.0f;
+    const float e0 = z0[c] != 0.0f ? ew[c] : 1.0f;
+    const float e1 = both ? z1[c] : z1[c] != 0.0f ? ew[c] : 1.0f;
+    z0[c] = e0, z1[c] = e1;
+    ew[c] = both; /* 1 where e1 still needs its expf */
+  }
+  for (int c = 0; c < d; c++)
+    if (ew[c] != 0.0f) z1[c] = expf(z1[c]);
+  for (int c = 0; c < d; c++) {
+    float s = 0.0f, acc = 0.0f;
+    s += z0[c];
+    acc += z0[c] * v0[c];
+    s += z1[c];
+    acc += z1[c] * v1[c];
+    c_hat[c] = acc / s;
+  }
+}
+
 /* c_hat = per-channel softmax(g)-weighted sum of v over the r slots (SPEC
  * 3.7), in the order the file header fixes. Channels go side by side, slot
  * after slot, so each channel still sees its slots in position order; m, s
@@ -98,6 +130,11 @@ static void pool_group(float *restrict c_hat /* (d) */, float *restrict m, float
   for (int k = 1; k < r; k++) {
     const float *restrict gk = group_row(tg, ng, nt, k, d);
     for (int c = 0; c < d; c++) m[c] = gk[c] > m[c] ? gk[c] : m[c];
+  }
+  if (r == 2) {
+    pool_pair(c_hat, m, s, e, group_row(tv, nv, nt, 0, d), group_row(tg, ng, nt, 0, d), group_row(tv, nv, nt, 1, d),
+              group_row(tg, ng, nt, 1, d), d);
+    return;
   }
   for (int c = 0; c < d; c++) s[c] = 0.0f, c_hat[c] = 0.0f;
   for (int k = 0; k < r; k++) {

@@ -737,6 +737,11 @@ static void test_far_gates(uint64_t *seed) {
     float *work = h_alloc(op_comp_work_floats(d, c.idx_dim));
     EXPECT(op_comp_push(&o, &t, work, v, g, 0, r, &D.L, NULL) == 1, "far gates r=%d: one entry", r);
     EXPECT(memcmp(o.c, want, (size_t)d * sizeof *want) == 0, "far gates r=%d: c != RMSNorm(v of the max slot)", r);
+    /* A +inf gate: inf - inf is NaN, so that channel's weights are NaN and
+     * the norm spreads it over the whole row. */
+    g[(size_t)(r - 1) * d + 2] = INFINITY;
+    EXPECT(op_comp_push(&o, &t, work, v, g, r, r, &D.L, NULL) == 1, "far gates r=%d, +inf: one entry", r);
+    for (int k = 0; k < d; k++) EXPECT(isnan(o.c[k]), "far gates r=%d, a +inf gate: c[%d] = %g, want NaN", r, k, o.c[k]);
     h_free(work, op_comp_work_floats(d, c.idx_dim), "work");
     h_free(v, (size_t)r * d, "v"), h_free(g, (size_t)r * d, "g"), h_free(want, d, "want");
     out_free(&o, &D.L);
