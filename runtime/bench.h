@@ -1,5 +1,5 @@
-/* bench.h: the measuring half of `cedar bench ops` (runtime/cmd_bench.c is
- * the other half: options and the op cases).
+/* bench.h: the measuring half of `cedar bench ops` (the other half:
+ * runtime/cmd_bench.c, the options, and runtime/bench_ops.c, the op cases).
  *
  * What it is: a timing loop (warm-up, then best and median of N samples on
  * CLOCK_MONOTONIC), this machine's peaks measured in the same run (a one-
@@ -65,7 +65,7 @@ struct bench_row {
   char shape[112]; /* the call shape, e.g. "n=512 d=256" */
   int reps, inner; /* samples taken; calls per sample */
   double best_s, median_s;
-  double flops, bytes; /* per call, counted from the shapes (cmd_bench.c says how) */
+  double flops, bytes; /* per call, counted from the shapes (bench_ops.c says how) */
   double gemm_s;       /* GEMM-shaped ops: best time of their op_linear calls alone, same
                           shapes, same run; 0 = not measured */
 };
@@ -96,7 +96,7 @@ cJSON *bench_json(const struct bench_meta *m, const struct bench_peaks *p, const
 /* ---- inputs -------------------------------------------------------------- */
 
 /* malloc that prints what failed and exits 1: the bench's sizes come from
- * the plan and are bounded (cmd_bench.c), so running out is reported, not
+ * the plan and are bounded (bench_ops.c), so running out is reported, not
  * recovered from. */
 void *bench_alloc(size_t bytes);
 /* Uniform floats in [-scale, scale) from a splitmix64 state (ops/sample.h). */
