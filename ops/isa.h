@@ -5,7 +5,9 @@
  * for AVX2 and AVX-512F with OP_ISA_KERNEL and called at the level that
  * op_isa() picks once from the CPU (or from CEDAR_ISA=default|avx2|avx512 in
  * the environment, for tests and comparisons). Users: ops/attention.c
- * (online_flush), ops/indexer.c (score_tile), ops/formats.c (the packers).
+ * (online_flush), ops/indexer.c (score_tile), ops/formats.c (the packers),
+ * ops/mhc.c (mix, update, sum of squares, coefficients with Sinkhorn, the
+ * fused pass).
  *
  * Why the results are the same bits on every level: the kernels' loops run
  * over independent lanes, in the order the C says; the build is ISO C11

@@ -1,5 +1,11 @@
 /* mhc.c: mHC coefficients, Sinkhorn, mix, update, the fused single pass and the head
- * merge (see mhc.h for the math and the decisions). */
+ * merge (see mhc.h for the math and the decisions).
+ *
+ * The per-element loops over positions (mix_rows, update_rows, update_inplace_rows,
+ * sumsq_rows, fused_pass and coeffs_rows, the Sinkhorn lanes) are compiled for SSE2, AVX2
+ * and AVX-512 from one body each (ops/isa.h): their lanes are independent and keep the
+ * order the C says, so every level gives the same bits. fused_pass takes 6 rows of W per
+ * pass over x above SSE2 and 3 at it (see GROUP), which changes no sum's order. */
 #include "ops/mhc.h"
 
 #include <limits.h>
@@ -11,6 +17,7 @@
 #include <string.h>
 
 #include "ops/basic.h"
+#include "ops/isa.h"
 #include "ops/registry.h"
 #include "runtime/check.h"
 
@@ -23,8 +30,8 @@
  * in order (then post[j] F). The column loop is the outer one and the streams are unrolled
  * (hc is a constant where the hot calls below inline these), so every column's values stay
  * in registers and the column loop vectorizes. */
-static inline void mix_cols(float *restrict u, const float *restrict x, const float *restrict pre, int hc, size_t d,
-                            int len) {
+static inline OP_ISA_BODY void mix_cols(float *restrict u, const float *restrict x, const float *restrict pre, int hc,
+                                        size_t d, int len) {
   for (int k = 0; k < len; k++) {
     float s = pre[0] * x[k];
     for (int i = 1; i < hc; i++) s += pre[i] * x[i * d + k];
@@ -33,9 +40,9 @@ static inline void mix_cols(float *restrict u, const float *restrict x, const fl
 }
 
 /* X'_j[k] = sum_i C[i][j] X_i[k] + post[j] F[k]. */
-static inline void update_cols(float *restrict xn, const float *restrict x, const float *restrict C,
-                               const float *restrict post, const float *restrict f, int hc, size_t dn, size_t dx,
-                               int len) {
+static inline OP_ISA_BODY void update_cols(float *restrict xn, const float *restrict x, const float *restrict C,
+                                           const float *restrict post, const float *restrict f, int hc, size_t dn,
+                                           size_t dx, int len) {
   for (int k = 0; k < len; k++)
     for (int j = 0; j < hc; j++) {
       float y = C[j] * x[k];
@@ -45,15 +52,15 @@ static inline void update_cols(float *restrict xn, const float *restrict x, cons
 }
 
 /* hc = 4 [A] gets its own unrolled copy; other widths run the same expressions in loops. */
-static void mix_tile(float *u, const float *x, const float *pre, int hc, size_t d, int len) {
+static inline OP_ISA_BODY void mix_tile(float *u, const float *x, const float *pre, int hc, size_t d, int len) {
   if (hc == 4)
     mix_cols(u, x, pre, 4, d, len);
   else
     mix_cols(u, x, pre, hc, d, len);
 }
 
-static void update_tile(float *xn, size_t dn, const float *x, size_t dx, const float *C, const float *post,
-                        const float *f, int hc, int len) {
+static inline OP_ISA_BODY void update_tile(float *xn, size_t dn, const float *x, size_t dx, const float *C,
+                                            const float *post, const float *f, int hc, int len) {
   if (hc == 4)
     update_cols(xn, x, C, post, f, 4, dn, dx, len);
   else
@@ -62,30 +69,37 @@ static void update_tile(float *xn, size_t dn, const float *x, size_t dx, const f
 
 /* ---- statistics in the fixed order of mhc.h ------------------------------------------- */
 
-/* GROUP rows of W share each load of x; UNROLL steps of a lane run in a register between
- * one load and one store of its accumulator. Neither changes any sum's order. */
-enum { LANES = OP_MHC_LANES, GROUP = 3, UNROLL = 4 };
+/* Rows of W that share each load of x: GROUP at AVX2 and AVX-512, where a row's 16 lanes
+ * are one or two vectors and 6 rows keep enough adds in flight; GROUP_SSE2 at the default
+ * level, whose 16 registers hold 3 rows of 4 vectors (6 rows spill: slower). UNROLL steps
+ * of a lane run in a register between one load and one store of its accumulator. Neither
+ * changes any sum's order. */
+enum { LANES = OP_MHC_LANES, GROUP = 6, GROUP_SSE2 = 3, UNROLL = 4 };
 
 /* acc[r][l] += w_r[c] x[c] for the columns c = l, l + LANES, l + 2 LANES, ... < len of one
- * stream, in that order, for the nr rows w_r = w + r ws (nr is a constant where this
- * inlines). The lane loop is the one that vectorizes, as in the indexer's head_dots. */
-static inline void seg_dots(float (*restrict acc)[LANES], int nr, const float *restrict w, size_t ws,
-                            const float *restrict x, int len) {
+ * stream, in that order, for the nr rows w_r = w + r ws (nr <= GROUP is a constant where
+ * this inlines). The lane loop is the one that vectorizes, as in the indexer's head_dots;
+ * each x value is read once for all nr rows (written so, the 6-row copy vectorizes too). */
+static inline OP_ISA_BODY void seg_dots(float (*restrict acc)[LANES], int nr, const float *restrict w, size_t ws,
+                                        const float *restrict x, int len) {
   int k = 0;
   for (; k + UNROLL * LANES <= len; k += UNROLL * LANES)
-    for (int l = 0; l < LANES; l++)
-      for (int r = 0; r < nr; r++) {
-        float a = acc[r][l];
-        for (int s = 0; s < UNROLL; s++) a += w[r * ws + k + s * LANES + l] * x[k + s * LANES + l];
-        acc[r][l] = a;
+    for (int l = 0; l < LANES; l++) {
+      float a[GROUP];
+      for (int r = 0; r < nr; r++) a[r] = acc[r][l];
+      for (int s = 0; s < UNROLL; s++) {
+        const float xs = x[k + s * LANES + l];
+        for (int r = 0; r < nr; r++) a[r] += w[r * ws + k + s * LANES + l] * xs;
       }
+      for (int r = 0; r < nr; r++) acc[r][l] = a[r];
+    }
   for (; k < len; k += LANES) /* the last columns: up to UNROLL - 1 whole steps and a short one */
     for (int r = 0; r < nr; r++)
       for (int l = 0; l < LANES && k + l < len; l++) acc[r][l] += w[r * ws + k + l] * x[k + l];
 }
 
 /* out[r] += lane 0 + lane 1 + ... + lane LANES - 1 of acc[r], for nr rows. */
-static void add_lanes(float *out, float (*acc)[LANES], int nr) {
+static inline OP_ISA_BODY void add_lanes(float *out, float (*acc)[LANES], int nr) {
   for (int r = 0; r < nr; r++) {
     float p = acc[r][0];
     for (int l = 1; l < LANES; l++) p += acc[r][l];
@@ -94,32 +108,33 @@ static void add_lanes(float *out, float (*acc)[LANES], int nr) {
 }
 
 /* *total += the sum of squares of one position's tile (x at its first column). */
-static void tile_sumsq(float *total, const float *x, int hc, size_t d, int len) {
+static inline OP_ISA_BODY void tile_sumsq(float *total, const float *x, int hc, size_t d, int len) {
   float acc[1][LANES] = {{0}};
   for (int j = 0; j < hc; j++) seg_dots(acc, 1, x + j * d, 0, x + j * d, len);
   add_lanes(total, acc, 1);
 }
 
 /* Positions go in blocks of BLOCK and, inside a block, tile by tile. Within a tile, W's
- * rows go GROUP at a time, copied first into a packed buffer (GROUP hc OP_MHC_TILE values,
- * 12 KiB for hc = 4): W's rows and streams lie hc d and d floats apart, a multiple of 4 KiB
- * at real widths, so unpacked they would fall into the same few L1 sets and not stay there
+ * rows go a group at a time, copied first into a packed buffer (group hc OP_MHC_TILE
+ * values, 12 or 24 KiB for hc = 4, 64-byte aligned so that 16 lanes are one aligned
+ * AVX-512 load): W's rows and streams lie hc d and d floats apart, a multiple of 4 KiB at
+ * real widths, so unpacked they would fall into the same few L1 sets and not stay there
  * while the block's positions use them (blocks of fewer than PACK_MIN positions read W in
  * place). Every sum keeps its order for any blocking, packing, n or position. */
 enum { BLOCK = 16, PACK_MIN = 4 };
 
-static int tile_len(int d, int k0) { return d - k0 < OP_MHC_TILE ? d - k0 : OP_MHC_TILE; }
+static inline OP_ISA_BODY int tile_len(int d, int k0) { return d - k0 < OP_MHC_TILE ? d - k0 : OP_MHC_TILE; }
 
 /* Add the statistics of one tile of nb positions (x at the first position's tile, the
  * positions width apart) to their totals: dots (nb, m) and sumsq (nb). W at row 0 and the
- * tile's first column; wp: GROUP hc OP_MHC_TILE floats of scratch, or NULL not to pack
- * (when few positions would share the packed rows). */
-static void tile_stats(float *dots, float *sumsq, const float *W, const float *x, float *wp, int nb, int m, int hc,
-                       size_t d, int len) {
+ * tile's first column; group: GROUP or GROUP_SSE2 rows per pass; wp: group hc OP_MHC_TILE
+ * floats of scratch, or NULL not to pack (when few positions would share the packed rows). */
+static inline OP_ISA_BODY void tile_stats(float *dots, float *sumsq, const float *W, const float *x, float *wp,
+                                           int nb, int m, int hc, size_t d, int len, int group) {
   const size_t width = (size_t)hc * d, rs = wp ? (size_t)hc * OP_MHC_TILE : width, js = wp ? OP_MHC_TILE : d;
   float acc[GROUP][LANES];
-  for (int q = 0; q < m;) { /* GROUP rows at a time, the last m % GROUP one by one */
-    const int nr = m - q >= GROUP ? GROUP : 1;
+  for (int q = 0; q < m;) { /* group rows at a time, the last m % group one by one */
+    const int nr = m - q >= group ? group : 1;
     const float *w = wp ? wp : W + q * width;
     for (int r = 0; wp && r < nr; r++)
       for (int j = 0; j < hc; j++) memcpy(wp + r * rs + j * js, W + (q + r) * width + j * d, len * sizeof *wp);
@@ -129,6 +144,8 @@ static void tile_stats(float *dots, float *sumsq, const float *W, const float *x
         const float *xj = x + t * width + j * d;
         if (nr == GROUP)
           seg_dots(acc, GROUP, w + j * js, rs, xj, len);
+        else if (nr == GROUP_SSE2)
+          seg_dots(acc, GROUP_SSE2, w + j * js, rs, xj, len);
         else
           seg_dots(acc, 1, w + j * js, 0, xj, len);
       }
@@ -144,19 +161,25 @@ void op_mhc_expand(float *X, const float *h, int n, int hc, int d) {
     for (int i = 0; i < hc; i++) memcpy(X + ((size_t)t * hc + i) * d, h + (size_t)t * d, (size_t)d * sizeof *X);
 }
 
-/* The sum of squares of one state, tile by tile in the fused pass's order. */
-static float state_sumsq(const float *x, int hc, int d) {
-  float total = 0.0f;
-  for (int k0 = 0; k0 < d; k0 += OP_MHC_TILE) tile_sumsq(&total, x + k0, hc, (size_t)d, tile_len(d, k0));
-  return total;
+/* sumsq[t] = the sum of squares of state t, tile by tile in the fused pass's order. */
+static inline OP_ISA_BODY void sumsq_rows_body(float *sumsq, const float *X, int n, int hc, int d) {
+  const size_t width = (size_t)hc * d;
+  for (int t = 0; t < n; t++) {
+    float total = 0.0f;
+    for (int k0 = 0; k0 < d; k0 += OP_MHC_TILE)
+      tile_sumsq(&total, X + t * width + k0, hc, (size_t)d, tile_len(d, k0));
+    sumsq[t] = total;
+  }
 }
+/* sumsq_rows: the body above at the vector ISA op_isa() chose (isa.h). */
+OP_ISA_KERNEL(sumsq_rows, (float *sumsq, const float *X, int n, int hc, int d), (sumsq, X, n, hc, d))
 
 /* The dots through op_linear (OpenBLAS sgemm, AVX-512 where the CPU has it: about twice the
  * fixed-order kernel's speed at these shapes), the sum of squares in the fused pass's order. */
 void op_mhc_stats(float *dots, float *sumsq, const float *X, const float *W, int n, int m, int hc, int d) {
   const size_t width = (size_t)hc * d;
   op_linear(dots, X, W, n, (int)width, m, (int)width, m);
-  for (int t = 0; t < n; t++) sumsq[t] = state_sumsq(X + t * width, hc, d);
+  sumsq_rows(sumsq, X, n, hc, d);
 }
 
 /* ---- coefficients ---------------------------------------------------------------- */
@@ -199,13 +222,14 @@ void op_mhc_sinkhorn(float *C, const float *logits, int hc, int iters, float eps
 
 /* op_mhc_sinkhorn on SL positions at once, c[q][p] = entry q of position p's matrix: the
  * same operations in the same order for every entry (so the same bits), with the loop over
- * positions innermost so that the sums and divisions vectorize. SQ: the largest hc * hc
- * kept on the stack. */
-enum { SL = 8, SQ = 64 };
+ * positions innermost so that the sums and divisions vectorize. SL = 16 fills an AVX-512
+ * vector (a lane is one position, so the width does not change its bits). SQ: the largest
+ * hc * hc kept on the stack (SQ SL floats, 4 KiB). */
+enum { SL = 16, SQ = 64 };
 
 /* Divide each line a of the matrices by its sum + eps: entries a * major + b * minor, b =
  * 0..hc-1 (columns: major 1, minor hc; rows: major hc, minor 1). */
-static void norm_lanes(float (*c)[SL], int hc, float eps, int major, int minor) {
+static inline OP_ISA_BODY void norm_lanes(float (*c)[SL], int hc, float eps, int major, int minor) {
   for (int a = 0; a < hc; a++) {
     float s[SL];
     for (int p = 0; p < SL; p++) s[p] = 0.0f;
@@ -216,7 +240,7 @@ static void norm_lanes(float (*c)[SL], int hc, float eps, int major, int minor) 
   }
 }
 
-static void sinkhorn_lanes(float (*c)[SL], int hc, int iters, float eps) {
+static inline OP_ISA_BODY void sinkhorn_lanes(float (*c)[SL], int hc, int iters, float eps) {
   for (int i = 0; i < hc; i++) { /* softmax over each row, + eps */
     float (*row)[SL] = c + i * hc, m[SL], s[SL];
     for (int p = 0; p < SL; p++) m[p] = row[0][p], s[p] = 0.0f;
@@ -237,8 +261,8 @@ static void sinkhorn_lanes(float (*c)[SL], int hc, int iters, float eps) {
 }
 
 /* pre and post of one position (unless pre is NULL), and its H_res logits into lane p of z. */
-static void coeff_row(float *pre, float *post, float (*z)[SL], int p, const float *mx, float sumsq, const float *scale,
-                      const float *base, const struct op_mhc_cfg *c) {
+static inline OP_ISA_BODY void coeff_row(float *pre, float *post, float (*z)[SL], int p, const float *mx, float sumsq,
+                                          const float *scale, const float *base, const struct op_mhc_cfg *c) {
   const int hc = c->hc;
   const float r = 1.0f / sqrtf(sumsq / ((float)hc * (float)c->hidden) + c->norm_eps);
   for (int i = 0; pre && i < hc; i++) {
@@ -248,10 +272,11 @@ static void coeff_row(float *pre, float *post, float (*z)[SL], int p, const floa
   for (int q = 0; q < hc * hc; q++) z[q][p] = mx[2 * hc + q] * r * scale[2] + base[2 * hc + q];
 }
 
-void op_mhc_coeffs_from_stats(float *pre, float *post, float *C, const float *dots, const float *sumsq,
-                              const float *scale, const float *base, int n, const struct op_mhc_cfg *c) {
+/* The coefficients of n positions, SL at a time; z: hc * hc lanes of scratch. */
+static inline OP_ISA_BODY void coeffs_rows_body(float *pre, float *post, float *C, float (*z)[SL], const float *dots,
+                                                const float *sumsq, const float *scale, const float *base, int n,
+                                                const struct op_mhc_cfg *c) {
   const int hc = c->hc, M = op_mhc_rows(hc), q2 = hc * hc;
-  float zs[SQ][SL], (*z)[SL] = q2 <= SQ ? zs : cedar_xmalloc((size_t)q2 * sizeof *z);
   for (int t0 = 0; t0 < n; t0 += SL) {
     const int nb = n - t0 < SL ? n - t0 : SL;
     const int lanes = nb == 1 ? 1 : SL; /* a lone position (decode) goes through op_mhc_sinkhorn */
@@ -265,6 +290,18 @@ void op_mhc_coeffs_from_stats(float *pre, float *post, float *C, const float *do
       for (int q = 0; q < q2; q++) C[(size_t)(t0 + p) * q2 + q] = z[q][p];
     if (nb == 1) op_mhc_sinkhorn(C + (size_t)t0 * q2, C + (size_t)t0 * q2, hc, c->sinkhorn_iters, c->hc_eps);
   }
+}
+/* coeffs_rows: the body above at the vector ISA op_isa() chose (isa.h). */
+OP_ISA_KERNEL(coeffs_rows,
+              (float *pre, float *post, float *C, float (*z)[SL], const float *dots, const float *sumsq,
+               const float *scale, const float *base, int n, const struct op_mhc_cfg *c),
+              (pre, post, C, z, dots, sumsq, scale, base, n, c))
+
+void op_mhc_coeffs_from_stats(float *pre, float *post, float *C, const float *dots, const float *sumsq,
+                              const float *scale, const float *base, int n, const struct op_mhc_cfg *c) {
+  const int q2 = c->hc * c->hc;
+  float zs[SQ][SL], (*z)[SL] = q2 <= SQ ? zs : cedar_xmalloc((size_t)q2 * sizeof *z);
+  coeffs_rows(pre, post, C, z, dots, sumsq, scale, base, n, c);
   if (z != zs) free(z);
 }
 
@@ -276,14 +313,19 @@ void op_mhc_coeffs(float *pre, float *post, float *C, float *dots, float *sumsq,
 
 /* ---- mix and update ------------------------------------------------------------------ */
 
-void op_mhc_mix(float *u, const float *X, const float *pre, int n, int hc, int d) {
+static inline OP_ISA_BODY void mix_rows_body(float *u, const float *X, const float *pre, int n, int hc, int d) {
   for (int t = 0; t < n; t++)
     for (int k0 = 0; k0 < d; k0 += OP_MHC_TILE)
       mix_tile(u + (size_t)t * d + k0, X + (size_t)t * hc * d + k0, pre + (size_t)t * hc, hc, (size_t)d,
                tile_len(d, k0));
 }
+/* mix_rows: the body above at the vector ISA op_isa() chose (isa.h). */
+OP_ISA_KERNEL(mix_rows, (float *u, const float *X, const float *pre, int n, int hc, int d), (u, X, pre, n, hc, d))
 
-void op_mhc_update(float *Xn, const float *X, const float *C, const float *post, const float *F, int n, int hc, int d) {
+void op_mhc_mix(float *u, const float *X, const float *pre, int n, int hc, int d) { mix_rows(u, X, pre, n, hc, d); }
+
+static inline OP_ISA_BODY void update_rows_body(float *Xn, const float *X, const float *C, const float *post,
+                                                const float *F, int n, int hc, int d) {
   for (int t = 0; t < n; t++)
     for (int k0 = 0; k0 < d; k0 += OP_MHC_TILE) {
       size_t o = (size_t)t * hc * d + k0;
@@ -291,9 +333,18 @@ void op_mhc_update(float *Xn, const float *X, const float *C, const float *post,
                   F + (size_t)t * d + k0, hc, tile_len(d, k0));
     }
 }
+/* update_rows: the body above at the vector ISA op_isa() chose (isa.h). */
+OP_ISA_KERNEL(update_rows,
+              (float *Xn, const float *X, const float *C, const float *post, const float *F, int n, int hc, int d),
+              (Xn, X, C, post, F, n, hc, d))
 
-void op_mhc_update_inplace(float *X, const float *C, const float *post, const float *F, int n, int hc, int d) {
-  float buf[8 * OP_MHC_TILE], *tile = hc <= 8 ? buf : cedar_xmalloc((size_t)hc * OP_MHC_TILE * sizeof *tile);
+void op_mhc_update(float *Xn, const float *X, const float *C, const float *post, const float *F, int n, int hc, int d) {
+  update_rows(Xn, X, C, post, F, n, hc, d);
+}
+
+/* op_mhc_update over X itself; tile: hc OP_MHC_TILE floats of scratch. */
+static inline OP_ISA_BODY void update_inplace_rows_body(float *X, float *tile, const float *C, const float *post,
+                                                        const float *F, int n, int hc, int d) {
   for (int t = 0; t < n; t++)
     for (int k0 = 0; k0 < d; k0 += OP_MHC_TILE) {
       const size_t o = (size_t)t * hc * d + k0;
@@ -302,18 +353,25 @@ void op_mhc_update_inplace(float *X, const float *C, const float *post, const fl
       update_tile(X + o, (size_t)d, tile, (size_t)len, C + (size_t)t * hc * hc, post + (size_t)t * hc,
                   F + (size_t)t * d + k0, hc, len);
     }
+}
+/* update_inplace_rows: the body above at the vector ISA op_isa() chose (isa.h). */
+OP_ISA_KERNEL(update_inplace_rows,
+              (float *X, float *tile, const float *C, const float *post, const float *F, int n, int hc, int d),
+              (X, tile, C, post, F, n, hc, d))
+
+void op_mhc_update_inplace(float *X, const float *C, const float *post, const float *F, int n, int hc, int d) {
+  float buf[8 * OP_MHC_TILE], *tile = hc <= 8 ? buf : cedar_xmalloc((size_t)hc * OP_MHC_TILE * sizeof *tile);
+  update_inplace_rows(X, tile, C, post, F, n, hc, d);
   if (tile != buf) free(tile);
 }
 
 /* One pass: per block of positions and tile, write the tile of X' and mix u from it, then
  * add the tile's statistics while the block's tiles of X' are in cache. */
-void op_mhc_update_mix_fused(float *Xn, float *u_next, float *dots, float *sumsq, const float *X, const float *C,
-                             const float *post, const float *F, const float *pre_next, const float *W, int n, int m,
-                             int hc, int d) {
+static inline OP_ISA_BODY void fused_pass_body(float *Xn, float *u_next, float *dots, float *sumsq, const float *X,
+                                                const float *C, const float *post, const float *F,
+                                                const float *pre_next, const float *W, float *wp, int n, int m, int hc,
+                                                int d, int group) {
   const size_t width = (size_t)hc * d;
-  float *wp = n >= PACK_MIN ? cedar_xmalloc((size_t)GROUP * hc * OP_MHC_TILE * sizeof *wp) : NULL;
-  memset(dots, 0, (size_t)n * m * sizeof *dots);
-  memset(sumsq, 0, (size_t)n * sizeof *sumsq);
   for (int t0 = 0; t0 < n; t0 += BLOCK) {
     const int nb = n - t0 < BLOCK ? n - t0 : BLOCK;
     for (int k0 = 0; k0 < d; k0 += OP_MHC_TILE) {
@@ -325,9 +383,26 @@ void op_mhc_update_mix_fused(float *Xn, float *u_next, float *dots, float *sumsq
         mix_tile(u_next + (size_t)t * d + k0, Xn + o, pre_next + (size_t)t * hc, hc, (size_t)d, len);
       }
       tile_stats(dots + (size_t)t0 * m, sumsq + t0, W + k0, Xn + t0 * width + k0, nb >= PACK_MIN ? wp : NULL, nb, m,
-                 hc, (size_t)d, len);
+                 hc, (size_t)d, len, group);
     }
   }
+}
+/* fused_pass: the body above at the vector ISA op_isa() chose (isa.h). */
+OP_ISA_KERNEL(fused_pass,
+              (float *Xn, float *u_next, float *dots, float *sumsq, const float *X, const float *C, const float *post,
+               const float *F, const float *pre_next, const float *W, float *wp, int n, int m, int hc, int d,
+               int group),
+              (Xn, u_next, dots, sumsq, X, C, post, F, pre_next, W, wp, n, m, hc, d, group))
+
+void op_mhc_update_mix_fused(float *Xn, float *u_next, float *dots, float *sumsq, const float *X, const float *C,
+                             const float *post, const float *F, const float *pre_next, const float *W, int n, int m,
+                             int hc, int d) {
+  const int group = OP_ISA_CLONES && op_isa() != OP_ISA_DEFAULT ? GROUP : GROUP_SSE2; /* rows per pass: see GROUP */
+  float *wp = n >= PACK_MIN ? aligned_alloc(64, (size_t)GROUP * hc * OP_MHC_TILE * sizeof *wp) : NULL;
+  CEDAR_ASSERT_MSG(wp || n < PACK_MIN, "mhc: out of memory");
+  memset(dots, 0, (size_t)n * m * sizeof *dots);
+  memset(sumsq, 0, (size_t)n * sizeof *sumsq);
+  fused_pass(Xn, u_next, dots, sumsq, X, C, post, F, pre_next, W, wp, n, m, hc, d, group);
   free(wp);
 }
 
@@ -339,7 +414,9 @@ void op_mhc_merge(float *y, float *pre, const float *X, const float *W_fn, float
   const size_t width = (size_t)hc * d;
   op_linear(pre, X, W_fn, n, (int)width, hc, (int)width, hc); /* the dots, as op_mhc_stats; transformed below */
   for (int t = 0; t < n; t++) {
-    float r = 1.0f / sqrtf(state_sumsq(X + t * width, hc, d) / (float)width + c->norm_eps), *p = pre + (size_t)t * hc;
+    float ss;
+    sumsq_rows(&ss, X + t * width, 1, hc, d);
+    float r = 1.0f / sqrtf(ss / (float)width + c->norm_eps), *p = pre + (size_t)t * hc;
     for (int i = 0; i < hc; i++) p[i] = op_sigmoid(p[i] * r * scale + base[i]) + c->hc_eps;
   }
   op_mhc_mix(y, X, pre, n, hc, d);

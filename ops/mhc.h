@@ -27,9 +27,10 @@
  * to op_mhc_update then op_mhc_mix (same per-element expressions, same order), and sumsq to
  * op_mhc_stats on X' (both follow the fixed order at OP_MHC_TILE below). The dots differ
  * from op_mhc_stats by summation order only: the fused pass sums them in that fixed order,
- * op_mhc_stats through op_linear (OpenBLAS sgemm, about twice as fast on these shapes as
- * any fixed-order loop in this portable SSE2 build, but not row-independent bit for bit:
- * DESIGN.md facts), so the two are within 2 gamma(hc * hidden) of the sum of |terms|. Every
+ * op_mhc_stats through op_linear (OpenBLAS sgemm: faster on these shapes than the
+ * fixed-order loop, which cannot use FMA, even at AVX-512 (docs/PERF.md), but not
+ * row-independent bit for bit: DESIGN.md facts), so the two are within
+ * 2 gamma(hc * hidden) of the sum of |terms|. Every
  * fixed-order value of a position depends on that position's inputs only, not on n or on
  * its neighbours; a twin kernel that follows the same order gets the same bits. Step 5 of
  * SPEC's pass (pre-norm and FP8 cast of u) is not fused here: the RMSNorm of u needs u's

@@ -6,12 +6,17 @@
  * op_indexer_reindex) and the KV packers (op_fp4_pack, op_mxfp4_pack,
  * op_fp8_pack, on rows with zeros, subnormals, NaN and Inf; their bytes
  * against the per-element reference are tests/test_formats.c's, at every
- * level) run once per supported level, forced with
- * op_isa_force; every output is compared byte for byte with the default
+ * level) and the mHC ops (op_mhc_coeffs_from_stats, op_mhc_mix,
+ * op_mhc_update, op_mhc_update_inplace, op_mhc_stats' sum of squares,
+ * op_mhc_update_mix_fused, op_mhc_merge) run once per supported level,
+ * forced with op_isa_force; every output is compared byte for byte with the default
  * (SSE2) level's. The check fails when the clones are built with FMA
  * contraction (tried: every attention and indexer case differs). Shapes are odd on purpose: head counts that are not a
  * multiple of the heads summed per pass, widths that are not a multiple of
- * a vector or a channel chunk, blocks left partly filled, -1 in Top-K.
+ * a vector or a channel chunk, blocks left partly filled, -1 in Top-K;
+ * mHC widths short of a tile or one past whole tiles, 3 streams, position
+ * counts that leave the Sinkhorn lanes and the fused pass's blocks partial
+ * (its rows of W go 3 at a time at SSE2 and 6 above: the same sums).
  * Also: op_isa_force refuses a level the CPU lacks and an unknown one.
  *
  * What it is not: a check of the values (tests/test_ops_attention.c and
@@ -30,6 +35,7 @@
 #include "ops/formats.h"
 #include "ops/indexer.h"
 #include "ops/isa.h"
+#include "ops/mhc.h"
 #include "runtime/check.h"
 #include "tests/harness.h"
 
@@ -204,6 +210,106 @@ static void check_packers(const enum op_isa *levels, int n_levels) {
   free(x), free(ref), free(got);
 }
 
+/* ---- mHC ------------------------------------------------------------------- */
+
+/* Random inputs of one mHC case: the state and its coefficients, m = (2 + hc) hc rows of
+ * W, statistics scaled so that rsqrt(mean) is near 1 and the Sinkhorn logits stay within
+ * a few units. */
+struct mhc_case {
+  int n, hc, d, m;
+  float *X, *C, *post, *F, *pre, *W, *dots, *sumsq, scale[3], *base;
+};
+
+static void mhc_make(struct mhc_case *k, int n, int hc, int d, uint64_t seed) {
+  const size_t xs = (size_t)n * hc * d;
+  *k = (struct mhc_case){.n = n, .hc = hc, .d = d, .m = op_mhc_rows(hc)};
+  k->X = malloc(xs * sizeof *k->X), k->C = malloc((size_t)n * hc * hc * sizeof *k->C);
+  k->post = malloc((size_t)n * hc * sizeof *k->post), k->pre = malloc((size_t)n * hc * sizeof *k->pre);
+  k->F = malloc((size_t)n * d * sizeof *k->F), k->W = malloc((size_t)k->m * hc * d * sizeof *k->W);
+  k->dots = malloc((size_t)n * k->m * sizeof *k->dots), k->sumsq = malloc((size_t)n * sizeof *k->sumsq);
+  k->base = malloc((size_t)k->m * sizeof *k->base);
+  h_fill(k->X, xs, &seed, -3, 3);
+  h_fill(k->C, (size_t)n * hc * hc, &seed, 0, 1);
+  h_fill(k->post, (size_t)n * hc, &seed, 0, 2);
+  h_fill(k->pre, (size_t)n * hc, &seed, 0, 1);
+  h_fill(k->F, (size_t)n * d, &seed, -3, 3);
+  h_fill(k->W, (size_t)k->m * hc * d, &seed, -1, 1);
+  h_fill(k->dots, (size_t)n * k->m, &seed, -5, 5);
+  h_fill(k->sumsq, (size_t)n, &seed, 0.1f * hc * d, 4.0f * hc * d);
+  h_fill(k->scale, 3, &seed, 0.5f, 2);
+  h_fill(k->base, (size_t)k->m, &seed, -1, 1);
+}
+
+static void mhc_free(struct mhc_case *k) {
+  free(k->X), free(k->C), free(k->post), free(k->pre), free(k->F), free(k->W), free(k->dots), free(k->sumsq);
+  free(k->base);
+}
+
+/* Floats of every output of mhc_run for case k. */
+static size_t mhc_out_len(const struct mhc_case *k) {
+  const size_t n = k->n, xs = n * k->hc * k->d, us = n * k->d;
+  return n * (2 + k->hc) * k->hc + us + 2 * xs + n + (xs + us + n * k->m + n) + (us + n * k->hc);
+}
+
+static const char *const mhc_parts[] = {"coeffs_from_stats", "mix", "update", "update_inplace", "stats sumsq",
+                                        "update_mix_fused", "merge"};
+enum { MHC_PARTS = sizeof mhc_parts / sizeof *mhc_parts };
+
+/* Every mHC entry point on case k at the current level, outputs one after another in out;
+ * at[p] is where part p starts. Returns the floats written. */
+static size_t mhc_run(const struct mhc_case *k, float *out, size_t *at) {
+  const int n = k->n, hc = k->hc, d = k->d, m = k->m;
+  const size_t xs = (size_t)n * hc * d, us = (size_t)n * d;
+  const struct op_mhc_cfg c = {.hc = hc, .hidden = d, .sinkhorn_iters = 20, .hc_eps = 1e-6f, .norm_eps = 1e-6f};
+  float *o = out, *dots = malloc((size_t)n * m * sizeof *dots);
+  at[0] = 0;
+  op_mhc_coeffs_from_stats(o, o + n * hc, o + 2 * n * hc, k->dots, k->sumsq, k->scale, k->base, n, &c);
+  o += (size_t)n * (2 + hc) * hc, at[1] = o - out;
+  op_mhc_mix(o, k->X, k->pre, n, hc, d);
+  o += us, at[2] = o - out;
+  op_mhc_update(o, k->X, k->C, k->post, k->F, n, hc, d);
+  o += xs, at[3] = o - out;
+  memcpy(o, k->X, xs * sizeof *o);
+  op_mhc_update_inplace(o, k->C, k->post, k->F, n, hc, d);
+  o += xs, at[4] = o - out;
+  op_mhc_stats(dots, o, k->X, k->W, n, m, hc, d); /* the dots are OpenBLAS's: not compared */
+  o += n, at[5] = o - out;
+  op_mhc_update_mix_fused(o, o + xs, o + xs + us, o + xs + us + (size_t)n * m, k->X, k->C, k->post, k->F, k->pre, k->W,
+                          n, m, hc, d);
+  o += xs + us + (size_t)n * m + n, at[6] = o - out;
+  op_mhc_merge(o, o + us, k->X, k->W, k->scale[0], k->base, n, &c);
+  free(dots);
+  return (size_t)(o - out) + us + (size_t)n * hc;
+}
+
+static void check_mhc(const enum op_isa *levels, int n_levels) {
+  static const int ns[] = {1, 5, 17, 33}, hcs[] = {4, 3}, ds[] = {256, 7, 300};
+  for (int a = 0; a < 4; a++)
+    for (int b = 0; b < 2; b++)
+      for (int e = 0; e < 3; e++) {
+        struct mhc_case k;
+        mhc_make(&k, ns[a], hcs[b], ds[e], 0x5eed + 97 * a + 13 * b + e);
+        const size_t len = mhc_out_len(&k);
+        float *ref = malloc(len * sizeof *ref), *got = malloc(len * sizeof *got);
+        size_t at[MHC_PARTS];
+        op_isa_force(OP_ISA_DEFAULT);
+        CEDAR_ASSERT(mhc_run(&k, ref, at) == len);
+        EXPECT(h_finite(ref, len, "mhc reference"), "n %d hc %d d %d", k.n, k.hc, k.d);
+        for (int l = 0; l < n_levels; l++) {
+          op_isa_force(levels[l]);
+          memset(got, 0xA5, len * sizeof *got);
+          mhc_run(&k, got, at);
+          size_t i = 0, p = 0;
+          while (i < len && !memcmp(got + i, ref + i, sizeof *got)) i++;
+          while (p + 1 < MHC_PARTS && at[p + 1] <= i) p++;
+          EXPECT(i == len, "mhc n %d hc %d d %d: level %s differs from default in %s", k.n, k.hc, k.d,
+                 op_isa_name(levels[l]), mhc_parts[p]);
+        }
+        free(ref), free(got);
+        mhc_free(&k);
+      }
+}
+
 int main(void) {
   enum op_isa levels[OP_ISA_COUNT];
   int n = 0;
@@ -220,5 +326,6 @@ int main(void) {
   check_attention(levels, n);
   check_indexer(levels, n);
   check_packers(levels, n);
+  check_mhc(levels, n);
   return h_report("test_ops_isa");
 }
