@@ -62,30 +62,11 @@ static const float *group_row(const float *t, const float *nw, int nt, int k, in
   return k < nt ? t + (size_t)k * d : nw + (size_t)(k - nt) * d;
 }
 
-/* z[c] = expf(z[c]) for c < d. A slot holding its channel's max has z = +0,
- * and exp(+-0) is exactly 1 (C11 F.10.3.1), so expf runs only on the other
- * z (about half of them at ratio 2), gathered first without branching; a NaN
- * z (an infinite or NaN gate) still goes through expf. */
-static void exp_nonzero(float *restrict z, int d) {
-  enum { CHUNK = 256 };
-  int idx[CHUNK];
-  for (int c0 = 0; c0 < d; c0 += CHUNK) {
-    const int len = d - c0 < CHUNK ? d - c0 : CHUNK;
-    float *restrict zc = z + c0;
-    int nz = 0;
-    for (int c = 0; c < len; c++) {
-      idx[nz] = c;
-      nz += zc[c] != 0.0f;
-    }
-    for (int c = 0; c < len; c++) zc[c] = zc[c] == 0.0f ? 1.0f : zc[c]; /* before expf, which may underflow to 0 */
-    for (int j = 0; j < nz; j++) zc[idx[j]] = expf(zc[idx[j]]);
-  }
-}
-
 /* pool_group at ratio 2 (the encoder sources' [A]), the same operations in
  * the same order: of z0 = g0 - m and z1 = g1 - m one is +0 (its weight
- * exp(+0) = 1), so one expf per channel, of the other; both are non-zero
- * only for infinite or NaN gates, and then each gets its own expf. */
+ * exp(+0) = 1 exactly, C11 F.10.3.1), so one expf per channel, of the other;
+ * both are non-zero only for infinite or NaN gates, and then each gets its
+ * own expf. z0, z1, ew: d floats of scratch each. */
 static void pool_pair(float *restrict c_hat, float *restrict z0, float *restrict z1, float *restrict ew,
                       const float *restrict v0, const float *restrict g0, const float *restrict v1,
                       const float *restrict g1, int d) {
@@ -95,12 +76,14 @@ static void pool_pair(float *restrict c_hat, float *restrict z0, float *restrict
     ew[c] = z0[c] != 0.0f ? z0[c] : z1[c];
   }
   for (int c = 0; c < d; c++) ew[c] = expf(ew[c]);
+  /* The weights, in place of z0 and z1; where both z were non-zero, z1 stays
+   * raw and ew becomes 1 to mark it for its own expf below (the branch-free
+   * loops vectorize, the rare one runs apart). */
   for (int c = 0; c < d; c++) {
     const bool both = z0[c] != 0.0f && z1[c] != 0.0f;
     const float e0 = z0[c] != 0.0f ? ew[c] : 1.0f;
     const float e1 = both ? z1[c] : z1[c] != 0.0f ? ew[c] : 1.0f;
-    z0[c] = e0, z1[c] = e1;
-    ew[c] = both; /* 1 where e1 still needs its expf */
+    z0[c] = e0, z1[c] = e1, ew[c] = both;
   }
   for (int c = 0; c < d; c++)
     if (ew[c] != 0.0f) z1[c] = expf(z1[c]);
@@ -126,21 +109,20 @@ static void pool_group(float *restrict c_hat /* (d) */, float *restrict m, float
     memcpy(c_hat, group_row(tv, nv, nt, 0, d), (size_t)d * sizeof *c_hat);
     return;
   }
-  memcpy(m, group_row(tg, ng, nt, 0, d), (size_t)d * sizeof *m);
-  for (int k = 1; k < r; k++) {
-    const float *restrict gk = group_row(tg, ng, nt, k, d);
-    for (int c = 0; c < d; c++) m[c] = gk[c] > m[c] ? gk[c] : m[c];
-  }
   if (r == 2) {
     pool_pair(c_hat, m, s, e, group_row(tv, nv, nt, 0, d), group_row(tg, ng, nt, 0, d), group_row(tv, nv, nt, 1, d),
               group_row(tg, ng, nt, 1, d), d);
     return;
   }
+  memcpy(m, group_row(tg, ng, nt, 0, d), (size_t)d * sizeof *m);
+  for (int k = 1; k < r; k++) {
+    const float *restrict gk = group_row(tg, ng, nt, k, d);
+    for (int c = 0; c < d; c++) m[c] = gk[c] > m[c] ? gk[c] : m[c];
+  }
   for (int c = 0; c < d; c++) s[c] = 0.0f, c_hat[c] = 0.0f;
   for (int k = 0; k < r; k++) {
     const float *restrict gk = group_row(tg, ng, nt, k, d), *restrict vk = group_row(tv, nv, nt, k, d);
-    for (int c = 0; c < d; c++) e[c] = gk[c] - m[c];
-    exp_nonzero(e, d);
+    for (int c = 0; c < d; c++) e[c] = expf(gk[c] - m[c]);
     for (int c = 0; c < d; c++) {
       s[c] += e[c];
       c_hat[c] += e[c] * vk[c];

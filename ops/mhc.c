@@ -398,8 +398,7 @@ void op_mhc_update_mix_fused(float *Xn, float *u_next, float *dots, float *sumsq
                              const float *post, const float *F, const float *pre_next, const float *W, int n, int m,
                              int hc, int d) {
   const int group = OP_ISA_CLONES && op_isa() != OP_ISA_DEFAULT ? GROUP : GROUP_SSE2; /* rows per pass: see GROUP */
-  float *wp = n >= PACK_MIN ? aligned_alloc(64, (size_t)GROUP * hc * OP_MHC_TILE * sizeof *wp) : NULL;
-  CEDAR_ASSERT_MSG(wp || n < PACK_MIN, "mhc: out of memory");
+  float *wp = n >= PACK_MIN ? cedar_xaligned(64, (size_t)GROUP * hc * OP_MHC_TILE * sizeof *wp) : NULL;
   memset(dots, 0, (size_t)n * m * sizeof *dots);
   memset(sumsq, 0, (size_t)n * sizeof *sumsq);
   fused_pass(Xn, u_next, dots, sumsq, X, C, post, F, pre_next, W, wp, n, m, hc, d, group);

@@ -14,17 +14,11 @@ static const char *const family_names[] = {
 
 const char *rt_family_name(enum rt_family f) { return f < RT_FAM_COUNT ? family_names[f] : "?"; }
 
-static void *xaligned(size_t bytes) {
-  void *p = aligned_alloc(RT_ARENA_ALIGN, bytes ? bytes : RT_ARENA_ALIGN);
-  CEDAR_ASSERT_MSG(p != NULL, "out of memory for %zu bytes of scratch", bytes);
-  return p;
-}
-
 void rt_arena_init(struct rt_arena *a, size_t cap) {
   memset(a, 0, sizeof(*a));
   cap = (cap + RT_ARENA_ALIGN - 1) / RT_ARENA_ALIGN * RT_ARENA_ALIGN;
   a->cap = cap;
-  a->base = cap ? xaligned(cap) : NULL;
+  a->base = cap ? cedar_xaligned(RT_ARENA_ALIGN, cap) : NULL;
 }
 
 void rt_arena_reset(struct rt_arena *a) {
@@ -37,7 +31,7 @@ void rt_arena_reset(struct rt_arena *a) {
   if (a->extra_bytes) {
     free(a->base);
     a->cap = (a->peak + RT_ARENA_ALIGN - 1) / RT_ARENA_ALIGN * RT_ARENA_ALIGN;
-    a->base = xaligned(a->cap);
+    a->base = cedar_xaligned(RT_ARENA_ALIGN, a->cap);
   }
   a->extra_bytes = 0;
   a->used = 0;
@@ -50,7 +44,7 @@ void *rt_arena_alloc(struct rt_arena *a, size_t bytes) {
     a->used += bytes;
     return p;
   }
-  void *p = xaligned(bytes);
+  void *p = cedar_xaligned(RT_ARENA_ALIGN, bytes);
   a->extra = cedar_xrealloc(a->extra, sizeof(void *) * (a->n_extra + 1));
   a->extra[a->n_extra++] = p;
   a->extra_bytes += bytes;

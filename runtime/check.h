@@ -64,6 +64,9 @@ const char *cedar_status_str(int status);
 void *cedar_xmalloc(size_t n);
 void *cedar_xcalloc(size_t n, size_t size);
 void *cedar_xrealloc(void *p, size_t n);
+/* n bytes (rounded up to a multiple of align, a power of two) at an align-byte
+ * boundary; free() releases them. */
+void *cedar_xaligned(size_t align, size_t n);
 char *cedar_xstrdup(const char *s);
 
 #endif

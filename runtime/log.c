@@ -69,6 +69,12 @@ void *cedar_xrealloc(void *p, size_t n) {
   return q ? q : oom(n);
 }
 
+void *cedar_xaligned(size_t align, size_t n) {
+  size_t bytes = n ? (n + align - 1) / align * align : align; /* C11: a multiple of align */
+  void *p = aligned_alloc(align, bytes);
+  return p ? p : oom(bytes);
+}
+
 char *cedar_xstrdup(const char *s) {
   size_t n = strlen(s) + 1;
   return memcpy(cedar_xmalloc(n), s, n);

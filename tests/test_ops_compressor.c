@@ -716,7 +716,8 @@ static void test_tail_rule(uint64_t *seed) {
  * others at -inf): their weights exp(g - m) underflow to exactly 0 and the
  * max slot's is exp(0) = 1, so c_hat is that slot's v exactly and c is
  * op_rmsnorm of it, bit for bit. The max sits in the first or the last slot
- * by channel (the pooling gives expf only the non-zero g - m: compressor.c). */
+ * by channel (at ratio 2 the pooling calls expf only off the max slot:
+ * compressor.c). */
 static void test_far_gates(uint64_t *seed) {
   for (int r = 2; r <= 3; r++) {
     const struct ccfg c = {r, 8, 24, 8, 8, 4, 8, 8, false, false, false};
