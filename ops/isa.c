@@ -1,5 +1,5 @@
 /* isa.c: which vector ISA the cloned kernels use (see isa.h).
- * Test: tests/test_ops_attention.c (every level, bitwise). */
+ * Test: tests/test_ops_isa.c (every user at every level, bitwise). */
 #include "ops/isa.h"
 
 #include <stdio.h>

@@ -20,15 +20,6 @@
 #include "ops/formats.h"
 
 
-static bool load(const char *path, struct plan *p) {
-  struct plan_diags d = {0};
-  int rc = plan_load(path, p, &d);
-  if (rc) plan_diags_print(&d, stderr);
-  plan_diags_free(&d);
-  EXPECT(rc == 0, "%s does not load", path);
-  return rc == 0;
-}
-
 /* SPEC 2.1, written out independently of the loader's derivation. */
 static void spec_schedule(int l, enum plan_mode *mode, int *kv, int *topk) {
   static const int kv_sources[] = {2, 8, 14, 20};
@@ -75,7 +66,7 @@ static void check_v41_structure(const struct plan *p) {
 
 static void check_flash(void) {
   struct plan p;
-  if (!load("plans/v41-flash.yaml", &p)) return;
+  if (!h_load_plan("plans/v41-flash.yaml", &p)) return;
   check_v41_structure(&p);
   const struct plan_model *m = &p.model;
   EXPECT(!strcmp(p.name, "v41-flash"), "name %s", p.name);
@@ -130,14 +121,14 @@ static void check_flash(void) {
 
 static void check_mini_and_dense(void) {
   struct plan mini, dense;
-  if (load("plans/v41-mini.yaml", &mini)) {
+  if (h_load_plan("plans/v41-mini.yaml", &mini)) {
     check_v41_structure(&mini);
     EXPECT(mini.model.hidden == 256 && mini.model.heads == 4 && mini.model.n_routed == 8, "mini widths");
     EXPECT(mini.model.rope_csa.theta == 160000, "mini inherits flash's rope");
     EXPECT(!strcmp(mini.name, "v41-mini"), "mini name");
     plan_free(&mini);
   }
-  if (load("plans/dense-40.yaml", &dense)) {
+  if (h_load_plan("plans/dense-40.yaml", &dense)) {
     EXPECT(!dense.serving.ced, "dense: CED off");
     EXPECT(dense.model.hidden == 256, "dense at mini widths");
     for (int l = 0; l < dense.n_layers; l++) {
@@ -152,22 +143,22 @@ static void check_mini_and_dense(void) {
 
 static void check_alternatives(void) {
   struct plan p;
-  if (load("plans/alt-reindex2.yaml", &p)) {
+  if (h_load_plan("plans/alt-reindex2.yaml", &p)) {
     for (int l = 22; l < 40; l += 2) EXPECT(p.layer[l].mode == PLAN_REINDEX && p.layer[l].pool_src == 20, "L%d", l);
     EXPECT(p.layer[23].topk_src == 22 && p.layer[39].topk_src == 38, "reuse follows the nearer reindex");
     plan_free(&p);
   }
-  if (load("plans/alt-two-dec-sources.yaml", &p)) {
+  if (h_load_plan("plans/alt-two-dec-sources.yaml", &p)) {
     EXPECT(p.layer[30].mode == PLAN_FULL && p.layer[31].kv_src == 30 && p.layer[29].kv_src == 20, "second source");
     EXPECT(p.layer[32].pool_src == 30 && p.layer[28].pool_src == 20, "pools follow their source");
     plan_free(&p);
   }
-  if (load("plans/alt-no-pool.yaml", &p)) {
+  if (h_load_plan("plans/alt-no-pool.yaml", &p)) {
     for (int l = 0; l < 40; l++) EXPECT(p.layer[l].cand == PLAN_CAND_NONE, "L%d has no pool", l);
     EXPECT(p.layer[24].mode == PLAN_REINDEX, "reindex stays");
     plan_free(&p);
   }
-  if (load("tests/plans/small.yaml", &p)) {
+  if (h_load_plan("tests/plans/small.yaml", &p)) {
     EXPECT(p.n_layers == 6 && p.layer[2].kv_src == 1 && p.layer[5].topk_src == 4 && p.layer[4].pool_src == 3,
            "small plan");
     plan_free(&p);
