@@ -7,7 +7,7 @@
  * driver) is an ordinary state, and callers (`cedar env`, GPU tests that exit
  * 77) need the reason as text.
  *
- * Used by runtime/cmd_env.c; tested by tests/test_gpu_device.c.
+ * Used by cli/cmd_env.c; tested by tests/test_gpu_device.c.
  */
 #ifndef CEDAR_KERN_DEVICE_H
 #define CEDAR_KERN_DEVICE_H

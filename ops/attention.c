@@ -24,7 +24,7 @@
 #include "ops/basic.h"
 #include "ops/formats.h"
 #include "ops/isa.h"
-#include "runtime/check.h"
+#include "base/check.h"
 
 /* Where the entries come from: packed views, or float rows (gf/sf set). */
 struct entry_src {

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "ops/registry.h"
-#include "runtime/check.h"
+#include "base/check.h"
 
 void openblas_set_num_threads(int n);
 

@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "ops/basic.h"
-#include "runtime/check.h"
+#include "base/check.h"
 
 size_t op_comp_tail_floats(int ratio, int d) { return ratio > 1 ? 2 * (size_t)(ratio - 1) * (size_t)d : 0; }
 

@@ -13,7 +13,7 @@
 #include "ops/basic.h"
 #include "ops/registry.h"
 #include "ops/sample.h"
-#include "runtime/check.h"
+#include "base/check.h"
 
 int op_dspark_markov_draft(int32_t *draft, float *logits, float *prob, int32_t *order, const float *base,
                            const float *A, const float *U, int32_t y0, int L, int V, int rank, float temperature,

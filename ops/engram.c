@@ -13,7 +13,7 @@
 #include "ops/formats.h"
 #include "ops/registry.h"
 #include "ops/sample.h"
-#include "runtime/check.h"
+#include "base/check.h"
 
 #define MAX_ORDER 64 /* longest n-gram op_engram_hash accepts */
 

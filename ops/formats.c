@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "ops/isa.h"
-#include "runtime/check.h"
+#include "base/check.h"
 
 #define E2M1_MAX_CODE 0x7u  /* +6 */
 #define E4M3_MAX_CODE 0x7Eu /* +448 */

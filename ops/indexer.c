@@ -32,7 +32,7 @@
 
 #include "ops/formats.h"
 #include "ops/isa.h"
-#include "runtime/check.h"
+#include "base/check.h"
 
 #define KTILE 64 /* keys per tile, the kernel's lanes: (idx_w, 64) floats = 32 KiB at flash width */
 #define HBLK 4   /* heads per pass over a tile: 4 x 64 running sums */

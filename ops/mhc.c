@@ -19,7 +19,7 @@
 #include "ops/basic.h"
 #include "ops/isa.h"
 #include "ops/registry.h"
-#include "runtime/check.h"
+#include "base/check.h"
 
 /* ---- per-element passes --------------------------------------------------------------- */
 

@@ -10,7 +10,7 @@
 
 #include "ops/basic.h"
 #include "ops/registry.h"
-#include "runtime/check.h"
+#include "base/check.h"
 
 /* ---- router ------------------------------------------------------------ */
 

@@ -12,7 +12,7 @@
 #include "ops/qkv.h"
 
 #include "ops/basic.h"
-#include "runtime/check.h"
+#include "base/check.h"
 
 void op_q_latent(float *cq, const float *u, const float *W_qa, const float *gamma_q, int n, int hidden, int q_rank,
                  float eps) {

@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 
 const struct op_desc *const op_registry[OP_COUNT] = {
 #define OP_ENTRY_(name) &op_desc_##name,

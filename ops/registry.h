@@ -13,7 +13,7 @@
  * A descriptor's `run` reads named inputs and parameters through `struct
  * op_io` and allocates named outputs through it; it checks shapes and returns
  * a negative cedar_status through op_io_fail on bad input. ops/ still know
- * nothing of files: `cedar op` (runtime/cmd_op.c) backs op_io with
+ * nothing of files: `cedar op` (cli/cmd_op.c) backs op_io with
  * safetensors, and tests back it with memory.
  */
 #ifndef CEDAR_OPS_REGISTRY_H

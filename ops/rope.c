@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "ops/registry.h"
-#include "runtime/check.h"
+#include "base/check.h"
 
 /* M_PI is not in strict C11 (<math.h> under _POSIX_C_SOURCE only). */
 #define ROPE_PI 3.14159265358979323846

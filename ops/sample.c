@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "ops/registry.h"
-#include "runtime/check.h"
+#include "base/check.h"
 
 uint64_t op_rng_next(uint64_t *state) {
   uint64_t z = (*state += 0x9E3779B97F4A7C15ull);

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 
 static const char *const family_names[] = {
 #define X(e, s) s,

@@ -12,8 +12,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "runtime/check.h"
-#include "runtime/log.h"
+#include "base/check.h"
+#include "base/log.h"
 
 /* Fixed part of the header, then n_parts records, then the header checksum. */
 struct dt_head {

@@ -3,7 +3,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 #include "runtime/exec.h"
 
 static double now_s(void) {

@@ -4,9 +4,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 #include "runtime/exec.h"
-#include "runtime/log.h"
+#include "base/log.h"
 
 static void *at(void *const *buf, int d) { return d < 0 ? NULL : buf[d]; }
 

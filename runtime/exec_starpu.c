@@ -39,9 +39,9 @@
 
 #include <starpu.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 #include "runtime/exec.h"
-#include "runtime/log.h"
+#include "base/log.h"
 
 /* The CUDA function of a codelet: NULL until kernels/ provides the op
  * group's twin (the GPU issue defines this to {fn} in CUDA builds). */

@@ -7,7 +7,7 @@
 #include <time.h>
 
 #include "ops/sample.h"
-#include "runtime/check.h"
+#include "base/check.h"
 
 static double now_s(void) {
   struct timespec ts;

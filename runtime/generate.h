@@ -15,7 +15,7 @@
  * Timing: TTFT is the prefill graph plus the first sample; the first ITL is
  * the first decode step (graph build, run, sample); the steady ITL is the
  * mean of the later steps.
- * Not here: argument parsing and printing (runtime/cmd_run.c).
+ * Not here: argument parsing and printing (cli/cmd_run.c).
  * Test: tests/test_model.c, tests/test_prefix_hit.c, tests/cli/serve_sim.sh.
  */
 #ifndef CEDAR_RUNTIME_GENERATE_H

@@ -13,7 +13,7 @@
 #include "ops/formats.h"
 #include "ops/indexer.h"
 #include "ops/qkv.h"
-#include "runtime/check.h"
+#include "base/check.h"
 
 /* Gate floor of the Engram injection (docs/model.md s5, R.8). */
 #define RT_ENGRAM_DOT_FLOOR 1e-6f

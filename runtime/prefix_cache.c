@@ -9,8 +9,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "runtime/check.h"
-#include "runtime/log.h"
+#include "base/check.h"
+#include "base/log.h"
 
 static double now_s(void) {
   struct timespec ts;

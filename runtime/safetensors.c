@@ -36,7 +36,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 #include "runtime/safetensors_internal.h"
 
 struct st_file {

@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 #include "runtime/safetensors_internal.h"
 
 /* A growing byte string; oom latches the first failed allocation. */

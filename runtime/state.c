@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "ops/formats.h"
-#include "runtime/check.h"
+#include "base/check.h"
 
 /* Pages are allocated one at a time, aligned for vector loads. */
 #define RT_PAGE_ALIGN 64

@@ -55,7 +55,7 @@
 #include "ops/engram.h"
 #include "ops/formats.h"
 #include "ops/sample.h"
-#include "runtime/check.h"
+#include "base/check.h"
 
 #define NORM_NOISE 0.02f
 #define BASE_NOISE 0.01f

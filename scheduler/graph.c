@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 
 static const char *const op_names[] = {
 #define X(e, s) s,

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/check.h"
-#include "runtime/log.h"
+#include "base/check.h"
+#include "base/log.h"
 #include "scheduler/plan_internal.h"
 
 static void default_rope(struct plan_rope *r, double theta, bool yarn) {

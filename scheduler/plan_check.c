@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 #include "scheduler/plan_internal.h"
 
 #define ERR(ctx, mark, hint, ...) plan__error(ctx, mark, hint, __VA_ARGS__)

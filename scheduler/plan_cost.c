@@ -7,7 +7,7 @@
  * of SWA payload, 12,288 B of tails, 23,040 cold-prefill token-layers for
  * n = 1024, and 5,200 token-layers / 3,560 B for the SPEC 6.6 prefix hit.
  *
- * Not here: printing (runtime/cmd_plan_cost.c), FLOPs, latency, allocator
+ * Not here: printing (cli/cmd_plan_cost.c), FLOPs, latency, allocator
  * overheads. Test: tests/test_plan_cost.c.
  */
 #include "scheduler/plan_cost.h"
@@ -17,7 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 
 /* ---- storage formats (plan.h) ---------------------------------------- */
 

@@ -7,7 +7,7 @@
  * the plan's wiring implies (SPEC 6.2 calls these "not a FLOP or latency
  * model") and excludes page tables, alignment, workspaces and weights, as
  * SPEC 4.5 does. Pure computation: nothing is printed or allocated here;
- * `cedar plan cost` / `cedar plan diff` (runtime/cmd_plan_cost.c) print it.
+ * `cedar plan cost` / `cedar plan diff` (cli/cmd_plan_cost.c) print it.
  *
  * Test: tests/test_plan_cost.c (every SPEC figure for the flash plan, plus
  * generalizations), tests/cli/plan_cost.sh (the command's --json output).

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 #include "scheduler/plan_internal.h"
 
 bool plan__read_int(struct plan_ctx *ctx, const struct pnode *v, const char *key, double lo, double hi,

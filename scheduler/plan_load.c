@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 #include "scheduler/plan_internal.h"
 
 /* F_ENUM stores an int; F_BENUM a bool chosen by two words (names[1] = true). */

@@ -21,8 +21,8 @@
 #include <sys/stat.h>
 #include <yaml.h>
 
-#include "runtime/check.h"
-#include "runtime/log.h"
+#include "base/check.h"
+#include "base/log.h"
 #include "scheduler/plan_internal.h"
 
 #define PLAN_MAX_DEPTH 64   /* nesting; plans need about 5 */

@@ -56,7 +56,7 @@
 #include <utime.h>
 #include <xxhash.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 #include "runtime/disk_tier.h"
 #include "tests/harness.h"
 

@@ -44,7 +44,7 @@
 
 #include "ops/basic.h"
 #include "ops/sample.h"
-#include "runtime/check.h"
+#include "base/check.h"
 #include "runtime/exec.h"
 #include "runtime/generate.h"
 #include "scheduler/graph.h"

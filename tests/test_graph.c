@@ -52,7 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 #include "scheduler/graph.h"
 #include "scheduler/plan.h"
 #include "tests/harness.h"

@@ -81,7 +81,7 @@
 #include <string.h>
 
 #include "ops/sample.h"
-#include "runtime/check.h"
+#include "base/check.h"
 #include "runtime/exec.h"
 #include "runtime/generate.h"
 #include "runtime/model.h"

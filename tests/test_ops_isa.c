@@ -36,7 +36,7 @@
 #include "ops/indexer.h"
 #include "ops/isa.h"
 #include "ops/mhc.h"
-#include "runtime/check.h"
+#include "base/check.h"
 #include "tests/harness.h"
 
 /* ---- attention ----------------------------------------------------------- */

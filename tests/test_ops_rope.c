@@ -29,7 +29,7 @@
 
 #include "ops/basic.h"
 #include "ops/rope.h"
-#include "runtime/check.h"
+#include "base/check.h"
 #include "tests/harness.h"
 
 #define PI 3.14159265358979323846

@@ -18,7 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 #include "scheduler/plan.h"
 #include "scheduler/plan_cost.h"
 

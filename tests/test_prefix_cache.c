@@ -66,7 +66,7 @@
 #include <xxhash.h>
 
 #include "ops/formats.h"
-#include "runtime/check.h"
+#include "base/check.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/state.h"
 #include "scheduler/plan.h"

@@ -30,7 +30,7 @@
 
 #include "ops/basic.h"
 #include "ops/sample.h"
-#include "runtime/check.h"
+#include "base/check.h"
 #include "runtime/generate.h"
 #include "runtime/prefix_cache.h"
 #include "tests/harness.h"

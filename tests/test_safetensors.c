@@ -21,7 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 #include "runtime/safetensors.h"
 #include "tests/harness.h"
 

@@ -28,7 +28,7 @@
 #include <string.h>
 
 #include "ops/formats.h"
-#include "runtime/check.h"
+#include "base/check.h"
 #include "runtime/state.h"
 #include "scheduler/plan.h"
 #include "scheduler/plan_cost.h"

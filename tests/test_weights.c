@@ -27,7 +27,7 @@
 #include <xxhash.h>
 
 #include "ops/formats.h"
-#include "runtime/check.h"
+#include "base/check.h"
 #include "runtime/weights.h"
 #include "tests/harness.h"
 

@@ -7,7 +7,7 @@
 
 #include <stdlib.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 #include "scheduler/plan_bus.h"
 
 static const char *mode_color(enum plan_mode m) {

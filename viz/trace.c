@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 
 void viz_trace_init(struct viz_trace *t, const char *process, int pid) {
   memset(t, 0, sizeof(*t));

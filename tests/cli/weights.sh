@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# weights.sh: `cedar weights init|check|list` (runtime/cmd_weights.c).
+# weights.sh: `cedar weights init|check|list` (cli/cmd_weights.c).
 #
 # init on plans/v41-mini.yaml with a seed into a temp dir; check passes (and
 # passes for plans/alt-no-pool.yaml, which has the same tensors); check

@@ -2,7 +2,7 @@
  * `cedar bench ops` (see bench.h). Not a test: it never asserts a timing.
  * Test: tests/cli/bench.sh.
  */
-#include "runtime/bench.h"
+#include "cli/bench.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -14,7 +14,7 @@
 #include "ops/formats.h"
 #include "ops/isa.h"
 #include "ops/sample.h"
-#include "runtime/check.h"
+#include "base/check.h"
 
 double bench_now(void) {
   struct timespec ts;

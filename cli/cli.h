@@ -1,4 +1,4 @@
-/* cli.h: the `cedar` subcommands. Each lives in runtime/cmd_<name>.c, takes
+/* cli.h: the `cedar` subcommands. Each lives in cli/cmd_<name>.c, takes
  * argc/argv starting at its own name (so getopt_long sees argv[0] = name) and
  * returns the process exit status: 0 success, 1 a failed check or bad input,
  * 2 a usage error. */
@@ -18,7 +18,7 @@ int cmd_run(int argc, char **argv);
 int cmd_graph(int argc, char **argv);
 int cmd_serve_sim(int argc, char **argv);
 
-/* Plan subcommands (runtime/cmd_plan.c dispatches). */
+/* Plan subcommands (cli/cmd_plan.c dispatches). */
 int cmd_plan_check(int argc, char **argv);
 int cmd_plan_show(int argc, char **argv);
 int cmd_plan_cost(int argc, char **argv);

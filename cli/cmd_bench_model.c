@@ -26,8 +26,8 @@
 
 #include "ops/basic.h"
 #include "ops/isa.h"
-#include "runtime/check.h"
-#include "runtime/cli.h"
+#include "base/check.h"
+#include "cli/cli.h"
 #include "runtime/generate.h"
 
 #define MAX_PLANS 8

@@ -30,8 +30,8 @@
 
 #include "kernels/device.h"
 #include "ops/isa.h"
-#include "runtime/check.h"
-#include "runtime/cli.h"
+#include "base/check.h"
+#include "cli/cli.h"
 
 #define ENV_MAX_CUDA 64
 

@@ -1,5 +1,5 @@
 /* bench_ops.c: the op cases of `cedar bench ops` (the command, its options
- * and the report are runtime/cmd_bench.c; timing and peaks runtime/bench.c).
+ * and the report are cli/cmd_bench.c; timing and peaks cli/bench.c).
  *
  * Each case below builds random inputs at the plan's widths, times one or
  * more call shapes (a prefill chunk of serving.prefill_chunk positions and a
@@ -17,7 +17,7 @@
  * What it is not: a test (it asserts no timing; tests/cli/bench.sh checks the
  * report's shape) nor a tuner (the ops are other engineers' files).
  */
-#include "runtime/bench_ops.h"
+#include "cli/bench_ops.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -34,7 +34,7 @@
 #include "ops/moe.h"
 #include "ops/qkv.h"
 #include "ops/sample.h"
-#include "runtime/check.h"
+#include "base/check.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 

@@ -19,8 +19,8 @@
 
 #include <cJSON.h>
 
-#include "runtime/check.h"
-#include "runtime/cli.h"
+#include "base/check.h"
+#include "cli/cli.h"
 #include "scheduler/plan.h"
 #include "scheduler/plan_cost.h"
 

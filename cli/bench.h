@@ -1,5 +1,5 @@
 /* bench.h: the measuring half of `cedar bench ops` (the other half:
- * runtime/cmd_bench.c, the options, and runtime/bench_ops.c, the op cases).
+ * cli/cmd_bench.c, the options, and cli/bench_ops.c, the op cases).
  *
  * What it is: a timing loop (warm-up, then best and median of N samples on
  * CLOCK_MONOTONIC), this machine's peaks measured in the same run (a one-

@@ -24,10 +24,10 @@
 #include <unistd.h>
 
 #include "ops/isa.h"
-#include "runtime/check.h"
-#include "runtime/cli.h"
+#include "base/check.h"
+#include "cli/cli.h"
 #include "runtime/generate.h"
-#include "runtime/run_dump.h"
+#include "cli/run_dump.h"
 #include "scheduler/plan_cost.h"
 #include "viz/trace.h"
 

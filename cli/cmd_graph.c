@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/cli.h"
+#include "cli/cli.h"
 #include "scheduler/graph.h"
 
 struct gopts {

@@ -1,12 +1,12 @@
 /* cmd_bench.c: `cedar bench ops`, every CPU op at a plan's widths, timed
- * against this machine's peaks measured in the same run (runtime/bench.c).
+ * against this machine's peaks measured in the same run (cli/bench.c).
  *
  *   cedar bench ops [--plan FILE | --flash] [--reps N] [--json] [--filter NAME]
  *
  * This file is the command: options, the run's set-up (widths and the
  * bounds it applies, each reported as a note) and the report. The op cases
- * and the rules for counting FLOPs and bytes are in runtime/bench_ops.c;
- * `cedar bench model` is runtime/cmd_bench_model.c.
+ * and the rules for counting FLOPs and bytes are in cli/bench_ops.c;
+ * `cedar bench model` is cli/cmd_bench_model.c.
  */
 #include <cJSON.h>
 #include <getopt.h>
@@ -17,10 +17,10 @@
 #include "ops/basic.h"
 #include "ops/engram.h"
 #include "ops/rope.h"
-#include "runtime/bench.h"
-#include "runtime/bench_ops.h"
-#include "runtime/check.h"
-#include "runtime/cli.h"
+#include "cli/bench.h"
+#include "cli/bench_ops.h"
+#include "base/check.h"
+#include "cli/cli.h"
 #include "scheduler/plan.h"
 
 static void usage(FILE *f) {

@@ -1,6 +1,6 @@
 /* cli.c: helpers shared by the subcommands, and `cedar version`. */
 #include <errno.h>
-#include "runtime/cli.h"
+#include "cli/cli.h"
 
 #include <cJSON.h>
 #include <stdlib.h>
@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 #include "scheduler/plan.h"
 
 int cli_usage_error(const char *cmd, const char *fmt, ...) {

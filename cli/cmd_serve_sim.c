@@ -22,8 +22,8 @@
 #include <string.h>
 
 #include "ops/sample.h"
-#include "runtime/check.h"
-#include "runtime/cli.h"
+#include "base/check.h"
+#include "cli/cli.h"
 #include "runtime/disk_tier.h"
 #include "runtime/generate.h"
 #include "runtime/prefix_cache.h"

@@ -1,5 +1,5 @@
-/* bench_ops.h: the op cases of `cedar bench ops` (runtime/bench_ops.c) and
- * what they share with the command (runtime/cmd_bench.c): the run's state,
+/* bench_ops.h: the op cases of `cedar bench ops` (cli/bench_ops.c) and
+ * what they share with the command (cli/cmd_bench.c): the run's state,
  * its bounds and the case table.
  *
  * Internal to those two files; bench.h is the measuring half they both use.
@@ -11,7 +11,7 @@
 
 #include "ops/kvview.h"
 #include "ops/rope.h"
-#include "runtime/bench.h"
+#include "cli/bench.h"
 #include "scheduler/plan.h"
 
 #define DEFAULT_REPS 10

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/check.h"
-#include "runtime/cli.h"
+#include "base/check.h"
+#include "cli/cli.h"
 #include "scheduler/plan.h"
 #include "scheduler/plan_bus.h"
 #include "viz/plan_dot.h"

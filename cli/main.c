@@ -1,10 +1,10 @@
 /* main.c: the `cedar` binary. A short dispatch to the subcommands of
- * runtime/cmd_*.c; only subcommands that work are listed. */
+ * cli/cmd_*.c; only subcommands that work are listed. */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "runtime/cli.h"
+#include "cli/cli.h"
 
 struct command {
   const char *name;

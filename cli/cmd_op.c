@@ -19,8 +19,8 @@
 
 #include "ops/basic.h"
 #include "ops/registry.h"
-#include "runtime/check.h"
-#include "runtime/cli.h"
+#include "base/check.h"
+#include "cli/cli.h"
 #include "runtime/safetensors.h"
 
 #define MAX_PARAMS 64

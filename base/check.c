@@ -1,41 +1,10 @@
-/* log.c: CEDAR_LOG-controlled logging and the small allocation helpers of
- * check.h. */
-#include "runtime/log.h"
+/* check.c: the status strings and the small allocation helpers of check.h.
+ * Foundation code: includes nothing of cedar but base/. */
+#include "base/check.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "runtime/check.h"
-
-static int g_level = -1;
-
-enum cedar_log_level cedar_log_level(void) {
-  if (g_level < 0) {
-    const char *env = getenv("CEDAR_LOG");
-    g_level = CEDAR_LOG_WARN;
-    if (env) {
-      if (!strcmp(env, "error")) g_level = CEDAR_LOG_ERROR;
-      else if (!strcmp(env, "warn")) g_level = CEDAR_LOG_WARN;
-      else if (!strcmp(env, "info")) g_level = CEDAR_LOG_INFO;
-      else if (!strcmp(env, "debug")) g_level = CEDAR_LOG_DEBUG;
-      else fprintf(stderr, "cedar: warning: CEDAR_LOG=%s is not one of error, warn, info, debug; using warn\n", env);
-    }
-  }
-  return (enum cedar_log_level)g_level;
-}
-
-void cedar_log(enum cedar_log_level level, const char *fmt, ...) {
-  static const char *names[] = {"error", "warning", "info", "debug"};
-  if (level > cedar_log_level()) return;
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "cedar: %s: ", names[level]);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
-  va_end(ap);
-}
 
 const char *cedar_status_str(int status) {
   switch (status) {

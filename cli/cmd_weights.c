@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/check.h"
-#include "runtime/cli.h"
+#include "base/check.h"
+#include "cli/cli.h"
 #include "runtime/weights.h"
 #include "scheduler/plan.h"
 

@@ -1,12 +1,12 @@
 /* run_dump.c: see run_dump.h. */
-#include "runtime/run_dump.h"
+#include "cli/run_dump.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/check.h"
+#include "base/check.h"
 #include "runtime/safetensors.h"
 
 struct tlist {
