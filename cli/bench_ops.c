@@ -197,7 +197,7 @@ static void case_swa_kv(struct bench *b, const char *name) {
   uint8_t *out = bench_alloc((size_t)C * eb);
   int64_t *pos = bench_positions(4096, C);
   struct op_rope rope;
-  const struct plan_rope *pr = &m->rope_swa;
+  const struct op_rope_params *pr = &m->rope_swa;
   op_rope_init(&rope, hd, m->rope_dim, true, pr->theta, pr->yarn, pr->yarn_factor, pr->yarn_original_len,
                pr->yarn_beta_fast, pr->yarn_beta_slow);
   /* The layer's angle table, built before the loop: in the model q_path's

@@ -117,7 +117,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a) {
 /* Widths, RoPE tables, the chunk bound and the MoE fallback; notes say what was bounded. */
 static int setup(struct bench *b, const struct plan *p, struct plan *mini, int reps) {
   const struct plan_model *m = &p->model;
-  const struct plan_rope *r = &m->rope_csa;
+  const struct op_rope_params *r = &m->rope_csa;
   b->p = p, b->m = m, b->moe_m = m, b->reps = reps, b->rng = 0x5eed;
   b->chunk = b->scan_chunk = p->serving.prefill_chunk;
   if (m->hidden > WIDE_HIDDEN && b->chunk > WIDE_CHUNK) {

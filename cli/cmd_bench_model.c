@@ -28,7 +28,7 @@
 #include "ops/isa.h"
 #include "base/check.h"
 #include "cli/cli.h"
-#include "runtime/generate.h"
+#include "runtime/engine.h"
 
 #define MAX_PLANS 8
 #define MAX_CONFIGS 6
@@ -130,10 +130,10 @@ static double ceiling(const struct bench *B) { return B->ceiling_t2 > 0 ? 2 * B-
 
 static void find_cfgs(const struct bench *B, int *d, int *s1, int *s2);
 
-/* One direct prefill on its own request and pools (the pools' page arrays
- * are not safe to grow from two threads: docs/runtime.md). */
+/* One direct prefill on pools of its own (the pools' page arrays are not
+ * safe to grow from two threads: docs/runtime.md). */
 struct pair_job {
-  const struct rt_model *M;
+  const struct rt_engine *e;
   const int32_t *tok;
   long n;
   int chunk;
@@ -143,23 +143,17 @@ struct pair_job {
 static void *pair_prefill(void *arg) {
   struct pair_job *j = arg;
   char err[512];
-  struct rt_kv_pool *pools = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*pools));
-  struct rt_request q = {0};
   struct rt_gen_result res = {0};
   struct rt_gen_opts go = {.chunk = j->chunk, .replay = -1, .max_new = 1, .top_p = 1};
-  j->rc = rt_kv_pools_init(pools, j->M->p, err, sizeof err);
-  if (!j->rc) j->rc = rt_generate(j->M, pools, &q, j->tok, j->n, &go, &res, err, sizeof err);
+  j->rc = rt_engine_generate_isolated(j->e, j->tok, j->n, &go, &res, err, sizeof err);
   rt_gen_result_free(&res);
-  rt_request_free(&q);
-  rt_kv_pools_free(pools, j->M->p->n_layers);
-  free(pools);
   return NULL;
 }
 
 /* The model's own ceiling: two direct prefills at once, one thread each
  * (against one direct prefill alone, the direct row). */
-static void measure_pair(struct result *r, const struct bench *B, const struct rt_model *M, const int32_t *tok) {
-  struct pair_job j[2] = {{M, tok, B->n, B->chunk, 0}, {M, tok, B->n, B->chunk, 0}};
+static void measure_pair(struct result *r, const struct bench *B, const struct rt_engine *e, const int32_t *tok) {
+  struct pair_job j[2] = {{e, tok, B->n, B->chunk, 0}, {e, tok, B->n, B->chunk, 0}};
   pthread_t th[2];
   double t = now_s();
   for (int i = 0; i < 2; i++) CEDAR_ASSERT(pthread_create(&th[i], NULL, pair_prefill, &j[i]) == 0);
@@ -184,20 +178,23 @@ static void keep_best(struct rt_gen_result *best, struct rt_gen_result *got, boo
   best->steady_itl_s = itl;
 }
 
-/* One generate on configuration c; the best of the rounds is kept. */
-static int run_config(struct result *r, const struct bench *B, int c, const struct rt_model *M,
-                      struct rt_kv_pool *pools, const int32_t *tok, bool first) {
+/* One generate on configuration c; the best of the rounds is kept. StarPU
+ * is started for the run and stopped after it, so direct runs have no
+ * StarPU workers alive. */
+static int run_config(struct result *r, const struct bench *B, int c, struct rt_engine *e, const int32_t *tok,
+                      bool first) {
   const struct config *cf = &B->cfg[c];
   char err[1024];
   struct rt_gen_opts go = {.chunk = B->chunk, .replay = -1, .max_new = (int)B->steps + 1, .top_p = 1,
-                           .seed = B->seed, .executor = cf->ex};
-  struct rt_starpu_opts so = {.workers = cf->workers, .sched = B->sched};
-  int rc = cf->ex == RT_EXEC_STARPU ? rt_starpu_init(&so, err, sizeof err) : 0;
+                           .seed = B->seed};
+  struct rt_engine_exec x = {.executor = cf->ex, .workers = cf->workers, .sched = B->sched};
+  int rc = rt_engine_set_exec(e, &x, err, sizeof err);
   struct rt_request q = {0};
   struct rt_gen_result got = {0};
-  if (!rc) rc = rt_generate(M, pools, &q, tok, B->n, &go, &got, err, sizeof err);
-  rt_request_free(&q);
-  rt_starpu_shutdown();
+  if (!rc) rc = rt_engine_generate(e, &q, tok, B->n, &go, &got, err, sizeof err);
+  rt_engine_request_free(e, &q);
+  char ignored[8]; /* switching to direct cannot fail */
+  rt_engine_set_exec(e, &(struct rt_engine_exec){.executor = RT_EXEC_DIRECT}, ignored, sizeof ignored);
   if (rc) {
     fprintf(stderr, "cedar bench model: %s, %s: %s\n", r->path, cf->name, err);
     rt_gen_result_free(&got);
@@ -207,47 +204,45 @@ static int run_config(struct result *r, const struct bench *B, int c, const stru
   return 0;
 }
 
-/* Every configuration on one plan, --repeat rounds: weights and model once,
- * StarPU started for each StarPU run and stopped after it (direct runs with
- * no StarPU workers alive); each round measures the ceiling first. */
+/* Every configuration on one plan, --repeat rounds, through one engine per
+ * plan whose executor is switched per configuration (rt_engine_set_exec):
+ * the rounds interleave the configurations, so an engine per configuration
+ * would either rebuild the weights for every run or hold several StarPU
+ * starts at once, which a process cannot. Weights and model are built once;
+ * each round measures the ceiling first. */
 static int run_plan(struct result *r, struct bench *B) {
-  struct plan p;
-  if (cli_load_plan("bench model", r->path, &p)) return 1;
-  snprintf(r->name, sizeof(r->name), "%s", p.name);
   char err[1024];
-  struct weights w;
-  struct rt_model M;
-  struct rt_kv_pool *pools = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*pools));
-  int rc = weights_synth(&w, &p, B->seed, WEIGHTS_DEFAULT_MAX_BYTES, err, sizeof err);
-  if (rc) {
+  struct plan_diags diags = {0};
+  struct rt_engine_opts eo = {.plan = r->path, .seed = B->seed, .diags = &diags};
+  struct rt_engine e;
+  int rc = rt_engine_open(&e, &eo, err, sizeof err);
+  if (rc && e.failed == RT_ENGINE_PLAN) {
+    plan_diags_print(&diags, stderr);
+    fprintf(stderr, "cedar bench model: %s\n", err);
+  } else if (rc) {
     fprintf(stderr, "cedar bench model: %s: %s\n", r->path, err);
-    free(pools);
-    plan_free(&p);
-    return 1;
   }
-  rc = rt_model_init(&M, &p, &w, err, sizeof err);
-  if (!rc) rc = rt_kv_pools_init(pools, &p, err, sizeof err);
+  plan_diags_free(&diags);
+  if (rc) return 1;
+  const struct plan *p = &e.plan;
+  snprintf(r->name, sizeof(r->name), "%s", p->name);
   int32_t *tok = cedar_xmalloc(sizeof(int32_t) * (size_t)B->n);
   static const char text[] = "The quick brown fox jumps over the lazy dog; pack my box with five dozen jugs. ";
-  for (long i = 0; i < B->n; i++) tok[i] = (unsigned char)text[i % (long)(sizeof(text) - 1)] % p.model.vocab;
-  int chunk = B->chunk > 0 ? B->chunk : p.serving.prefill_chunk;
+  for (long i = 0; i < B->n; i++) tok[i] = (unsigned char)text[i % (long)(sizeof(text) - 1)] % p->model.vocab;
+  int chunk = B->chunk > 0 ? B->chunk : p->serving.prefill_chunk;
   r->chunks = (B->n + chunk - 1) / chunk;
   int d, s1, s2;
   find_cfgs(B, &d, &s1, &s2);
   for (int round = 0; round < B->repeat && !rc; round++) {
     measure_ceiling(B);
-    if (d >= 0 && s2 >= 0) measure_pair(r, B, &M, tok);
+    if (d >= 0 && s2 >= 0) measure_pair(r, B, &e, tok);
     for (int c = 0; c < B->n_cfg && !rc; c++) {
-      rc = run_config(r, B, c, &M, pools, tok, round == 0);
+      rc = run_config(r, B, c, &e, tok, round == 0);
       r->ok[c] = rc == 0;
     }
   }
   free(tok);
-  rt_kv_pools_free(pools, p.n_layers);
-  free(pools);
-  rt_model_free(&M);
-  weights_free(&w);
-  plan_free(&p);
+  rt_engine_close(&e);
   return rc ? 1 : 0;
 }
 

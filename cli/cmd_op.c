@@ -4,10 +4,11 @@
  *   cedar op NAME --help
  *   cedar op NAME --in IN.safetensors --out OUT.safetensors [--param k=v ...] [--json]
  *
- * Inputs are read by name from IN (F32, I32, I64 or U8), copied into aligned
- * buffers, handed to the op through `struct op_io` (ops/registry.h); outputs
- * are written to OUT with the same names. Bad files, missing or misshapen
- * tensors and unknown parameters are clear errors (exit 1; usage errors 2).
+ * The op's declared inputs are read by name from IN (F32, I32, I64 or U8),
+ * copied into aligned buffers and handed to it through the memory-backed
+ * op_io (ops/op_io_mem.h); its outputs are written to OUT with the same
+ * names. Bad files, missing or misshapen tensors and unknown parameters are
+ * clear errors (exit 1; usage errors 2).
  * Tested by tests/cli/op.sh.
  */
 #include <cJSON.h>
@@ -18,27 +19,17 @@
 #include <string.h>
 
 #include "ops/basic.h"
+#include "ops/op_io_mem.h"
 #include "ops/registry.h"
 #include "base/check.h"
 #include "cli/cli.h"
 #include "runtime/safetensors.h"
 
-#define MAX_PARAMS 64
-#define MAX_TENSORS 64
-
-struct named {
-  char *name;
-  struct op_tensor t;
-};
-
+/* The file and the call: m holds the inputs (copies of the file's tensors,
+ * freed by ctx_free), the parameters and the outputs. */
 struct io_ctx {
   st_file_t *in;
-  struct named inputs[MAX_TENSORS], outputs[MAX_TENSORS];
-  int n_inputs, n_outputs;
-  const char *pkey[MAX_PARAMS];
-  double pval[MAX_PARAMS];
-  int n_params;
-  char error[512];
+  struct op_io_mem m;
 };
 
 static bool st_to_op_dtype(enum st_dtype s, enum op_dtype *o) {
@@ -56,64 +47,34 @@ static enum st_dtype op_to_st_dtype(enum op_dtype o) {
   return map[o];
 }
 
-/* op_io.input: copy the file's tensor into an aligned buffer on first use. */
-static const struct op_tensor *io_input(struct op_io *io, const char *name) {
-  struct io_ctx *c = io->ctx;
-  for (int i = 0; i < c->n_inputs; i++)
-    if (!strcmp(c->inputs[i].name, name)) return &c->inputs[i].t;
-  const struct st_tensor *st = st_find(c->in, name);
-  enum op_dtype dt;
-  if (!st || c->n_inputs == MAX_TENSORS || st->ndim > OP_MAX_DIMS) return NULL;
-  if (!st_to_op_dtype(st->dtype, &dt)) {
-    snprintf(c->error, sizeof c->error, "input '%s' has dtype %s; cedar op reads F32, I32, I64 and U8", name,
-             st_dtype_name(st->dtype));
-    return NULL;
+/* Copy every tensor of the file that the op declares as an input into an
+ * aligned buffer of the call; tensors it does not declare are never read.
+ * A declared tensor of a dtype cedar op cannot hand over fails the call. */
+static int load_inputs(struct io_ctx *c, const struct op_desc *d) {
+  for (const struct op_arg *a = d->inputs; a && a->name; a++) {
+    const struct st_tensor *st = st_find(c->in, a->name);
+    enum op_dtype dt;
+    if (!st) continue; /* the op says whether it needs it */
+    if (!st_to_op_dtype(st->dtype, &dt))
+      return snprintf(c->m.error, sizeof c->m.error, "input '%s' has dtype %s; cedar op reads F32, I32, I64 and U8",
+                      a->name, st_dtype_name(st->dtype)), CEDAR_EINVAL;
+    if (st->ndim > OP_MAX_DIMS)
+      return snprintf(c->m.error, sizeof c->m.error, "input '%s' has %d dims; cedar op takes at most %d", a->name,
+                      st->ndim, OP_MAX_DIMS), CEDAR_EINVAL;
+    void *data = malloc(st->nbytes ? st->nbytes : 1);
+    if (!data) return snprintf(c->m.error, sizeof c->m.error, "cannot copy input '%s'", a->name), CEDAR_ENOMEM;
+    memcpy(data, st->data, st->nbytes);
+    if (op_io_mem_input(&c->m, a->name, dt, st->ndim, st->shape, data)) {
+      free(data);
+      return snprintf(c->m.error, sizeof c->m.error, "too many inputs"), CEDAR_EINVAL;
+    }
   }
-  struct named *n = &c->inputs[c->n_inputs];
-  void *data = malloc(st->nbytes ? st->nbytes : 1);
-  if (!data) return NULL;
-  memcpy(data, st->data, st->nbytes);
-  n->name = cedar_xstrdup(name);
-  n->t = (struct op_tensor){.dtype = dt, .ndim = st->ndim, .data = data};
-  memcpy(n->t.shape, st->shape, sizeof(int64_t) * (size_t)st->ndim);
-  c->n_inputs++;
-  return &n->t;
-}
-
-static void *io_output(struct op_io *io, const char *name, enum op_dtype dtype, int ndim, const int64_t *shape) {
-  struct io_ctx *c = io->ctx;
-  if (c->n_outputs == MAX_TENSORS || ndim > OP_MAX_DIMS) return NULL;
-  size_t count = 1;
-  for (int i = 0; i < ndim; i++) {
-    if (shape[i] < 0 || (shape[i] && count > SIZE_MAX / 16 / (size_t)shape[i])) return NULL;
-    count *= (size_t)shape[i];
-  }
-  void *data = calloc(count ? count : 1, op_dtype_size(dtype));
-  if (!data) return NULL;
-  struct named *n = &c->outputs[c->n_outputs++];
-  n->name = cedar_xstrdup(name);
-  n->t = (struct op_tensor){.dtype = dtype, .ndim = ndim, .data = data};
-  memcpy(n->t.shape, shape, sizeof(int64_t) * (size_t)ndim);
-  return data;
-}
-
-static bool io_param(struct op_io *io, const char *name, double *out) {
-  struct io_ctx *c = io->ctx;
-  for (int i = 0; i < c->n_params; i++)
-    if (!strcmp(c->pkey[i], name)) return *out = c->pval[i], true;
-  return false;
-}
-
-/* The first error is the cause (e.g. an unsupported dtype found while
- * reading an input); later ones are its consequences. */
-static void io_fail(struct op_io *io, const char *msg) {
-  struct io_ctx *c = io->ctx;
-  if (!c->error[0]) snprintf(c->error, sizeof c->error, "%s", msg);
+  return 0;
 }
 
 static void ctx_free(struct io_ctx *c) {
-  for (int i = 0; i < c->n_inputs; i++) free(c->inputs[i].name), free(c->inputs[i].t.data);
-  for (int i = 0; i < c->n_outputs; i++) free(c->outputs[i].name), free(c->outputs[i].t.data);
+  for (int i = 0; i < c->m.n_in; i++) free(c->m.in[i].data);
+  op_io_mem_free(&c->m);
   st_close(c->in);
 }
 
@@ -172,25 +133,22 @@ static int add_param(struct io_ctx *c, const struct op_desc *d, const char *kv) 
   if ((p->type == OP_PARAM_INT && x != floor(x)) || (p->type == OP_PARAM_BOOL && x != 0 && x != 1))
     return cli_usage_error("op", "parameter %s must be %s, got '%s'", p->name,
                            p->type == OP_PARAM_INT ? "an integer" : "true or false", v);
-  if (c->n_params == MAX_PARAMS) return cli_usage_error("op", "too many --param");
-  c->pkey[c->n_params] = p->name;
-  c->pval[c->n_params++] = x;
+  if (op_io_mem_param(&c->m, p->name, x)) return cli_usage_error("op", "too many --param");
   return -1;
 }
 
 static int write_outputs(struct io_ctx *c, const char *path, bool json, const struct op_desc *d) {
-  struct st_tensor ts[MAX_TENSORS];
-  for (int i = 0; i < c->n_outputs; i++) {
-    const struct op_tensor *t = &c->outputs[i].t;
-    uint64_t count = 1;
-    for (int k = 0; k < t->ndim; k++) count *= (uint64_t)t->shape[k];
-    ts[i] = (struct st_tensor){.name = c->outputs[i].name, .dtype = op_to_st_dtype(t->dtype), .ndim = t->ndim,
-                               .nbytes = count * op_dtype_size(t->dtype), .data = t->data};
+  struct st_tensor ts[OP_IO_MEM_MAX];
+  const struct op_io_mem *m = &c->m;
+  for (int i = 0; i < m->n_out; i++) {
+    const struct op_tensor *t = &m->out[i];
+    ts[i] = (struct st_tensor){.name = m->out_name[i], .dtype = op_to_st_dtype(t->dtype), .ndim = t->ndim,
+                               .nbytes = op_io_mem_bytes(t), .data = t->data};
     memcpy(ts[i].shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
   }
   char err[512];
   struct st_meta meta[] = {{"cedar_op", d->name}};
-  if (st_write(path, ts, (size_t)c->n_outputs, meta, 1, err, sizeof err)) {
+  if (st_write(path, ts, (size_t)m->n_out, meta, 1, err, sizeof err)) {
     fprintf(stderr, "cedar op %s: %s\n", d->name, err);
     return 1;
   }
@@ -198,16 +156,16 @@ static int write_outputs(struct io_ctx *c, const char *path, bool json, const st
     cJSON *o = cJSON_CreateObject(), *outs = cJSON_AddArrayToObject(o, "outputs");
     cJSON_AddStringToObject(o, "op", d->name);
     cJSON_AddStringToObject(o, "file", path);
-    for (int i = 0; i < c->n_outputs; i++) {
+    for (int i = 0; i < m->n_out; i++) {
       cJSON *e = cJSON_CreateObject(), *shape = cJSON_AddArrayToObject(e, "shape");
       cJSON_AddStringToObject(e, "name", ts[i].name);
-      cJSON_AddStringToObject(e, "dtype", op_dtype_name(c->outputs[i].t.dtype));
+      cJSON_AddStringToObject(e, "dtype", op_dtype_name(m->out[i].dtype));
       for (int k = 0; k < ts[i].ndim; k++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)ts[i].shape[k]));
       cJSON_AddItemToArray(outs, e);
     }
     cli_print_json(o);
   } else {
-    printf("%s: wrote %d tensor(s) to %s\n", d->name, c->n_outputs, path);
+    printf("%s: wrote %d tensor(s) to %s\n", d->name, m->n_out, path);
   }
   return 0;
 }
@@ -218,12 +176,11 @@ static int run_op(const struct op_desc *d, struct io_ctx *c, const char *in, con
     fprintf(stderr, "cedar op %s: %s\n", d->name, err);
     return 1;
   }
-  struct op_io io = {.ctx = c, .input = io_input, .output = io_output, .param = io_param, .fail = io_fail};
   op_blas_init();
   /* An error recorded while the op ran fails the call even if the op went
-   * on (e.g. an optional input present in the file but unreadable). */
-  if (d->run(d, &io) || c->error[0]) {
-    fprintf(stderr, "cedar op %s: %s\n", d->name, c->error[0] ? c->error : "failed");
+   * on (the first message is kept: it is the cause). */
+  if (load_inputs(c, d) || d->run(d, &c->m.io) || c->m.error[0]) {
+    fprintf(stderr, "cedar op %s: %s\n", d->name, c->m.error[0] ? c->m.error : "failed");
     return 1;
   }
   return write_outputs(c, out, json, d);
@@ -237,6 +194,7 @@ int cmd_op(int argc, char **argv) {
   const struct op_desc *d = argc > 1 && argv[1][0] != '-' ? op_find(argv[1]) : NULL;
   if (argc > 1 && argv[1][0] != '-' && !d) return cli_usage_error("op", "unknown op '%s' (cedar op --list)", argv[1]);
   struct io_ctx c = {0};
+  op_io_mem_init(&c.m);
   const char *in = NULL, *out = NULL;
   bool json = false, list = false, help = false;
   int opt, rc = -1;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "runtime/backend.h"
 #include "cli/cli.h"
 #include "scheduler/plan.h"
 #include "scheduler/plan_bus.h"
@@ -75,15 +76,31 @@ int cmd_plan_check(int argc, char **argv) {
     struct plan p;
     struct plan_diags d = {0};
     int lrc = plan_load(argv[i], &p, &d);
-    bad += lrc != 0;
+    /* A plan the language accepts may still place a phase where this build
+     * cannot run it (runtime/backend.h): that is refused here too. */
+    char perr[512] = "";
+    struct plan_mark at = {0};
+    int prc = lrc ? 0 : rt_placement_check(&p, &at, perr, sizeof perr);
+    bad += lrc != 0 || prc != 0;
     if (json) {
       cJSON *o = cJSON_CreateObject();
       cJSON_AddStringToObject(o, "file", argv[i]);
-      cJSON_AddBoolToObject(o, "valid", lrc == 0);
-      cJSON_AddItemToObject(o, "errors", diags_json(&d));
+      cJSON_AddBoolToObject(o, "valid", lrc == 0 && prc == 0);
+      cJSON *errs = diags_json(&d);
+      if (prc) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "file", at.file ? at.file : argv[i]);
+        cJSON_AddNumberToObject(e, "line", at.line);
+        cJSON_AddNumberToObject(e, "column", at.col);
+        cJSON_AddStringToObject(e, "message", perr);
+        cJSON_AddItemToArray(errs, e);
+      }
+      cJSON_AddItemToObject(o, "errors", errs);
       cJSON_AddItemToArray(arr, o);
     } else if (lrc) {
       plan_diags_print(&d, stderr);
+    } else if (prc) {
+      fprintf(stderr, "%s%s%s\n", at.file ? "" : argv[i], at.file ? "" : ": ", perr);
     } else {
       printf("%s: ok (%s, %d layers)\n", argv[i], p.name, p.n_layers);
     }

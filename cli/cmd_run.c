@@ -1,6 +1,7 @@
 /* cmd_run.c: `cedar run`, the main job: a prompt in, tokens out, through the
  * graph compiled from the plan, on the StarPU executor (default) or the
- * direct one (runtime/generate.h, runtime/exec.h).
+ * direct one (runtime/engine.h opens plan, weights, model, pools and the
+ * executor; runtime/generate.h runs the request).
  *
  * Prints the generated ids, TTFT, first and steady ITL, token-layers, bytes
  * by state class (checked against `cedar plan cost` for the same length),
@@ -26,7 +27,7 @@
 #include "ops/isa.h"
 #include "base/check.h"
 #include "cli/cli.h"
-#include "runtime/generate.h"
+#include "runtime/engine.h"
 #include "cli/run_dump.h"
 #include "scheduler/plan_cost.h"
 #include "viz/trace.h"
@@ -240,24 +241,39 @@ static void progress_cb(void *user, int done, int total) {
   if (done == total) fputc('\n', stderr);
 }
 
-/* ---- weights ------------------------------------------------------------- */
+/* ---- opening the engine ---------------------------------------------------- */
 
-static int load_weights(const struct ropts *o, const struct plan *p, struct weights *w) {
-  char err[1024];
-  int rc;
-  if (o->weights) {
-    struct weights_problems pr = {0};
-    rc = weights_load(w, p, o->weights, &pr, err, sizeof err);
-    if (rc) {
+/* The prompt, made once the plan is known (its vocab), before the weights. */
+struct prompt {
+  const struct ropts *o;
+  int32_t *ids;
+  int64_t n;
+};
+
+static int prompt_on_plan(void *user, const struct plan *p, char *err, size_t len) {
+  struct prompt *q = user;
+  return make_prompt(q->o, p->model.vocab, &q->ids, &q->n, err, len);
+}
+
+/* Each step's failure worded as `cedar run` always has. */
+static void open_failed(const struct rt_engine *e, const struct ropts *o, const struct plan_diags *d,
+                        const struct weights_problems *pr, const char *err) {
+  switch (e->failed) {
+  case RT_ENGINE_PLAN:
+    plan_diags_print(d, stderr);
+    fprintf(stderr, "cedar run: %s\n", err);
+    break;
+  case RT_ENGINE_WEIGHTS:
+    if (o->weights) {
       fprintf(stderr, "cedar run: %s\n", err);
-      weights_problems_print(&pr, stderr, 20);
+      weights_problems_print(pr, stderr, 20);
+    } else {
+      fprintf(stderr, "cedar run: %s; or give --weights W, or a smaller plan\n", err);
     }
-    weights_problems_free(&pr);
-  } else {
-    rc = weights_synth(w, p, o->seed, WEIGHTS_DEFAULT_MAX_BYTES, err, sizeof err);
-    if (rc) fprintf(stderr, "cedar run: %s; or give --weights W, or a smaller plan\n", err);
+    break;
+  case RT_ENGINE_MODEL: fprintf(stderr, "cedar run: plan %s: %s\n", e->name, err); break;
+  default: fprintf(stderr, "cedar run: %s\n", err); break;
   }
-  return rc ? 1 : 0;
 }
 
 /* ---- report ------------------------------------------------------------- */
@@ -416,13 +432,14 @@ static int argmax(const float *x, int n) {
 
 /* Prefill again with the decoder over every position; compare the last
  * logits and the global entries (which the encoder region alone decides). */
-static int exact_replay(const struct rt_model *M, struct rt_kv_pool *pools, const struct rt_request *r0,
-                        const int32_t *prompt, int64_t n, const struct ropts *o, const struct rt_gen_result *res,
-                        struct drift *dr, char *err, size_t len) {
+static int exact_replay(struct rt_engine *e, const struct rt_request *r0, const int32_t *prompt, int64_t n,
+                        const struct ropts *o, const struct rt_gen_result *res, struct drift *dr, char *err,
+                        size_t len) {
+  const struct rt_model *M = &e->model;
   struct rt_request r;
   struct rt_gen_result ex;
-  struct rt_gen_opts go = {.chunk = o->chunk, .replay = n, .max_new = 1, .top_p = 1, .executor = o->executor};
-  int rc = rt_generate(M, pools, &r, prompt, n, &go, &ex, err, len);
+  struct rt_gen_opts go = {.chunk = o->chunk, .replay = n, .max_new = 1, .top_p = 1};
+  int rc = rt_engine_generate(e, &r, prompt, n, &go, &ex, err, len);
   if (!rc) {
     int V = M->p->model.vocab;
     const float *a = res->prefill_logits + (size_t)(res->prefill_rows - 1) * V;
@@ -449,7 +466,7 @@ static int exact_replay(const struct rt_model *M, struct rt_kv_pool *pools, cons
     }
   }
   rt_gen_result_free(&ex);
-  rt_request_free(&r);
+  rt_engine_request_free(e, &r);
   return rc;
 }
 
@@ -480,14 +497,11 @@ static void on_graph(void *user, const struct graph *g, const struct rt_task_tim
   free(vt);
 }
 
-/* Start StarPU (with profiling for --trace) and open --dot before the run,
- * so a bad flag or path fails before minutes of prefill. */
+/* Name the trace's worker tracks and open --dot before the run (the engine
+ * has started StarPU, with profiling for --trace), so a bad path fails
+ * before minutes of prefill. */
 static int sink_open(struct sink *s, const struct ropts *o, const struct plan *p, char *err, size_t len) {
   memset(s, 0, sizeof(*s));
-  if (o->executor == RT_EXEC_STARPU) {
-    struct rt_starpu_opts so = {.workers = o->workers, .sched = o->sched, .profile = o->trace != NULL};
-    if (rt_starpu_init(&so, err, len)) return 1;
-  }
   if (o->trace) {
     char name[96];
     snprintf(name, sizeof name, "cedar run %s", p->name);
@@ -521,7 +535,6 @@ static int sink_close(struct sink *s, const struct ropts *o, bool ok) {
     status = 1;
   }
   if (s->tracing) viz_trace_free(&s->trace);
-  rt_starpu_shutdown();
   return status;
 }
 
@@ -531,28 +544,35 @@ int cmd_run(int argc, char **argv) {
   struct ropts o;
   int rc = parse(argc, argv, &o);
   if (rc >= 0) return rc;
-  struct plan p;
-  if (cli_load_plan("run", o.plan, &p)) return 1;
   char err[1024];
-  int32_t *prompt = NULL;
-  int64_t n = 0;
   int status = 1;
-  struct weights w = {0};
-  struct rt_model M = {0};
-  struct rt_kv_pool *pools = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*pools));
+  struct prompt q = {&o, NULL, 0};
+  struct plan_diags diags = {0};
+  struct weights_problems pr = {0};
+  struct rt_engine_opts eo = {.plan = o.plan ? o.plan : cli_default_plan(),
+                              .weights = o.weights,
+                              .seed = o.seed,
+                              .exec = {.executor = o.executor,
+                                       .workers = o.workers,
+                                       .sched = o.sched,
+                                       .profile = o.trace != NULL},
+                              .diags = &diags,
+                              .problems = &pr,
+                              .on_plan = prompt_on_plan,
+                              .user = &q};
+  struct rt_engine e;
   struct rt_request r = {0};
   struct rt_gen_result res = {0};
   struct sink sk = {0};
-  if (make_prompt(&o, p.model.vocab, &prompt, &n, err, sizeof err)) {
-    fprintf(stderr, "cedar run: %s\n", err);
-    goto out;
-  }
-  if (load_weights(&o, &p, &w)) goto out;
-  if ((rc = rt_model_init(&M, &p, &w, err, sizeof err)) || (rc = rt_kv_pools_init(pools, &p, err, sizeof err))) {
-    fprintf(stderr, "cedar run: plan %s: %s\n", p.name, err);
-    goto out;
-  }
-  if (sink_open(&sk, &o, &p, err, sizeof err)) {
+  rc = rt_engine_open(&e, &eo, err, sizeof err);
+  if (rc) open_failed(&e, &o, &diags, &pr, err);
+  plan_diags_free(&diags);
+  weights_problems_free(&pr);
+  if (rc) goto out;
+  const struct plan *p = &e.plan;
+  int32_t *prompt = q.ids;
+  int64_t n = q.n;
+  if (sink_open(&sk, &o, p, err, sizeof err)) {
     fprintf(stderr, "cedar run: %s\n", err);
     goto out;
   }
@@ -567,10 +587,9 @@ int cmd_run(int argc, char **argv) {
                            .all_logits = o.dump != NULL,
                            .progress = tty ? progress_cb : NULL,
                            .user = &pg,
-                           .executor = o.executor,
                            .on_graph = o.trace || o.dot ? on_graph : NULL,
                            .graph_user = &sk};
-  if (rt_generate(&M, pools, &r, prompt, n, &go, &res, err, sizeof err)) {
+  if (rt_engine_generate(&e, &r, prompt, n, &go, &res, err, sizeof err)) {
     if (pg.shown) fputc('\n', stderr);
     fprintf(stderr, "cedar run: %s\n", err);
     goto out;
@@ -578,42 +597,38 @@ int cmd_run(int argc, char **argv) {
   struct rt_state_bytes b;
   rt_request_bytes(&r, &b);
   struct plan_cost pc;
-  struct plan_cost_query q;
-  plan_cost_query_init(&q);
-  q.tokens = r.n_pos;
-  q.prompt = n;
-  if (plan_cost_compute(&p, &q, &pc)) {
+  struct plan_cost_query pq;
+  plan_cost_query_init(&pq);
+  pq.tokens = r.n_pos;
+  pq.prompt = n;
+  if (plan_cost_compute(p, &pq, &pc)) {
     fprintf(stderr, "cedar run: plan cost: %s\n", pc.error);
     goto out;
   }
   struct drift dr, *drp = NULL;
   if (o.exact) {
-    if (exact_replay(&M, pools, &r, prompt, n, &o, &res, &dr, err, sizeof err)) {
+    if (exact_replay(&e, &r, prompt, n, &o, &res, &dr, err, sizeof err)) {
       fprintf(stderr, "cedar run: --exact-replay: %s\n", err);
       goto out;
     }
     drp = &dr;
   }
-  if (o.dump && rt_dump_write(o.dump, &M, &r, &res, err, sizeof err)) {
+  if (o.dump && rt_dump_write(o.dump, &e.model, &r, &res, err, sizeof err)) {
     fprintf(stderr, "cedar run: --dump: %s\n", err);
     goto out;
   }
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   if (o.json)
-    report_json(&p, &o, &w, n, &res, &b, &pc, drp, ru.ru_maxrss);
+    report_json(p, &o, &e.weights, n, &res, &b, &pc, drp, ru.ru_maxrss);
   else
-    report_text(&p, &o, &w, n, &res, &b, &pc, drp, ru.ru_maxrss);
+    report_text(p, &o, &e.weights, n, &res, &b, &pc, drp, ru.ru_maxrss);
   status = 0;
 out:
   status |= sink_close(&sk, &o, status == 0);
   rt_gen_result_free(&res);
-  rt_request_free(&r);
-  rt_kv_pools_free(pools, p.n_layers);
-  free(pools);
-  rt_model_free(&M);
-  weights_free(&w);
-  free(prompt);
-  plan_free(&p);
+  rt_engine_request_free(&e, &r);
+  rt_engine_close(&e);
+  free(q.ids);
   return status;
 }

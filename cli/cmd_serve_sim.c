@@ -1,7 +1,7 @@
 /* cmd_serve_sim.c: `cedar serve-sim`, a workload driver for the prefix cache
- * (issue 6): JSON-lines requests through one runtime (model, page pools,
- * prefix cache, encoder-SWA pool, optional disk tier), one after the other,
- * printing per request what was reused and what ran.
+ * (issue 6): JSON-lines requests through one engine (runtime/engine.h:
+ * model, page pools, prefix cache, encoder-SWA pool, optional disk tier),
+ * one after the other, printing per request what was reused and what ran.
  *
  *   cedar serve-sim --requests FILE [--plan P] [--weights W | --seed S] [--no-cache]
  *                   [--no-swa-pool] [--cache-dir D] [--cache-bytes N] [--executor E] [--json]
@@ -24,9 +24,7 @@
 #include "ops/sample.h"
 #include "base/check.h"
 #include "cli/cli.h"
-#include "runtime/disk_tier.h"
-#include "runtime/generate.h"
-#include "runtime/prefix_cache.h"
+#include "runtime/engine.h"
 
 static const char usage[] =
     "usage: cedar serve-sim --requests FILE [--plan P] [--weights W | --seed S] [--no-cache] [--no-swa-pool]\n"
@@ -239,9 +237,10 @@ static int parse(int argc, char **argv, struct sopts *o) {
   return -1;
 }
 
-/* Every request of the file, in order, through one runtime. */
-static int drive(const struct sopts *o, const struct plan *p, const struct rt_model *M, struct rt_kv_pool *pools,
-                 struct pc_cache *cache, FILE *in) {
+/* Every request of the file, in order, through one engine. */
+static int drive(const struct sopts *o, struct rt_engine *e, FILE *in) {
+  const struct plan *p = &e->plan;
+  const struct pc_cache *cache = e->cache;
   struct session *ss = NULL;
   int n_ss = 0, status = 0;
   struct totals tt = {0};
@@ -275,12 +274,11 @@ static int drive(const struct sopts *o, const struct plan *p, const struct rt_mo
       continue;
     }
     int max_new = cJSON_IsNumber(mn) && mn->valuedouble >= 1 ? (int)mn->valuedouble : 16;
-    struct rt_gen_opts go = {.replay = -1, .max_new = max_new, .top_p = 1, .seed = o->seed,
-                             .executor = o->executor, .cache = cache, .save_snapshot = cache && !o->no_swa};
+    struct rt_gen_opts go = {.replay = -1, .max_new = max_new, .top_p = 1, .seed = o->seed};
     struct rt_request r;
     struct rt_gen_result g;
     int64_t n = s->n;
-    if (rt_generate(M, pools, &r, s->hist, n, &go, &g, err, sizeof err)) {
+    if (rt_engine_generate(e, &r, s->hist, n, &go, &g, err, sizeof err)) {
       fprintf(stderr, "cedar serve-sim: request %s failed: %s (the others go on)\n", id->valuestring, err);
       s->n = before;
       status = 1;
@@ -289,7 +287,7 @@ static int drive(const struct sopts *o, const struct plan *p, const struct rt_mo
       for (int i = 0; i < g.n_tokens; i++) hist_push(s, g.tokens[i]);
     }
     rt_gen_result_free(&g);
-    rt_request_free(&r);
+    rt_engine_request_free(e, &r);
     cJSON_Delete(j);
   }
   free(line);
@@ -328,51 +326,26 @@ int cmd_serve_sim(int argc, char **argv) {
     fprintf(stderr, "cedar serve-sim: cannot read %s: %s\n", o.requests, strerror(errno));
     return 1;
   }
-  struct plan p;
-  if (cli_load_plan("serve-sim", o.plan, &p)) {
-    if (in != stdin) fclose(in);
-    return 1;
-  }
   char err[1024];
-  struct weights w = {0};
-  struct rt_model M = {0};
-  struct rt_kv_pool *pools = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*pools));
-  struct pc_cache cache;
-  struct dt_tier disk;
-  bool have_cache = false, have_disk = false, have_sp = false;
+  struct plan_diags diags = {0};
+  struct rt_engine_opts eo = {
+      .plan = o.plan ? o.plan : cli_default_plan(),
+      .weights = o.weights,
+      .seed = o.seed,
+      .exec = {.executor = o.executor},
+      .cache = {.on = !o.no_cache, .capacity_bytes = o.have_cache_bytes ? o.cache_bytes : -1,
+                .snapshots = !o.no_swa, .dir = o.cache_dir},
+      .diags = &diags};
+  struct rt_engine e;
   int status = 1;
-  rc = o.weights ? weights_load(&w, &p, o.weights, NULL, err, sizeof err)
-                 : weights_synth(&w, &p, o.seed, WEIGHTS_DEFAULT_MAX_BYTES, err, sizeof err);
-  if (!rc) rc = rt_model_init(&M, &p, &w, err, sizeof err);
-  if (!rc) rc = rt_kv_pools_init(pools, &p, err, sizeof err);
-  if (!rc && !o.no_cache) {
-    int64_t cap = o.have_cache_bytes ? o.cache_bytes : p.serving.host_cache_bytes;
-    uint64_t id = weights_identity(&w); /* plan and weights: another model's blocks never match */
-    rc = pc_init(&cache, &p, pools, id, cap, o.no_swa ? 0 : -1, err, sizeof err);
-    have_cache = rc == 0;
-    if (!rc && o.cache_dir) {
-      rc = dt_init(&disk, o.cache_dir, id, p.serving.global_ttl_hours, err, sizeof err);
-      have_disk = rc == 0;
-      if (have_disk) cache.disk = &disk;
-    }
-  }
-  if (!rc && o.executor == RT_EXEC_STARPU) {
-    struct rt_starpu_opts so = {0};
-    rc = rt_starpu_init(&so, err, sizeof err);
-    have_sp = rc == 0;
-  }
+  rc = rt_engine_open(&e, &eo, err, sizeof err);
+  if (rc && e.failed == RT_ENGINE_PLAN) plan_diags_print(&diags, stderr);
+  plan_diags_free(&diags);
   if (rc)
     fprintf(stderr, "cedar serve-sim: %s\n", err);
   else
-    status = drive(&o, &p, &M, pools, have_cache ? &cache : NULL, in);
-  if (have_sp) rt_starpu_shutdown();
-  if (have_cache) pc_free(&cache);
-  if (have_disk) dt_free(&disk);
-  rt_kv_pools_free(pools, p.n_layers);
-  free(pools);
-  rt_model_free(&M);
-  weights_free(&w);
-  plan_free(&p);
+    status = drive(&o, &e, in);
+  rt_engine_close(&e);
   if (in != stdin) fclose(in);
   return status;
 }

@@ -506,12 +506,7 @@ const struct op_desc op_desc_sparse_attn = {
         {"swa_scale", OP_PARAM_INT, 0, "SWA scales: 0 FP32 [R], 1 E8M0 (R.2)"},
         {"rope_dim", OP_PARAM_INT, 64, "channels of the inverse RoPE, 0 = none [A]"},
         {"last", OP_PARAM_BOOL, 1, "rotate the last rope_dim channels, else the first [A]"},
-        {"theta", OP_PARAM_FLOAT, 160000, "RoPE base [R-cfg]: 160000 on CSA2 layers, 10000 (yarn=0) SWA-only"},
-        {"yarn", OP_PARAM_BOOL, 1, "YaRN correction [R-cfg]: on for CSA2 layers, off for SWA-only ones"},
-        {"yarn_factor", OP_PARAM_FLOAT, 16, "YaRN factor [R-cfg]"},
-        {"yarn_original_len", OP_PARAM_INT, 65536, "YaRN original length [R-cfg]"},
-        {"yarn_beta_fast", OP_PARAM_FLOAT, 32, "YaRN beta_fast [R-cfg]"},
-        {"yarn_beta_slow", OP_PARAM_FLOAT, 1, "YaRN beta_slow [R-cfg]"},
+        OP_ROPE_PARAM_LIST,
         {0}},
     .run = sparse_attn_run,
 };

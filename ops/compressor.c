@@ -421,13 +421,9 @@ const struct op_desc op_desc_compress = {
         {"rope_dim", OP_PARAM_INT, 64, "main RoPE channels of d [A]"},
         {"last", OP_PARAM_BOOL, 1, "main RoPE on the last rope_dim channels [A]"},
         {"idx_rope_dim", OP_PARAM_INT, 64, "indexer RoPE channels of idx_dim [R-cfg]"},
-        {"idx_rope_last", OP_PARAM_BOOL, 1, "indexer RoPE on the last channels [R-cfg]"},
-        {"theta", OP_PARAM_FLOAT, 160000, "RoPE base of both [R-cfg]"},
-        {"yarn", OP_PARAM_BOOL, 1, "YaRN correction [R-cfg]"},
-        {"yarn_factor", OP_PARAM_FLOAT, 16, "YaRN factor [R-cfg]"},
-        {"yarn_original_len", OP_PARAM_INT, 65536, "YaRN original length [R-cfg]"},
-        {"yarn_beta_fast", OP_PARAM_FLOAT, 32, "YaRN beta_fast [R-cfg]"},
-        {"yarn_beta_slow", OP_PARAM_FLOAT, 1, "YaRN beta_slow [R-cfg]"},
+        {"idx_rope_last", OP_PARAM_BOOL, 1, "indexer RoPE on the last channels; theta and YaRN below are both "
+                                            "RoPEs' [R-cfg]"},
+        OP_ROPE_PARAM_LIST,
         {0}},
     .run = compress_run,
 };

@@ -194,7 +194,7 @@ uint8_t op_e8m0_scale(float amax, float qmax, enum op_mx_rule rule) {
  * loop is finite with a scale s > 0, or all zero and coded with s = 1, which
  * gives its signed zeros; a poisoned block gets its NaN scale and a zeroed
  * payload. Each helper's comment says why its bytes are the same;
- * tests/test_formats.c checks it byte for byte against the block loops as
+ * tests/test_formats_*.c checks it byte for byte against the block loops as
  * they were before, built from the public element codecs (test_fast_paths_*:
  * every exponent and rounding boundary of the element and scale paths, and
  * random blocks of every kind and shape, both nibble orders and MX rules). */

@@ -14,7 +14,7 @@
  * (no FMA contraction: CMakeLists.txt also passes -ffp-contract=off) and never
  * -ffast-math, so a wider vector does the same roundings in the same order.
  * tests/test_ops_isa.c runs every user at every level this CPU has and
- * compares bitwise; tests/test_formats.c checks the packers' bytes at each.
+ * compares bitwise; tests/test_formats_*.c checks the packers' bytes at each.
  *
  * What it is not: hand-written intrinsics, or a way to change numerics.
  */

@@ -75,12 +75,7 @@ void op_swa_pack(uint8_t *out, const float *kS, int n, int w, int block, enum op
 #define QKV_ROPE_PARAMS_                                                                                   \
   {"rope_dim", OP_PARAM_INT, 64, "rotated channels per head, 0 = none [A: 64 of 512; R-cfg: 64 of 128]"},   \
   {"last", OP_PARAM_BOOL, 1, "rotate the last rope_dim channels, else the first [A; R-cfg for the indexer]"}, \
-  {"theta", OP_PARAM_FLOAT, 160000, "RoPE base [R-cfg]: 160000 on CSA2 layers, 10000 (yarn=0) SWA-only"},    \
-  {"yarn", OP_PARAM_BOOL, 1, "YaRN correction [R-cfg]: on for CSA2 layers, off for SWA-only ones"},          \
-  {"yarn_factor", OP_PARAM_FLOAT, 16, "YaRN factor [R-cfg]"},                                                \
-  {"yarn_original_len", OP_PARAM_INT, 65536, "YaRN original length [R-cfg]"},                                \
-  {"yarn_beta_fast", OP_PARAM_FLOAT, 32, "YaRN beta_fast [R-cfg]"},                                          \
-  {"yarn_beta_slow", OP_PARAM_FLOAT, 1, "YaRN beta_slow [R-cfg]"}
+  OP_ROPE_PARAM_LIST
 #define QKV_EPS_ {"eps", OP_PARAM_FLOAT, 1e-6, "RMSNorm epsilon, model.norm_eps [R]"}
 
 /* u (n, hidden) and a weight (out, hidden) whose rows it multiplies. */

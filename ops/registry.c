@@ -86,7 +86,8 @@ const struct op_tensor *op_io_in_opt(const struct op_desc *self, struct op_io *i
 void *op_io_out(const struct op_desc *self, struct op_io *io, const char *name, int ndim, const int64_t *shape) {
   const struct op_arg *a = find_arg(self->outputs, name);
   CEDAR_ASSERT_MSG(a, "op %s declares no output '%s'", self->name, name);
-  void *p = io->output(io, name, a->dtype, ndim, shape);
+  /* The declared name, a static string: an op_io may keep the pointer. */
+  void *p = io->output(io, a->name, a->dtype, ndim, shape);
   if (!p) op_io_fail(io, "%s: cannot allocate output '%s'", self->name, name);
   return p;
 }

@@ -13,8 +13,9 @@
  * A descriptor's `run` reads named inputs and parameters through `struct
  * op_io` and allocates named outputs through it; it checks shapes and returns
  * a negative cedar_status through op_io_fail on bad input. ops/ still know
- * nothing of files: `cedar op` (cli/cmd_op.c) backs op_io with
- * safetensors, and tests back it with memory.
+ * nothing of files: ops/op_io_mem.h backs op_io with memory, for the tests
+ * and for `cedar op` (cli/cmd_op.c), which fills it from safetensors files.
+ * Which code runs a descriptor (cpu, cuda) is ops/backend.h's table.
  */
 #ifndef CEDAR_OPS_REGISTRY_H
 #define CEDAR_OPS_REGISTRY_H
@@ -22,6 +23,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#ifdef __cplusplus /* the CUDA sources of kernels/ include it for the types */
+extern "C" {
+#endif
 
 #define OP_MAX_DIMS 8
 
@@ -56,7 +61,8 @@ struct op_io {
   void *ctx;
   /* The input called `name`, or NULL when the caller has none. */
   const struct op_tensor *(*input)(struct op_io *io, const char *name);
-  /* Allocate (zeroed) and register an output; NULL when out of memory. */
+  /* Allocate (zeroed) and register an output; NULL when out of memory.
+   * `name` is the declared output name, a static string it may keep. */
   void *(*output)(struct op_io *io, const char *name, enum op_dtype dtype, int ndim, const int64_t *shape);
   /* Was parameter `name` given? If so its value in *out. */
   bool (*param)(struct op_io *io, const char *name, double *out);
@@ -177,5 +183,9 @@ bool op_io_dims_fit_int(struct op_io *io, const char *op, const char *name, cons
 /* An integer parameter in [lo, hi]; false after op_io_fail otherwise. */
 bool op_io_param_int(const struct op_desc *self, struct op_io *io, const char *name, int64_t lo, int64_t hi,
                      int64_t *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

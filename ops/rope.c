@@ -77,6 +77,14 @@ int op_rope_init(struct op_rope *r, int dim, int rope_dim, bool last, double the
   return 0;
 }
 
+const struct op_rope_params op_rope_params_csa = OP_ROPE_PARAMS_INIT(OP_ROPE_THETA_CSA, true);
+const struct op_rope_params op_rope_params_swa = OP_ROPE_PARAMS_INIT(OP_ROPE_THETA_SWA, false);
+
+int op_rope_init_params(struct op_rope *r, int dim, int rope_dim, bool last, const struct op_rope_params *p) {
+  return op_rope_init(r, dim, rope_dim, last, p->theta, p->yarn, p->yarn_factor, p->yarn_original_len,
+                      p->yarn_beta_fast, p->yarn_beta_slow);
+}
+
 /* cos and sin of pos * freq[j] for the rope_dim / 2 pairs. SPEC 3.1
  * precision note: pos * freq in double, so the angle keeps ~1e-10 rad at pos
  * 1e6 where float would lose ~0.06 rad. sin(-t) is -sin(t) exactly, so the
@@ -157,9 +165,13 @@ bool op_rope_from_params(const struct op_desc *self, struct op_io *io, const cha
       !op_io_param_in(self, io, "yarn", 0, 1, &yarn) ||
       !op_io_param_in(self, io, "yarn_original_len", 1, 0x1p53, &olen))
     return false;
-  if (op_rope_init(r, dim, (int)rd, last != 0, op_io_param(self, io, "theta"), yarn != 0,
-                   op_io_param(self, io, "yarn_factor"), (int64_t)olen, op_io_param(self, io, "yarn_beta_fast"),
-                   op_io_param(self, io, "yarn_beta_slow"))) {
+  const struct op_rope_params p = {.theta = op_io_param(self, io, "theta"),
+                                   .yarn = yarn != 0,
+                                   .yarn_factor = op_io_param(self, io, "yarn_factor"),
+                                   .yarn_original_len = (int64_t)olen,
+                                   .yarn_beta_fast = op_io_param(self, io, "yarn_beta_fast"),
+                                   .yarn_beta_slow = op_io_param(self, io, "yarn_beta_slow")};
+  if (op_rope_init_params(r, dim, (int)rd, last != 0, &p)) {
     op_io_fail(io, "%s: invalid RoPE: %s %d must be even, <= the row width %d and <= 1024; theta positive (> 1 "
                    "with yarn); yarn_factor and betas positive", self->name, dim_param, (int)rd, dim);
     return false;
@@ -192,12 +204,7 @@ const struct op_desc op_desc_rope = {
     .outputs = (const struct op_arg[]){{"y", OP_F32, "(n, heads, dim)", "rotated rows"}, {0}},
     .params = (const struct op_param[]){{"rope_dim", OP_PARAM_INT, 64, "rotated channels [A]"},
                                         {"last", OP_PARAM_BOOL, 1, "rotate the last rope_dim channels (else the first)"},
-                                        {"theta", OP_PARAM_FLOAT, 160000, "RoPE base [R-cfg]"},
-                                        {"yarn", OP_PARAM_BOOL, 1, "YaRN correction [R-cfg]"},
-                                        {"yarn_factor", OP_PARAM_FLOAT, 16, "[R-cfg]"},
-                                        {"yarn_original_len", OP_PARAM_INT, 65536, "[R-cfg]"},
-                                        {"yarn_beta_fast", OP_PARAM_FLOAT, 32, "[R-cfg]"},
-                                        {"yarn_beta_slow", OP_PARAM_FLOAT, 1, "[R-cfg]"},
+                                        OP_ROPE_PARAM_LIST,
                                         {"inverse", OP_PARAM_BOOL, 0, "rotate by -pos"},
                                         {0}},
     .run = rope_run,

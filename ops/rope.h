@@ -31,6 +31,52 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The RoPE/YaRN parameters of one class of layers: one struct for the ops
+ * (op_rope_init_params, and the descriptors' parameters OP_ROPE_PARAM_LIST
+ * below) and the plan (model.rope.swa and model.rope.csa in scheduler/plan.h,
+ * whose keys are these field names). */
+struct op_rope_params {
+  double theta;              /* RoPE base */
+  bool yarn;                 /* apply the YaRN frequency correction */
+  double yarn_factor;        /* interpolation factor of the low frequencies */
+  int64_t yarn_original_len; /* the pre-training context length */
+  double yarn_beta_fast, yarn_beta_slow; /* the correction range, in turns */
+  bool yarn_mscale;          /* a plan key only, never applied (SPEC 1.1: disabled) */
+};
+
+/* SPEC defaults [R-cfg], the vendor's values: CSA2 (ratio-1 and ratio-2)
+ * layers theta 160000 with YaRN factor 16, original_len 65536, beta_fast 32,
+ * beta_slow 1; SWA-only layers theta 10000 without YaRN (the YaRN fields keep
+ * the same values, unused). The descriptors' parameter defaults are the CSA2
+ * ones. The numbers are macros because static initializers (the op_param
+ * lists) need constant expressions. */
+#define OP_ROPE_THETA_CSA 160000
+#define OP_ROPE_THETA_SWA 10000
+#define OP_ROPE_YARN_FACTOR 16
+#define OP_ROPE_YARN_ORIGINAL_LEN 65536
+#define OP_ROPE_YARN_BETA_FAST 32
+#define OP_ROPE_YARN_BETA_SLOW 1
+#define OP_ROPE_PARAMS_INIT(theta_, yarn_)                                                                  \
+  {.theta = (theta_), .yarn = (yarn_), .yarn_factor = OP_ROPE_YARN_FACTOR,                                  \
+   .yarn_original_len = OP_ROPE_YARN_ORIGINAL_LEN, .yarn_beta_fast = OP_ROPE_YARN_BETA_FAST,                \
+   .yarn_beta_slow = OP_ROPE_YARN_BETA_SLOW, .yarn_mscale = false}
+extern const struct op_rope_params op_rope_params_csa; /* OP_ROPE_PARAMS_INIT(OP_ROPE_THETA_CSA, true) */
+extern const struct op_rope_params op_rope_params_swa; /* OP_ROPE_PARAMS_INIT(OP_ROPE_THETA_SWA, false) */
+
+/* The op_param entries of struct op_rope_params, for a descriptor's .params
+ * list (ops/registry.h must be included where it expands); each descriptor
+ * adds its own rotated-width and position parameters beside them, and
+ * op_rope_from_params reads them back. yarn_mscale is not an op parameter:
+ * the ops never apply it. */
+#define OP_ROPE_PARAM_LIST                                                                           \
+  {"theta", OP_PARAM_FLOAT, OP_ROPE_THETA_CSA,                                                       \
+   "RoPE base [R-cfg]: 160000 on CSA2 layers, 10000 (yarn=0) SWA-only"},                             \
+  {"yarn", OP_PARAM_BOOL, 1, "YaRN correction [R-cfg]: on for CSA2 layers, off for SWA-only ones"},   \
+  {"yarn_factor", OP_PARAM_FLOAT, OP_ROPE_YARN_FACTOR, "YaRN factor [R-cfg]"},                       \
+  {"yarn_original_len", OP_PARAM_INT, OP_ROPE_YARN_ORIGINAL_LEN, "YaRN original length [R-cfg]"},    \
+  {"yarn_beta_fast", OP_PARAM_FLOAT, OP_ROPE_YARN_BETA_FAST, "YaRN beta_fast [R-cfg]"},              \
+  {"yarn_beta_slow", OP_PARAM_FLOAT, OP_ROPE_YARN_BETA_SLOW, "YaRN beta_slow [R-cfg]"}
+
 struct op_rope {
   int dim;       /* row width */
   int rope_dim;  /* rotated channels (even) */
@@ -51,6 +97,9 @@ struct op_rope {
  * 32, beta_slow 1; SWA-only layers theta 10000 without YaRN. */
 int op_rope_init(struct op_rope *r, int dim, int rope_dim, bool last, double theta, bool yarn, double factor,
                  int64_t original_len, double beta_fast, double beta_slow);
+/* The same with the parameters from one struct (the plan's, or
+ * op_rope_params_csa/_swa); p->yarn_mscale is ignored, as above. */
+int op_rope_init_params(struct op_rope *r, int dim, int rope_dim, bool last, const struct op_rope_params *p);
 
 /* Rotate rows in place. x: (n, heads, dim) with row stride ld (>= heads*dim);
  * every head of row i uses position pos[i]. sign = +1 for RoPE, -1 (any
@@ -98,8 +147,8 @@ bool op_rope_same_angles(const struct op_rope *a, const struct op_rope *b);
 
 /* For op descriptors (ops/registry.h): the RoPE described by a descriptor's
  * parameters `dim_param` (rotated channels), `last_param`, and the shared
- * theta, yarn, yarn_factor, yarn_original_len, yarn_beta_fast and
- * yarn_beta_slow, for rows of `dim`; false after op_io_fail when invalid. */
+ * OP_ROPE_PARAM_LIST, for rows of `dim`; false after op_io_fail when
+ * invalid. */
 struct op_desc;
 struct op_io;
 bool op_rope_from_params(const struct op_desc *self, struct op_io *io, const char *dim_param,

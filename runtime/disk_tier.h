@@ -24,7 +24,7 @@
  * dt_worth_loading compares the two for a block (docs/runtime.md).
  *
  * Not here: the in-memory cache (prefix_cache.h), which calls these.
- * Test: tests/test_disk_tier.c, tests/cli/serve_crash.sh.
+ * Test: tests/test_disk_tier_*.c, tests/cli/serve_crash.sh.
  */
 #ifndef CEDAR_RUNTIME_DISK_TIER_H
 #define CEDAR_RUNTIME_DISK_TIER_H

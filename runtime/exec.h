@@ -19,7 +19,7 @@
  * end (rt_starpu_shutdown).
  *
  * Not here: the graph (scheduler/), the op groups (runtime/model.h).
- * Test: tests/test_model.c, tests/test_exec_starpu.c, tests/cli/run.sh,
+ * Test: tests/test_model_*.c, tests/test_exec_starpu.c, tests/cli/run.sh,
  * tests/cli/trace.sh.
  */
 #ifndef CEDAR_RUNTIME_EXEC_H
@@ -58,12 +58,23 @@ struct rt_exec_out {
 int rt_exec_direct(const struct graph *g, const struct rt_model *M, struct rt_request *r, struct rt_exec_out *out,
                    struct rt_exec_stats *st, rt_progress_cb progress, void *user, char *err, size_t err_len);
 
+/* The message of a node that failed with rc (rt_run_node's codes). */
+void rt_node_error(const struct graph_node *nd, int rc, char *err, size_t err_len);
+
+/* Bind the request state node nd works on from its data accesses
+ * (exec_node.c): its ring, tail, and the KV sources it appends to and
+ * reads, with the entry ranges the graph declares. */
+void rt_bind_node(const struct graph *g, struct rt_request *r, const struct graph_node *nd, struct rt_bound *st);
+
 /* One node on its buffers (buf: (g->n_data), the activation and bus
- * buffers by data id; other entries are not read), as every executor runs
- * it (exec_node.c). out_row: a HEAD's first row in out. Returns 0 or
- * CEDAR_ENOMEM (KV pages). */
+ * buffers by data id; other entries are not read) and its bound state (st,
+ * or NULL: rt_bind_node's), through the backend of the node's device
+ * (backend.h), as every executor runs it. out_row: a HEAD's first row in
+ * out. Returns 0, CEDAR_ENOMEM (KV pages) or CEDAR_EUNSUPPORTED (no backend
+ * entry for the node's op group on its device). */
 int rt_run_node(const struct graph *g, const struct rt_model *M, struct rt_request *r, const struct graph_node *nd,
-                void *const *buf, struct rt_exec_out *out, int64_t out_row, struct rt_arena *ar);
+                void *const *buf, const struct rt_bound *st, struct rt_exec_out *out, int64_t out_row,
+                struct rt_arena *ar);
 
 /* ---- the StarPU executor (exec_starpu.c) ------------------------------ */
 
@@ -103,5 +114,15 @@ struct rt_task_time {
 int rt_exec_starpu(const struct graph *g, const struct rt_model *M, struct rt_request *r, struct rt_exec_out *out,
                    struct rt_exec_stats *st, struct rt_task_time *times, rt_progress_cb progress, void *user,
                    char *err, size_t err_len);
+
+/* The StarPU data behind the executor (exec_starpu_data.c): copy page id of
+ * pool, or layer's SWA ring slots of r, through its data handle (acquired
+ * for reading, so StarPU brings it home first) into dst; the bytes copied,
+ * or CEDAR_EINVAL when StarPU is not running or that buffer has no handle
+ * yet. And how many handles are registered now: KV pages (once per pool
+ * slot) and request buffers (once per request). */
+int64_t rt_starpu_page_read(struct rt_kv_pool *pool, int32_t id, void *dst, size_t cap);
+int64_t rt_starpu_ring_read(struct rt_request *r, int layer, void *dst, size_t cap);
+void rt_starpu_handle_counts(int64_t *pages, int64_t *request_bufs);
 
 #endif

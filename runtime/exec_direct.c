@@ -18,18 +18,18 @@ struct bufs {
   int64_t live, peak;
 };
 
-/* The buffer of activation/bus d, allocated on first use. */
-static void *buf(struct bufs *b, int d) {
-  if (d < 0) return NULL;
+/* The buffer of activation/bus d, allocated on first use; false when the
+ * machine is out of memory (the request fails, the process goes on). */
+static bool buf(struct bufs *b, int d) {
   if (!b->p[d]) {
     const struct graph_data *gd = &b->g->data[d];
     CEDAR_ASSERT(gd->kind == GRAPH_ACT || gd->kind == GRAPH_BUS);
     b->p[d] = aligned_alloc(64, (size_t)((gd->bytes + 63) / 64 * 64 + 64));
-    CEDAR_ASSERT_MSG(b->p[d] != NULL, "out of memory for %s (%lld bytes)", gd->name, (long long)gd->bytes);
+    if (!b->p[d]) return false;
     b->live += gd->bytes;
     if (b->live > b->peak) b->peak = b->live;
   }
-  return b->p[d];
+  return true;
 }
 
 static void release_after(struct bufs *b, int k) {
@@ -44,13 +44,18 @@ static void release_after(struct bufs *b, int k) {
   }
 }
 
-/* Allocate the activations and buses node nd writes or reads first. */
-static void **node_bufs(struct bufs *b, const struct graph_node *nd) {
+/* Allocate the activations and buses node nd writes or reads first;
+ * CEDAR_ENOMEM, naming the buffer, when one cannot be had. */
+static int node_bufs(struct bufs *b, const struct graph_node *nd, char *err, size_t err_len) {
   for (int u = 0; u < nd->n_use; u++) {
     const struct graph_data *gd = &b->g->data[nd->use[u].data];
-    if (gd->kind == GRAPH_ACT || gd->kind == GRAPH_BUS) buf(b, nd->use[u].data);
+    if ((gd->kind == GRAPH_ACT || gd->kind == GRAPH_BUS) && !buf(b, nd->use[u].data)) {
+      snprintf(err, err_len, "%s: out of memory for %s (%lld bytes); this request is dropped", nd->name, gd->name,
+               (long long)gd->bytes);
+      return CEDAR_ENOMEM;
+    }
   }
-  return b->p;
+  return 0;
 }
 
 int rt_exec_direct(const struct graph *g, const struct rt_model *M, struct rt_request *r, struct rt_exec_out *out,
@@ -64,7 +69,9 @@ int rt_exec_direct(const struct graph *g, const struct rt_model *M, struct rt_re
   for (int k = 0; k < g->n_node && rc == 0; k++) {
     const struct graph_node *nd = &g->node[k];
     double t = now_s();
-    rc = rt_run_node(g, M, r, nd, node_bufs(&b, nd), out, out_row, &ar);
+    rc = node_bufs(&b, nd, err, err_len);
+    if (rc) break;
+    rc = rt_run_node(g, M, r, nd, b.p, NULL, out, out_row, &ar);
     if (nd->op == GRAPH_HEAD) out_row += nd->n;
     rt_arena_reset(&ar);
     if (st) {
@@ -73,7 +80,7 @@ int rt_exec_direct(const struct graph *g, const struct rt_model *M, struct rt_re
       st->nodes++;
       if (nd->op == GRAPH_ATTN) st->token_layers += nd->n;
     }
-    if (rc) snprintf(err, err_len, "%s: the KV page pool is exhausted; this request is dropped", nd->name);
+    if (rc) rt_node_error(nd, rc, err, err_len);
     release_after(&b, k);
     if (progress) progress(user, k + 1, g->n_node);
   }

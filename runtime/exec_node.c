@@ -1,10 +1,16 @@
-/* exec_node.c: one graph node on its buffers, the dispatch every executor
- * shares (exec.h: rt_run_node), so the direct and the StarPU executor call
- * the same op groups with the same arguments and compute the same bits. */
+/* exec_node.c: the CPU backend (backend.h: rt_backend_cpu) and the node
+ * dispatch every executor shares (exec.h: rt_bind_node, rt_run_node): the
+ * direct and the StarPU executor bind a node's state from its data
+ * accesses the same way and call the same op groups with the same
+ * arguments, so they compute the same bits.
+ *
+ * Test: tests/test_backend_nodes.c, and every model test through the
+ * executors. */
 #include <math.h>
 #include <string.h>
 
 #include "base/check.h"
+#include "runtime/backend.h"
 #include "runtime/exec.h"
 #include "base/log.h"
 
@@ -68,51 +74,135 @@ static void log_rms(const struct rt_model *M, const struct graph_node *nd, const
   LOG_DEBUG("%s: residual RMS %.4g over %d positions", nd->name, sqrt(ss / (double)cnt), nd->n);
 }
 
-int rt_run_node(const struct graph *g, const struct rt_model *M, struct rt_request *r, const struct graph_node *nd,
-                void *const *buf, struct rt_exec_out *out, int64_t out_row, struct rt_arena *ar) {
-  const struct plan_model *m = &M->p->model;
-  switch (nd->op) {
-  case GRAPH_EMBED:
-    CEDAR_ASSERT(nd->a + nd->n <= r->n_tokens);
-    rt_embed(M, at(buf, nd->x), r->tokens + nd->a, nd->n, ar);
-    memset(at(buf, nd->aux), 0, sizeof(float) * (size_t)nd->n * m->hc_streams);
-    return 0;
-  case GRAPH_ENGRAM_GATHER:
-    rt_engram_rows(M, nd->layer, at(buf, nd->aux), r, nd->a, nd->n, ar);
-    return 0;
-  case GRAPH_ENGRAM:
-    rt_engram_inject(M, nd->layer, at(buf, nd->x), at(buf, nd->aux), nd->n, ar);
-    return 0;
-  case GRAPH_ATTN: {
-    struct rt_buses bs = {at(buf, nd->bus[GRAPH_TOPK_OUT]), at(buf, nd->bus[GRAPH_POOL_OUT]),
-                          at(buf, nd->bus[GRAPH_TOPK_IN]), at(buf, nd->bus[GRAPH_POOL_IN])};
-    return rt_attn(M, r, nd, at(buf, nd->x), at(buf, nd->aux), &bs, ar);
-  }
-  case GRAPH_MOE:
-    rt_moe(M, nd, at(buf, nd->x), at(buf, nd->aux), ar);
-    if (cedar_log_level() >= CEDAR_LOG_DEBUG) log_rms(M, nd, at(buf, nd->x));
-    return 0;
-  case GRAPH_DEC_KV:
-    return rt_dec_kv(M, r, nd->layer, at(buf, nd->x), nd->a, nd->n, ar);
-  case GRAPH_KEEP_XE:
-    keep_xe(M, r, nd, at(buf, nd->x));
-    return 0;
-  case GRAPH_REPLAY_IN:
-    replay_in(g, M, r, nd, buf);
-    return 0;
-  case GRAPH_HEAD: {
-    const struct graph_data *xd = &g->data[nd->x];
-    const float *X = (const float *)at(buf, nd->x) + (size_t)(nd->a - xd->a0) * m->hc_streams * m->hidden;
-    float *lg = at(buf, nd->aux);
-    rt_head(M, lg, X, nd->n, ar);
-    if (out && out->logits)
-      memcpy(out->logits + (size_t)out_row * m->vocab, lg, sizeof(float) * (size_t)nd->n * m->vocab);
-    if (out && out->pos)
-      for (int i = 0; i < nd->n; i++) out->pos[out_row + i] = nd->a + i;
-    return 0;
-  }
-  case GRAPH_OP_COUNT: break;
-  }
-  CEDAR_ASSERT_MSG(0, "unknown node kind %d", (int)nd->op);
+/* ---- the CPU backend's op groups ----------------------------------------- */
+
+static int cpu_embed(const struct rt_node_ctx *c) {
+  const struct graph_node *nd = c->nd;
+  CEDAR_ASSERT(nd->a + nd->n <= c->r->n_tokens);
+  rt_embed(c->M, at(c->buf, nd->x), c->r->tokens + nd->a, nd->n, c->ar);
+  memset(at(c->buf, nd->aux), 0, sizeof(float) * (size_t)nd->n * c->M->p->model.hc_streams);
   return 0;
+}
+
+static int cpu_engram_rows(const struct rt_node_ctx *c) {
+  rt_engram_rows(c->M, c->nd->layer, at(c->buf, c->nd->aux), c->r, c->nd->a, c->nd->n, c->ar);
+  return 0;
+}
+
+static int cpu_engram(const struct rt_node_ctx *c) {
+  rt_engram_inject(c->M, c->nd->layer, at(c->buf, c->nd->x), at(c->buf, c->nd->aux), c->nd->n, c->ar);
+  return 0;
+}
+
+static int cpu_attn(const struct rt_node_ctx *c) {
+  const struct graph_node *nd = c->nd;
+  void *const *buf = c->buf;
+  struct rt_buses bs = {at(buf, nd->bus[GRAPH_TOPK_OUT]), at(buf, nd->bus[GRAPH_POOL_OUT]),
+                        at(buf, nd->bus[GRAPH_TOPK_IN]), at(buf, nd->bus[GRAPH_POOL_IN])};
+  return rt_attn(c->M, nd, at(buf, nd->x), at(buf, nd->aux), &bs, c->st, c->ar);
+}
+
+static int cpu_moe(const struct rt_node_ctx *c) {
+  rt_moe(c->M, c->nd, at(c->buf, c->nd->x), at(c->buf, c->nd->aux), c->ar);
+  if (cedar_log_level() >= CEDAR_LOG_DEBUG) log_rms(c->M, c->nd, at(c->buf, c->nd->x));
+  return 0;
+}
+
+static int cpu_dec_kv(const struct rt_node_ctx *c) {
+  return rt_dec_kv(c->M, c->st, c->nd->layer, at(c->buf, c->nd->x), c->nd->a, c->nd->n, c->ar);
+}
+
+static int cpu_keep_xe(const struct rt_node_ctx *c) {
+  keep_xe(c->M, c->r, c->nd, at(c->buf, c->nd->x));
+  return 0;
+}
+
+static int cpu_replay_in(const struct rt_node_ctx *c) {
+  replay_in(c->g, c->M, c->r, c->nd, c->buf);
+  return 0;
+}
+
+static int cpu_head(const struct rt_node_ctx *c) {
+  const struct graph_node *nd = c->nd;
+  const struct plan_model *m = &c->M->p->model;
+  const struct graph_data *xd = &c->g->data[nd->x];
+  const float *X = (const float *)at(c->buf, nd->x) + (size_t)(nd->a - xd->a0) * m->hc_streams * m->hidden;
+  float *lg = at(c->buf, nd->aux);
+  rt_head(c->M, lg, X, nd->n, c->ar);
+  if (c->out && c->out->logits)
+    memcpy(c->out->logits + (size_t)c->out_row * m->vocab, lg, sizeof(float) * (size_t)nd->n * m->vocab);
+  if (c->out && c->out->pos)
+    for (int i = 0; i < nd->n; i++) c->out->pos[c->out_row + i] = nd->a + i;
+  return 0;
+}
+
+/* TRANSFER has no CPU entry: one process has one home, and a graph with
+ * transfers is refused before it runs (rt_placement_check). */
+const struct rt_backend rt_backend_cpu = {
+    .name = "cpu",
+    .dev = GRAPH_DEV_CPU,
+    .run = {
+        [GRAPH_EMBED] = cpu_embed,
+        [GRAPH_ENGRAM_GATHER] = cpu_engram_rows,
+        [GRAPH_ENGRAM] = cpu_engram,
+        [GRAPH_ATTN] = cpu_attn,
+        [GRAPH_MOE] = cpu_moe,
+        [GRAPH_DEC_KV] = cpu_dec_kv,
+        [GRAPH_KEEP_XE] = cpu_keep_xe,
+        [GRAPH_REPLAY_IN] = cpu_replay_in,
+        [GRAPH_HEAD] = cpu_head,
+    },
+};
+
+/* ---- binding and dispatch ------------------------------------------------ */
+
+void rt_node_error(const struct graph_node *nd, int rc, char *err, size_t err_len) {
+  if (rc == CEDAR_ENOMEM)
+    snprintf(err, err_len, "%s: the KV page pool is exhausted; this request is dropped", nd->name);
+  else if (rc == CEDAR_EUNSUPPORTED)
+    snprintf(err, err_len, "%s: no %s backend entry for op group %s; this request is dropped", nd->name,
+             nd->place.dev == GRAPH_DEV_CUDA ? "cuda" : "cpu", graph_op_name(nd->op));
+  else
+    snprintf(err, err_len, "%s: failed (%s); this request is dropped", nd->name, cedar_status_str(rc));
+}
+
+void rt_bind_node(const struct graph *g, struct rt_request *r, const struct graph_node *nd, struct rt_bound *st) {
+  memset(st, 0, sizeof(*st));
+  for (int u = 0; u < nd->n_use; u++) {
+    const struct graph_use *us = &nd->use[u];
+    const struct graph_data *gd = &g->data[us->data];
+    if (gd->kind != GRAPH_STATE) continue;
+    switch (gd->state) {
+    case GRAPH_ST_RING: st->ring = &r->ring[gd->layer]; break;
+    case GRAPH_ST_TAIL: st->tail = &r->tail[gd->layer]; break;
+    case GRAPH_ST_KV:
+      if (us->mode == GRAPH_APPEND) {
+        st->kv_w = &r->seq[gd->layer];
+        st->kv_w_end = us->e_w1;
+      }
+      if (us->mode == GRAPH_R || (us->mode == GRAPH_APPEND && us->e_read > 0)) {
+        st->kv_r = &r->seq[gd->layer];
+        st->kv_r_end = us->e_read;
+      }
+      break;
+    case GRAPH_ST_TOKENS:
+    case GRAPH_ST_XE:
+    case GRAPH_ST_NONE: break;
+    }
+  }
+}
+
+int rt_run_node(const struct graph *g, const struct rt_model *M, struct rt_request *r, const struct graph_node *nd,
+                void *const *buf, const struct rt_bound *st, struct rt_exec_out *out, int64_t out_row,
+                struct rt_arena *ar) {
+  const struct rt_backend *b = rt_backend_for(nd->place.dev);
+  rt_group_fn fn = b ? b->run[nd->op] : NULL;
+  if (!fn) return CEDAR_EUNSUPPORTED; /* refused earlier by rt_placement_check; an executor names the node */
+  struct rt_bound own;
+  if (!st) {
+    rt_bind_node(g, r, nd, &own);
+    st = &own;
+  }
+  struct rt_node_ctx c = {g, M, r, nd, buf, st, out, out_row, ar};
+  return fn(&c);
 }

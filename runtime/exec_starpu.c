@@ -8,13 +8,14 @@
  *             The CPU function runs the node through rt_run_node
  *             (exec_node.c), the dispatch the direct executor uses too,
  *             so both executors compute the same bits.
- *   data      every graph data object is a StarPU handle with implicit
- *             sequential consistency off: activations and buses over
- *             buffers allocated before submission (graph_data.bytes),
- *             request state and weights over a representative pointer (the
- *             ring, tail or page table of that layer; the layer's bound
- *             weights); the task reaches the real structures through its
- *             cl_arg.
+ *   data      real StarPU data over cedar's buffers (exec_starpu_data.h):
+ *             KV pages registered once per pool, a request's rings, tails,
+ *             tokens and kept encoder outputs once per request, each
+ *             graph's activations and buses per graph; all with implicit
+ *             sequential consistency off. A task's buffers are the handles
+ *             of the node's accesses (the KV pages its entry ranges cover),
+ *             and the codelet takes its activations, buses, ring and the
+ *             KV pages it reads from the task's interfaces.
  *   edges     graph_node.dep, submitted with starpu_task_declare_deps_array;
  *             Engram row gathers (no edges) are submitted first.
  *   tasks     named "<node name> r<request>" ("L3.attn c2 r0"), with the
@@ -22,9 +23,12 @@
  *             critical-path priority (lower layers of trailing tiles first).
  *   scratch   one rt_arena per worker, indexed by starpu_worker_get_id().
  *
- * Failure: a node that runs out of KV pages marks the run failed; the
- * tasks after it return without work and the request is dropped, as in the
- * direct executor.
+ * Failure: the KV pages a graph appends to are reserved at submission, so
+ * a pool or table that is full fails the request before anything runs,
+ * naming the first node short of pages; an activation that cannot be
+ * allocated fails it the same way (CEDAR_ENOMEM). A node that fails while
+ * running marks the run failed; the tasks after it return without work.
+ * The request is dropped; the process and other requests go on.
  *
  * Not here: the graph (scheduler/graph.c), the op groups (model.c), traces
  * (viz/trace.c). Test: tests/test_exec_starpu.c (ctest -R exec_starpu),
@@ -40,8 +44,10 @@
 #include <starpu.h>
 
 #include "base/check.h"
-#include "runtime/exec.h"
 #include "base/log.h"
+#include "runtime/exec.h"
+#include "runtime/exec_starpu_data.h"
+#include "scheduler/policy.h"
 
 /* The CUDA function of a codelet: NULL until kernels/ provides the op
  * group's twin (the GPU issue defines this to {fn} in CUDA builds). */
@@ -95,6 +101,7 @@ struct node_arg {
   int64_t out_row;           /* HEAD: first row of its logits in out */
   double t0_us, t1_us;       /* the task's own clock (starpu_timing_now) */
   int worker;
+  struct sp_task_map map;    /* where each access's handles are among the task's buffers */
   char name[48];
 };
 
@@ -112,9 +119,44 @@ struct run {
   atomic_int done;
 };
 
-/* The CPU function of every codelet: the node is in cl_arg. */
+/* Node nd's activation and bus pointers, and its state, from the task's
+ * interfaces: buf (n_data, only the node's own entries written) and st.
+ * The ring is bound as a copy over the interface buffers (its r0 is
+ * written back by the caller); the KV pages it reads come from the
+ * interfaces; tails, tokens and encoder outputs are the handles' home
+ * buffers, which the asserts hold to (main RAM: the same memory). */
+static void bind_from_interfaces(struct run *R, const struct node_arg *A, void *buffers[], void **buf,
+                                 struct rt_bound *st, struct rt_ring *ring, struct rt_arena *ar) {
+  const struct graph *g = R->g;
+  const struct graph_node *nd = &g->node[A->k];
+  rt_bind_node(g, R->r, nd, st);
+  for (int u = 0; u < nd->n_use; u++) {
+    const struct graph_data *gd = &g->data[nd->use[u].data];
+    void *p0 = A->map.count[u] ? (void *)STARPU_VARIABLE_GET_PTR(buffers[A->map.first[u]]) : NULL;
+    if (gd->kind == GRAPH_ACT || gd->kind == GRAPH_BUS) {
+      buf[nd->use[u].data] = p0;
+    } else if (gd->kind == GRAPH_STATE && gd->state == GRAPH_ST_RING && A->map.count[u] == 2) {
+      *ring = *st->ring;
+      ring->slot = p0;
+      ring->pos = (int64_t *)STARPU_VARIABLE_GET_PTR(buffers[A->map.first[u] + 1]);
+      st->ring = ring;
+    } else if (gd->kind == GRAPH_STATE && gd->state == GRAPH_ST_TAIL && p0) {
+      CEDAR_ASSERT(p0 == (void *)R->r->tail_buf[gd->layer]);
+    } else if (gd->kind == GRAPH_STATE && gd->state == GRAPH_ST_TOKENS) {
+      CEDAR_ASSERT(p0 == (void *)R->r->tokens);
+    }
+  }
+  if (A->map.kv_pages_count > 0) {
+    const uint8_t **pages = RT_ALLOC(ar, const uint8_t *, A->map.kv_pages_count);
+    for (int i = 0; i < A->map.kv_pages_count; i++)
+      pages[i] = (const uint8_t *)STARPU_VARIABLE_GET_PTR(buffers[A->map.kv_pages_first + i]);
+    st->kv_r_pages = pages;
+  }
+}
+
+/* The CPU function of every codelet: the node is in cl_arg, its data in
+ * the task's interfaces. */
 static void cpu_task(void *buffers[], void *cl_arg) {
-  (void)buffers; /* representative handles: the node reaches its data through the run */
   struct node_arg *A = cl_arg;
   struct run *R = A->R;
   const struct graph_node *nd = &R->g->node[A->k];
@@ -124,7 +166,12 @@ static void cpu_task(void *buffers[], void *cl_arg) {
   A->worker = w;
   A->t0_us = starpu_timing_now();
   if (atomic_load(&R->failed) == 0) {
-    int rc = rt_run_node(R->g, R->M, R->r, nd, R->buf, R->out, A->out_row, ar);
+    void **buf = RT_ALLOC(ar, void *, R->g->n_data);
+    struct rt_bound st;
+    struct rt_ring ring;
+    bind_from_interfaces(R, A, buffers, buf, &st, &ring, ar);
+    int rc = rt_run_node(R->g, R->M, R->r, nd, buf, &st, R->out, A->out_row, ar);
+    if (st.ring == &ring) R->r->ring[nd->layer].r0 = ring.r0;
     int none = 0;
     if (rc) atomic_compare_exchange_strong(&R->failed, &none, A->k + 1);
   }
@@ -228,6 +275,7 @@ void rt_starpu_shutdown(void) {
   if (!sp.up) return;
   starpu_resume();
   starpu_task_wait_for_all();
+  sp__release_all(); /* pools and requests that outlive StarPU keep no dangling handle */
   starpu_shutdown();
   for (int i = 0; i < sp.n_workers; i++) rt_arena_free(&sp.arena[i]);
   free(sp.arena);
@@ -247,88 +295,35 @@ void rt_starpu_worker_name(int worker, char *b, size_t len) {
     snprintf(b, len, "worker %d", worker);
 }
 
-/* ---- handles ------------------------------------------------------------ */
+/* ---- per-graph data -------------------------------------------------------- */
 
-/* The memory a state or weights handle stands for: the structure of that
- * layer (or the model, or the token history). */
-static void *represent(const struct run *R, const struct graph_data *gd, size_t *bytes) {
-  struct rt_request *r = R->r;
-  if (gd->kind == GRAPH_WEIGHTS) {
-    *bytes = gd->layer >= 0 ? sizeof(struct rt_layer) : sizeof(struct rt_model);
-    return gd->layer >= 0 ? (void *)&R->M->L[gd->layer] : (void *)R->M;
-  }
-  switch (gd->state) {
-  case GRAPH_ST_RING: *bytes = sizeof(struct rt_ring); return &r->ring[gd->layer];
-  case GRAPH_ST_TAIL: *bytes = sizeof(struct op_comp_tail); return &r->tail[gd->layer];
-  case GRAPH_ST_KV: *bytes = sizeof(struct rt_kv_seq); return &r->seq[gd->layer];
-  case GRAPH_ST_TOKENS: *bytes = sizeof(int32_t) * (size_t)(r->n_tokens > 0 ? r->n_tokens : 1); return r->tokens;
-  case GRAPH_ST_XE: *bytes = sizeof(r->id); return &r->id; /* cached encoder outputs: bound by the prefix cache */
-  case GRAPH_ST_NONE: break;
-  }
-  CEDAR_ASSERT_MSG(0, "state data %s has no kind", gd->name);
-  return NULL;
-}
-
-/* Buffers for every activation and bus, and a handle for every data
- * object, sequential consistency off. */
-static void register_data(struct run *R) {
+/* Buffers and handles for every activation and bus (state has its own,
+ * exec_starpu_data.c). Returns -1, or the data id that could not be
+ * allocated (the request fails with CEDAR_ENOMEM). */
+static int register_acts(struct run *R) {
   const struct graph *g = R->g;
   for (int d = 0; d < g->n_data; d++) {
     const struct graph_data *gd = &g->data[d];
-    void *p;
-    size_t bytes;
-    if (gd->kind == GRAPH_ACT || gd->kind == GRAPH_BUS) {
-      bytes = (size_t)gd->bytes;
-      p = R->buf[d] = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-      CEDAR_ASSERT_MSG(p != NULL, "out of memory for %s (%lld bytes)", gd->name, (long long)gd->bytes);
-      R->act_bytes += gd->bytes;
-    } else {
-      p = represent(R, gd, &bytes);
-    }
+    if (gd->kind != GRAPH_ACT && gd->kind != GRAPH_BUS) continue;
+    size_t bytes = (size_t)gd->bytes;
+    void *p = R->buf[d] = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    if (!p) return d;
+    R->act_bytes += gd->bytes;
     starpu_variable_data_register(&R->h[d], STARPU_MAIN_RAM, (uintptr_t)p, bytes);
     starpu_data_set_sequential_consistency_flag(R->h[d], 0);
     starpu_data_set_name(R->h[d], gd->name);
   }
+  return -1;
 }
 
-static void unregister_data(struct run *R) {
+static void unregister_acts(struct run *R) {
   for (int d = 0; d < R->g->n_data; d++) {
-    starpu_data_unregister_no_coherency(R->h[d]);
+    if (R->h[d]) starpu_data_unregister_no_coherency(R->h[d]);
     free(R->buf[d]);
   }
 }
 
 /* ---- tasks -------------------------------------------------------------- */
-
-static enum starpu_data_access_mode sp_mode(enum graph_access a) {
-  switch (a) {
-  case GRAPH_R: return STARPU_R;
-  case GRAPH_W: return STARPU_W;
-  case GRAPH_RW: return STARPU_RW;
-  /* An append writes only entries past every concurrent reader's view and
-   * publishes them through n_entries (state.h); the graph lets it run
-   * beside readers of earlier entries. StarPU's per-handle R/W exclusion
-   * would serialize the two (not order them: the edges do that), so the
-   * page table is handed over in R mode. */
-  case GRAPH_APPEND: return STARPU_R;
-  }
-  return STARPU_RW;
-}
-
-/* Critical path first: the longest chain of tasks from a node of sublayer
- * s (2 layer + MoE) and tile c to the end of a wavefront is about
- * (2 n_layers - s) + (tiles - c), so lower layers of later tiles, which
- * trail the front, go before higher layers of earlier ones (a trailing last
- * tile is what runs alone at the end). Scaled into the policy's range; only
- * priority-aware policies (prio, dmda, ...) read it. */
-static int priority_of(const struct graph *g, const struct graph_node *nd, int tiles) {
-  int hi = starpu_sched_get_max_priority(), lo = starpu_sched_get_min_priority();
-  int sub = nd->layer >= 0 ? 2 * nd->layer + (nd->op == GRAPH_MOE) : 0;
-  int max_rank = 2 * g->plan->n_layers + tiles;
-  int rank = (2 * g->plan->n_layers - sub) + (tiles - nd->chunk);
-  if (hi <= lo) return lo;
-  return (int)(lo + ((int64_t)hi - lo) * rank / max_rank); /* policies without priorities span all of int */
-}
 
 static struct starpu_task *make_task(struct run *R, int k, uint64_t tag0, int tiles) {
   const struct graph_node *nd = &R->g->node[k];
@@ -346,16 +341,8 @@ static struct starpu_task *make_task(struct run *R, int k, uint64_t tag0, int ti
   t->tag_id = tag0 | (uint64_t)k; /* identifies the task; edges are task to task, so use_tag stays 0 */
   t->destroy = 0;                 /* deps and profiling are read after completion */
   t->sequential_consistency = 0;
-  t->priority = priority_of(R->g, nd, tiles);
-  t->nbuffers = nd->n_use;
-  if (nd->n_use > STARPU_NMAXBUFS) { /* freed by starpu_task_destroy */
-    t->dyn_handles = cedar_xmalloc(sizeof(*t->dyn_handles) * (size_t)nd->n_use);
-    t->dyn_modes = cedar_xmalloc(sizeof(*t->dyn_modes) * (size_t)nd->n_use);
-  }
-  for (int u = 0; u < nd->n_use; u++) {
-    STARPU_TASK_SET_HANDLE(t, R->h[nd->use[u].data], u);
-    STARPU_TASK_SET_MODE(t, sp_mode(nd->use[u].mode), u);
-  }
+  t->priority = sched_priority(R->g, k, tiles, starpu_sched_get_min_priority(), starpu_sched_get_max_priority());
+  sp__task_buffers(t, R->g, nd, R->r, R->h, &A->map);
   return t;
 }
 
@@ -365,9 +352,7 @@ static void submit_graph(struct run *R) {
   const struct graph *g = R->g;
   uint64_t tag0 = (uint64_t)atomic_fetch_add(&sp.runs, 1) << 32;
   int64_t row = 0;
-  int tiles = 1;
-  for (int k = 0; k < g->n_node; k++)
-    if (g->node[k].chunk + 1 > tiles) tiles = g->node[k].chunk + 1;
+  int tiles = sched_tiles(g);
   for (int k = 0; k < g->n_node; k++) {
     R->task[k] = make_task(R, k, tag0, tiles);
     if (g->node[k].op == GRAPH_HEAD) {
@@ -458,19 +443,33 @@ int rt_exec_starpu(const struct graph *g, const struct rt_model *M, struct rt_re
   atomic_init(&R.done, 0);
   double t0 = starpu_timing_now(), fam0[RT_FAM_COUNT];
   family_seconds(fam0);
-  register_data(&R);
-  submit_graph(&R);
-  wait_graph(&R, progress, user);
-  unregister_data(&R);
+  int rc = 0, short_k = sp__reserve_pages(g, r), oom_d = short_k < 0 ? register_acts(&R) : -1;
+  if (short_k >= 0) {
+    rt_node_error(&g->node[short_k], CEDAR_ENOMEM, err, err_len);
+    rc = CEDAR_ENOMEM;
+  } else if (oom_d >= 0) {
+    snprintf(err, err_len, "out of memory for %s (%lld bytes); this request is dropped", g->data[oom_d].name,
+             (long long)g->data[oom_d].bytes);
+    rc = CEDAR_ENOMEM;
+  } else {
+    submit_graph(&R);
+    wait_graph(&R, progress, user);
+  }
+  unregister_acts(&R);
   if (st) st->seconds += 1e-6 * (starpu_timing_now() - t0);
-  collect(&R, st, times, fam0);
   int failed = atomic_load(&R.failed);
-  if (failed)
-    snprintf(err, err_len, "%s: the KV page pool is exhausted; this request is dropped", g->node[failed - 1].name);
-  for (int k = 0; k < g->n_node; k++) starpu_task_destroy(R.task[k]);
+  if (!rc) collect(&R, st, times, fam0);
+  if (failed) {
+    rc = CEDAR_ENOMEM;
+    rt_node_error(&g->node[failed - 1], rc, err, err_len);
+  }
+  for (int k = 0; k < g->n_node; k++) {
+    if (R.task[k]) starpu_task_destroy(R.task[k]);
+    sp__task_map_free(&R.arg[k].map);
+  }
   free(R.task);
   free(R.arg);
   free(R.h);
   free(R.buf);
-  return failed ? CEDAR_ENOMEM : 0;
+  return rc;
 }

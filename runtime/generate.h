@@ -16,7 +16,7 @@
  * the first decode step (graph build, run, sample); the steady ITL is the
  * mean of the later steps.
  * Not here: argument parsing and printing (cli/cmd_run.c).
- * Test: tests/test_model.c, tests/test_prefix_hit.c, tests/cli/serve_sim.sh.
+ * Test: tests/test_model_*.c, tests/test_prefix_hit.c, tests/cli/serve_sim.sh.
  */
 #ifndef CEDAR_RUNTIME_GENERATE_H
 #define CEDAR_RUNTIME_GENERATE_H

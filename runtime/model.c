@@ -33,11 +33,6 @@ static const float *need(const struct weights *w, int l, const char *name) {
   return t;
 }
 
-static int rope_init(struct op_rope *r, int dim, int rope_dim, bool last, const struct plan_rope *pr) {
-  return op_rope_init(r, dim, rope_dim, last, pr->theta, pr->yarn, pr->yarn_factor, pr->yarn_original_len,
-                      pr->yarn_beta_fast, pr->yarn_beta_slow);
-}
-
 static void bind_attention(struct rt_model *M, struct rt_layer *L, int l) {
   const struct plan_model *m = &M->p->model;
   const struct weights *w = M->w;
@@ -145,6 +140,11 @@ static int init_engram(struct rt_model *M, char *err, size_t err_len) {
 int rt_model_init(struct rt_model *M, const struct plan *p, const struct weights *w, char *err, size_t err_len) {
   const struct plan_model *m = &p->model;
   memset(M, 0, sizeof(*M));
+  if (m->rope_swa.yarn_mscale || m->rope_csa.yarn_mscale) { /* a plan key the ops never apply: refuse, not ignore */
+    snprintf(err, err_len, "model.rope.%s.yarn_mscale: true is not implemented (the vendor's value is false, SPEC "
+             "1.1); set yarn_mscale: false", m->rope_swa.yarn_mscale ? "swa" : "csa");
+    return CEDAR_EUNSUPPORTED;
+  }
   op_blas_init(); /* one BLAS thread: parallelism comes from the graph (ops/basic.h) */
   M->p = p;
   M->w = w;
@@ -168,9 +168,9 @@ int rt_model_init(struct rt_model *M, const struct plan *p, const struct weights
       .route_scale = (float)m->route_scale,
       .limit = (float)m->swiglu_limit,
   };
-  if (rope_init(&M->rope_swa, m->head_dim, m->rope_dim, true, &m->rope_swa) ||
-      rope_init(&M->rope_csa, m->head_dim, m->rope_dim, true, &m->rope_csa) ||
-      rope_init(&M->rope_idx, m->idx_head_dim, m->idx_rope_dim, m->idx_rope_last, &m->rope_csa)) {
+  if (op_rope_init_params(&M->rope_swa, m->head_dim, m->rope_dim, true, &m->rope_swa) ||
+      op_rope_init_params(&M->rope_csa, m->head_dim, m->rope_dim, true, &m->rope_csa) ||
+      op_rope_init_params(&M->rope_idx, m->idx_head_dim, m->idx_rope_dim, m->idx_rope_last, &m->rope_csa)) {
     snprintf(err, err_len, "model.attention: RoPE parameters the op cannot take (rope_dim %d of %d, indexer %d of %d)",
              m->rope_dim, m->head_dim, m->idx_rope_dim, m->idx_head_dim);
     return CEDAR_EUNSUPPORTED;
@@ -291,11 +291,12 @@ void rt_engram_inject(const struct rt_model *M, int l, float *X, const float *e,
 
 /* Compress the tile's attention inputs into entries and append them to
  * source l (s3.1). */
-static int append_entries(const struct rt_model *M, struct rt_request *r, int l, const float *a_in, int64_t a, int n,
-                          const struct op_rope_angles *ang, struct rt_arena *ar) {
+static int append_entries(const struct rt_model *M, const struct rt_bound *st, int l, const float *a_in, int64_t a,
+                          int n, const struct op_rope_angles *ang, struct rt_arena *ar) {
   const struct rt_layer *L = &M->L[l];
-  struct rt_kv_seq *seq = &r->seq[l];
-  struct op_comp_tail *tail = &r->tail[l];
+  struct rt_kv_seq *seq = st->kv_w;
+  struct op_comp_tail *tail = st->tail;
+  CEDAR_ASSERT(seq && tail);
   int emit = op_comp_n_emit(tail, n);
   size_t eb = seq->pool->entry_bytes;
   struct op_comp_out out = {
@@ -312,18 +313,20 @@ static int append_entries(const struct rt_model *M, struct rt_request *r, int l,
   RT_TIMED(ar, COMPRESS, got = op_compress(&out, tail, scratch, a_in, a, n, C, ang));
   CEDAR_ASSERT_MSG(got == emit, "layer %d: compressor emitted %d entries, expected %d (tail at %lld + %d, tile at %lld)",
                    l, got, emit, (long long)tail->pos0, tail->count, (long long)a);
-  return emit ? rt_kv_append(seq, out.entries, emit) : 0;
+  int rc = emit ? rt_kv_append(seq, out.entries, emit) : 0;
+  CEDAR_ASSERT_MSG(rc || seq->n_entries == st->kv_w_end, "layer %d: %lld entries after the tile at %lld, the graph "
+                   "declared %lld", l, (long long)seq->n_entries, (long long)a, (long long)st->kv_w_end);
+  return rc;
 }
 
 /* The Top-K this layer attends with (s3: full, reindex, reuse). */
-static const int32_t *select_topk(const struct rt_model *M, struct rt_request *r, const struct graph_node *nd,
+static const int32_t *select_topk(const struct rt_model *M, const struct graph_node *nd,
                                   const float *a_in, const float *cq, const int64_t *pos,
                                   const struct op_rope_angles *ang,
                                   const struct op_kv_view *kv, const struct rt_buses *b, struct rt_arena *ar) {
   const struct plan_model *m = &M->p->model;
   const struct rt_layer *L = &M->L[nd->layer];
   int n = nd->n;
-  (void)r;
   if (L->pl->mode == PLAN_REUSE) return b->topk_in;
   float *qI = RT_ALLOC(ar, float, (size_t)n * m->idx_heads * m->idx_head_dim);
   float *w = RT_ALLOC(ar, float, (size_t)n * m->idx_heads);
@@ -413,12 +416,13 @@ static void attend_tile(const struct rt_model *M, float *o, const float *q, cons
   op_sparse_attn_f32(o, NULL, q, pos, idx, gkv, u, skv, sv->pos, sv->n_slots, n, pr);
 }
 
-int rt_attn(const struct rt_model *M, struct rt_request *r, const struct graph_node *nd, float *X, float *pre,
-            const struct rt_buses *b, struct rt_arena *ar) {
+int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, const struct rt_buses *b,
+            const struct rt_bound *st, struct rt_arena *ar) {
   const struct plan_model *m = &M->p->model;
   const int l = nd->layer, n = nd->n, d = m->hidden, hd = m->heads * m->head_dim;
   const struct rt_layer *L = &M->L[l];
-  struct rt_ring *ring = &r->ring[l];
+  struct rt_ring *ring = st->ring;
+  CEDAR_ASSERT(ring);
   struct mhc_step s = mhc_begin(M, nd, 0, X, pre, n, ar);
 
   float *a_in = RT_ALLOC(ar, float, (size_t)n * d);
@@ -442,14 +446,18 @@ int rt_attn(const struct rt_model *M, struct rt_request *r, const struct graph_n
   struct op_swa_view sv = swa_view(M, ring, kS, pos, n, ar, &fresh);
 
   if (nd->flags & GRAPH_F_WRITE_KV) {
-    int rc = append_entries(M, r, l, a_in, nd->a, n, &ang, ar);
+    int rc = append_entries(M, st, l, a_in, nd->a, n, &ang, ar);
     if (rc) return rc;
   }
   struct op_kv_view kv;
   const int32_t *topk = NULL;
-  if (plan_is_csa(L->pl)) {
-    kv = rt_kv_view(&r->seq[L->pl->kv_src]);
-    topk = select_topk(M, r, nd, a_in, cq, pos, &ang, &kv, b, ar);
+  if (st->kv_r) { /* the entries the graph lets this node see, from the pages it was handed */
+    kv = rt_kv_view(st->kv_r);
+    CEDAR_ASSERT_MSG(kv.n_entries >= st->kv_r_end, "%s: %lld entries committed, the graph declared %lld", nd->name,
+                     (long long)kv.n_entries, (long long)st->kv_r_end);
+    kv.n_entries = st->kv_r_end;
+    if (st->kv_r_pages) kv.pages = st->kv_r_pages;
+    topk = select_topk(M, nd, a_in, cq, pos, &ang, &kv, b, ar);
   }
   struct op_attn_params pr = {
       .heads = m->heads,
@@ -491,7 +499,7 @@ void rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, flo
 
 /* ---- decoder global from the encoder output (docs/model.md s3.1) -------- */
 
-int rt_dec_kv(const struct rt_model *M, struct rt_request *r, int l, const float *XE, int64_t a, int n,
+int rt_dec_kv(const struct rt_model *M, const struct rt_bound *st, int l, const float *XE, int64_t a, int n,
               struct rt_arena *ar) {
   const struct plan_model *m = &M->p->model;
   const struct rt_layer *L = &M->L[l];
@@ -503,7 +511,7 @@ int rt_dec_kv(const struct rt_model *M, struct rt_request *r, int l, const float
   RT_TIMED(ar, MHC, op_mhc_mix(u, XE, pre, n, hc, d));
   float *a_enc = RT_ALLOC(ar, float, (size_t)n * d);
   op_rmsnorm(a_enc, u, L->attn_norm, n, d, M->eps);
-  return append_entries(M, r, l, a_enc, a, n, NULL, ar); /* its one user computes its own angles */
+  return append_entries(M, st, l, a_enc, a, n, NULL, ar); /* its one user computes its own angles */
 }
 
 /* ---- head (docs/model.md s1, s2) ------------------------------------------ */

@@ -19,7 +19,7 @@
  * (the request fails, the process goes on); everything else is checked
  * before the run (weights against the plan, token ids against the vocab).
  * Not here: scheduling (runtime/exec_direct.c), state layout (state.h).
- * Test: tests/test_model.c, and against the oracle: tests/cli/oracle_run.sh.
+ * Test: tests/test_model_*.c, and against the oracle: tests/cli/oracle_run.sh.
  */
 #ifndef CEDAR_RUNTIME_MODEL_H
 #define CEDAR_RUNTIME_MODEL_H
@@ -97,15 +97,32 @@ struct rt_buses {
   const int32_t *pool_in;   /* (n, top_blocks): reindex layers reading a pool */
 };
 
+/* The request state a node works on, bound by the executor from the node's
+ * data accesses (graph_node.use), never looked up from the plan: its SWA
+ * ring, its compressor tail, the KV source it appends to and the one it
+ * reads (with the entries the graph lets it see, and the pages as the
+ * executor's data handles hand them over). */
+struct rt_bound {
+  struct rt_ring *ring;          /* or NULL */
+  struct op_comp_tail *tail;     /* or NULL */
+  struct rt_kv_seq *kv_w;        /* APPEND target, or NULL */
+  int64_t kv_w_end;              /* its entries after this node */
+  struct rt_kv_seq *kv_r;        /* the source read, or NULL */
+  int64_t kv_r_end;              /* entries [0, kv_r_end) visible */
+  const uint8_t *const *kv_r_pages; /* the pages to read them from, or NULL: kv_r's own table */
+};
+
 /* The attention sublayer of node nd (GRAPH_ATTN) on X (n, hc, d) and the
- * tile's pre (n, hc). Returns 0 or CEDAR_ENOMEM (KV pages). */
-int rt_attn(const struct rt_model *M, struct rt_request *r, const struct graph_node *nd, float *X, float *pre,
-            const struct rt_buses *b, struct rt_arena *ar);
+ * tile's pre (n, hc), on the state st binds. Returns 0 or CEDAR_ENOMEM (KV
+ * pages). */
+int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, const struct rt_buses *b,
+            const struct rt_bound *st, struct rt_arena *ar);
 /* The MoE sublayer of node nd (GRAPH_MOE). */
 void rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, struct rt_arena *ar);
 /* Decoder KV source l appends the entries of positions [a, a + n) projected
- * from the encoder output XE (n, hc, d) (docs/model.md s3.1). */
-int rt_dec_kv(const struct rt_model *M, struct rt_request *r, int l, const float *XE, int64_t a, int n,
+ * from the encoder output XE (n, hc, d) (docs/model.md s3.1) to st->kv_w
+ * through st->tail. */
+int rt_dec_kv(const struct rt_model *M, const struct rt_bound *st, int l, const float *XE, int64_t a, int n,
               struct rt_arena *ar);
 /* logits (n, vocab) of the final states X (n, hc, d). */
 void rt_head(const struct rt_model *M, float *logits, const float *X, int n, struct rt_arena *ar);

@@ -33,7 +33,7 @@
  * block, while loading is expected to beat recomputing.
  *
  * Not here: running the hit paths (runtime/generate.c).
- * Test: tests/test_prefix_cache.c.
+ * Test: tests/test_prefix_cache_*.c.
  */
 #ifndef CEDAR_RUNTIME_PREFIX_CACHE_H
 #define CEDAR_RUNTIME_PREFIX_CACHE_H

@@ -64,6 +64,7 @@ void rt_kv_pools_free(struct rt_kv_pool *pools, int n_layers) {
   for (int l = 0; l < n_layers; l++) {
     struct rt_kv_pool *pool = &pools[l];
     if (!pool->entry_bytes) continue;
+    if (pool->exec_release) pool->exec_release(pool->exec_data); /* handles before the memory they cover */
     for (int i = 0; i < pool->n_pages; i++) free(pool->page[i]);
     free(pool->page);
     free(pool->ref);
@@ -210,6 +211,7 @@ fail:
 
 void rt_request_free(struct rt_request *r) {
   if (!r->plan) return;
+  if (r->exec_release) r->exec_release(r->exec_data);
   for (int l = 0; l < r->plan->n_layers; l++) {
     struct rt_kv_seq *s = &r->seq[l];
     for (int i = 0; i < s->n_pages; i++) rt_kv_page_unref(s->pool, s->page_id[i]);
@@ -223,6 +225,20 @@ void rt_request_free(struct rt_request *r) {
   free(r->xe);
   free(r->xe_pos);
   memset(r, 0, sizeof(*r));
+}
+
+int rt_kv_reserve(struct rt_kv_seq *s, int64_t entries) {
+  struct rt_kv_pool *pool = s->pool;
+  int64_t pages = (entries + pool->page_entries - 1) / pool->page_entries;
+  if (pages > s->cap_pages) return CEDAR_ENOMEM;
+  while (s->n_pages < pages) {
+    int32_t id = rt_kv_page_alloc(pool);
+    if (id < 0) return CEDAR_ENOMEM;
+    s->page_id[s->n_pages] = id;
+    s->page_ptr[s->n_pages] = rt_kv_page_mem(pool, id);
+    s->n_pages++;
+  }
+  return 0;
 }
 
 int rt_kv_append(struct rt_kv_seq *s, const uint8_t *entries, int n) {

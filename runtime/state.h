@@ -65,6 +65,11 @@ struct rt_kv_pool {
   int64_t pages_in_use;
   int64_t max_pages;           /* 0 = bounded by memory only; else allocation fails at this many in use */
   pthread_mutex_t mu;
+  /* An executor's data handles over these pages (exec_starpu_data.c: one
+   * per page slot, registered once per pool), released by
+   * rt_kv_pools_free through exec_release. NULL when none. */
+  void *exec_data;
+  void (*exec_release)(void *exec_data);
 };
 
 /* One request's entries of one KV source. */
@@ -114,6 +119,10 @@ struct rt_request {
   float *xe;
   int64_t *xe_pos;
   int xe_cap;
+  /* An executor's data handles over this request's buffers (rings, tails,
+   * tokens, encoder outputs), released by rt_request_free. NULL when none. */
+  void *exec_data;
+  void (*exec_release)(void *exec_data);
 };
 
 /* One pool per KV source of p (index by source layer; others left zeroed).
@@ -140,6 +149,11 @@ int rt_request_init(struct rt_request *r, int id, const struct plan *p, struct r
                     int64_t max_tokens);
 /* Return every page and free the rest. */
 void rt_request_free(struct rt_request *r);
+
+/* Make room for `entries` entries in s (pages allocated now, n_entries
+ * unchanged), so that appends up to there allocate nothing. Returns 0 or
+ * CEDAR_ENOMEM (pool or table full; pages taken so far stay with s). */
+int rt_kv_reserve(struct rt_kv_seq *s, int64_t entries);
 
 /* Append n entries (n * entry_bytes contiguous bytes) to a sequence,
  * allocating pages as needed. Returns 0, or CEDAR_ENOMEM when the pool is

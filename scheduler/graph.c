@@ -41,12 +41,38 @@ const char *graph_access_name(enum graph_access a) {
   return "?";
 }
 
+/* ---- placement ----------------------------------------------------------- */
+
+struct graph_place graph_place_of(const struct plan *p, enum graph_flow f) {
+  const struct plan_serving *s = &p->serving;
+  bool pre = f != GRAPH_DECODE;
+  int dev = pre ? s->prefill_device : s->decode_device;
+  struct graph_place pl = {pre ? s->prefill_rank : s->decode_rank, dev == PLAN_DEV_CUDA ? GRAPH_DEV_CUDA : GRAPH_DEV_CPU,
+                           0};
+  if (pl.dev == GRAPH_DEV_CUDA) pl.dev_id = pre ? s->prefill_device_id : s->decode_device_id;
+  return pl;
+}
+
+bool graph_place_eq(struct graph_place a, struct graph_place b) {
+  return a.rank == b.rank && a.dev == b.dev && a.dev_id == b.dev_id;
+}
+
+const char *graph_place_str(struct graph_place pl, char *buf, size_t len) {
+  if (pl.dev == GRAPH_DEV_CUDA)
+    snprintf(buf, len, "rank %d cuda:%d", pl.rank, pl.dev_id);
+  else
+    snprintf(buf, len, "rank %d cpu", pl.rank);
+  return buf;
+}
+
 /* ---- building blocks ---------------------------------------------------- */
 
-/* Per-request data ids fixed for a whole graph. */
+/* Per-request data ids fixed for a whole graph; *_dst: the decode side's
+ * copies a P->D transfer writes (-1 until a transfer needs them). */
 struct ids {
   int w_model, tokens, xe;
   int w[PLAN_MAX_LAYERS], ring[PLAN_MAX_LAYERS], tail[PLAN_MAX_LAYERS], kv[PLAN_MAX_LAYERS];
+  int kv_dst[PLAN_MAX_LAYERS];
 };
 
 /* Per-tile data ids. */
@@ -73,6 +99,7 @@ static int add_data(struct graph *g, enum graph_data_kind kind, int layer, int c
   d->chunk = chunk;
   d->bytes = bytes;
   d->last_use = -1;
+  d->home = g->place;
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(d->name, sizeof(d->name), fmt, ap);
@@ -97,6 +124,10 @@ static struct graph_node *add_node(struct graph *g, enum graph_op op, int layer,
   nd->aux = -1;
   for (int i = 0; i < 4; i++) nd->bus[i] = -1;
   nd->next_layer = -1;
+  nd->place = g->place;
+  nd->slot0 = 0;
+  nd->n_slots = 1;
+  nd->xfer_src = nd->xfer_dst = -1;
   if (layer >= 0)
     snprintf(nd->name, sizeof(nd->name), "L%d.%s %s", layer, graph_op_name(op), t->tag);
   else
@@ -115,8 +146,16 @@ static void use(struct graph_node *nd, int data, enum graph_access mode) {
       return;
     }
   nd->use = cedar_xrealloc(nd->use, sizeof(*nd->use) * (nd->n_use + 1));
-  nd->use[nd->n_use++] = (struct graph_use){data, mode};
+  nd->use[nd->n_use++] = (struct graph_use){data, mode, 0, 0, 0};
 }
+
+static struct graph_use *use_of(struct graph_node *nd, int data) {
+  for (int i = 0; i < nd->n_use; i++)
+    if (nd->use[i].data == data) return &nd->use[i];
+  CEDAR_ASSERT_MSG(0, "%s does not use data %d", nd->name, data);
+  return NULL;
+}
+
 
 /* ---- sizes and flops ---------------------------------------------------- */
 
@@ -146,9 +185,26 @@ struct ctx {
   struct graph *g;
   const struct plan *p;
   struct ids id;
+  int64_t kv_entries[PLAN_MAX_LAYERS]; /* by source: entries committed so far in program order */
+  int64_t kv_shipped[PLAN_MAX_LAYERS]; /* by source: entries a TRANSFER has sent to the decode side */
   int first_dec;      /* first decoder layer, or n_layers when none */
   bool ced;
 };
+
+/* KV source l's entries: node nd appends those of positions up to `end`
+ * (a compressor of ratio r has committed floor(p / r) entries after
+ * positions [0, p)), or reads every entry committed so far. */
+static void kv_append(struct ctx *c, struct graph_node *nd, int l, int64_t end) {
+  use(nd, c->id.kv[l], GRAPH_APPEND);
+  struct graph_use *u = use_of(nd, c->id.kv[l]);
+  u->e_w0 = c->kv_entries[l];
+  u->e_w1 = c->kv_entries[l] = end / c->p->layer[l].ratio;
+}
+
+static void kv_read(struct ctx *c, struct graph_node *nd, int l) {
+  use(nd, c->id.kv[l], GRAPH_R);
+  use_of(nd, c->id.kv[l])->e_read = c->kv_entries[l];
+}
 
 static bool restarts(const struct ctx *c, int l) {
   return l == 0 || l == c->first_dec || !c->p->model.hc_single_pass;
@@ -193,9 +249,9 @@ static void emit_layer(struct ctx *c, struct tile *t, int l, bool write_kv) {
   if (plan_is_kv_source(L) && write_kv) {
     nd->flags |= GRAPH_F_WRITE_KV;
     use(nd, c->id.tail[l], GRAPH_RW);
-    use(nd, c->id.kv[l], GRAPH_APPEND);
+    kv_append(c, nd, l, t->a + t->n);
   }
-  if (plan_is_csa(L)) use(nd, c->id.kv[L->kv_src], GRAPH_R);
+  if (plan_is_csa(L)) kv_read(c, nd, L->kv_src);
   if (plan_is_index_source(L)) {
     t->topk[l] = add_data(g, GRAPH_BUS, l, t->chunk, (int64_t)t->n * m->topk * 4, "L%d.topk %s", l, t->tag);
     use(nd, t->topk[l], GRAPH_W);
@@ -291,9 +347,67 @@ static void emit_dec_kv(struct ctx *c, struct tile *t) {
     use(nd, t->x, GRAPH_R);
     use(nd, c->id.w[l], GRAPH_R);
     use(nd, c->id.tail[l], GRAPH_RW);
-    use(nd, c->id.kv[l], GRAPH_APPEND);
+    kv_append(c, nd, l, t->a + t->n);
     nd->flops = 2.0 * t->n * ((double)m->hc_streams * m->hidden * (2 + m->hc_streams) * m->hc_streams + 2.0 * m->hidden * m->head_dim);
   }
+}
+
+/* ---- transfers (prefill and decode on different homes, SPEC 7) ----------- */
+
+/* One TRANSFER node: data object src, at the prefill's home, copied to its
+ * twin *dst at the decode side's home (created on first use). Its edges come
+ * from the accesses like every node's: it reads src after the writes it
+ * ships, and the writes of one twin chain in order. */
+static void emit_transfer(struct ctx *c, struct tile *t, int src, int *dst) {
+  struct graph *g = c->g;
+  struct graph_data sd = g->data[src]; /* a copy: add_data may move g->data */
+  if (*dst < 0) {
+    *dst = add_data(g, sd.kind, sd.layer, -1, sd.bytes, "%s@D", sd.name);
+    g->data[*dst].state = g->data[src].state;
+    g->data[*dst].home = g->peer;
+  }
+  struct graph_node *nd = add_node(g, GRAPH_TRANSFER, g->data[src].layer, t);
+  nd->x = -1;
+  nd->xfer_src = src;
+  nd->xfer_dst = *dst;
+  snprintf(nd->name, sizeof nd->name, "xfer %.18s %s", g->data[src].name, t->tag);
+  use(nd, src, GRAPH_R);
+  use(nd, *dst, GRAPH_W);
+  if (sd.state == GRAPH_ST_KV) { /* ships the entries committed since its previous transfer */
+    struct graph_use *w = use_of(nd, *dst);
+    use_of(nd, src)->e_read = w->e_w1 = c->kv_entries[sd.layer];
+    w->e_w0 = c->kv_shipped[sd.layer];
+    c->kv_shipped[sd.layer] = w->e_w1;
+  }
+  g->n_transfer++;
+}
+
+static bool needs_transfer(const struct ctx *c) { return !graph_place_eq(c->g->place, c->g->peer); }
+
+/* After a prefill tile that appended global entries: stream each KV
+ * source's new entries to the decode side while later tiles compute. */
+static void emit_kv_stream(struct ctx *c, struct tile *t) {
+  for (int l = 0; l < c->p->n_layers && needs_transfer(c); l++)
+    if (plan_is_kv_source(&c->p->layer[l])) emit_transfer(c, t, c->id.kv[l], &c->id.kv_dst[l]);
+}
+
+/* At the end of a prefill: the small per-request state once (SWA rings,
+ * compressor tails, the token history, the kept encoder outputs). */
+static void emit_state_handoff(struct ctx *c, struct tile *t) {
+  if (!needs_transfer(c)) return;
+  int dst;
+  for (int l = 0; l < c->p->n_layers; l++) {
+    dst = -1;
+    emit_transfer(c, t, c->id.ring[l], &dst);
+    if (c->id.tail[l] < 0) continue;
+    dst = -1;
+    emit_transfer(c, t, c->id.tail[l], &dst);
+  }
+  dst = -1;
+  emit_transfer(c, t, c->id.tokens, &dst);
+  if (c->id.xe < 0) return;
+  dst = -1;
+  emit_transfer(c, t, c->id.xe, &dst);
 }
 
 /* ---- edges --------------------------------------------------------------- */
@@ -359,6 +473,8 @@ static void ctx_init(struct ctx *c, struct graph *g, const struct plan *p, enum 
   memset(g, 0, sizeof(*g));
   g->plan = p;
   g->flow = flow;
+  g->place = graph_place_of(p, flow);
+  g->peer = flow == GRAPH_DECODE ? g->place : graph_place_of(p, GRAPH_DECODE);
   memset(c, 0, sizeof(*c));
   c->g = g;
   c->p = p;
@@ -381,7 +497,7 @@ static void ctx_init(struct ctx *c, struct graph *g, const struct plan *p, enum 
     c->id.w[l] = add_data(g, GRAPH_WEIGHTS, l, -1, 0, "W L%d", l);
     c->id.ring[l] = add_data(g, GRAPH_STATE, l, -1, 0, "L%d.ring", l);
     g->data[c->id.ring[l]].state = GRAPH_ST_RING;
-    c->id.tail[l] = c->id.kv[l] = -1;
+    c->id.tail[l] = c->id.kv[l] = c->id.kv_dst[l] = -1;
     if (!plan_is_kv_source(&p->layer[l])) continue;
     c->id.tail[l] = add_data(g, GRAPH_STATE, l, -1, 0, "L%d.tail", l);
     g->data[c->id.tail[l]].state = GRAPH_ST_TAIL;
@@ -430,6 +546,7 @@ static void emit_prefix_tile(struct ctx *c, struct xlist *xs, const char *kind, 
     emit_keep_xe(c, &t);
     if (write) emit_dec_kv(c, &t);
   }
+  if (write) emit_kv_stream(c, &t);
 }
 
 /* Check the options against the plan and fill the derived lengths. */
@@ -485,6 +602,10 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
   }
   int hi = dense ? p->n_layers : c.first_dec;
   bool all = o && o->all_logits;
+  /* A prefix hit attaches the entries of [0, hit); a P->D stream still
+   * ships them from entry 0 (the decode side gets the attached prefix too). */
+  for (int l = 0; l < p->n_layers; l++)
+    if (plan_is_kv_source(&p->layer[l])) c.kv_entries[l] = hit / p->layer[l].ratio;
 
   /* Encoder (every layer when dense): replay of cached positions [e0, hit)
    * with global writes off (an SWA-snapshot miss), then the new [hit, n). */
@@ -532,6 +653,13 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
   free(xs.x);
   free(xs.a);
   free(xs.n);
+  struct tile end;
+  memset(&end, 0, sizeof end);
+  end.chunk = k;
+  end.a = n;
+  end.x = end.pre = -1;
+  snprintf(end.tag, sizeof end.tag, "end");
+  emit_state_handoff(&c, &end);
   finish(g);
   return 0;
 }
@@ -545,6 +673,8 @@ int graph_build_decode(struct graph *g, const struct plan *p, int64_t pos, char 
   ctx_init(&c, g, p, GRAPH_DECODE);
   g->n_prompt = pos;
   g->chunk = 1;
+  for (int l = 0; l < p->n_layers; l++)
+    if (plan_is_kv_source(&p->layer[l])) c.kv_entries[l] = pos / p->layer[l].ratio;
   struct tile t;
   tile_init(&c, &t, 0, pos, 1, 0, "dec");
   emit_embed(&c, &t);

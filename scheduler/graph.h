@@ -56,7 +56,8 @@
   X(DEC_KV, "dec_kv")            \
   X(KEEP_XE, "keep_xe")          \
   X(REPLAY_IN, "replay_in")      \
-  X(HEAD, "head")
+  X(HEAD, "head")                \
+  X(TRANSFER, "transfer")
 
 enum graph_op {
 #define X(e, s) GRAPH_##e,
@@ -66,6 +67,18 @@ enum graph_op {
 };
 
 enum graph_data_kind { GRAPH_WEIGHTS = 0, GRAPH_STATE, GRAPH_BUS, GRAPH_ACT };
+
+/* Where a node runs and where a data object lives: a rank (an MPI process;
+ * 0 when one process runs) and a device on it. A data object's home is a
+ * memory node: host memory for cpu, the device's memory for cuda:N. The
+ * compiler sets both from serving.placement (graph_place_of); executors
+ * refuse what they cannot run (runtime/backend.h: rt_placement_check). */
+enum graph_device { GRAPH_DEV_CPU = 0, GRAPH_DEV_CUDA };
+struct graph_place {
+  int rank;
+  enum graph_device dev;
+  int dev_id;          /* cuda:N; 0 for cpu */
+};
 enum graph_access { GRAPH_R = 1, GRAPH_W = 2, GRAPH_RW = 3, GRAPH_APPEND = 4 };
 enum graph_flow { GRAPH_PREFILL_CED = 0, GRAPH_PREFILL_DENSE, GRAPH_DECODE };
 
@@ -87,12 +100,20 @@ struct graph_data {
   int64_t bytes;               /* activations and buses: the buffer size; state/weights: 0 (owned elsewhere) */
   int64_t a0;                  /* activations per tile: the tile's first position */
   int last_use;                /* the last node touching it (executors free activations there) */
+  struct graph_place home;     /* the memory node it lives on */
   char name[32];
 };
 
+/* One data access of a node. For a source's global KV (GRAPH_ST_KV) the
+ * compiler also says which entries: the node may read entries [0, e_read)
+ * (0: it reads none) and appends [e_w0, e_w1) (empty unless APPEND). These
+ * are the entries committed before it in program order, so an executor
+ * binds exactly the pages they live on and a reader never sees an entry
+ * appended after it (docs/runtime.md, "Data a node binds"). */
 struct graph_use {
   int data;
   enum graph_access mode;
+  int64_t e_read, e_w0, e_w1;
 };
 
 /* The buses an ATTN node touches (graph_node.bus). */
@@ -119,6 +140,9 @@ struct graph_node {
   int aux;           /* ATTN/MOE: the tile's mHC pre; ENGRAM_GATHER/ENGRAM: the rows e; HEAD: the logits */
   int bus[4];        /* ATTN: enum graph_bus_slot -> data id, -1 when unused */
   int next_layer;    /* MOE with GRAPH_F_PRE_NEXT: the layer whose attention pre it computes */
+  struct graph_place place; /* where it runs; TRANSFER: the sending side (xfer_dst's home is the receiver) */
+  int slot0, n_slots;       /* the request slots it works on: [slot0, slot0 + n_slots); one request today */
+  int xfer_src, xfer_dst;   /* TRANSFER: the data object moved, and its copy at the destination home */
   struct graph_use *use;
   int n_use;
   int *dep;          /* nodes this one waits for (all earlier in order) */
@@ -130,6 +154,9 @@ struct graph_node {
 struct graph {
   const struct plan *plan;
   enum graph_flow flow;
+  struct graph_place place;   /* where the flow runs: serving.placement.prefill or .decode */
+  struct graph_place peer;    /* prefill: where decode runs (transfers go there); decode: = place */
+  int n_transfer;             /* TRANSFER nodes (prefill with peer != place) */
   int64_t n_prompt;  /* prefill: prompt length; decode: the position run */
   int chunk;         /* positions per tile */
   int64_t replay;    /* CED: decoder replay length R */
@@ -173,6 +200,12 @@ const char *graph_access_name(enum graph_access a);
 /* Human-readable listing (`cedar graph show`), and Graphviz DOT. */
 void graph_print(const struct graph *g, FILE *f, bool verbose);
 void graph_dot(const struct graph *g, FILE *f);
+
+/* The placement of a flow from serving.placement. */
+struct graph_place graph_place_of(const struct plan *p, enum graph_flow f);
+bool graph_place_eq(struct graph_place a, struct graph_place b);
+/* "rank 0 cpu", "rank 1 cuda:0" into buf. */
+const char *graph_place_str(struct graph_place pl, char *buf, size_t len);
 
 /* Counts for tests and reports. */
 int graph_count_op(const struct graph *g, enum graph_op op, int layer /* -1 any */);

@@ -12,16 +12,6 @@
 #include "base/log.h"
 #include "scheduler/plan_internal.h"
 
-static void default_rope(struct plan_rope *r, double theta, bool yarn) {
-  r->theta = theta;
-  r->yarn = yarn;
-  r->yarn_factor = 16;            /* SPEC 1.1 [R-cfg] */
-  r->yarn_original_len = 65536;
-  r->yarn_beta_fast = 32;
-  r->yarn_beta_slow = 1;
-  r->yarn_mscale = false;
-}
-
 void plan__defaults(struct plan *p) {
   struct plan_model *m = &p->model;
   m->n_layers = 40, m->hidden = 5120, m->vocab = 129280; /* SPEC 1.1, R.1 */
@@ -31,8 +21,8 @@ void plan__defaults(struct plan *p) {
   m->o_groups = 8, m->o_rank = 1024;                     /* SPEC 3.12 [R-cfg] */
   m->softmax_scale = 0;                                  /* 1/sqrt(head_dim) [R-cfg] */
   m->sink = true;
-  default_rope(&m->rope_swa, 10000, false);              /* SPEC 1.1 [R-cfg] */
-  default_rope(&m->rope_csa, 160000, true);
+  m->rope_swa = op_rope_params_swa;                      /* SPEC 1.1 [R-cfg], ops/rope.h */
+  m->rope_csa = op_rope_params_csa;
   m->idx_heads = 32, m->idx_head_dim = 128, m->idx_rope_dim = 64;
   m->idx_rope_last = true, m->idx_k_norm = false;        /* SPEC 3.8 [R] */
   m->topk = 512, m->window = 128;

@@ -17,6 +17,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ops/rope.h"
+
 #define PLAN_MAX_LAYERS 1024
 #define PLAN_MAX_ORDERS 8
 #define PLAN_MAX_TARGETS 8
@@ -43,14 +45,9 @@ struct plan_format {
   enum plan_scale_rule rule; /* E8M0 scale choice: ceil(log2(amax/6)) or OCP */
 };
 
-struct plan_rope {
-  double theta;
-  bool yarn;
-  double yarn_factor;
-  int64_t yarn_original_len;
-  double yarn_beta_fast, yarn_beta_slow;
-  bool yarn_mscale;
-};
+/* A RoPE block of the plan (model.rope.swa, model.rope.csa) is the ops'
+ * parameter struct, so the plan hands it to op_rope_init_params as it is;
+ * its defaults are op_rope_params_swa and op_rope_params_csa. */
 
 struct plan_model {
   int n_layers;
@@ -64,8 +61,8 @@ struct plan_model {
   int o_groups, o_rank;
   double softmax_scale; /* 0 = 1/sqrt(head_dim) */
   bool sink;
-  struct plan_rope rope_swa; /* SWA-only layers */
-  struct plan_rope rope_csa; /* ratio-1 and ratio-2 layers */
+  struct op_rope_params rope_swa; /* SWA-only layers */
+  struct op_rope_params rope_csa; /* ratio-1 and ratio-2 layers */
 
   /* lightning indexer (SPEC 3.10-3.11) */
   int idx_heads, idx_head_dim, idx_rope_dim;
@@ -139,6 +136,9 @@ struct plan_serving {
   int prefill_rank, decode_rank;
   enum { PLAN_DEV_CPU = 0, PLAN_DEV_CUDA } prefill_device, decode_device;
   int prefill_device_id, decode_device_id;
+  /* Where each placement value was written (file NULL: the default), for
+   * runtime/backend.h's refusals. */
+  struct plan_mark mark_prefill_rank, mark_prefill_device, mark_decode_rank, mark_decode_device;
 };
 
 struct plan {

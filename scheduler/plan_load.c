@@ -28,21 +28,23 @@ struct field {
   const struct field *sub;        /* F_SECTION */
   size_t count_off;               /* F_INT_LIST: int count; max items in `max_items` */
   int max_items;
+  size_t mark_off;                /* with has_mark: a struct plan_mark (same base) gets the value's place */
+  bool has_mark;
 };
 
 #define P(member) offsetof(struct plan, member)
 #define M(member) offsetof(struct plan, model.member)
 #define S(member) offsetof(struct plan, serving.member)
-#define INT(k, off, lo, hi) {k, F_INT, off, lo, hi, NULL, NULL, 0, 0}
-#define I64(k, off, lo, hi) {k, F_INT64, off, lo, hi, NULL, NULL, 0, 0}
-#define DBL(k, off, lo, hi) {k, F_DOUBLE, off, lo, hi, NULL, NULL, 0, 0}
-#define BOOL(k, off) {k, F_BOOL, off, 0, 0, NULL, NULL, 0, 0}
-#define ENUM(k, off, names) {k, F_ENUM, off, 0, 0, names, NULL, 0, 0}
-#define BENUM(k, off, names) {k, F_BENUM, off, 0, 0, names, NULL, 0, 0}
-#define SECTION(k, off, sub) {k, F_SECTION, off, 0, 0, NULL, sub, 0, 0}
-#define LIST(k, off, lo, hi, count, maxn) {k, F_INT_LIST, off, lo, hi, NULL, NULL, count, maxn}
-#define STR(k, off) {k, F_STRING, off, 0, 0, NULL, NULL, 0, 0}
-#define END {NULL, F_INT, 0, 0, 0, NULL, NULL, 0, 0}
+#define INT(k, off, lo, hi) {k, F_INT, off, lo, hi, NULL, NULL, 0, 0, 0, false}
+#define I64(k, off, lo, hi) {k, F_INT64, off, lo, hi, NULL, NULL, 0, 0, 0, false}
+#define DBL(k, off, lo, hi) {k, F_DOUBLE, off, lo, hi, NULL, NULL, 0, 0, 0, false}
+#define BOOL(k, off) {k, F_BOOL, off, 0, 0, NULL, NULL, 0, 0, 0, false}
+#define ENUM(k, off, names) {k, F_ENUM, off, 0, 0, names, NULL, 0, 0, 0, false}
+#define BENUM(k, off, names) {k, F_BENUM, off, 0, 0, names, NULL, 0, 0, 0, false}
+#define SECTION(k, off, sub) {k, F_SECTION, off, 0, 0, NULL, sub, 0, 0, 0, false}
+#define LIST(k, off, lo, hi, count, maxn) {k, F_INT_LIST, off, lo, hi, NULL, NULL, count, maxn, 0, false}
+#define STR(k, off) {k, F_STRING, off, 0, 0, NULL, NULL, 0, 0, 0, false}
+#define END {NULL, F_INT, 0, 0, 0, NULL, NULL, 0, 0, 0, false}
 
 static const char *const elem_names[] = {"e2m1", "e4m3", "bf16", "f32", NULL};
 static const char *const scale_names[] = {"none", "e4m3", "e8m0", "f32", NULL};
@@ -54,7 +56,7 @@ static const char *const nibble_names[] = {"high_first", "low_first", NULL};
 static const char *const device_names[] = {"cpu", "cuda", NULL};
 
 /* Sections whose struct is reused take offsets relative to that struct. */
-#define R(member) offsetof(struct plan_rope, member)
+#define R(member) offsetof(struct op_rope_params, member)
 static const struct field rope_fields[] = {
     DBL("theta", R(theta), 1, 1e12),
     BOOL("yarn", R(yarn)),
@@ -213,16 +215,18 @@ static const struct field cache_fields[] = {
     END,
 };
 
+/* Placement values keep their place: runtime/backend.h refuses what this
+ * build cannot run and names it. */
 static const struct field prefill_place_fields[] = {
-    INT("rank", S(prefill_rank), 0, 1 << 20),
-    ENUM("device", S(prefill_device), device_names),
+    {"rank", F_INT, S(prefill_rank), 0, 1 << 20, NULL, NULL, 0, 0, S(mark_prefill_rank), true},
+    {"device", F_ENUM, S(prefill_device), 0, 0, device_names, NULL, 0, 0, S(mark_prefill_device), true},
     INT("device_id", S(prefill_device_id), 0, 1024),
     END,
 };
 
 static const struct field decode_place_fields[] = {
-    INT("rank", S(decode_rank), 0, 1 << 20),
-    ENUM("device", S(decode_device), device_names),
+    {"rank", F_INT, S(decode_rank), 0, 1 << 20, NULL, NULL, 0, 0, S(mark_decode_rank), true},
+    {"device", F_ENUM, S(decode_device), 0, 0, device_names, NULL, 0, 0, S(mark_decode_device), true},
     INT("device_id", S(decode_device_id), 0, 1024),
     END,
 };
@@ -251,9 +255,9 @@ static const struct field top_fields[] = {
     SECTION("model", 0, model_fields),
     SECTION("formats", 0, formats_fields),
     SECTION("serving", 0, serving_fields),
-    {"layers", F_SKIP, 0, 0, 0, NULL, NULL, 0, 0},
-    {"layer_overrides", F_SKIP, 0, 0, 0, NULL, NULL, 0, 0},
-    {"extends", F_SKIP, 0, 0, 0, NULL, NULL, 0, 0},
+    {"layers", F_SKIP, 0, 0, 0, NULL, NULL, 0, 0, 0, false},
+    {"layer_overrides", F_SKIP, 0, 0, 0, NULL, NULL, 0, 0, 0, false},
+    {"extends", F_SKIP, 0, 0, 0, NULL, NULL, 0, 0, 0, false},
     END,
 };
 
@@ -437,6 +441,7 @@ static void read_list(struct plan_ctx *ctx, const struct field *f, const struct 
 static void read_field(struct plan_ctx *ctx, const struct field *f, const struct pnode *v, char *base,
                        const char *where) {
   void *dst = base + f->off;
+  if (f->has_mark) *(struct plan_mark *)(base + f->mark_off) = v->mark;
   char path[96];
   snprintf(path, sizeof path, "%s%s%s", where, *where ? "." : "", f->key);
   long long i;

@@ -93,63 +93,16 @@ int h_report(const char *suite) {
   return 0;
 }
 
-/* ---- memory-backed op_io ------------------------------------------------ */
+/* ---- memory-backed op_io (ops/op_io_mem.h) ------------------------------ */
 
-static const struct op_tensor *hio_input(struct op_io *io, const char *name) {
-  struct h_io *h = io->ctx;
-  for (int i = 0; i < h->n_in; i++)
-    if (!strcmp(h->in_name[i], name)) return &h->in[i];
-  return NULL;
-}
-
-static void *hio_output(struct op_io *io, const char *name, enum op_dtype dtype, int ndim, const int64_t *shape) {
-  struct h_io *h = io->ctx;
-  if (h->n_out == H_IO_MAX) return NULL;
-  size_t count = 1;
-  for (int i = 0; i < ndim; i++) count *= (size_t)shape[i];
-  void *p = calloc(count ? count : 1, op_dtype_size(dtype));
-  if (!p) return NULL;
-  struct op_tensor *t = &h->out[h->n_out];
-  *t = (struct op_tensor){.dtype = dtype, .ndim = ndim, .data = p};
-  memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
-  h->out_name[h->n_out++] = name;
-  return p;
-}
-
-static bool hio_param(struct op_io *io, const char *name, double *out) {
-  struct h_io *h = io->ctx;
-  for (int i = 0; i < h->n_param; i++)
-    if (!strcmp(h->p_name[i], name)) return *out = h->p_val[i], true;
-  return false;
-}
-
-static void hio_fail(struct op_io *io, const char *msg) {
-  struct h_io *h = io->ctx;
-  if (!h->error[0]) snprintf(h->error, sizeof h->error, "%s", msg);
-}
-
-void h_io_init(struct h_io *h) {
-  memset(h, 0, sizeof *h);
-  h->io = (struct op_io){.ctx = h, .input = hio_input, .output = hio_output, .param = hio_param, .fail = hio_fail};
-}
+void h_io_init(struct h_io *h) { op_io_mem_init(h); }
 
 void h_io_input(struct h_io *h, const char *name, enum op_dtype dtype, int ndim, const int64_t *shape, void *data) {
-  if (h->n_in == H_IO_MAX) return;
-  struct op_tensor *t = &h->in[h->n_in];
-  *t = (struct op_tensor){.dtype = dtype, .ndim = ndim, .data = data};
-  memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
-  h->in_name[h->n_in++] = name;
+  EXPECT(op_io_mem_input(h, name, dtype, ndim, shape, data) == 0, "test bug: input '%s' does not fit the call", name);
 }
 
 void h_io_param(struct h_io *h, const char *name, double value) {
-  for (int i = 0; i < h->n_param; i++)
-    if (!strcmp(h->p_name[i], name)) { /* a second value replaces the first */
-      h->p_val[i] = value;
-      return;
-    }
-  if (h->n_param == H_IO_MAX) return;
-  h->p_name[h->n_param] = name;
-  h->p_val[h->n_param++] = value;
+  EXPECT(op_io_mem_param(h, name, value) == 0, "test bug: parameter '%s' does not fit the call", name);
 }
 
 int h_io_run(struct h_io *h, const char *name) {
@@ -158,16 +111,9 @@ int h_io_run(struct h_io *h, const char *name) {
   return d ? d->run(d, &h->io) : -1;
 }
 
-const struct op_tensor *h_io_output(const struct h_io *h, const char *name) {
-  for (int i = 0; i < h->n_out; i++)
-    if (!strcmp(h->out_name[i], name)) return &h->out[i];
-  return NULL;
-}
+const struct op_tensor *h_io_output(const struct h_io *h, const char *name) { return op_io_mem_output(h, name); }
 
-void h_io_free(struct h_io *h) {
-  for (int i = 0; i < h->n_out; i++) free(h->out[i].data);
-  h->n_out = 0;
-}
+void h_io_free(struct h_io *h) { op_io_mem_free(h); }
 
 /* ---- float64 references with propagated error bounds ------------------- */
 

@@ -13,7 +13,7 @@
  *    direct executor's: every KV source's entry bytes and n_entries, every
  *    tail's count, pos0 and rows, every ring's slots, positions and r0
  *    (SPEC 8.2.12 and 8.8.43 hold for StarPU because they hold for direct,
- *    tests/test_model.c);
+ *    tests/test_model_*.c);
  *  - rt_generate routed to StarPU gives direct's tokens and logits;
  *  - a request whose page table runs out fails cleanly (ENOMEM, message)
  *    and returns every page;
@@ -362,7 +362,7 @@ static void generate_and_failure(struct fx *f, const char *cfg) {
   rt_request_free(&rb);
 
   /* No allocation-failure hook exists in state.c: shrink one ratio-1
-   * source's reserved page table to one page (as tests/test_model.c does)
+   * source's reserved page table to one page (as tests/test_model_*.c does)
    * and prefill more positions than a page holds. */
   int src = -1;
   for (int l = 0; l < f->p.n_layers; l++)

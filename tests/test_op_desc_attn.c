@@ -6,7 +6,7 @@
  * bad parameter) are refused with a message that names the problem.
  *
  * What it is not: a numerical test of the ops (tests/test_ops_<family>.c and
- * tests/test_formats.c compare them with float64 references).
+ * tests/test_formats_*.c compare them with float64 references).
  * Run: ./build/tests/test_op_desc_attn (from the repo root). */
 #include <math.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
  * (score_tile through op_indexer_score, op_indexer_topk and
  * op_indexer_reindex) and the KV packers (op_fp4_pack, op_mxfp4_pack,
  * op_fp8_pack, on rows with zeros, subnormals, NaN and Inf; their bytes
- * against the per-element reference are tests/test_formats.c's, at every
+ * against the per-element reference are tests/test_formats_*.c's, at every
  * level) and the mHC ops (op_mhc_coeffs_from_stats, op_mhc_mix,
  * op_mhc_update, op_mhc_update_inplace, op_mhc_stats' sum of squares,
  * op_mhc_update_mix_fused, op_mhc_merge) run once per supported level,

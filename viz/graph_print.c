@@ -23,6 +23,10 @@ void graph_print(const struct graph *g, FILE *f, bool verbose) {
   if (g->hit)
     fprintf(f, ", prefix hit %" PRId64 " (encoder from %" PRId64 "%s)", g->hit, g->encoder_start,
             g->encoder_start < g->hit ? ": replay with global writes off" : ": snapshot restored");
+  char pl[32], peer[32];
+  fprintf(f, "\n  on %s", graph_place_str(g->place, pl, sizeof pl));
+  if (!graph_place_eq(g->place, g->peer))
+    fprintf(f, "; decode on %s: %d transfer nodes", graph_place_str(g->peer, peer, sizeof peer), g->n_transfer);
   fprintf(f, "\n  %d nodes, %" PRId64 " edges, %d data objects, %" PRId64 " token-layers\n", g->n_node, edges,
           g->n_data, g->token_layers);
   fprintf(f, "  nodes by op:");
@@ -44,8 +48,12 @@ void graph_print(const struct graph *g, FILE *f, bool verbose) {
     if (!verbose) continue;
     for (int u = 0; u < nd->n_use; u++) {
       const struct graph_data *d = &g->data[nd->use[u].data];
-      fprintf(f, "         %-6s %-7s %s", graph_access_name(nd->use[u].mode), kind_name(d->kind), d->name);
+      const struct graph_use *us = &nd->use[u];
+      fprintf(f, "         %-6s %-7s %s", graph_access_name(us->mode), kind_name(d->kind), d->name);
       if (d->bytes) fprintf(f, " (%" PRId64 " B)", d->bytes);
+      if (us->e_read > 0) fprintf(f, " entries [0, %" PRId64 ")", us->e_read);
+      if (us->e_w1 > us->e_w0) fprintf(f, " appends [%" PRId64 ", %" PRId64 ")", us->e_w0, us->e_w1);
+      if (!graph_place_eq(d->home, nd->place)) fprintf(f, " at %s", graph_place_str(d->home, pl, sizeof pl));
       fputc('\n', f);
     }
   }

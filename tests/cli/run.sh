@@ -19,7 +19,7 @@
 #     numpy is there: logits agree with the tokens, entry counts with SPEC);
 #  7. `cedar graph show --prompt-len 300` lists nodes and 20*300 + 20*128
 #     token-layers; `graph dot` is DOT; a decode graph has 40 attention nodes.
-# Not here: the model's numbers (tests/test_model.c, tests/cli/oracle_run.sh).
+# Not here: the model's numbers (tests/test_model_*.c, tests/cli/oracle_run.sh).
 # Run from the repository root: bash tests/cli/run.sh build/cedar (~15 s).
 set -euo pipefail
 
@@ -153,5 +153,11 @@ grep -q '^digraph ' "$tmp/out" && grep -q -- '->' "$tmp/out" && [ "$(tail -1 "$t
   fail "graph dot is not DOT: $(head -2 "$tmp/out")"
 expect_exit 0 graph show --decode 10
 [ "$(grep -Ec '^ +[0-9]+ +L[0-9]+\.attn dec ' "$tmp/out")" -eq 40 ] || fail "a decode graph has not 40 attention nodes"
+
+# 8. A plan key the ops never apply is refused, not ignored.
+printf 'extends: %s/plans/v41-mini.yaml\nname: mscale\nmodel:\n  rope:\n    csa: {yarn_mscale: true}\n' "$PWD" > "$tmp/mscale.yaml"
+expect_exit 1 run --plan "$tmp/mscale.yaml" --prompt-len 8 --max-new 1 --executor direct
+grep -q "model.rope.csa.yarn_mscale: true is not implemented.*set yarn_mscale: false" "$tmp/err" ||
+  fail "yarn_mscale: true not refused: $(cat "$tmp/err")"
 
 echo "run.sh: all checks passed"

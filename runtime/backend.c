@@ -1,0 +1,88 @@
+/* backend.c: the backend table by device kind, the (empty) CUDA backend,
+ * and the placement check (backend.h). The CPU backend's entries live with
+ * the dispatch they share with every executor, in exec_node.c. */
+#include "runtime/backend.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "base/check.h"
+
+/* No op group has a CUDA twin yet: every slot NULL, so a plan that places
+ * a flow on cuda is refused by rt_placement_check instead of running on
+ * the CPU. The CUDA issue fills these slots. */
+const struct rt_backend rt_backend_cuda = {.name = "cuda", .dev = GRAPH_DEV_CUDA};
+
+const struct rt_backend *rt_backend_for(enum graph_device dev) {
+  switch (dev) {
+  case GRAPH_DEV_CPU: return &rt_backend_cpu;
+  case GRAPH_DEV_CUDA: return &rt_backend_cuda;
+  }
+  return NULL;
+}
+
+int rt_ranks_available(void) { return 1; }
+
+/* "plans/x.yaml:141:20: " or "" for a value left at its default. */
+static const char *where(const struct plan_mark *m, char *buf, size_t len) {
+  if (m->file)
+    snprintf(buf, len, "%s:%d:%d: ", m->file, m->line, m->col);
+  else
+    buf[0] = 0;
+  return buf;
+}
+
+/* The op groups a flow's graphs may hold, all of which its backend must run. */
+static bool runs_every_group(const struct rt_backend *b, bool need_transfer) {
+  for (int op = 0; op < GRAPH_OP_COUNT; op++) {
+    if (op == GRAPH_TRANSFER && !need_transfer) continue;
+    if (!b->run[op]) return false;
+  }
+  return true;
+}
+
+static int check_flow(const struct plan *p, enum graph_flow f, struct plan_mark *mk, char *err, size_t err_len) {
+  const struct plan_serving *s = &p->serving;
+  bool pre = f != GRAPH_DECODE;
+  const char *phase = pre ? "prefill" : "decode";
+  struct graph_place pl = graph_place_of(p, f);
+  char at[320];
+  if (pl.rank >= rt_ranks_available()) {
+    *mk = pre ? s->mark_prefill_rank : s->mark_decode_rank;
+    where(mk, at, sizeof at);
+    snprintf(err, err_len, "%sserving.placement.%s.rank is %d, but this process runs %d rank (0): multi-rank runs "
+             "(StarPU-MPI) are not built yet; set rank: 0", at, phase, pl.rank, rt_ranks_available());
+    return CEDAR_EUNSUPPORTED;
+  }
+  const struct rt_backend *b = rt_backend_for(pl.dev);
+  if (!b || !runs_every_group(b, false)) {
+    *mk = pre ? s->mark_prefill_device : s->mark_decode_device;
+    where(mk, at, sizeof at);
+    snprintf(err, err_len, "%sserving.placement.%s.device is %s, but this build has no %s backend for cedar's op "
+             "groups yet; set device: cpu", at, phase, pl.dev == GRAPH_DEV_CUDA ? "cuda" : "?",
+             pl.dev == GRAPH_DEV_CUDA ? "CUDA" : "such");
+    return CEDAR_EUNSUPPORTED;
+  }
+  return 0;
+}
+
+int rt_placement_check(const struct plan *p, struct plan_mark *at_out, char *err, size_t err_len) {
+  struct plan_mark own, *mk = at_out ? at_out : &own;
+  memset(mk, 0, sizeof(*mk));
+  int rc = check_flow(p, GRAPH_PREFILL_CED, mk, err, err_len);
+  if (!rc) rc = check_flow(p, GRAPH_DECODE, mk, err, err_len);
+  if (rc) return rc;
+  /* Both on one home: no transfer runs. Two homes in one process (say two
+   * GPUs) would need a TRANSFER backend entry. */
+  struct graph_place a = graph_place_of(p, GRAPH_PREFILL_CED), d = graph_place_of(p, GRAPH_DECODE);
+  if (!graph_place_eq(a, d) && !rt_backend_for(a.dev)->run[GRAPH_TRANSFER]) {
+    char pa[32], pd[32], at[320];
+    *mk = p->serving.mark_decode_rank.file ? p->serving.mark_decode_rank : p->serving.mark_decode_device;
+    where(mk, at, sizeof at);
+    snprintf(err, err_len, "%sprefill runs on %s and decode on %s: moving state between them (TRANSFER nodes) is "
+             "not built yet; place both phases on the same rank and device", at, graph_place_str(a, pa, sizeof pa),
+             graph_place_str(d, pd, sizeof pd));
+    return CEDAR_EUNSUPPORTED;
+  }
+  return 0;
+}

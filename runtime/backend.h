@@ -1,0 +1,68 @@
+/* backend.h: the node backends, ggml-backend style: a table of op-group
+ * functions per device kind, so a node runs through the entry its device
+ * chooses (graph_node.place.dev) and a CUDA twin is one more table.
+ *
+ *   cpu   the op groups of runtime/model.c through exec_node.c: every op
+ *         group but TRANSFER (one process moves nothing between homes).
+ *   cuda  no op group yet (kernels/ has only the device query); the table
+ *         is there so the CUDA issue fills slots, not switches.
+ *
+ * rt_placement_check says, before anything runs, whether a plan's
+ * serving.placement can run in this build and this process: every node's
+ * device must have a backend with an entry for each op group its graphs
+ * hold, and every rank must exist. `cedar plan check` and every command
+ * that runs a plan call it, so a placement that cannot run is refused with
+ * the plan's file:line:col, never run somewhere else without a word.
+ *
+ * Not here: binding a node's data (exec_node.c), executors (exec.h).
+ * Test: tests/test_backend_nodes.c.
+ */
+#ifndef CEDAR_RUNTIME_BACKEND_H
+#define CEDAR_RUNTIME_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/model.h"
+#include "scheduler/graph.h"
+
+struct rt_exec_out;
+
+/* Everything one node runs on: the graph, the model, the request, the node,
+ * its activation and bus buffers by data id, the request state bound from
+ * its accesses, where HEAD rows go, and the worker's scratch arena. */
+struct rt_node_ctx {
+  const struct graph *g;
+  const struct rt_model *M;
+  struct rt_request *r;
+  const struct graph_node *nd;
+  void *const *buf;              /* (g->n_data); entries of other kinds are not read */
+  const struct rt_bound *st;
+  struct rt_exec_out *out;
+  int64_t out_row;               /* HEAD: its first row in out */
+  struct rt_arena *ar;
+};
+
+typedef int (*rt_group_fn)(const struct rt_node_ctx *c);
+
+struct rt_backend {
+  const char *name;
+  enum graph_device dev;
+  rt_group_fn run[GRAPH_OP_COUNT]; /* NULL: this backend cannot run that op group */
+};
+
+extern const struct rt_backend rt_backend_cpu;  /* exec_node.c */
+extern const struct rt_backend rt_backend_cuda; /* backend.c: empty until kernels/ has twins */
+
+/* The backend of a device kind. */
+const struct rt_backend *rt_backend_for(enum graph_device dev);
+
+/* How many ranks this process can run: 1 until StarPU-MPI is wired in. */
+int rt_ranks_available(void);
+
+/* 0 when every flow of plan p can run here; else CEDAR_EUNSUPPORTED with
+ * "file:line:col: serving.placement...: why; what to set instead" and,
+ * when at is not NULL, the place in *at (file NULL: a default value). */
+int rt_placement_check(const struct plan *p, struct plan_mark *at, char *err, size_t err_len);
+
+#endif

@@ -1,0 +1,208 @@
+/* engine.c: rt_engine_open / rt_engine_close and the calls through an open
+ * engine (engine.h). Opening is one step after another, each undone by
+ * rt_engine_close in reverse when a later one fails; the close frees only
+ * what is there, so it serves both.
+ * Not here: any of the pieces themselves (plan.c, weights.c, model.c,
+ * state.c, prefix_cache.c, disk_tier.c, exec_starpu.c, generate.c).
+ * Test: tests/test_engine.c.
+ */
+#include "runtime/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/check.h"
+#include "runtime/backend.h"
+
+/* ---- the steps of an open ------------------------------------------------ */
+
+static int open_plan(struct rt_engine *e, char *err, size_t len) {
+  const struct rt_engine_opts *o = &e->opts;
+  if (!o->plan) {
+    snprintf(err, len, "no plan file given");
+    return CEDAR_EINVAL;
+  }
+  int rc = plan_load(o->plan, &e->plan, o->diags);
+  if (rc) {
+    snprintf(err, len, "%s: the plan did not load", o->plan);
+    return rc;
+  }
+  snprintf(e->name, sizeof e->name, "%s", e->plan.name);
+  return 0;
+}
+
+static int open_weights(struct rt_engine *e, char *err, size_t len) {
+  const struct rt_engine_opts *o = &e->opts;
+  if (o->weights) return weights_load(&e->weights, &e->plan, o->weights, o->problems, err, len);
+  uint64_t max = o->synth_max_bytes ? o->synth_max_bytes : WEIGHTS_DEFAULT_MAX_BYTES;
+  return weights_synth(&e->weights, &e->plan, o->seed, max, err, len);
+}
+
+static int open_model(struct rt_engine *e, char *err, size_t len) {
+  int rc = rt_model_init(&e->model, &e->plan, &e->weights, err, len);
+  if (rc) return rc;
+  e->pools = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*e->pools));
+  return rt_kv_pools_init(e->pools, &e->plan, err, len);
+}
+
+/* The prefix cache keyed by plan and weights (another model's blocks never
+ * match), and under it the disk tier. */
+static int open_cache(struct rt_engine *e, char *err, size_t len) {
+  const struct rt_engine_cache *c = &e->opts.cache;
+  if (!c->on) return 0;
+  int64_t cap = c->capacity_bytes >= 0 ? c->capacity_bytes : e->plan.serving.host_cache_bytes;
+  uint64_t id = weights_identity(&e->weights);
+  struct pc_cache *pc = cedar_xcalloc(1, sizeof(*pc));
+  int rc = pc_init(pc, &e->plan, e->pools, id, cap, c->snapshots ? -1 : 0, err, len);
+  if (rc) {
+    free(pc);
+    return rc;
+  }
+  e->cache = pc;
+  if (!c->dir) return 0;
+  struct dt_tier *dt = cedar_xcalloc(1, sizeof(*dt));
+  rc = dt_init(dt, c->dir, id, e->plan.serving.global_ttl_hours, err, len);
+  if (rc) {
+    free(dt);
+    return rc;
+  }
+  e->disk = dt;
+  e->cache->disk = dt;
+  return 0;
+}
+
+static void stop_exec(struct rt_engine *e) {
+  if (e->holds_starpu) rt_starpu_shutdown();
+  e->holds_starpu = false;
+  e->exec = (struct rt_engine_exec){0};
+}
+
+/* StarPU is the process's: started here only when nobody holds it. */
+static int start_exec(struct rt_engine *e, const struct rt_engine_exec *x, char *err, size_t len) {
+  if (x->executor != RT_EXEC_STARPU) {
+    e->exec = *x;
+    return 0;
+  }
+  if (rt_starpu_running()) {
+    snprintf(err, len,
+             "StarPU is already started in this process (it runs once per process, and another engine or "
+             "caller holds it): close that first, or open this engine on the direct executor");
+    return CEDAR_EINVAL;
+  }
+  struct rt_starpu_opts so = {.workers = x->workers, .sched = x->sched, .profile = x->profile};
+  int rc = rt_starpu_init(&so, err, len);
+  if (rc) return rc;
+  e->holds_starpu = true;
+  e->exec = *x;
+  return 0;
+}
+
+/* ---- open and close ------------------------------------------------------ */
+
+int rt_engine_open(struct rt_engine *e, const struct rt_engine_opts *o, char *err, size_t err_len) {
+  memset(e, 0, sizeof(*e));
+  e->opts = *o;
+  enum rt_engine_step step = RT_ENGINE_PLAN;
+  int rc = open_plan(e, err, err_len);
+  bool have_plan = rc == 0;
+  /* The plan has loaded and validated; nothing else is built yet. A plan
+   * whose serving.placement cannot run in this build is refused here,
+   * before seconds of weights (runtime/backend.h). */
+  if (!rc) {
+    step = RT_ENGINE_PLACEMENT;
+    rc = rt_placement_check(&e->plan, NULL, err, err_len);
+  }
+  if (!rc && o->on_plan) {
+    step = RT_ENGINE_ON_PLAN;
+    rc = o->on_plan(o->user, &e->plan, err, err_len);
+  }
+  if (!rc) {
+    step = RT_ENGINE_WEIGHTS;
+    rc = open_weights(e, err, err_len);
+  }
+  if (!rc) {
+    step = RT_ENGINE_MODEL;
+    rc = open_model(e, err, err_len);
+  }
+  if (!rc) {
+    step = RT_ENGINE_CACHE;
+    rc = open_cache(e, err, err_len);
+  }
+  if (!rc) {
+    step = RT_ENGINE_EXECUTOR;
+    rc = start_exec(e, &o->exec, err, err_len);
+  }
+  if (!rc) {
+    e->open = true;
+    /* what only the open used: the caller's lists and check may not outlive it */
+    e->opts.diags = NULL;
+    e->opts.problems = NULL;
+    e->opts.on_plan = NULL;
+    e->opts.user = NULL;
+    return 0;
+  }
+  /* Everything is zeroed or built, so the close takes back exactly what
+   * the steps before the failed one made; the plan goes last. */
+  e->open = have_plan;
+  rt_engine_close(e);
+  e->failed = step;
+  return rc < 0 ? rc : CEDAR_EINVAL;
+}
+
+void rt_engine_close(struct rt_engine *e) {
+  if (!e->open) return;
+  stop_exec(e);
+  if (e->cache) pc_free(e->cache); /* its pages go back to the pools first */
+  free(e->cache);
+  if (e->disk) dt_free(e->disk);
+  free(e->disk);
+  if (e->pools) rt_kv_pools_free(e->pools, e->plan.n_layers);
+  free(e->pools);
+  rt_model_free(&e->model);
+  weights_free(&e->weights);
+  plan_free(&e->plan);
+  char name[sizeof e->name];
+  memcpy(name, e->name, sizeof name);
+  memset(e, 0, sizeof(*e));
+  memcpy(e->name, name, sizeof name);
+}
+
+/* ---- calls through an open engine ------------------------------------------ */
+
+int rt_engine_set_exec(struct rt_engine *e, const struct rt_engine_exec *x, char *err, size_t err_len) {
+  CEDAR_ASSERT(e->open);
+  stop_exec(e);
+  return start_exec(e, x, err, err_len);
+}
+
+int rt_engine_generate(struct rt_engine *e, struct rt_request *r, const int32_t *prompt, int64_t n,
+                       const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len) {
+  CEDAR_ASSERT(e->open);
+  struct rt_gen_opts go = *o;
+  go.executor = e->exec.executor;
+  go.cache = e->cache;
+  go.save_snapshot = e->cache && e->opts.cache.snapshots;
+  return rt_generate(&e->model, e->pools, r, prompt, n, &go, res, err, err_len);
+}
+
+void rt_engine_request_free(struct rt_engine *e, struct rt_request *r) {
+  (void)e; /* the request's pages are the engine's pools': freed while it is open */
+  rt_request_free(r);
+}
+
+int rt_engine_generate_isolated(const struct rt_engine *e, const int32_t *prompt, int64_t n,
+                                const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len) {
+  CEDAR_ASSERT(e->open);
+  struct rt_gen_opts go = *o;
+  go.executor = RT_EXEC_DIRECT;
+  go.cache = NULL;
+  go.save_snapshot = false;
+  struct rt_kv_pool *pools = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*pools));
+  struct rt_request r = {0};
+  int rc = rt_kv_pools_init(pools, &e->plan, err, err_len);
+  if (!rc) rc = rt_generate(&e->model, pools, &r, prompt, n, &go, res, err, err_len);
+  rt_request_free(&r);
+  rt_kv_pools_free(pools, e->plan.n_layers);
+  free(pools);
+  return rc;
+}

@@ -1,0 +1,135 @@
+/* engine.h: one model made ready to serve, in one call: the plan (loaded
+ * and validated), its weights (synthetic from a seed, or a safetensors file
+ * checked against the plan), the model bound to them (runtime/model.h), the
+ * KV page pools (runtime/state.h), optionally the prefix cache and its disk
+ * tier (runtime/prefix_cache.h, runtime/disk_tier.h), and the executor,
+ * started (StarPU once, through rt_starpu_init, when it is asked for).
+ * `cedar run`, `cedar serve-sim` and `cedar bench model` open one, call it,
+ * and close it; none of them builds the pieces by hand.
+ *
+ * Open order: plan, [placement check: to come], the caller's on_plan check,
+ * weights, model, pools, cache, disk tier, executor. A failed open releases
+ * everything it had opened, names the step that failed (rt_engine.failed)
+ * so a command can word its message, and leaves nothing to close (closing
+ * it anyway is a no-op).
+ *
+ * StarPU runs once per process at a time. An engine opened on StarPU holds
+ * it until it is closed (or switched to direct, rt_engine_set_exec); a
+ * second engine asking for StarPU meanwhile is refused with a message
+ * (CEDAR_EINVAL); any number of direct engines may be open beside it.
+ *
+ * The model points into the engine (its plan): an open engine is never
+ * copied or moved. Requests are single-threaded on the engine's pools, as
+ * rt_generate's are; rt_engine_generate_isolated runs on pools of its own.
+ *
+ * Not here: flags, prompts and printing (cli/), the forward (generate.h).
+ * Test: tests/test_engine.c; the commands through tests/cli/run.sh,
+ * serve_sim.sh, bench.sh, trace.sh and oracle_run.sh.
+ */
+#ifndef CEDAR_RUNTIME_ENGINE_H
+#define CEDAR_RUNTIME_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/disk_tier.h"
+#include "runtime/exec.h"
+#include "runtime/generate.h"
+#include "runtime/model.h"
+#include "runtime/prefix_cache.h"
+#include "runtime/state.h"
+#include "runtime/weights.h"
+#include "scheduler/plan.h"
+
+/* Which executor runs the graphs, and how StarPU is started for it. */
+struct rt_engine_exec {
+  enum rt_executor executor; /* RT_EXEC_DIRECT (zeroed) or RT_EXEC_STARPU */
+  int workers;               /* StarPU CPU workers; <= 0: StarPU's choice */
+  const char *sched;         /* StarPU policy; NULL: StarPU's */
+  bool profile;              /* StarPU per-task profiling (traces) */
+};
+
+/* The prefix cache over the engine's pools (issue 6); off when zeroed. */
+struct rt_engine_cache {
+  bool on;
+  int64_t capacity_bytes;    /* memory tier; < 0: serving.cache.host_cache_bytes; 0: no limit */
+  bool snapshots;            /* keep encoder-SWA snapshots (else global blocks only) */
+  const char *dir;           /* disk tier directory, or NULL */
+};
+
+struct rt_engine_opts {
+  const char *plan;          /* plan file (required) */
+  const char *weights;       /* safetensors file, or NULL: synthetic weights from seed */
+  uint64_t seed;
+  uint64_t synth_max_bytes;  /* synthetic weights refused above this; 0: WEIGHTS_DEFAULT_MAX_BYTES */
+  struct rt_engine_exec exec;
+  struct rt_engine_cache cache;
+  /* Where the details of a failed step go, when not NULL (the caller frees
+   * them): every diagnostic of a plan that did not load, every problem of a
+   * weights file that does not match the plan. */
+  struct plan_diags *diags;
+  struct weights_problems *problems;
+  /* Called once the plan has loaded and validated, before the weights are
+   * built (which takes seconds): the caller checks its request against the
+   * plan (a prompt against the vocab) so a bad one fails first. Non-zero
+   * fails the open with the message it wrote. NULL: no check. */
+  int (*on_plan)(void *user, const struct plan *p, char *err, size_t err_len);
+  void *user;
+};
+
+/* The step an open failed at (0 while open or never opened). */
+enum rt_engine_step {
+  RT_ENGINE_OK = 0,
+  RT_ENGINE_PLAN,            /* the plan did not load (details in opts.diags) */
+  RT_ENGINE_PLACEMENT,       /* serving.placement names a rank or device this build cannot run */
+  RT_ENGINE_ON_PLAN,         /* the caller's on_plan check refused */
+  RT_ENGINE_WEIGHTS,         /* synthesis refused, or the file unreadable or unlike the plan (opts.problems) */
+  RT_ENGINE_MODEL,           /* the model or the pools (a format the ops cannot pack) */
+  RT_ENGINE_CACHE,           /* the prefix cache or its disk tier */
+  RT_ENGINE_EXECUTOR,        /* StarPU did not start, or another engine holds it */
+};
+
+struct rt_engine {
+  struct rt_engine_opts opts;   /* as opened (strings the caller's; diags, problems, on_plan cleared) */
+  struct plan plan;
+  struct weights weights;
+  struct rt_model model;        /* model.p == &plan */
+  struct rt_kv_pool *pools;     /* (PLAN_MAX_LAYERS) by source layer */
+  struct pc_cache *cache;       /* or NULL */
+  struct dt_tier *disk;         /* or NULL; cache->disk when set */
+  struct rt_engine_exec exec;   /* in force */
+  bool holds_starpu;            /* this engine started StarPU and stops it */
+  bool open;
+  enum rt_engine_step failed;   /* after a failed open */
+  char name[96];                /* the plan's name once it loaded (kept after a failed open, for messages) */
+};
+
+/* Open e from o. Returns 0, or a negative cedar_status with a message in
+ * err; then e->failed names the step and nothing is left open. */
+int rt_engine_open(struct rt_engine *e, const struct rt_engine_opts *o, char *err, size_t err_len);
+/* Stop StarPU if this engine holds it, free the cache, disk tier, pools,
+ * model, weights and plan. A no-op on a zeroed, failed or closed engine. */
+void rt_engine_close(struct rt_engine *e);
+
+/* Switch the executor of an open engine: StarPU this engine holds is
+ * stopped, then started again when x asks for it. Returns 0 or a negative
+ * cedar_status with a message (the engine is then on the direct executor).
+ * Switching to direct never fails. */
+int rt_engine_set_exec(struct rt_engine *e, const struct rt_engine_exec *x, char *err, size_t err_len);
+
+/* rt_generate on the engine's model and pools with its executor and its
+ * prefix cache (snapshots saved when the cache keeps them): those fields of
+ * *o are the engine's, the rest the caller's. r is initialised here; free it
+ * with rt_engine_request_free after reading its state, before the close. */
+int rt_engine_generate(struct rt_engine *e, struct rt_request *r, const int32_t *prompt, int64_t n,
+                       const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len);
+void rt_engine_request_free(struct rt_engine *e, struct rt_request *r);
+
+/* One request on the direct executor, on KV pools of its own (made and
+ * freed here with its request; no cache), so several threads may run one
+ * each at once on the same engine. The caller frees res. */
+int rt_engine_generate_isolated(const struct rt_engine *e, const int32_t *prompt, int64_t n,
+                                const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len);
+
+#endif

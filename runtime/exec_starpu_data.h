@@ -1,0 +1,62 @@
+/* exec_starpu_data.h: the StarPU executor's data handles (internal to
+ * exec_starpu*.c). Every buffer a node touches is StarPU data over its true
+ * memory and size, so StarPU can move it between memory nodes and
+ * StarPU-MPI can send it:
+ *
+ *   KV pages     one handle per page slot of a pool, registered the first
+ *                time a graph binds the page and kept for the pool's life
+ *                (pages once per pool, not per graph);
+ *   request      per request, registered at its first graph and kept until
+ *                rt_request_free: each layer's SWA ring (slots, positions),
+ *                each ratio > 1 source's compressor tail, the token
+ *                history, the kept encoder outputs (rows, positions);
+ *   activations  per graph: residual streams, mHC pre, Engram rows,
+ *   and buses    logits, Top-K and candidate pools, allocated at submission
+ *                and freed after the graph.
+ *
+ * A task's buffers are these handles, in the order of the node's data
+ * accesses (struct sp_task_map says where each access's handles start);
+ * the KV pages of an access are those its entry ranges cover (graph_use
+ * e_read, e_w0..e_w1): R for entries read, RW for pages appended to.
+ * Weights are not task buffers yet: they are read-only and bound through
+ * the model (the CUDA issue decides where device copies live).
+ * rt_starpu_shutdown releases every handle still registered.
+ */
+#ifndef CEDAR_RUNTIME_EXEC_STARPU_DATA_H
+#define CEDAR_RUNTIME_EXEC_STARPU_DATA_H
+
+#include <starpu.h>
+
+#include "runtime/exec.h"
+
+/* Where node k's handles are in its task: for use u, buffers
+ * [first[u], first[u] + count[u]). */
+struct sp_task_map {
+  int *first, *count;
+  int n_buffers;
+  int kv_pages_first, kv_pages_count; /* the pages of the KV source it reads (-1 none) */
+};
+
+/* Handles of request r (registered on first use). */
+struct sp_req_handles;
+struct sp_req_handles *sp__request_handles(struct rt_request *r);
+
+/* The handle of page slot id of pool (registered on first use). */
+starpu_data_handle_t sp__page_handle(struct rt_kv_pool *pool, int32_t id);
+
+/* Fill task t's handles and modes for node nd of graph g on request r,
+ * given the per-graph activation handles act (n_data; NULL for state).
+ * Returns the map (arrays owned by the caller: sp__task_map_free). */
+void sp__task_buffers(struct starpu_task *t, const struct graph *g, const struct graph_node *nd, struct rt_request *r,
+                      starpu_data_handle_t *act, struct sp_task_map *map);
+void sp__task_map_free(struct sp_task_map *map);
+
+/* Reserve the KV pages every APPEND of g needs, in program order, so each
+ * task's page handles exist at submission. Returns the first node that
+ * cannot get its pages (the request fails), or -1. */
+int sp__reserve_pages(const struct graph *g, struct rt_request *r);
+
+/* Release every handle still registered (rt_starpu_shutdown). */
+void sp__release_all(void);
+
+#endif

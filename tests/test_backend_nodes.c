@@ -1,0 +1,274 @@
+/* test_backend_nodes.c: placement in the graph, the node backends and the
+ * placement check (runtime/backend.h, scheduler/graph.h).
+ *
+ *  - the backend table: cpu has an entry for every op group but TRANSFER,
+ *    cuda none yet; rt_backend_for maps each device kind to its table;
+ *  - rt_placement_check accepts every shipped plan and refuses, naming
+ *    file:line:col and the value to set, a decode rank this process does
+ *    not have, a cuda device, and prefill and decode on different homes;
+ *  - the compiler places every node and data object of a flow where
+ *    serving.placement puts it; with decode elsewhere, a prefill streams
+ *    each KV source after every tile that appended to it (each transfer
+ *    waits for that tile's append, the transfers of one source chain, the
+ *    entries shipped are consecutive and end at the source's count) and
+ *    hands over every ring, tail, the tokens and the kept encoder outputs
+ *    once at the end; with one home there is no transfer node;
+ *  - the entry ranges the compiler declares: every append continues where
+ *    the previous one of its source ended, ends at floor(end / ratio), and
+ *    every reader sees exactly the entries appended before it;
+ *  - a TRANSFER node through rt_run_node fails cleanly (no CPU entry);
+ *  - the scheduling policy (scheduler/policy.h): priorities stay in the
+ *    runtime's range, and a layer of a later tile outranks the next layer
+ *    of the tile before (the trailing edge of the wavefront goes first).
+ * Run from the repository root: ctest --test-dir build -R backend_nodes.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/check.h"
+#include "runtime/backend.h"
+#include "runtime/exec.h"
+#include "scheduler/graph.h"
+#include "scheduler/policy.h"
+#include "tests/harness.h"
+
+#define BASE_PLAN CEDAR_SOURCE_DIR "/tests/oracle/plans/tiny.yaml"
+
+static char err[1024];
+
+/* A plan extending tiny.yaml with `serving_yaml` (the serving section's
+ * body), written to a temporary file; its path in path. */
+static bool temp_plan(char *path, size_t len, const char *serving_yaml, struct plan *p) {
+  snprintf(path, len, "/tmp/cedar-backend-nodes-XXXXXX");
+  int fd = mkstemp(path);
+  CEDAR_ASSERT(fd >= 0);
+  FILE *f = fdopen(fd, "w");
+  fprintf(f, "extends: %s\nname: placed\nserving:\n%s", BASE_PLAN, serving_yaml);
+  fclose(f);
+  struct plan_diags d = {0};
+  int rc = plan_load(path, p, &d);
+  if (rc) plan_diags_print(&d, stderr);
+  plan_diags_free(&d);
+  EXPECT(rc == 0, "%s did not load", path);
+  return rc == 0;
+}
+
+static void check_table(void) {
+  EXPECT(rt_backend_for(GRAPH_DEV_CPU) == &rt_backend_cpu, "cpu maps to the cpu table");
+  EXPECT(rt_backend_for(GRAPH_DEV_CUDA) == &rt_backend_cuda, "cuda maps to the cuda table");
+  for (int op = 0; op < GRAPH_OP_COUNT; op++) {
+    bool want = op != GRAPH_TRANSFER;
+    EXPECT((rt_backend_cpu.run[op] != NULL) == want, "cpu backend: op group %s %s", graph_op_name(op),
+           want ? "missing" : "present but one process cannot move state");
+    EXPECT(rt_backend_cuda.run[op] == NULL, "cuda backend: op group %s claims a twin", graph_op_name(op));
+  }
+}
+
+static void check_shipped(void) {
+  static const char *const plans[] = {"v41-flash", "v41-mini", "v41-mini-noced", "dense-40", "alt-reindex2",
+                                      "alt-two-dec-sources", "alt-no-pool"};
+  for (size_t i = 0; i < sizeof plans / sizeof *plans; i++) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/plans/%s.yaml", CEDAR_SOURCE_DIR, plans[i]);
+    struct plan p;
+    if (!h_load_plan(path, &p)) continue;
+    EXPECT(rt_placement_check(&p, NULL, err, sizeof err) == 0, "%s refused: %s", plans[i], err);
+    plan_free(&p);
+  }
+}
+
+/* The placement named by `yaml` is refused with a message holding every
+ * string of want (NULL-terminated) and the value's line. */
+static void expect_refused(const char *yaml, int line, const char *const *want) {
+  char path[64];
+  struct plan p;
+  if (!temp_plan(path, sizeof path, yaml, &p)) return;
+  struct plan_mark at;
+  err[0] = 0;
+  int rc = rt_placement_check(&p, &at, err, sizeof err);
+  EXPECT(rc == CEDAR_EUNSUPPORTED, "placement accepted:\n%s", yaml);
+  char where[96];
+  snprintf(where, sizeof where, "%s:%d:", path, line);
+  EXPECT(strstr(err, where) && at.line == line, "message '%s' does not start at %s", err, where);
+  for (int i = 0; want[i]; i++) EXPECT(strstr(err, want[i]), "message '%s' lacks '%s'", err, want[i]);
+  plan_free(&p);
+  unlink(path);
+}
+
+static void check_refusals(void) {
+  expect_refused("  placement:\n    decode: {rank: 3}\n", 5,
+                 (const char *const[]){"decode.rank is 3", "set rank: 0", NULL});
+  expect_refused("  placement:\n    prefill:\n      device: cuda\n", 6,
+                 (const char *const[]){"prefill.device is cuda", "set device: cpu", NULL});
+  expect_refused("  placement:\n    prefill: {rank: 1, device: cpu}\n", 5,
+                 (const char *const[]){"prefill.rank is 1", NULL});
+}
+
+static bool reads(const struct graph_node *nd, int d) {
+  for (int u = 0; u < nd->n_use; u++)
+    if (nd->use[u].data == d && nd->use[u].mode == GRAPH_R) return true;
+  return false;
+}
+
+static bool depends(const struct graph_node *nd, int k) {
+  for (int i = 0; i < nd->n_dep; i++)
+    if (nd->dep[i] == k) return true;
+  return false;
+}
+
+/* Entry ranges: appends consecutive per source, readers see what came before. */
+static void check_entry_ranges(const struct graph *g, const struct plan *p, int64_t first_pos, int64_t end,
+                               const char *label) {
+  int64_t have[PLAN_MAX_LAYERS];
+  for (int l = 0; l < p->n_layers; l++) have[l] = plan_is_kv_source(&p->layer[l]) ? first_pos / p->layer[l].ratio : 0;
+  for (int k = 0; k < g->n_node; k++) {
+    const struct graph_node *nd = &g->node[k];
+    for (int u = 0; u < nd->n_use; u++) {
+      const struct graph_use *us = &nd->use[u];
+      const struct graph_data *gd = &g->data[us->data];
+      if (gd->kind != GRAPH_STATE || gd->state != GRAPH_ST_KV || !graph_place_eq(gd->home, g->place)) continue;
+      int l = gd->layer;
+      if (us->mode == GRAPH_APPEND) {
+        EXPECT_EQ(us->e_w0, have[l], "%s: %s appends to L%d from", label, nd->name, l);
+        EXPECT_EQ(us->e_w1, (nd->a + nd->n) / p->layer[l].ratio, "%s: %s appends to L%d up to", label, nd->name, l);
+        have[l] = us->e_w1;
+      }
+      if (us->mode == GRAPH_R || (us->mode == GRAPH_APPEND && us->e_read))
+        EXPECT_EQ(us->e_read, have[l], "%s: %s reads L%d entries", label, nd->name, l);
+    }
+  }
+  for (int l = 0; l < p->n_layers; l++)
+    if (plan_is_kv_source(&p->layer[l]))
+      EXPECT_EQ(have[l], end / p->layer[l].ratio, "%s: L%d entries at the end", label, l);
+}
+
+static void check_transfers(const struct graph *g, const struct plan *p, int chunk, int64_t n) {
+  int tiles = (int)((n + chunk - 1) / chunk), sources = 0, handoff = 0, want_handoff = 2; /* tokens, XE ring */
+  for (int l = 0; l < p->n_layers; l++) {
+    want_handoff += 1 + plan_is_kv_source(&p->layer[l]);
+    sources += plan_is_kv_source(&p->layer[l]);
+  }
+  int64_t shipped[PLAN_MAX_LAYERS] = {0};
+  int last[PLAN_MAX_LAYERS];
+  for (int l = 0; l < PLAN_MAX_LAYERS; l++) last[l] = -1;
+  for (int k = 0; k < g->n_node; k++) {
+    const struct graph_node *nd = &g->node[k];
+    if (nd->op != GRAPH_TRANSFER) continue;
+    const struct graph_data *src = &g->data[nd->xfer_src], *dst = &g->data[nd->xfer_dst];
+    EXPECT(graph_place_eq(src->home, g->place) && graph_place_eq(dst->home, g->peer) && reads(nd, nd->xfer_src),
+           "%s: moves %s from the prefill home to the decode home", nd->name, src->name);
+    if (src->state != GRAPH_ST_KV) {
+      handoff++;
+      continue;
+    }
+    int l = src->layer;
+    /* The append of this tile, and the previous transfer of this source. */
+    int app = -1;
+    for (int j = k - 1; j >= 0 && app < 0; j--)
+      for (int u = 0; u < g->node[j].n_use; u++)
+        if (g->node[j].use[u].data == nd->xfer_src && g->node[j].use[u].mode == GRAPH_APPEND) app = j;
+    EXPECT(app >= 0 && depends(nd, app) && g->node[app].chunk == nd->chunk, "%s: does not wait for its tile's append",
+           nd->name);
+    if (last[l] >= 0) EXPECT(depends(nd, last[l]), "%s: not chained after %s", nd->name, g->node[last[l]].name);
+    const struct graph_use *w = NULL;
+    for (int u = 0; u < nd->n_use; u++)
+      if (nd->use[u].data == nd->xfer_dst) w = &nd->use[u];
+    EXPECT(w && w->e_w0 == shipped[l], "%s: ships from entry %" PRId64 ", want %" PRId64, nd->name, w ? w->e_w0 : -1,
+           shipped[l]);
+    if (w) shipped[l] = w->e_w1;
+    last[l] = k;
+  }
+  for (int l = 0; l < p->n_layers; l++)
+    if (plan_is_kv_source(&p->layer[l]))
+      EXPECT_EQ(shipped[l], n / p->layer[l].ratio, "L%d entries shipped", l);
+  EXPECT_EQ(handoff, want_handoff, "small-state transfers (rings, tails, tokens, XE)");
+  EXPECT_EQ(g->n_transfer, handoff + tiles * sources, "transfer nodes");
+}
+
+static void check_placement(void) {
+  char path[64];
+  struct plan p;
+  if (!temp_plan(path, sizeof path, "  placement:\n    decode: {rank: 1}\n", &p)) return;
+  const int chunk = 16;
+  const int64_t n = 45;
+  struct graph g;
+  CEDAR_ASSERT(graph_build_prefill(&g, &p, n, &(struct graph_opts){.chunk = chunk, .replay = -1}, err, sizeof err) == 0);
+  EXPECT(g.place.rank == 0 && g.peer.rank == 1 && g.n_transfer > 0, "prefill on rank 0, decode on rank 1");
+  for (int k = 0; k < g.n_node; k++)
+    EXPECT(g.node[k].place.rank == 0 && g.node[k].n_slots == 1, "%s: placed on rank %d", g.node[k].name,
+           g.node[k].place.rank);
+  check_transfers(&g, &p, chunk, n);
+  check_entry_ranges(&g, &p, 0, n, "P/D prefill");
+  /* No CPU entry moves state: the node fails, the process goes on. */
+  for (int k = 0; k < g.n_node; k++) {
+    if (g.node[k].op != GRAPH_TRANSFER) continue;
+    int rc = rt_run_node(&g, NULL, NULL, &g.node[k], NULL, NULL, NULL, 0, NULL);
+    rt_node_error(&g.node[k], rc, err, sizeof err);
+    EXPECT(rc == CEDAR_EUNSUPPORTED && strstr(err, g.node[k].name), "a transfer ran on the CPU backend: %d %s", rc,
+           err);
+    break;
+  }
+  graph_free(&g);
+  CEDAR_ASSERT(graph_build_decode(&g, &p, n, err, sizeof err) == 0);
+  for (int k = 0; k < g.n_node; k++) EXPECT(g.node[k].place.rank == 1, "%s: decode node off rank 1", g.node[k].name);
+  for (int d = 0; d < g.n_data; d++) EXPECT(g.data[d].home.rank == 1, "%s: decode data off rank 1", g.data[d].name);
+  EXPECT(g.n_transfer == 0, "a decode step has transfers");
+  check_entry_ranges(&g, &p, n, n + 1, "decode");
+  graph_free(&g);
+  plan_free(&p);
+  unlink(path);
+  /* One home: no transfer, every node and data object at rank 0 cpu. */
+  if (!h_load_plan(BASE_PLAN, &p)) return;
+  CEDAR_ASSERT(graph_build_prefill(&g, &p, n, &(struct graph_opts){.chunk = chunk, .replay = -1}, err, sizeof err) == 0);
+  EXPECT(g.n_transfer == 0 && graph_count_op(&g, GRAPH_TRANSFER, -1) == 0, "one home, yet transfers");
+  for (int d = 0; d < g.n_data; d++)
+    EXPECT(g.data[d].home.rank == 0 && g.data[d].home.dev == GRAPH_DEV_CPU, "%s not at rank 0 cpu", g.data[d].name);
+  check_entry_ranges(&g, &p, 0, n, "prefill");
+  graph_free(&g);
+  CEDAR_ASSERT(graph_build_prefill(&g, &p, 48, &(struct graph_opts){.chunk = chunk, .replay = -1, .hit = 32}, err,
+                                   sizeof err) == 0);
+  check_entry_ranges(&g, &p, 32, 48, "prefix-hit prefill");
+  graph_free(&g);
+  plan_free(&p);
+}
+
+static void check_policy(void) {
+  struct plan p;
+  if (!h_load_plan(BASE_PLAN, &p)) return;
+  struct graph g;
+  CEDAR_ASSERT(graph_build_prefill(&g, &p, 64, &(struct graph_opts){.chunk = 16, .replay = -1}, err, sizeof err) == 0);
+  int tiles = sched_tiles(&g), lo = -1000, hi = 1000;
+  EXPECT_EQ(tiles, 4, "tiles of a 64-token prefill in chunks of 16");
+  int attn[PLAN_MAX_LAYERS][4];
+  memset(attn, 0xff, sizeof attn);
+  for (int k = 0; k < g.n_node; k++) {
+    int pr = sched_priority(&g, k, tiles, lo, hi);
+    EXPECT(pr >= lo && pr <= hi, "%s: priority %d outside [%d, %d]", g.node[k].name, pr, lo, hi);
+    if (g.node[k].op == GRAPH_ATTN && g.node[k].layer >= 0 && g.node[k].chunk < 4 && !(g.node[k].flags & GRAPH_F_REPLAY))
+      attn[g.node[k].layer][g.node[k].chunk] = k;
+  }
+  int pairs = 0;
+  for (int l = 0; l + 1 < p.n_layers; l++)
+    for (int c = 0; c + 1 < 4; c++) {
+      int a = attn[l][c + 1], b = attn[l + 1][c];
+      if (a < 0 || b < 0) continue;
+      pairs++;
+      EXPECT(sched_priority(&g, a, tiles, lo, hi) > sched_priority(&g, b, tiles, lo, hi),
+             "%s does not outrank %s", g.node[a].name, g.node[b].name);
+    }
+  EXPECT(pairs > 0, "no wavefront pair compared");
+  EXPECT(sched_priority(&g, 0, tiles, 5, 5) == 5, "an empty priority range gives its one value");
+  graph_free(&g);
+  plan_free(&p);
+}
+
+int main(void) {
+  check_table();
+  check_policy();
+  check_shipped();
+  check_refusals();
+  check_placement();
+  return h_report("backend_nodes");
+}
