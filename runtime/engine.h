@@ -7,7 +7,7 @@
  * `cedar run`, `cedar serve-sim` and `cedar bench model` open one, call it,
  * and close it; none of them builds the pieces by hand.
  *
- * Open order: plan, [placement check: to come], the caller's on_plan check,
+ * Open order: plan, the placement check (runtime/backend.h), the caller's on_plan check,
  * weights, model, pools, cache, disk tier, executor. A failed open releases
  * everything it had opened, names the step that failed (rt_engine.failed)
  * so a command can word its message, and leaves nothing to close (closing

@@ -372,11 +372,11 @@ static void submit_graph(struct run *R) {
   free(deps);
 }
 
-/* Let the workers run the submitted graph; wait for every task, calling
- * progress from this thread meanwhile; pause the workers again. */
+/* Wait for every task of the graph (the workers were resumed before it
+ * was submitted), calling progress from this thread meanwhile; pause the
+ * workers again. */
 static void wait_graph(struct run *R, rt_progress_cb progress, void *user) {
   int n = R->g->n_node;
-  starpu_resume();
   while (progress && atomic_load(&R->done) < n) {
     progress(user, atomic_load(&R->done), n);
     nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
@@ -452,6 +452,11 @@ int rt_exec_starpu(const struct graph *g, const struct rt_model *M, struct rt_re
              (long long)g->data[oom_d].bytes);
     rc = CEDAR_ENOMEM;
   } else {
+    /* The workers run while the rest is submitted: submission (a task's
+     * buffers are its KV pages too) overlaps the first tasks. Declaring an
+     * edge to a task that already ran is valid while it is not destroyed
+     * (destroy = 0 until the end). */
+    starpu_resume();
     submit_graph(&R);
     wait_graph(&R, progress, user);
   }

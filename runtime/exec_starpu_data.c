@@ -164,7 +164,7 @@ static enum starpu_data_access_mode sp_mode(enum graph_access a) {
   case GRAPH_R: return STARPU_R;
   case GRAPH_W: return STARPU_W;
   case GRAPH_RW: return STARPU_RW;
-  case GRAPH_APPEND: return STARPU_RW; /* the pages appended to (their earlier entries stay) */
+  case GRAPH_APPEND: return STARPU_R; /* KV pages only; see add_pages */
   }
   return STARPU_RW;
 }
@@ -185,18 +185,26 @@ static void tb_add(struct tb *b, starpu_data_handle_t h, enum starpu_data_access
   b->m[b->n++] = m;
 }
 
-/* The pages of source l an access covers: R below the first page appended
- * to, RW from there to the end of its appends. */
+/* The pages of source l an access covers: those it reads, then those it
+ * appends to, all in R mode. An append writes only entries past every
+ * concurrent reader's view (the graph's entry ranges: a reader of [0, e)
+ * never sees entry e or later) and publishes them through n_entries, so
+ * the graph's edges are its whole ordering. Declared RW, StarPU's
+ * per-handle exclusion would serialize the append with readers of the
+ * boundary page, and Debian's StarPU 1.3 leaks a data requester each time
+ * such a conflict queues (LeakSanitizer, tests/test_exec_starpu*.c). Pages
+ * are only in host memory today; a backend that keeps copies elsewhere
+ * moves them with TRANSFER nodes after the append (graph.h). */
 static void add_pages(struct tb *b, struct rt_request *r, int l, const struct graph_use *us) {
   struct rt_kv_seq *s = &r->seq[l];
   int64_t pe = s->pool->page_entries;
   int64_t end = us->e_read > us->e_w1 ? us->e_read : us->e_w1;
   int64_t pages = (end + pe - 1) / pe;
-  int64_t w0 = us->e_w1 > us->e_w0 ? us->e_w0 / pe : pages; /* first page written */
+  int64_t w0 = us->e_w1 > us->e_w0 ? us->e_w0 / pe : pages; /* first page appended to */
   int64_t first = us->e_read > 0 ? 0 : w0;                    /* a pure append binds only its own pages */
   CEDAR_ASSERT_MSG(pages <= s->n_pages, "layer %d: %lld pages bound, %d reserved", l, (long long)pages, s->n_pages);
   for (int64_t i = first; i < pages; i++)
-    tb_add(b, sp__page_handle(s->pool, s->page_id[i]), i >= w0 ? STARPU_RW : STARPU_R);
+    tb_add(b, sp__page_handle(s->pool, s->page_id[i]), STARPU_R);
 }
 
 void sp__task_buffers(struct starpu_task *t, const struct graph *g, const struct graph_node *nd, struct rt_request *r,

@@ -17,7 +17,9 @@
  * A task's buffers are these handles, in the order of the node's data
  * accesses (struct sp_task_map says where each access's handles start);
  * the KV pages of an access are those its entry ranges cover (graph_use
- * e_read, e_w0..e_w1): R for entries read, RW for pages appended to.
+ * e_read, e_w0..e_w1), in R mode even where appended to (add_pages says
+ * why: the graph orders appends against readers; StarPU's exclusion would
+ * serialize them and its 1.3 leaks on that path).
  * Weights are not task buffers yet: they are read-only and bound through
  * the model (the CUDA issue decides where device copies live).
  * rt_starpu_shutdown releases every handle still registered.

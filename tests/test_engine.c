@@ -67,6 +67,16 @@ static void failures(void) {
   EXPECT(d.n > 0, "missing plan: no diagnostics");
   plan_diags_free(&d);
 
+  /* A placement this build cannot run: refused before on_plan and the weights. */
+  struct probe q0 = {.e = &e};
+  err[0] = 0;
+  rc = rt_engine_open(&e, &(struct rt_engine_opts){.plan = "tests/plans/placement/decode-rank3.yaml",
+                                                   .on_plan = probe_on_plan, .user = &q0},
+                      err, sizeof err);
+  expect_failed(&e, rc, RT_ENGINE_PLACEMENT, "decode on rank 3");
+  EXPECT(strstr(err, "decode-rank3.yaml:7:20:") && strstr(err, "set rank: 0"), "placement message: %s", err);
+  EXPECT_EQ(q0.calls, 0, "on_plan calls after a refused placement");
+
   struct probe q = {.e = &e, .refuse = true};
   err[0] = 0;
   rc = rt_engine_open(&e, &(struct rt_engine_opts){.plan = tiny, .on_plan = probe_on_plan, .user = &q}, err, sizeof err);

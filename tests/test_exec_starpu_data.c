@@ -17,7 +17,10 @@
  *  - freeing the request drops its handles, the pool's stay until the pool
  *    is freed; a page that no graph bound has no handle (EINVAL);
  *  - StarPU shut down while a request and its pools are alive releases
- *    their handles; freeing them afterwards is clean (ASan/LSan in CI).
+ *    their handles; freeing them afterwards is clean (ASan/LSan in CI);
+ *  - an activation that cannot be allocated fails the request with
+ *    CEDAR_ENOMEM and a message naming it, on both executors, instead of
+ *    aborting the process (the next request runs).
  * Exits 77 when StarPU cannot start here.
  * Run from the repository root: ctest --test-dir build -R exec_starpu_data.
  */
@@ -36,6 +39,11 @@
 #define STEPS 3
 
 static char err[1024];
+
+/* Under ASan, let a failed allocation return NULL as libc's does (the
+ * out-of-memory case below), instead of ASan's report and abort. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
 
 struct fx {
   struct plan p;
@@ -141,6 +149,29 @@ static int64_t want_request_bufs(const struct rt_request *r) {
   return n;
 }
 
+/* A graph whose first activation cannot be had (1 PiB): the request fails
+ * cleanly on both executors; a normal request runs after it. */
+static void check_oom(struct fx *f) {
+  for (int starpu = 0; starpu < 2; starpu++) {
+    struct rt_request r;
+    CEDAR_ASSERT(rt_request_init(&r, 9, &f->p, f->pools, N_PROMPT + 1) == 0);
+    for (int i = 0; i < N_PROMPT; i++) rt_request_push_token(&r, i % f->p.model.vocab);
+    struct graph g;
+    CEDAR_ASSERT(graph_build_prefill(&g, &f->p, N_PROMPT, &(struct graph_opts){.replay = -1}, err, sizeof err) == 0);
+    int big = -1;
+    for (int d = 0; d < g.n_data && big < 0; d++)
+      if (g.data[d].kind == GRAPH_ACT) big = d;
+    g.data[big].bytes = (int64_t)1 << 50;
+    err[0] = 0;
+    int rc = starpu ? rt_exec_starpu(&g, &f->M, &r, NULL, NULL, NULL, NULL, NULL, err, sizeof err)
+                    : rt_exec_direct(&g, &f->M, &r, NULL, NULL, NULL, NULL, err, sizeof err);
+    EXPECT(rc == CEDAR_ENOMEM && strstr(err, "out of memory") && strstr(err, g.data[big].name),
+           "%s: an activation of 1 PiB gave %d (%s)", starpu ? "starpu" : "direct", rc, err);
+    graph_free(&g);
+    rt_request_free(&r);
+  }
+}
+
 int main(void) {
   struct fx f;
   if (!fx_open(&f)) {
@@ -173,6 +204,7 @@ int main(void) {
   }
   rt_request_free(&ref);
   rt_request_free(&r);
+  check_oom(&f);
   rt_starpu_handle_counts(&pages, &bufs);
   EXPECT_EQ(bufs, 0, "request buffer handles after rt_request_free");
   EXPECT(pages > 0, "page handles went with the request; they belong to the pool");
