@@ -268,7 +268,7 @@ void sp__task_map_free(struct sp_task_map *map) {
   memset(map, 0, sizeof(*map));
 }
 
-/* ---- reading through handles (tests, and the transfer code to come) ------ */
+/* ---- reading through handles (tests; transfers will read the same way) -- */
 
 static int64_t read_handle(starpu_data_handle_t h, void *dst, size_t cap) {
   if (starpu_data_acquire(h, STARPU_R)) return CEDAR_EINVAL; /* brings the data home first */
