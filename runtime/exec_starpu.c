@@ -116,6 +116,7 @@ struct run {
   struct node_arg *arg;      /* (n_node) */
   int64_t act_bytes;
   atomic_int failed;         /* first failing node + 1, 0 when none */
+  atomic_int failed_rc;      /* its status */
   atomic_int done;
 };
 
@@ -173,7 +174,7 @@ static void cpu_task(void *buffers[], void *cl_arg) {
     int rc = rt_run_node(R->g, R->M, R->r, nd, buf, &st, R->out, A->out_row, ar);
     if (st.ring == &ring) R->r->ring[nd->layer].r0 = ring.r0;
     int none = 0;
-    if (rc) atomic_compare_exchange_strong(&R->failed, &none, A->k + 1);
+    if (rc && atomic_compare_exchange_strong(&R->failed, &none, A->k + 1)) atomic_store(&R->failed_rc, rc);
   }
   rt_arena_reset(ar);
   A->t1_us = starpu_timing_now();
@@ -440,6 +441,7 @@ int rt_exec_starpu(const struct graph *g, const struct rt_model *M, struct rt_re
   R.task = cedar_xcalloc(nn, sizeof(*R.task));
   R.arg = cedar_xcalloc(nn, sizeof(*R.arg));
   atomic_init(&R.failed, 0);
+  atomic_init(&R.failed_rc, 0);
   atomic_init(&R.done, 0);
   double t0 = starpu_timing_now(), fam0[RT_FAM_COUNT];
   family_seconds(fam0);
@@ -465,7 +467,7 @@ int rt_exec_starpu(const struct graph *g, const struct rt_model *M, struct rt_re
   int failed = atomic_load(&R.failed);
   if (!rc) collect(&R, st, times, fam0);
   if (failed) {
-    rc = CEDAR_ENOMEM;
+    rc = atomic_load(&R.failed_rc);
     rt_node_error(&g->node[failed - 1], rc, err, err_len);
   }
   for (int k = 0; k < g->n_node; k++) {
