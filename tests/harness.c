@@ -199,3 +199,26 @@ bool h_load_plan(const char *path, struct plan *p) {
   EXPECT(rc == 0, "plan %s does not load", path);
   return rc == 0;
 }
+
+static void *h_kept[H_KEEP_MAX];
+static int h_n_kept;
+
+void *h_keep(void *p) {
+  if (!p || h_n_kept >= H_KEEP_MAX) {
+    fprintf(stderr, "harness: %s\n", p ? "more than H_KEEP_MAX kept buffers" : "out of memory for a test buffer");
+    abort();
+  }
+  return h_kept[h_n_kept++] = p;
+}
+
+void h_kept_free(void) {
+  while (h_n_kept) free(h_kept[--h_n_kept]);
+}
+
+float *h_kept_floats(size_t n, uint64_t *seed, float lo, float hi) {
+  float *x = h_keep(malloc((n ? n : 1) * sizeof *x));
+  h_fill(x, n, seed, lo, hi);
+  return x;
+}
+
+void *h_kept_zeros(size_t bytes) { return h_keep(calloc(bytes ? bytes : 1, 1)); }

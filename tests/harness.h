@@ -101,6 +101,16 @@ int h_report(const char *suite);
 struct plan;
 bool h_load_plan(const char *path, struct plan *p);
 
+/* Buffers a test hands to op_io by pointer, kept until h_kept_free() frees
+ * them all (one check's inputs). h_keep aborts on NULL (out of memory) or
+ * past H_KEEP_MAX buffers, so nothing leaks unseen. */
+#define H_KEEP_MAX 256
+void *h_keep(void *p);
+void h_kept_free(void);
+/* n seeded floats in [lo, hi] (h_fill), or bytes zeroed, kept. */
+float *h_kept_floats(size_t n, uint64_t *seed, float lo, float hi);
+void *h_kept_zeros(size_t bytes);
+
 /* ---- a memory-backed op_io (ops/registry.h), for descriptor tests -------- */
 
 #include "ops/op_io_mem.h"

@@ -45,40 +45,24 @@ static uint64_t seed = 0xBAC0E0D5;
 
 /* ---- input helpers -------------------------------------------------------- */
 
-/* Every input buffer of one case, freed together by release(). */
-static void *kept[64];
-static int n_kept;
-
-static void *keep(void *p) {
-  CEDAR_ASSERT_MSG(n_kept < 64 && p, "test_backend_ops: too many buffers, or out of memory");
-  return kept[n_kept++] = p;
-}
-
-static void release(void) {
-  while (n_kept) free(kept[--n_kept]);
-}
-
-static float *frand(size_t n, float lo, float hi) {
-  float *x = keep(malloc((n ? n : 1) * sizeof *x));
-  h_fill(x, n, &seed, lo, hi);
-  return x;
-}
+/* Every input buffer of one check is kept (tests/harness.h: h_keep) and
+ * freed together by h_kept_free(). */
+static float *frand(size_t n, float lo, float hi) { return h_kept_floats(n, &seed, lo, hi); }
 
 static int64_t below(int64_t k) { return (int64_t)(h_uniform(&seed) * (double)k); }
 
 static int32_t *irand32(size_t n, int32_t k) {
-  int32_t *v = keep(malloc((n ? n : 1) * sizeof *v));
+  int32_t *v = h_keep(malloc((n ? n : 1) * sizeof *v));
   for (size_t i = 0; i < n; i++) v[i] = (int32_t)below(k);
   return v;
 }
 
 static int64_t *irand64(size_t n, int64_t k) {
-  int64_t *v = keep(malloc((n ? n : 1) * sizeof *v));
+  int64_t *v = h_keep(malloc((n ? n : 1) * sizeof *v));
   for (size_t i = 0; i < n; i++) v[i] = below(k);
   return v;
 }
 
-static void *zalloc(size_t bytes) { return keep(calloc(bytes ? bytes : 1, 1)); }
 
 /* IN(h, "x", OP_F32, data, dims...): an input of the dims given. */
 #define DIMS_(...) ((int64_t[]){__VA_ARGS__})
@@ -154,7 +138,7 @@ static void build_fp4_unpack(struct h_io *h) {
   enum { N = 5, W = 30, B = 6 };
   const size_t b = op_fp4_bytes(W, B);
   float *x = frand(N * W, -9, 9);
-  uint8_t *e = zalloc(N * b);
+  uint8_t *e = h_kept_zeros(N * b);
   for (int i = 0; i < N; i++) op_fp4_pack(e + i * b, x + i * W, W, B, OP_NIBBLE_EVEN_HIGH);
   packed_from = x;
   IN(h, "entries", OP_U8, e, N, (int64_t)b);
@@ -170,7 +154,7 @@ static void build_mxfp4_unpack(struct h_io *h) {
   enum { N = 3, W = 64, B = 32 };
   const size_t b = op_mxfp4_bytes(W, B);
   float *x = frand(N * W, -9, 9);
-  uint8_t *e = zalloc(N * b);
+  uint8_t *e = h_kept_zeros(N * b);
   for (int i = 0; i < N; i++) op_mxfp4_pack(e + i * b, x + i * W, W, B, OP_MX_CEIL, OP_NIBBLE_EVEN_LOW);
   packed_from = x;
   IN(h, "entries", OP_U8, e, N, (int64_t)b);
@@ -185,7 +169,7 @@ static void build_fp8_unpack(struct h_io *h) {
   enum { N = 5, W = 24, B = 8 };
   const size_t b = op_fp8_bytes(W, B, OP_SCALE_E8M0);
   float *x = frand(N * W, -9, 9);
-  uint8_t *e = zalloc(N * b);
+  uint8_t *e = h_kept_zeros(N * b);
   for (int i = 0; i < N; i++) op_fp8_pack(e + i * b, x + i * W, W, B, OP_SCALE_E8M0);
   packed_from = x;
   IN(h, "entries", OP_U8, e, N, (int64_t)b);
@@ -249,7 +233,7 @@ enum { IS = 5, IH = 3, IW = 16, IBLK = 8, IE = 23 };
 static void indexer_inputs(struct h_io *h) {
   static const int64_t pos[IS] = {0, 5, 17, 44, 46};
   const size_t ib = op_mxfp4_bytes(IW, IBLK);
-  uint8_t *keys = zalloc(IE * ib);
+  uint8_t *keys = h_kept_zeros(IE * ib);
   float *k = frand(IE * IW, -3, 3);
   for (int e = 0; e < IE; e++) op_mxfp4_pack(keys + e * ib, k + e * IW, IW, IBLK, OP_MX_CEIL, OP_NIBBLE_EVEN_LOW);
   IN(h, "q", OP_F32, frand(IS * IH * IW, -1, 1), IS, IH, IW);
@@ -274,7 +258,7 @@ static void build_reindex(struct h_io *h) {
   int rc = op_backend_run(&op_backend_cpu, OP_ID_indexer_topk, &t.io);
   const struct op_tensor *pool = op_io_mem_output(&t, "pool");
   EXPECT(rc == 0 && pool, "reindex inputs: indexer_topk failed: %s", t.error);
-  int32_t *p = zalloc(IS * 2 * sizeof *p);
+  int32_t *p = h_kept_zeros(IS * 2 * sizeof *p);
   if (pool) memcpy(p, pool->data, IS * 2 * sizeof *p);
   h_io_free(&t);
   IN(h, "pool", OP_I32, p, IS, 2);
@@ -288,7 +272,7 @@ static void build_sparse_attn(struct h_io *h) {
   static const int64_t pos[AS] = {3, 10, 11, 40}, spos[ASL] = {8, 9, 10, -1, 6, 11};
   static const int32_t topk[AS * AK] = {0, 1, -1, -1, -1, 2, 7, 8, 9, -1, 4, 3, 0, 100, -5, 8, 6, 5, 1, 2};
   const size_t eb = op_fp4_bytes(AD, 16) + 10, sb = op_fp8_bytes(AD, 8, OP_SCALE_E8M0);
-  uint8_t *entries = zalloc(AN * eb), *ring = zalloc(ASL * sb);
+  uint8_t *entries = h_kept_zeros(AN * eb), *ring = h_kept_zeros(ASL * sb);
   float *g = frand(AN * AD, -2, 2), *s = frand(ASL * AD, -2, 2);
   for (int e = 0; e < AN; e++) op_fp4_pack(entries + e * eb, g + e * AD, AD, 16, OP_NIBBLE_EVEN_LOW);
   for (int e = 0; e < ASL; e++) op_fp8_pack(ring + e * sb, s + e * AD, AD, 8, OP_SCALE_E8M0);
@@ -314,7 +298,7 @@ static void build_oproj(struct h_io *h) {
  * shared expert of width 5, every optional input present. */
 static void build_moe(struct h_io *h) {
   enum { N = 11, D = 13, R = 9, I = 7, S = 5 };
-  uint8_t *mod = zalloc(N);
+  uint8_t *mod = h_kept_zeros(N);
   for (int t = 0; t < N; t++) mod[t] = (uint8_t)(t % 3 == 1);
   IN(h, "x", OP_F32, frand(N * D, -1, 1), N, D);
   IN(h, "router", OP_F32, frand(R * D, -0.5f, 0.5f), R, D);
@@ -362,7 +346,7 @@ static void build_mhc_merge(struct h_io *h) {
 /* Module 1 (layer 14), three history ids then 17, two dead positions. */
 static void build_engram_hash(struct h_io *h) {
   enum { HIST = 3, TOT = HIST + 17, VOCAB = 50 };
-  uint8_t *dead = zalloc(TOT);
+  uint8_t *dead = h_kept_zeros(TOT);
   dead[9] = dead[10] = 1;
   IN(h, "tokens", OP_I32, irand32(TOT, VOCAB), TOT);
   IN(h, "dead", OP_U8, dead, TOT);
@@ -374,7 +358,7 @@ static void build_engram_hash(struct h_io *h) {
 static void build_engram_gather(struct h_io *h) {
   enum { N = 6, O = 2, H = 3, HD = 64, BLK = 16, R = 40 };
   const size_t rb = op_engram_row_bytes(HD, BLK);
-  uint8_t *table = zalloc(R * rb);
+  uint8_t *table = h_kept_zeros(R * rb);
   float *vals = frand((size_t)R * HD, -300, 300);
   for (int r = 0; r < R; r++) op_fp8_pack(table + r * rb, vals + (size_t)r * HD, HD, BLK, OP_SCALE_E8M0);
   IN(h, "table", OP_U8, table, R, (int64_t)rb);
@@ -430,8 +414,8 @@ static void build_sample(struct h_io *h) {
 /* The float64 copy of an input, and a zero bound beside it (exact inputs). */
 static double *f64_of(const struct op_tensor *t, double **bound) {
   size_t n = op_io_mem_bytes(t) / sizeof(float);
-  double *x = keep(malloc(n * sizeof *x));
-  *bound = keep(calloc(n, sizeof **bound));
+  double *x = h_keep(malloc(n * sizeof *x));
+  *bound = h_keep(calloc(n, sizeof **bound));
   for (size_t i = 0; i < n; i++) x[i] = ((const float *)t->data)[i];
   return x;
 }
@@ -470,8 +454,8 @@ static void ref_linear(const struct h_io *in, const struct h_io *out) {
   const struct op_tensor *x = input_of(in, "x"), *w = input_of(in, "w"), *o = op_io_mem_output(out, "y");
   const int n = (int)x->shape[0], k = (int)x->shape[1], m = (int)w->shape[0];
   if (!shaped(o, 2, DIMS_(n, m), "linear vs float64")) return;
-  double *xb, *x64 = f64_of(x, &xb), *y = keep(malloc((size_t)n * m * sizeof *y));
-  double *yb = keep(malloc((size_t)n * m * sizeof *yb));
+  double *xb, *x64 = f64_of(x, &xb), *y = h_keep(malloc((size_t)n * m * sizeof *y));
+  double *yb = h_keep(malloc((size_t)n * m * sizeof *yb));
   h_ref_linear(y, yb, w->data, x64, NULL, n, k, m);
   h_within(o->data, y, yb, (size_t)n * m, "linear vs float64");
 }
@@ -525,7 +509,7 @@ enum fmt { FMT_FP4, FMT_MXFP4, FMT_FP8 };
 
 static void roundtrip_within(enum fmt f, const float *x, const float *back, int n, int W, int block, int e8m0,
                              const char *what) {
-  double *ref = keep(malloc((size_t)n * W * sizeof *ref)), *bound = keep(malloc((size_t)n * W * sizeof *bound));
+  double *ref = h_keep(malloc((size_t)n * W * sizeof *ref)), *bound = h_keep(malloc((size_t)n * W * sizeof *bound));
   const int B = block ? block : W;
   for (int i = 0; i < n * W; i += B) {
     double amax = 0;
@@ -800,7 +784,7 @@ int main(void) {
       have_ref = have_ref || (j == 0 && grid[i][j] == CELL_OK);
     }
     h_io_free(&ref);
-    release();
+    h_kept_free();
   }
   printf("%-18s", "op");
   for (int j = 0; j < N_BACKENDS; j++) printf(" %-8s", backends[j]->name);

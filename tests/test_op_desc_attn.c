@@ -26,26 +26,10 @@ static uint64_t seed = 20261;
 
 /* ---- small helpers ------------------------------------------------------ */
 
-/* Every input buffer of one check, freed together by release(). */
-static void *kept[64];
-static int n_kept;
+/* Every input buffer of one check is kept (tests/harness.h: h_keep) and
+ * freed together by h_kept_free(). */
+static float *frand(size_t n, float lo, float hi) { return h_kept_floats(n, &seed, lo, hi); }
 
-static void *keep(void *p) {
-  if (n_kept < 64) kept[n_kept++] = p;
-  return p;
-}
-
-static void release(void) {
-  while (n_kept) free(kept[--n_kept]);
-}
-
-static float *frand(size_t n, float lo, float hi) {
-  float *x = keep(malloc((n ? n : 1) * sizeof *x));
-  h_fill(x, n, &seed, lo, hi);
-  return x;
-}
-
-static void *zalloc(size_t bytes) { return keep(calloc(bytes ? bytes : 1, 1)); }
 
 /* The input called `name` (to break one of its dims or its dtype). */
 static struct op_tensor *in_named(struct h_io *h, const char *name) {
@@ -136,8 +120,8 @@ static void check_formats(void) {
   for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
     const struct fmt_case *c = &cases[k];
     const size_t b = fmt_bytes(c);
-    float *x = frand((size_t)N * c->W, -9, 9), *back = zalloc((size_t)N * c->W * sizeof(float));
-    uint8_t *e = zalloc((size_t)N * b);
+    float *x = frand((size_t)N * c->W, -9, 9), *back = h_kept_zeros((size_t)N * c->W * sizeof(float));
+    uint8_t *e = h_kept_zeros((size_t)N * b);
     x[3] = 0, x[c->W + 1] = -1e-30f; /* a zero and a tiny value among them */
     fmt_direct(c, e, back, x, N);
     struct h_io h;
@@ -156,7 +140,7 @@ static void check_formats(void) {
   }
   /* Refusals: one per descriptor. */
   float *x = frand(64, -1, 1);
-  uint8_t *e = zalloc(64);
+  uint8_t *e = h_kept_zeros(64);
   struct h_io h;
   h_io_init(&h);
   h_io_input(&h, "x", OP_F32, 2, (int64_t[]){2, 30}, x);
@@ -178,7 +162,7 @@ static void check_formats(void) {
   h_io_param(&h, "block", 15);
   refuses(&h, "fp4_pack", "block 15 must be even");
   h_io_free(&h);
-  release();
+  h_kept_free();
 }
 
 /* ---- query path and SWA KV ---------------------------------------------- */
@@ -233,7 +217,7 @@ static void check_q_latent_weights(void) {
   h_io_input(&h, "W_w", OP_F32, 2, (int64_t[]){5, HID - 1}, Ww);
   refuses(&h, "index_weights", "W_w is (5, 36) but u is (3, 37)");
   h_io_free(&h);
-  release();
+  h_kept_free();
 }
 
 static void check_q_heads(void) {
@@ -280,7 +264,7 @@ static void check_q_heads(void) {
   h_io_param(&h, "head_dim", D);
   refuses(&h, "q_main", "W_qb is (48, 19) but heads 4 x head_dim 16 over cq (3, 19) needs (64, 19)");
   h_io_free(&h);
-  release();
+  h_kept_free();
 }
 
 static void check_swa_kv(void) {
@@ -288,7 +272,7 @@ static void check_swa_kv(void) {
   float *u = frand(N * HID, -2, 2), *W = frand(D * HID, -1, 1), *g = frand(D, 0.5f, 1.5f), kS[N * D];
   int64_t pos[N] = {5, 6, 9, 130};
   const size_t b = op_fp8_bytes(D, BLK, OP_SCALE_E8M0);
-  uint8_t *e = zalloc(N * b);
+  uint8_t *e = h_kept_zeros(N * b);
   struct op_rope r;
   rope_make(&r, D, 8, false);
   float ab[2 * N * 4];
@@ -324,7 +308,7 @@ static void check_swa_kv(void) {
   h_io_param(&h, "block", 5);
   refuses(&h, "swa_kv", "block 5 does not divide head_dim 16");
   h_io_free(&h);
-  release();
+  h_kept_free();
 }
 
 /* ---- compressor --------------------------------------------------------- */
@@ -364,10 +348,10 @@ static void check_compress_case(const struct comp_case *c) {
                             .k_gamma = c->k_norm ? kg : NULL, .eps = 1e-6f, .rope = &r, .rope_i = &ri,
                             .main_block = c->main_block, .idx_block = c->idx_block};
   const size_t mb = op_fp4_bytes(d, c->main_block), ib = op_mxfp4_bytes(di, c->idx_block);
-  struct op_comp_out out = {.entries = zalloc((size_t)n_emit * (mb + ib)), .entry_bytes = mb + ib, .idx_off = mb,
-                            .max_entries = n_emit, .pos = zalloc((size_t)n_emit * sizeof(int64_t))};
-  float *tbuf = zalloc(op_comp_tail_floats(c->ratio, d) * sizeof(float));
-  float *scratch = zalloc(op_comp_scratch_floats(c->n, c->ratio, d, di) * sizeof(float));
+  struct op_comp_out out = {.entries = h_kept_zeros((size_t)n_emit * (mb + ib)), .entry_bytes = mb + ib, .idx_off = mb,
+                            .max_entries = n_emit, .pos = h_kept_zeros((size_t)n_emit * sizeof(int64_t))};
+  float *tbuf = h_kept_zeros(op_comp_tail_floats(c->ratio, d) * sizeof(float));
+  float *scratch = h_kept_zeros(op_comp_scratch_floats(c->n, c->ratio, d, di) * sizeof(float));
   struct op_comp_tail tail;
   EXPECT(op_comp_tail_init(&tail, tbuf, c->ratio, d, c->start) == 0, "tail init");
   EXPECT(op_compress(&out, &tail, scratch, u, c->start, c->n, &L, NULL) == n_emit, "direct compress");
@@ -412,7 +396,7 @@ static void check_compress_case(const struct comp_case *c) {
   in_named(&h, "W_ik")->shape[1] = d + 1;
   refuses(&h, "compress", "W_ik is (16, 33) but W_kv is (32, 37): W_ik needs 32 columns");
   h_io_free(&h);
-  release();
+  h_kept_free();
 }
 
 static void check_compress(void) {
@@ -427,7 +411,7 @@ static void check_compress(void) {
   h_io_input(&h, "W_ik", OP_F32, 2, (int64_t[]){16, 32}, frand(16 * 32, -1, 1));
   refuses(&h, "compress", "missing input tensor 'W_gate'");
   h_io_free(&h);
-  release();
+  h_kept_free();
 }
 
 /* ---- indexer ------------------------------------------------------------ */
@@ -448,8 +432,8 @@ static void idx_data(struct idx_data *D) {
   D->q = frand(IS * IH * IW, -1, 1);
   D->w = frand(IS * IH, 0.2f, 1);
   D->ib = op_mxfp4_bytes(IW, IBLK);
-  D->keys = zalloc(IE * D->ib);
-  D->padded = zalloc(IE * (D->ib + 7));
+  D->keys = h_kept_zeros(IE * D->ib);
+  D->padded = h_kept_zeros(IE * (D->ib + 7));
   float *k = frand(IE * IW, -3, 3);
   for (int e = 0; e < IE; e++) {
     op_mxfp4_pack(D->keys + e * D->ib, k + e * IW, IW, IBLK, OP_MX_CEIL, OP_NIBBLE_EVEN_LOW);
@@ -476,9 +460,9 @@ static void check_indexer(void) {
   struct op_kv_view kv = {.pages = &page, .page_entries = IE, .entry_bytes = D.ib, .n_entries = IE, .ratio = 2,
                           .idx_w = IW, .idx_block = IBLK};
   int32_t topk[IS * IK], pool[IS * PT], retopk[IS * IK];
-  void *work = zalloc(op_indexer_topk_work_bytes(&kv, D.pos, IS, PB));
+  void *work = h_kept_zeros(op_indexer_topk_work_bytes(&kv, D.pos, IS, PB));
   op_indexer_topk(topk, pool, work, D.q, D.w, D.pos, &kv, IS, IH, IK, PB, PT);
-  void *rwork = zalloc(op_indexer_reindex_work_bytes(&kv, PB, PT));
+  void *rwork = h_kept_zeros(op_indexer_reindex_work_bytes(&kv, PB, PT));
   op_indexer_reindex(retopk, rwork, pool, D.q, D.w, D.pos, &kv, IS, IH, IK, PB, PT);
   for (int padded = 0; padded < 2; padded++) { /* idx_off 0, then keys at byte 5 of wider rows */
     struct h_io h;
@@ -529,7 +513,7 @@ static void check_indexer(void) {
   idx_inputs(&h, &D, false);
   refuses(&h, "reindex", "missing input tensor 'pool'");
   h_io_free(&h);
-  release();
+  h_kept_free();
 }
 
 /* ---- attention and output projection ------------------------------------ */
@@ -551,7 +535,7 @@ static void attn_data(struct attn_data *D) {
   D->q = frand(AS * AH * AD, -0.5f, 0.5f);
   D->sink = frand(AH, -1, 1);
   D->eb = op_fp4_bytes(AD, MBLK) + 10, D->sb = op_fp8_bytes(AD, SBLK, OP_SCALE_E8M0);
-  D->entries = zalloc(AN * D->eb), D->ring = zalloc(ASL * D->sb);
+  D->entries = h_kept_zeros(AN * D->eb), D->ring = h_kept_zeros(ASL * D->sb);
   float *g = frand(AN * AD, -2, 2), *s = frand(ASL * AD, -2, 2);
   for (int e = 0; e < AN; e++) op_fp4_pack(D->entries + e * D->eb, g + e * AD, AD, MBLK, OP_NIBBLE_EVEN_LOW);
   for (int e = 0; e < ASL; e++) op_fp8_pack(D->ring + e * D->sb, s + e * AD, AD, SBLK, OP_SCALE_E8M0);
@@ -627,7 +611,7 @@ static void check_sparse_attn(void) {
   in_named(&h, "pos")->dtype = OP_I32;
   refuses(&h, "sparse_attn", "input 'pos' must be I64 with 1 dims");
   h_io_free(&h);
-  release();
+  h_kept_free();
 }
 
 static void check_oproj(void) {
@@ -652,7 +636,7 @@ static void check_oproj(void) {
   h_io_input(&h, "W_ob", OP_F32, 2, (int64_t[]){HIDDEN, G * R + 1}, wb);
   refuses(&h, "oproj", "W_ob is (7, 11) but W_oa is (2, 5, 12): W_ob needs 10 columns");
   h_io_free(&h);
-  release();
+  h_kept_free();
 }
 
 int main(void) {
