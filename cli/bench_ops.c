@@ -346,7 +346,7 @@ static void time_scan(struct bench *b, const char *name, const float *q, const f
   for (int i = 0; i < S; i++) keys += (double)op_indexer_visible(&v, pos[i]);
   struct bench_loop l;
   char c[24];
-  TIME(l, b) op_indexer_topk(topk, NULL, work, q, w, pos, &v, S, iH, k, 0, 0);
+  TIME(l, b) op_indexer_topk(topk, NULL, work, q, w, pos, &v, S, iH, k, 0, 0, false);
   /* flops (2 id + 2) iH per (query, visible key): the dot, w ReLU, the head
    * sum (key dequantization not counted); bytes: each visible key's Indexer-K
    * part once (idx_bytes, not the whole entry) + 4 S (iH id + iH + k) + 8 S */
@@ -384,7 +384,7 @@ static void case_pool(struct bench *b, const char *name) {
   for (int64_t n = 65536; n <= CTX_MAX; n *= 16) {
     struct bench_loop l;
     TIME(l, b) {
-      int got = op_pool_select(blocks, bs, s, n, B, top);
+      int got = op_pool_select(blocks, bs, s, n, B, top, true);
       op_pool_expand(entries, blocks, got, B, n);
     }
     /* flops: a nominal 1 compare per score; bytes 4 n scores + 4 n/B block

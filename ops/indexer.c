@@ -281,7 +281,7 @@ int op_topk_select(int32_t *out, const float *scores, int64_t n, int k) {
 }
 
 int op_pool_select(int32_t *blocks, float *block_scores, const float *scores, int64_t n_vis, int block,
-                   int top_blocks) {
+                   int top_blocks, bool pin_newest) {
   CEDAR_ASSERT_MSG(block >= 1 && top_blocks >= 1 && n_vis >= 0, "pool: block=%d top_blocks=%d n_vis=%lld", block,
                    top_blocks, (long long)n_vis);
   int64_t n_blocks = (n_vis + block - 1) / block;
@@ -292,6 +292,7 @@ int op_pool_select(int32_t *blocks, float *block_scores, const float *scores, in
       if (score_cmp(scores[s], best) > 0) best = scores[s];
     block_scores[b] = best;
   }
+  if (pin_newest && n_blocks > 0) block_scores[n_blocks - 1] = INFINITY;
   return op_topk_select(blocks, block_scores, n_blocks, top_blocks);
 }
 
@@ -348,7 +349,8 @@ static void score_queries(float *scores /* (nq, ld) */, int64_t ld, float *tile 
 }
 
 void op_indexer_topk(int32_t *topk, int32_t *pool, void *work, const float *q, const float *w, const int64_t *pos,
-                     const struct op_kv_view *kv, int S, int heads, int k, int pool_block, int pool_top) {
+                     const struct op_kv_view *kv, int S, int heads, int k, int pool_block, int pool_top,
+                     bool pin_newest) {
   check_view(kv, heads);
   CEDAR_ASSERT_MSG(k >= 1 && (!pool || (pool_block >= 1 && pool_top >= 1)), "indexer: k=%d block=%d top=%d", k,
                    pool_block, pool_top);
@@ -365,7 +367,8 @@ void op_indexer_topk(int32_t *topk, int32_t *pool, void *work, const float *q, c
     for (int i = 0; i < nq; i++) {
       const float *sc = scores + (size_t)i * ld;
       op_topk_select(topk + (size_t)(q0 + i) * k, sc, nvis[i], k);
-      if (pool) op_pool_select(pool + (size_t)(q0 + i) * pool_top, block_scores, sc, nvis[i], pool_block, pool_top);
+      if (pool)
+        op_pool_select(pool + (size_t)(q0 + i) * pool_top, block_scores, sc, nvis[i], pool_block, pool_top, pin_newest);
     }
   }
 }
@@ -482,10 +485,11 @@ static int idx_read(const struct op_desc *self, struct op_io *io, struct idx_cal
 
 static int indexer_topk_run(const struct op_desc *self, struct op_io *io) {
   struct idx_call c;
-  double build, top;
+  double build, top, pin;
   int rc = idx_read(self, io, &c);
   if (rc) return rc;
-  if (!op_io_param_in(self, io, "build_pool", 0, 1, &build) || !op_io_param_in(self, io, "pool_top", 1, INT_MAX, &top))
+  if (!op_io_param_in(self, io, "build_pool", 0, 1, &build) || !op_io_param_in(self, io, "pool_top", 1, INT_MAX, &top) ||
+      !op_io_param_in(self, io, "pin_newest", 0, 1, &pin))
     return CEDAR_EINVAL;
   int32_t *topk = op_io_out(self, io, "topk", 2, (int64_t[]){c.S, c.k});
   int32_t *pool = topk && build ? op_io_out(self, io, "pool", 2, (int64_t[]){c.S, (int64_t)top}) : NULL;
@@ -493,7 +497,7 @@ static int indexer_topk_run(const struct op_desc *self, struct op_io *io) {
   size_t wb = op_indexer_topk_work_bytes(&c.kv, c.pos, c.S, build ? c.pool_block : 0);
   void *work = malloc(wb ? wb : 1);
   if (!work) return op_io_fail(io, "indexer_topk: cannot allocate %zu bytes of workspace", wb), CEDAR_ENOMEM;
-  op_indexer_topk(topk, pool, work, c.q, c.w, c.pos, &c.kv, c.S, c.heads, c.k, c.pool_block, (int)top);
+  op_indexer_topk(topk, pool, work, c.q, c.w, c.pos, &c.kv, c.S, c.heads, c.k, c.pool_block, (int)top, pin != 0);
   free(work);
   return 0;
 }
@@ -570,6 +574,8 @@ const struct op_desc op_desc_indexer_topk = {
     .params = (const struct op_param[]){IDX_PARAMS_,
                                         {"pool_top", OP_PARAM_INT, 2048, "blocks kept, candidate_topk_blocks [A]"},
                                         {"build_pool", OP_PARAM_BOOL, 0, "also build the candidate pool (L20)"},
+                                        {"pin_newest", OP_PARAM_BOOL, 1, "the newest visible block always in the "
+                                                                        "pool, candidates.pin_newest [V #12]"},
                                         {0}},
     .run = indexer_topk_run,
 };

@@ -53,6 +53,7 @@
 #ifndef CEDAR_OPS_INDEXER_H
 #define CEDAR_OPS_INDEXER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -80,10 +81,13 @@ int op_topk_select(int32_t *out /* (k) */, const float *scores /* (n) */, int64_
 
 /* The candidate pool from one query's scores over its n_vis visible entries:
  * block_scores[b] = best of scores[B*b, min(B*b + B, n_vis)) (scratch, also
- * readable afterwards), then blocks = op_topk_select(block_scores, top_blocks).
- * Returns the number of selected blocks, min(top_blocks, ceil(n_vis / B)). */
+ * readable afterwards); with pin_newest the newest visible block's score is
+ * +inf, so it is always kept (the vendor's V4.1, Appendix V #12: an older
+ * full block cannot outscore the partial newest one); then blocks =
+ * op_topk_select(block_scores, top_blocks). Returns the number of selected
+ * blocks, min(top_blocks, ceil(n_vis / B)). */
 int op_pool_select(int32_t *blocks /* (top_blocks) */, float *block_scores /* (ceil(n_vis / block)) */,
-                   const float *scores /* (n_vis) */, int64_t n_vis, int block, int top_blocks);
+                   const float *scores /* (n_vis) */, int64_t n_vis, int block, int top_blocks, bool pin_newest);
 
 /* C_p: the entries of the given blocks that are visible (< n_vis), block by
  * block in the order given (ascending blocks give ascending entries); -1
@@ -102,13 +106,13 @@ size_t op_indexer_topk_work_bytes(const struct op_kv_view *kv, const int64_t *po
 /* Full scan for a Full layer (SPEC 2.3): for every query i at position
  * pos[i], topk[i] = op_topk_select of its scores, and, when pool is not NULL
  * (the pool-building layer, SPEC 3.11), pool[i] = op_pool_select of the same
- * scores. Queries are scored in tiles of 8 against tiles of 64 entries, so
+ * scores (with pin_newest). Queries are scored in tiles of 8 against tiles of 64 entries, so
  * each key is dequantized once per query tile; the scores are bitwise those
  * of op_indexer_score. pool_block and pool_top are ignored when pool is NULL. */
 void op_indexer_topk(int32_t *topk /* (S, k) */, int32_t *pool /* (S, pool_top) or NULL */,
                      void *work /* (op_indexer_topk_work_bytes) */, const float *q /* (S, heads, kv->idx_w) */,
                      const float *w /* (S, heads) */, const int64_t *pos /* (S) */, const struct op_kv_view *kv,
-                     int S, int heads, int k, int pool_block, int pool_top);
+                     int S, int heads, int k, int pool_block, int pool_top, bool pin_newest);
 
 /* Workspace of op_indexer_reindex, in bytes (float-aligned). */
 size_t op_indexer_reindex_work_bytes(const struct op_kv_view *kv, int pool_block, int pool_top);

@@ -16,28 +16,31 @@
 
 static void *at(void *const *buf, int d) { return d < 0 ? NULL : buf[d]; }
 
-/* KEEP_XE: the tile's encoder outputs into the request's ring of the last
- * xe_cap positions (what the decoder replay of a later prompt reads). */
-static void keep_xe(const struct rt_model *M, struct rt_request *r, const struct graph_node *nd, const float *X) {
+/* KEEP_XE: the tile's encoder outputs (streams and carried pre) into the
+ * request's ring of the last xe_cap positions (what the decoder replay of a
+ * later prompt reads). */
+static void keep_xe(const struct rt_model *M, struct rt_request *r, const struct graph_node *nd, const float *X,
+                    const float *pre) {
   const struct plan_model *m = &M->p->model;
-  size_t row = (size_t)m->hc_streams * m->hidden;
-  CEDAR_ASSERT(r->xe_cap > 0);
+  size_t xr = (size_t)m->hc_streams * m->hidden, row = rt_xe_row_floats(m), hc = (size_t)m->hc_streams;
+  CEDAR_ASSERT(r->xe_cap > 0 && pre);
   for (int i = 0; i < nd->n; i++) {
     int64_t p = nd->a + i;
     int slot = (int)(p % r->xe_cap);
-    memcpy(r->xe + (size_t)slot * row, X + (size_t)i * row, sizeof(float) * row);
+    memcpy(r->xe + (size_t)slot * row, X + (size_t)i * xr, sizeof(float) * xr);
+    memcpy(r->xe + (size_t)slot * row + xr, pre + (size_t)i * hc, sizeof(float) * hc);
     r->xe_pos[slot] = p;
   }
 }
 
-/* REPLAY_IN: the encoder output rows of [a, a + n), from the encoder tiles
- * it reads, and below the first of them from the request's ring (rows a
- * restored snapshot brought in). */
+/* REPLAY_IN: the encoder output rows of [a, a + n) and the pre they carry
+ * (docs/model.md s2), from the encoder tiles it reads, and below the first
+ * of them from the request's ring (rows a restored snapshot brought in). */
 static void replay_in(const struct graph *g, const struct rt_model *M, struct rt_request *r,
                       const struct graph_node *nd, void *const *buf) {
   const struct plan_model *m = &M->p->model;
-  size_t row = (size_t)m->hc_streams * m->hidden;
-  float *dst = at(buf, nd->x);
+  size_t xr = (size_t)m->hc_streams * m->hidden, hc = (size_t)m->hc_streams, row = rt_xe_row_floats(m);
+  float *dst = at(buf, nd->x), *pre = at(buf, nd->aux);
   int64_t first_tile = nd->a + nd->n;
   bool from_ring = false;
   for (int u = 0; u < nd->n_use; u++) {
@@ -47,21 +50,23 @@ static void replay_in(const struct graph *g, const struct rt_model *M, struct rt
       from_ring = true;
       continue;
     }
-    int64_t len = gd->bytes / (int64_t)(row * sizeof(float));
+    size_t w = gd->pre ? hc : xr; /* a tile's pre, or its streams */
+    int64_t len = gd->bytes / (int64_t)(w * sizeof(float));
     int64_t lo = gd->a0 > nd->a ? gd->a0 : nd->a;
     int64_t hi = gd->a0 + len < nd->a + nd->n ? gd->a0 + len : nd->a + nd->n;
     if (gd->a0 < first_tile) first_tile = gd->a0 > nd->a ? gd->a0 : nd->a;
     const float *src = at(buf, nd->use[u].data);
     if (hi > lo)
-      memcpy(dst + (size_t)(lo - nd->a) * row, src + (size_t)(lo - gd->a0) * row, sizeof(float) * row * (size_t)(hi - lo));
+      memcpy((gd->pre ? pre : dst) + (size_t)(lo - nd->a) * w, src + (size_t)(lo - gd->a0) * w,
+             sizeof(float) * w * (size_t)(hi - lo));
   }
   for (int64_t p = nd->a; from_ring && p < first_tile; p++) {
     int slot = (int)(p % r->xe_cap);
     CEDAR_ASSERT_MSG(r->xe_pos[slot] == p, "%s: the encoder output of position %lld is not kept", nd->name,
                      (long long)p);
-    memcpy(dst + (size_t)(p - nd->a) * row, r->xe + (size_t)slot * row, sizeof(float) * row);
+    memcpy(dst + (size_t)(p - nd->a) * xr, r->xe + (size_t)slot * row, sizeof(float) * xr);
+    memcpy(pre + (size_t)(p - nd->a) * hc, r->xe + (size_t)slot * row + xr, sizeof(float) * hc);
   }
-  memset(at(buf, nd->aux), 0, sizeof(float) * (size_t)nd->n * m->hc_streams);
 }
 
 /* CEDAR_LOG=debug: the RMS of the residual streams after each layer, the
@@ -79,8 +84,7 @@ static void log_rms(const struct rt_model *M, const struct graph_node *nd, const
 static int cpu_embed(const struct rt_node_ctx *c) {
   const struct graph_node *nd = c->nd;
   CEDAR_ASSERT(nd->a + nd->n <= c->r->n_tokens);
-  rt_embed(c->M, at(c->buf, nd->x), c->r->tokens + nd->a, nd->n, c->ar);
-  memset(at(c->buf, nd->aux), 0, sizeof(float) * (size_t)nd->n * c->M->p->model.hc_streams);
+  rt_embed(c->M, at(c->buf, nd->x), at(c->buf, nd->aux), c->r->tokens + nd->a, nd->n, c->ar);
   return 0;
 }
 
@@ -109,11 +113,12 @@ static int cpu_moe(const struct rt_node_ctx *c) {
 }
 
 static int cpu_dec_kv(const struct rt_node_ctx *c) {
-  return rt_dec_kv(c->M, c->st, c->nd->layer, at(c->buf, c->nd->x), c->nd->a, c->nd->n, c->ar);
+  return rt_dec_kv(c->M, c->st, c->nd->layer, at(c->buf, c->nd->x), at(c->buf, c->nd->pre), c->nd->a, c->nd->n,
+                   c->ar);
 }
 
 static int cpu_keep_xe(const struct rt_node_ctx *c) {
-  keep_xe(c->M, c->r, c->nd, at(c->buf, c->nd->x));
+  keep_xe(c->M, c->r, c->nd, at(c->buf, c->nd->x), at(c->buf, c->nd->pre));
   return 0;
 }
 
@@ -127,8 +132,9 @@ static int cpu_head(const struct rt_node_ctx *c) {
   const struct plan_model *m = &c->M->p->model;
   const struct graph_data *xd = &c->g->data[nd->x];
   const float *X = (const float *)at(c->buf, nd->x) + (size_t)(nd->a - xd->a0) * m->hc_streams * m->hidden;
+  const float *pre = nd->pre < 0 ? NULL : (const float *)at(c->buf, nd->pre) + (size_t)(nd->a - xd->a0) * m->hc_streams;
   float *lg = at(c->buf, nd->aux);
-  rt_head(c->M, lg, X, nd->n, c->ar);
+  rt_head(c->M, lg, X, pre, nd->n, c->ar);
   if (c->out && c->out->logits)
     memcpy(c->out->logits + (size_t)c->out_row * m->vocab, lg, sizeof(float) * (size_t)nd->n * m->vocab);
   if (c->out && c->out->pos)

@@ -122,7 +122,7 @@ struct sp_req_handles *sp__request_handles(struct rt_request *r) {
   }
   q->tokens = reg(r->tokens, sizeof(int32_t) * (size_t)(r->max_tokens > 0 ? r->max_tokens : 1), "tokens");
   if (r->xe) {
-    size_t row = (size_t)p->model.hc_streams * p->model.hidden;
+    size_t row = rt_xe_row_floats(&p->model);
     q->xe = reg(r->xe, sizeof(float) * row * (size_t)r->xe_cap, "XE ring");
     q->xe_pos = reg(r->xe_pos, sizeof(int64_t) * (size_t)r->xe_cap, "XE pos");
   }

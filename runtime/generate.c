@@ -120,7 +120,7 @@ static void finish_prefix(const struct rt_model *M, struct rt_request *r, const 
   }
   if (o->save_snapshot && r->xe_cap > 0) {
     int64_t rows = r->n_pos < r->xe_cap ? r->n_pos : r->xe_cap;
-    size_t row = (size_t)M->p->model.hc_streams * M->p->model.hidden;
+    size_t row = rt_xe_row_floats(&M->p->model);
     float *xe = malloc(sizeof(float) * row * (size_t)(rows ? rows : 1));
     bool ok = xe != NULL;
     for (int64_t i = 0; ok && i < rows; i++) {

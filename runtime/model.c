@@ -187,7 +187,7 @@ int rt_model_init(struct rt_model *M, const struct plan *p, const struct weights
   M->embed = need(w, -1, "embed");
   M->norm = need(w, -1, "norm");
   M->lm_head = need(w, -1, "lm_head");
-  if (m->hc_learned_merge) {
+  if (m->hc_merge == PLAN_MERGE_LEARNED) {
     M->head_fn = need(w, -1, "head.hc.fn");
     M->head_scale = need(w, -1, "head.hc.scale");
     M->head_base = need(w, -1, "head.hc.base");
@@ -219,9 +219,11 @@ struct mhc_step {
   float *u, *post, *C;
 };
 
-/* Coefficients of sublayer k of layer l for the state X; the sublayer input
- * u = sum_i pre[i] X_i with pre from the tile buffer or, on a restart, from
- * X itself; then, with GRAPH_F_PRE_NEXT, the next sublayer's pre from X. */
+/* Coefficients of sublayer k of layer l from its own fn on the state X
+ * (own pre, post, C); the sublayer input u = sum_i pre[i] X_i with pre the
+ * carried one from the tile buffer (pairing v41) or, with GRAPH_F_RESTART,
+ * its own (v4); then, with GRAPH_F_PRE_NEXT, its own pre carried on in the
+ * buffer for the next sublayer (or the head). */
 static struct mhc_step mhc_begin(const struct rt_model *M, const struct graph_node *nd, int k, const float *X,
                                  float *pre, int n, struct rt_arena *ar) {
   const struct rt_layer *L = &M->L[nd->layer];
@@ -234,16 +236,8 @@ static struct mhc_step mhc_begin(const struct rt_model *M, const struct graph_no
   float *dots = RT_ALLOC(ar, float, (size_t)n * rows);
   float *sumsq = RT_ALLOC(ar, float, n);
   RT_TIMED(ar, MHC, op_mhc_coeffs(own, s.post, s.C, dots, sumsq, X, L->hc_fn[k], L->hc_scale[k], L->hc_base[k], n, &M->mhc));
-  bool restart = !M->p->model.hc_single_pass || (k == 0 && (nd->flags & GRAPH_F_RESTART));
-  RT_TIMED(ar, MHC, op_mhc_mix(s.u, X, restart ? own : pre, n, hc, d));
-  if (nd->flags & GRAPH_F_PRE_NEXT) {
-    const struct rt_layer *N = k == 0 ? L : &M->L[nd->next_layer];
-    int nk = k == 0 ? 1 : 0;
-    float *post2 = RT_ALLOC(ar, float, (size_t)n * hc), *C2 = RT_ALLOC(ar, float, (size_t)n * hc * hc);
-    /* op_mhc_coeffs on the same X, without its second pass for sumsq */
-    RT_TIMED(ar, MHC, op_linear(dots, X, N->hc_fn[nk], n, hc * d, rows, hc * d, rows));
-    RT_TIMED(ar, MHC, op_mhc_coeffs_from_stats(pre, post2, C2, dots, sumsq, N->hc_scale[nk], N->hc_base[nk], n, &M->mhc));
-  }
+  RT_TIMED(ar, MHC, op_mhc_mix(s.u, X, (nd->flags & GRAPH_F_RESTART) ? own : pre, n, hc, d));
+  if (nd->flags & GRAPH_F_PRE_NEXT) memcpy(pre, own, sizeof(float) * (size_t)n * hc);
   return s;
 }
 
@@ -255,13 +249,15 @@ static void mhc_end(const struct rt_model *M, float *X, const struct mhc_step *s
 
 /* ---- embed, Engram (docs/model.md s1, s5) -------------------------------- */
 
-void rt_embed(const struct rt_model *M, float *X, const int32_t *tok, int n, struct rt_arena *ar) {
+void rt_embed(const struct rt_model *M, float *X, float *pre, const int32_t *tok, int n, struct rt_arena *ar) {
   const struct plan_model *m = &M->p->model;
   float *h = RT_ALLOC(ar, float, (size_t)n * m->hidden);
   int bad = op_embed(h, M->embed, tok, n, m->hidden, m->vocab);
   CEDAR_ASSERT_MSG(bad < 0, "token id %d at %d is outside the vocabulary (ids are checked before a run)",
                    bad >= 0 ? tok[bad] : 0, bad);
   op_mhc_expand(X, h, n, m->hc_streams, m->hidden);
+  memset(pre, 0, sizeof(float) * (size_t)n * m->hc_streams); /* the one-hot start (1, 0, ..., 0) */
+  for (int i = 0; i < n; i++) pre[(size_t)i * m->hc_streams] = 1.0f;
 }
 
 void rt_engram_rows(const struct rt_model *M, int l, float *e, const struct rt_request *r, int64_t a, int n,
@@ -319,6 +315,21 @@ static int append_entries(const struct rt_model *M, const struct rt_bound *st, i
   return rc;
 }
 
+/* indexer.q_mxfp4 (docs/model.md s3, Appendix V #11): each indexer query
+ * head through the Indexer-K format (E2M1, an E8M0 scale per block) and
+ * back, as the vendor quantizes qI before scoring; the keys already are
+ * (they are read from the MXFP4 cache). */
+static void q_mxfp4_roundtrip(const struct rt_model *M, float *qI, int rows, struct rt_arena *ar) {
+  const struct plan_model *m = &M->p->model;
+  int w = m->idx_head_dim, blk = m->indexer_k.block;
+  enum op_mx_rule rule = m->indexer_k.rule == PLAN_RULE_OCP ? OP_MX_OCP : OP_MX_CEIL;
+  uint8_t *buf = RT_ALLOC(ar, uint8_t, op_mxfp4_bytes(w, blk));
+  for (int i = 0; i < rows; i++) {
+    op_mxfp4_pack(buf, qI + (size_t)i * w, w, blk, rule, OP_NIBBLE_EVEN_LOW);
+    op_mxfp4_unpack(qI + (size_t)i * w, buf, w, blk, OP_NIBBLE_EVEN_LOW);
+  }
+}
+
 /* The Top-K this layer attends with (s3: full, reindex, reuse). */
 static const int32_t *select_topk(const struct rt_model *M, const struct graph_node *nd,
                                   const float *a_in, const float *cq, const int64_t *pos,
@@ -337,6 +348,7 @@ static const int32_t *select_topk(const struct rt_model *M, const struct graph_n
     ang = &own;
   }
   RT_TIMED(ar, INDEXER, op_q_indexer(qI, cq, L->iq_b, ang, &M->rope_idx, n, m->q_rank, m->idx_heads, m->idx_head_dim));
+  if (m->idx_q_mxfp4) RT_TIMED(ar, INDEXER, q_mxfp4_roundtrip(M, qI, n * m->idx_heads, ar));
   RT_TIMED(ar, INDEXER, op_index_weights(w, a_in, L->iw, n, m->hidden, m->idx_heads, M->idx_scale));
   if (L->pl->mode == PLAN_REINDEX && b->pool_in) {
     void *work = rt_arena_alloc(ar, op_indexer_reindex_work_bytes(kv, m->cand_block, m->cand_top_blocks));
@@ -348,7 +360,7 @@ static const int32_t *select_topk(const struct rt_model *M, const struct graph_n
     void *work = rt_arena_alloc(ar, op_indexer_topk_work_bytes(kv, pos, n, pool ? m->cand_block : 0));
     RT_TIMED(ar, INDEXER,
              op_indexer_topk(b->topk_out, pool ? b->pool_out : NULL, work, qI, w, pos, kv, n, m->idx_heads, m->topk,
-                             m->cand_block, m->cand_top_blocks));
+                             m->cand_block, m->cand_top_blocks, m->cand_pin_newest));
   }
   return b->topk_out;
 }
@@ -499,15 +511,20 @@ void rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, flo
 
 /* ---- decoder global from the encoder output (docs/model.md s3.1) -------- */
 
-int rt_dec_kv(const struct rt_model *M, const struct rt_bound *st, int l, const float *XE, int64_t a, int n,
-              struct rt_arena *ar) {
+int rt_dec_kv(const struct rt_model *M, const struct rt_bound *st, int l, const float *XE, const float *carried,
+              int64_t a, int n, struct rt_arena *ar) {
   const struct plan_model *m = &M->p->model;
   const struct rt_layer *L = &M->L[l];
   int hc = m->hc_streams, d = m->hidden;
-  float *pre = RT_ALLOC(ar, float, (size_t)n * hc), *post = RT_ALLOC(ar, float, (size_t)n * hc);
-  float *C = RT_ALLOC(ar, float, (size_t)n * hc * hc), *dots = RT_ALLOC(ar, float, (size_t)n * op_mhc_rows(hc));
-  float *sumsq = RT_ALLOC(ar, float, n), *u = RT_ALLOC(ar, float, (size_t)n * d);
-  RT_TIMED(ar, MHC, op_mhc_coeffs(pre, post, C, dots, sumsq, XE, L->hc_fn[0], L->hc_scale[0], L->hc_base[0], n, &M->mhc));
+  float *u = RT_ALLOC(ar, float, (size_t)n * d);
+  const float *pre = carried;
+  if (m->hc_pairing == PLAN_PAIRING_V4) { /* the layer's own pre from X^E */
+    float *own = RT_ALLOC(ar, float, (size_t)n * hc), *post = RT_ALLOC(ar, float, (size_t)n * hc);
+    float *C = RT_ALLOC(ar, float, (size_t)n * hc * hc), *dots = RT_ALLOC(ar, float, (size_t)n * op_mhc_rows(hc));
+    float *sumsq = RT_ALLOC(ar, float, n);
+    RT_TIMED(ar, MHC, op_mhc_coeffs(own, post, C, dots, sumsq, XE, L->hc_fn[0], L->hc_scale[0], L->hc_base[0], n, &M->mhc));
+    pre = own;
+  }
   RT_TIMED(ar, MHC, op_mhc_mix(u, XE, pre, n, hc, d));
   float *a_enc = RT_ALLOC(ar, float, (size_t)n * d);
   op_rmsnorm(a_enc, u, L->attn_norm, n, d, M->eps);
@@ -516,12 +533,16 @@ int rt_dec_kv(const struct rt_model *M, const struct rt_bound *st, int l, const 
 
 /* ---- head (docs/model.md s1, s2) ------------------------------------------ */
 
-void rt_head(const struct rt_model *M, float *logits, const float *X, int n, struct rt_arena *ar) {
+void rt_head(const struct rt_model *M, float *logits, const float *X, const float *carried, int n,
+             struct rt_arena *ar) {
   const struct plan_model *m = &M->p->model;
   int hc = m->hc_streams, d = m->hidden;
   float *h = RT_ALLOC(ar, float, (size_t)n * d), *pre = RT_ALLOC(ar, float, (size_t)n * hc);
   double t0 = rt_clock();
-  if (M->head_fn) {
+  if (m->hc_merge == PLAN_MERGE_CARRIED) { /* the last FFN's own pre (Appendix V #4) */
+    CEDAR_ASSERT(carried);
+    op_mhc_mix(h, X, carried, n, hc, d);
+  } else if (M->head_fn) {
     op_mhc_merge(h, pre, X, M->head_fn, M->head_scale[0], M->head_base, n, &M->mhc);
   } else {
     for (int i = 0; i < n * hc; i++) pre[i] = 1.0f;

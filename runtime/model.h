@@ -9,11 +9,12 @@
  * the weights (looked up by docs/weights.md names), RoPE tables, the Engram
  * tables and multipliers, the op configs.
  *
- * mHC single pass (docs/model.md s2): a sublayer node computes its own post
- * and C from its input state, takes pre from the tile's `pre` buffer (or from
- * its own input on a chain restart, GRAPH_F_RESTART), and, with
- * GRAPH_F_PRE_NEXT, writes the next sublayer's pre from its own input state
- * into the same buffer (the next sublayer's weights, this state).
+ * mHC (docs/model.md s2): a sublayer node computes its own pre, post and C
+ * from its input state with its own fn; it mixes with the pre carried in the
+ * tile's `pre` buffer (pairing v41: the embedding's one-hot, then the previous
+ * sublayer's own) and, with GRAPH_F_PRE_NEXT, leaves its own there for the
+ * next sublayer or the head; with GRAPH_F_RESTART (pairing v4) it mixes with
+ * its own.
  *
  * Errors: a pool that runs out of pages fails the node with CEDAR_ENOMEM
  * (the request fails, the process goes on); everything else is checked
@@ -78,10 +79,11 @@ struct rt_model {
 int rt_model_init(struct rt_model *M, const struct plan *p, const struct weights *w, char *err, size_t err_len);
 void rt_model_free(struct rt_model *M);
 
-/* X (n, hc, d) = every stream the embedding of tok. Token ids are checked by
- * the caller. */
-void rt_embed(const struct rt_model *M, float *X /* (n, hc, d) */, const int32_t *tok /* (n) */, int n,
-              struct rt_arena *ar);
+/* X (n, hc, d) = every stream the embedding of tok; pre (n, hc) = the
+ * one-hot (1, 0, ..., 0) layer 0's attention mixes with. Token ids are
+ * checked by the caller. */
+void rt_embed(const struct rt_model *M, float *X /* (n, hc, d) */, float *pre /* (n, hc) */,
+              const int32_t *tok /* (n) */, int n, struct rt_arena *ar);
 /* Engram rows of layer l for positions [a, a + n) of r's tokens:
  * e (n, tables * engram head_dim). Token ids only. */
 void rt_engram_rows(const struct rt_model *M, int l, float *e, const struct rt_request *r, int64_t a, int n,
@@ -120,11 +122,13 @@ int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, flo
 /* The MoE sublayer of node nd (GRAPH_MOE). */
 void rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, struct rt_arena *ar);
 /* Decoder KV source l appends the entries of positions [a, a + n) projected
- * from the encoder output XE (n, hc, d) (docs/model.md s3.1) to st->kv_w
- * through st->tail. */
-int rt_dec_kv(const struct rt_model *M, const struct rt_bound *st, int l, const float *XE, int64_t a, int n,
-              struct rt_arena *ar);
-/* logits (n, vocab) of the final states X (n, hc, d). */
-void rt_head(const struct rt_model *M, float *logits, const float *X, int n, struct rt_arena *ar);
+ * from the encoder output XE (n, hc, d) and the pre it carries (n, hc)
+ * (docs/model.md s3.1: the first decoder layer's own attention input) to
+ * st->kv_w through st->tail. */
+int rt_dec_kv(const struct rt_model *M, const struct rt_bound *st, int l, const float *XE, const float *pre,
+              int64_t a, int n, struct rt_arena *ar);
+/* logits (n, vocab) of the final states X (n, hc, d); pre (n, hc): the
+ * carried pre (merge: carried), else unused. */
+void rt_head(const struct rt_model *M, float *logits, const float *X, const float *pre, int n, struct rt_arena *ar);
 
 #endif

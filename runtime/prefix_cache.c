@@ -470,7 +470,7 @@ int pc_snapshot_save(struct pc_cache *c, const struct rt_request *r, const float
       memcpy(s.part[l] + (size_t)e * q->pool->entry_bytes, rt_kv_entry(q, first + e), q->pool->entry_bytes);
     s.bytes += (int64_t)s.n_part[l] * (int64_t)q->pool->entry_bytes;
   }
-  size_t row = (size_t)p->model.hc_streams * p->model.hidden;
+  size_t row = rt_xe_row_floats(&p->model);
   s.xe_rows = xe_rows;
   s.xe = copy_of(xe, sizeof(float) * row * (size_t)xe_rows);
   s.bytes += (int64_t)(sizeof(float) * row * (size_t)xe_rows);
@@ -508,7 +508,7 @@ int pc_snapshot_save(struct pc_cache *c, const struct rt_request *r, const float
 int pc_snapshot_restore(const struct pc_cache *c, const struct pc_snapshot *s, struct rt_request *r) {
   const struct plan *p = c->p;
   if (s->xe_rows && r->xe_cap) { /* the kept encoder outputs, into the request's ring */
-    size_t row = (size_t)p->model.hc_streams * p->model.hidden;
+    size_t row = rt_xe_row_floats(&p->model);
     for (int64_t i = 0; i < s->xe_rows; i++) {
       int64_t pos = s->c - s->xe_rows + i;
       int slot = (int)(pos % r->xe_cap);

@@ -71,7 +71,7 @@ struct pc_snapshot {
   /* every source's entries of [floor(c / B) B, c): count and bytes */
   int n_part[PLAN_MAX_LAYERS];
   uint8_t *part[PLAN_MAX_LAYERS];
-  /* encoder outputs of [c - xe_rows, c), (xe_rows, hc, hidden) */
+  /* encoder outputs of [c - xe_rows, c), (xe_rows, rt_xe_row_floats): X^E and its carried pre */
   float *xe;
   int64_t xe_rows;
 };
@@ -145,7 +145,7 @@ void pc_release(struct pc_cache *c, struct pc_hit *hit);
 int64_t pc_insert(struct pc_cache *c, const struct rt_request *r, int64_t n);
 
 /* Save r's encoder state at its boundary c = r->n_pos (rings, tails, the
- * entries after the last full block, and xe (xe_rows, hc, hidden): the
+ * entries after the last full block, and xe (xe_rows, rt_xe_row_floats): the
  * encoder outputs of [c - xe_rows, c)). Returns 0 or CEDAR_ENOMEM. */
 int pc_snapshot_save(struct pc_cache *c, const struct rt_request *r, const float *xe, int64_t xe_rows);
 /* Restore a snapshot into r, whose sequences hold [0, floor(c / B) B)

@@ -177,7 +177,7 @@ int rt_request_init(struct rt_request *r, int id, const struct plan *p, struct r
   if (p->serving.ced && has_dec) {
     int cap = p->serving.replay_decoder; /* resolved by plan_load (the window unless set) */
     r->xe_cap = cap > 0 ? cap : 1;
-    r->xe = malloc(sizeof(float) * (size_t)r->xe_cap * m->hc_streams * m->hidden);
+    r->xe = malloc(sizeof(float) * (size_t)r->xe_cap * rt_xe_row_floats(m));
     r->xe_pos = malloc(sizeof(int64_t) * (size_t)r->xe_cap);
     if (!r->xe || !r->xe_pos) goto fail;
     for (int i = 0; i < r->xe_cap; i++) r->xe_pos[i] = -1;
@@ -309,5 +309,5 @@ void rt_request_bytes(const struct rt_request *r, struct rt_state_bytes *b) {
     if (s->pool->ratio > 1) b->tail_bytes += (int64_t)op_comp_tail_floats(s->pool->ratio, p->model.head_dim) * 4;
   }
   b->token_bytes = r->max_tokens * (int64_t)sizeof(int32_t);
-  b->xe_bytes = (int64_t)r->xe_cap * (int64_t)(sizeof(float) * p->model.hc_streams * p->model.hidden + sizeof(int64_t));
+  b->xe_bytes = (int64_t)r->xe_cap * (int64_t)(sizeof(float) * rt_xe_row_floats(&p->model) + sizeof(int64_t));
 }

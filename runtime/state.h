@@ -112,10 +112,11 @@ struct rt_request {
   struct op_comp_tail tail[PLAN_MAX_LAYERS];
   float *tail_buf[PLAN_MAX_LAYERS];
   struct rt_ring ring[PLAN_MAX_LAYERS];
-  /* CED: the encoder outputs X^E (hc x hidden) of the last xe_cap positions
-   * (xe_cap = replay.decoder), slot p mod xe_cap, with their positions (-1
-   * empty): the decoder replay of a later prompt that continues this one
-   * reads them (SPEC 6.1 "keep", 6.5 obtain_encoder_outputs). */
+  /* CED: the encoder outputs of the last xe_cap positions (xe_cap =
+   * replay.decoder), slot p mod xe_cap, rt_xe_row_floats each: X^E (hc x
+   * hidden) then the carried mHC pre (hc; docs/model.md s2), with their
+   * positions (-1 empty): the decoder replay of a later prompt that continues
+   * this one reads them (SPEC 6.1 "keep", 6.5 obtain_encoder_outputs). */
   float *xe;
   int64_t *xe_pos;
   int xe_cap;
@@ -174,5 +175,11 @@ void rt_ring_reset(struct rt_ring *g, int64_t r0);
 int rt_request_push_token(struct rt_request *r, int32_t tok);
 
 void rt_request_bytes(const struct rt_request *r, struct rt_state_bytes *b);
+
+/* Floats of one kept encoder output row: the streams X^E (hc x hidden), then
+ * the pre they carry into the first decoder layer (hc). */
+static inline size_t rt_xe_row_floats(const struct plan_model *m) {
+  return (size_t)m->hc_streams * (size_t)m->hidden + (size_t)m->hc_streams;
+}
 
 #endif

@@ -134,9 +134,9 @@ static void add_model_wide(struct builder *b) {
   add(b, "embed", ST_F32, (struct fill){WEIGHTS_UNIFORM, SQRT3}, 2, m->vocab, m->hidden, 0);
   add(b, "norm", ST_F32, ones(), 1, m->hidden, 0, 0);
   add(b, "lm_head", ST_F32, lin(m->hidden, 1.0f), 2, m->vocab, m->hidden, 0);
-  /* docs/weights.md lists head.hc.* unconditionally; with `merge: sum` the
-   * forward never reads them, so they exist only with `merge: learned`. */
-  if (m->hc_learned_merge) add_mhc(b, "head.hc", m->hc_streams, true);
+  /* head.hc.* exist only with `merge: learned` (pairing v4): V4.1 collapses
+   * with the last FFN's carried pre (`merge: carried`), and `sum` reads none. */
+  if (m->hc_merge == PLAN_MERGE_LEARNED) add_mhc(b, "head.hc", m->hc_streams, true);
 }
 
 /* The tensors every layer has (docs/weights.md, "Every layer"). */

@@ -123,7 +123,7 @@ static struct graph_node *add_node(struct graph *g, enum graph_op op, int layer,
   nd->x = t->x;
   nd->aux = -1;
   for (int i = 0; i < 4; i++) nd->bus[i] = -1;
-  nd->next_layer = -1;
+  nd->pre = -1;
   nd->place = g->place;
   nd->slot0 = 0;
   nd->n_slots = 1;
@@ -206,8 +206,12 @@ static void kv_read(struct ctx *c, struct graph_node *nd, int l) {
   use_of(nd, c->id.kv[l])->e_read = c->kv_entries[l];
 }
 
-static bool restarts(const struct ctx *c, int l) {
-  return l == 0 || l == c->first_dec || !c->p->model.hc_single_pass;
+/* The mHC wiring of a sublayer node (docs/model.md s2): under pairing v41
+ * it mixes with the carried pre (the tile's pre buffer: the embedding's
+ * one-hot, then each sublayer's own) and carries its own on; under v4 it
+ * mixes with its own and carries nothing. */
+static void mhc_flags(const struct ctx *c, struct graph_node *nd) {
+  nd->flags |= c->p->model.hc_pairing == PLAN_PAIRING_V4 ? GRAPH_F_RESTART : GRAPH_F_PRE_NEXT;
 }
 
 static void emit_engram(struct ctx *c, struct tile *t, int l) {
@@ -243,8 +247,7 @@ static void emit_layer(struct ctx *c, struct tile *t, int l, bool write_kv) {
   use(nd, t->pre, GRAPH_RW);
   use(nd, c->id.w[l], GRAPH_R);
   use(nd, c->id.ring[l], GRAPH_RW);
-  if (restarts(c, l)) nd->flags |= GRAPH_F_RESTART;
-  if (m->hc_single_pass) nd->flags |= GRAPH_F_PRE_NEXT;
+  mhc_flags(c, nd);
   if (t->r0 > 0) nd->flags |= GRAPH_F_REPLAY;
   if (plan_is_kv_source(L) && write_kv) {
     nd->flags |= GRAPH_F_WRITE_KV;
@@ -282,10 +285,7 @@ static void emit_layer(struct ctx *c, struct tile *t, int l, bool write_kv) {
   use(nd, t->pre, GRAPH_RW);
   use(nd, c->id.w[l], GRAPH_R);
   nd->flops = moe_flops(m, t->n);
-  if (m->hc_single_pass && l + 1 < p->n_layers && !restarts(c, l + 1)) {
-    nd->flags |= GRAPH_F_PRE_NEXT;
-    nd->next_layer = l + 1;
-  }
+  mhc_flags(c, nd);
 }
 
 /* A tile's own activations: the residual streams and the mHC pre. */
@@ -300,6 +300,7 @@ static void tile_init(struct ctx *c, struct tile *t, int chunk, int64_t a, int n
   t->x = add_data(c->g, GRAPH_ACT, -1, chunk, x_bytes(m, n), "X %s", tag);
   t->pre = add_data(c->g, GRAPH_ACT, -1, chunk, (int64_t)n * m->hc_streams * 4, "pre %s", tag);
   c->g->data[t->x].a0 = c->g->data[t->pre].a0 = a;
+  c->g->data[t->pre].pre = true;
   for (int l = 0; l < PLAN_MAX_LAYERS; l++) t->topk[l] = t->pool[l] = -1;
 }
 
@@ -314,6 +315,10 @@ static void emit_head(struct ctx *c, struct tile *t, int64_t a, int n) {
   nd->aux = lg;
   c->g->out_rows += n;
   use(nd, t->x, GRAPH_R);
+  if (m->hc_merge == PLAN_MERGE_CARRIED) { /* the last FFN's own pre (docs/model.md s2) */
+    nd->pre = t->pre;
+    use(nd, t->pre, GRAPH_R);
+  }
   use(nd, c->id.w_model, GRAPH_R);
   use(nd, lg, GRAPH_W);
   nd->flops = 2.0 * n * m->vocab * m->hidden;
@@ -333,7 +338,9 @@ static void emit_layers(struct ctx *c, struct tile *t, int lo, int hi, bool writ
 /* Under CED: the tile's encoder outputs into the request's ring. */
 static void emit_keep_xe(struct ctx *c, struct tile *t) {
   struct graph_node *nd = add_node(c->g, GRAPH_KEEP_XE, -1, t);
+  nd->pre = t->pre;
   use(nd, t->x, GRAPH_R);
+  use(nd, t->pre, GRAPH_R);
   use(nd, c->id.xe, GRAPH_RW);
 }
 
@@ -344,7 +351,9 @@ static void emit_dec_kv(struct ctx *c, struct tile *t) {
   for (int l = c->first_dec; l < c->p->n_layers; l++) {
     if (!plan_is_kv_source(&c->p->layer[l])) continue;
     struct graph_node *nd = add_node(c->g, GRAPH_DEC_KV, l, t);
+    nd->pre = t->pre;
     use(nd, t->x, GRAPH_R);
+    use(nd, t->pre, GRAPH_R);
     use(nd, c->id.w[l], GRAPH_R);
     use(nd, c->id.tail[l], GRAPH_RW);
     kv_append(c, nd, l, t->a + t->n);
@@ -518,7 +527,7 @@ static void emit_embed(struct ctx *c, struct tile *t) {
 
 /* The tiles of one prefill whose streams REPLAY_IN may read. */
 struct xlist {
-  int *x;
+  int *x, *pre;
   int64_t *a;
   int *n, count;
 };
@@ -533,6 +542,7 @@ static void emit_prefix_tile(struct ctx *c, struct xlist *xs, const char *kind, 
   struct tile t;
   tile_init(c, &t, k, a, len, r0, tag);
   xs->x[xs->count] = t.x;
+  xs->pre[xs->count] = t.pre;
   xs->a[xs->count] = a;
   xs->n[xs->count++] = len;
   emit_embed(c, &t);
@@ -610,8 +620,8 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
   /* Encoder (every layer when dense): replay of cached positions [e0, hit)
    * with global writes off (an SWA-snapshot miss), then the new [hit, n). */
   int cap = (int)((hit - e0 + chunk - 1) / chunk + (n - hit + chunk - 1) / chunk) + 1;
-  struct xlist xs = {cedar_xmalloc(sizeof(int) * cap), cedar_xmalloc(sizeof(int64_t) * cap),
-                     cedar_xmalloc(sizeof(int) * cap), 0};
+  struct xlist xs = {cedar_xmalloc(sizeof(int) * cap), cedar_xmalloc(sizeof(int) * cap),
+                     cedar_xmalloc(sizeof(int64_t) * cap), cedar_xmalloc(sizeof(int) * cap), 0};
   int k = 0;
   for (int64_t a = e0; a < hit; a += chunk, k++)
     emit_prefix_tile(&c, &xs, "er", k, a, (int)(hit - a < chunk ? hit - a : chunk), e0, hi, dense, false, false,
@@ -637,7 +647,10 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
       nd->aux = t.pre;
       if (a < e0) use(nd, c.id.xe, GRAPH_R);
       for (int i = 0; i < xs.count; i++)
-        if (xs.a[i] < a + len && a < xs.a[i] + xs.n[i]) use(nd, xs.x[i], GRAPH_R);
+        if (xs.a[i] < a + len && a < xs.a[i] + xs.n[i]) {
+          use(nd, xs.x[i], GRAPH_R);
+          use(nd, xs.pre[i], GRAPH_R);
+        }
       use(nd, t.x, GRAPH_W);
       use(nd, t.pre, GRAPH_W);
       int first_node = g->n_node;
@@ -651,6 +664,7 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
     }
   }
   free(xs.x);
+  free(xs.pre);
   free(xs.a);
   free(xs.n);
   struct tile end;

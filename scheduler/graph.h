@@ -99,6 +99,7 @@ struct graph_data {
   int chunk;                   /* -1 when not per chunk */
   int64_t bytes;               /* activations and buses: the buffer size; state/weights: 0 (owned elsewhere) */
   int64_t a0;                  /* activations per tile: the tile's first position */
+  bool pre;                    /* activations: a tile's mHC pre (hc floats a position), not its streams */
   int last_use;                /* the last node touching it (executors free activations there) */
   struct graph_place home;     /* the memory node it lives on */
   char name[32];
@@ -121,8 +122,8 @@ enum graph_bus_slot { GRAPH_TOPK_OUT = 0, GRAPH_POOL_OUT, GRAPH_TOPK_IN, GRAPH_P
 
 /* Node flags. */
 #define GRAPH_F_WRITE_KV 1u    /* ATTN of a KV source: append this tile's entries from its own input */
-#define GRAPH_F_RESTART 2u     /* sublayer's mHC pre comes from its own input (chain restart) */
-#define GRAPH_F_PRE_NEXT 4u    /* compute the next sublayer's mHC pre (single pass) */
+#define GRAPH_F_RESTART 2u     /* sublayer mixes with its own mHC pre from its own input (pairing: v4) */
+#define GRAPH_F_PRE_NEXT 4u    /* sublayer carries its own pre to the next one (pairing: v41) */
 #define GRAPH_F_BUILD_POOL 8u  /* ATTN of a pool-building layer */
 #define GRAPH_F_REPLAY 16u     /* tile of a decoder bounded replay */
 #define GRAPH_F_RING_RESET 32u /* first replay tile: the layer's ring starts empty at r0 (SPEC 5.2: decoder
@@ -139,7 +140,7 @@ struct graph_node {
   int x;             /* the residual-stream activation the node works on (-1 none) */
   int aux;           /* ATTN/MOE: the tile's mHC pre; ENGRAM_GATHER/ENGRAM: the rows e; HEAD: the logits */
   int bus[4];        /* ATTN: enum graph_bus_slot -> data id, -1 when unused */
-  int next_layer;    /* MOE with GRAPH_F_PRE_NEXT: the layer whose attention pre it computes */
+  int pre;           /* HEAD, DEC_KV, KEEP_XE: the tile's carried mHC pre (-1 none) */
   struct graph_place place; /* where it runs; TRANSFER: the sending side (xfer_dst's home is the receiver) */
   int slot0, n_slots;       /* the request slots it works on: [slot0, slot0 + n_slots); one request today */
   int xfer_src, xfer_dst;   /* TRANSFER: the data object moved, and its copy at the destination home */

@@ -2,7 +2,8 @@
  *
  * Loading = plan_yaml.c (syntax, extends) -> plan_load.c + plan_layers.c
  * (keys, types) -> plan_check.c (rules, derived ownership). Every default
- * below is SPEC's value for V4.1-Flash; the comment names its section and tag.
+ * below is SPEC's value for V4.1-Flash, or Appendix V's (SPEC-V41.md) where
+ * the vendor's model differs; the comment names its section and tag.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -15,24 +16,26 @@
 void plan__defaults(struct plan *p) {
   struct plan_model *m = &p->model;
   m->n_layers = 40, m->hidden = 5120, m->vocab = 129280; /* SPEC 1.1, R.1 */
-  m->norm_eps = 1e-6;                                    /* SPEC 1.1 [R] */
+  m->norm_eps = 1e-20;                                   /* Appendix V #19 (SPEC 1.1 said 1e-6) */
   m->heads = 64, m->head_dim = 512, m->rope_dim = 64, m->q_rank = 1280;
-  m->q_head_norm = true;                                 /* SPEC 3.5 [R-cfg] */
+  m->q_head_norm = false;                                /* Appendix V #6 (SPEC 3.5: V4 had it) */
   m->o_groups = 8, m->o_rank = 1024;                     /* SPEC 3.12 [R-cfg] */
   m->softmax_scale = 0;                                  /* 1/sqrt(head_dim) [R-cfg] */
   m->sink = true;
   m->rope_swa = op_rope_params_swa;                      /* SPEC 1.1 [R-cfg], ops/rope.h */
   m->rope_csa = op_rope_params_csa;
   m->idx_heads = 32, m->idx_head_dim = 128, m->idx_rope_dim = 64;
-  m->idx_rope_last = true, m->idx_k_norm = false;        /* SPEC 3.8 [R] */
+  m->idx_rope_last = true, m->idx_k_norm = true;         /* Appendix V #11 */
+  m->idx_q_mxfp4 = true;                                 /* Appendix V #11 */
   m->topk = 512, m->window = 128;
   m->cand_block = 8, m->cand_top_blocks = 2048;
+  m->cand_pin_newest = true;                             /* Appendix V #12 */
   m->n_routed = 384, m->n_shared = 1, m->n_active = 6;   /* SPEC 1.2 */
   m->moe_inter = 2304, m->shared_inter = 2304;
   m->moe_score = PLAN_SCORE_SQRTSOFTPLUS, m->moe_norm_topk = true;
   m->route_scale = 1.5, m->swiglu_limit = 10;
   m->hc_streams = 4, m->hc_sinkhorn_iters = 20, m->hc_eps = 1e-6; /* SPEC 1.3 */
-  m->hc_single_pass = true, m->hc_learned_merge = true;
+  m->hc_pairing = PLAN_PAIRING_V41, m->hc_merge = PLAN_MERGE_CARRIED; /* Appendix V #1-#4 */
   m->engram_n_orders = 3;                                /* SPEC 1.4, 3.15 */
   m->engram_orders[0] = 2, m->engram_orders[1] = 3, m->engram_orders[2] = 4;
   m->engram_heads = 8, m->engram_head_dim = 256;

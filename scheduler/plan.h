@@ -68,9 +68,11 @@ struct plan_model {
   int idx_heads, idx_head_dim, idx_rope_dim;
   bool idx_rope_last; /* rope dims are the last idx_rope_dim of idx_head_dim */
   bool idx_k_norm;
+  bool idx_q_mxfp4;   /* round-trip qI through MXFP4 before scoring (Appendix V #11) */
   int topk;
   int window;
   int cand_block, cand_top_blocks;
+  bool cand_pin_newest; /* the newest visible block always in the pool (Appendix V #12) */
 
   /* MoE (SPEC 1.2, 3.13) */
   int n_routed, n_shared, n_active, moe_inter, shared_inter;
@@ -81,8 +83,12 @@ struct plan_model {
   /* mHC (SPEC 1.3, 3.14) */
   int hc_streams, hc_sinkhorn_iters;
   double hc_eps;
-  bool hc_single_pass;
-  bool hc_learned_merge;
+  /* which pre each sublayer mixes with (docs/model.md s2): v41 = the vendor's
+   * carried ("delayed") pre, v4 = every sublayer's own pre from its own state */
+  enum { PLAN_PAIRING_V41 = 0, PLAN_PAIRING_V4 } hc_pairing;
+  /* the streams' collapse before the head: carried = the last FFN's own pre
+   * (v41), learned = head.hc.* (v4), sum */
+  enum { PLAN_MERGE_CARRIED = 0, PLAN_MERGE_LEARNED, PLAN_MERGE_SUM } hc_merge;
 
   /* Engram (SPEC 1.4, 3.15) */
   int engram_n_orders;

@@ -274,8 +274,22 @@ static void check_candidates(struct plan_ctx *ctx, struct plan *p) {
         m->cand_top_blocks, m->cand_block, m->topk);
 }
 
+/* The mHC pairing and the head collapse go together (docs/plans.md, model.mhc). */
+static void check_mhc(struct plan_ctx *ctx, const struct plan *p) {
+  const struct plan_model *m = &p->model;
+  static const char *const merge[] = {"carried", "learned", "sum"};
+  if (m->hc_pairing == PLAN_PAIRING_V41 && m->hc_merge != PLAN_MERGE_CARRIED)
+    ERR(ctx, mark_of(ctx, "model.mhc.merge"),
+        "set `merge: carried` (V4.1 collapses with the last FFN's pre), or `pairing: v4` to study V4's merge",
+        "model.mhc.merge: %s contradicts pairing: v41 (V4.1 has no head.hc tensors)", merge[m->hc_merge]);
+  if (m->hc_pairing == PLAN_PAIRING_V4 && m->hc_merge == PLAN_MERGE_CARRIED)
+    ERR(ctx, mark_of(ctx, "model.mhc.merge"), "with `pairing: v4` set `merge: learned` (V4's head.hc) or `merge: sum`",
+        "model.mhc.merge: carried needs pairing: v41 (under pairing: v4 no pre is carried to the head)");
+}
+
 void plan__check(struct plan_ctx *ctx, struct plan *p) {
   check_widths(ctx, p);
+  check_mhc(ctx, p);
   check_format(ctx, "main_kv", &p->model.main_kv, p->model.head_dim);
   check_format(ctx, "indexer_k", &p->model.indexer_k, p->model.idx_head_dim);
   check_format(ctx, "swa", &p->model.swa, p->model.head_dim);

@@ -50,7 +50,8 @@ static const char *const elem_names[] = {"e2m1", "e4m3", "bf16", "f32", NULL};
 static const char *const scale_names[] = {"none", "e4m3", "e8m0", "f32", NULL};
 static const char *const rule_names[] = {"ceil", "ocp", NULL};
 static const char *const score_names[] = {"sqrtsoftplus", "softmax", "sigmoid", NULL};
-static const char *const merge_names[] = {"sum", "learned", NULL};
+static const char *const merge_names[] = {"carried", "learned", "sum", NULL};
+static const char *const pairing_names[] = {"v41", "v4", NULL};
 static const char *const rope_pos_names[] = {"first", "last", NULL};
 static const char *const nibble_names[] = {"high_first", "low_first", NULL};
 static const char *const device_names[] = {"cpu", "cuda", NULL};
@@ -102,6 +103,7 @@ static const struct field indexer_fields[] = {
     INT("rope_dim", M(idx_rope_dim), 0, 1 << 16),
     BENUM("rope_position", M(idx_rope_last), rope_pos_names),
     BOOL("k_norm", M(idx_k_norm)),
+    BOOL("q_mxfp4", M(idx_q_mxfp4)),
     INT("topk", M(topk), 1, 1 << 24),
     END,
 };
@@ -111,6 +113,7 @@ static const struct field swa_fields[] = {INT("window", M(window), 1, 1 << 24), 
 static const struct field cand_fields[] = {
     INT("block", M(cand_block), 1, 1 << 16),
     INT("top_blocks", M(cand_top_blocks), 1, 1 << 24),
+    BOOL("pin_newest", M(cand_pin_newest)),
     END,
 };
 
@@ -131,8 +134,8 @@ static const struct field mhc_fields[] = {
     INT("streams", M(hc_streams), 1, 64),
     INT("sinkhorn_iters", M(hc_sinkhorn_iters), 1, 10000),
     DBL("eps", M(hc_eps), 0, 1),
-    BOOL("single_pass", M(hc_single_pass)),
-    BENUM("merge", M(hc_learned_merge), merge_names),
+    ENUM("pairing", M(hc_pairing), pairing_names),
+    ENUM("merge", M(hc_merge), merge_names),
     END,
 };
 

@@ -461,7 +461,7 @@ static void check_indexer(void) {
                           .idx_w = IW, .idx_block = IBLK};
   int32_t topk[IS * IK], pool[IS * PT], retopk[IS * IK];
   void *work = h_kept_zeros(op_indexer_topk_work_bytes(&kv, D.pos, IS, PB));
-  op_indexer_topk(topk, pool, work, D.q, D.w, D.pos, &kv, IS, IH, IK, PB, PT);
+  op_indexer_topk(topk, pool, work, D.q, D.w, D.pos, &kv, IS, IH, IK, PB, PT, true); /* the descriptor's default pin */
   void *rwork = h_kept_zeros(op_indexer_reindex_work_bytes(&kv, PB, PT));
   op_indexer_reindex(retopk, rwork, pool, D.q, D.w, D.pos, &kv, IS, IH, IK, PB, PT);
   for (int padded = 0; padded < 2; padded++) { /* idx_off 0, then keys at byte 5 of wider rows */

@@ -286,7 +286,7 @@ static void run_ops(struct run *r, const float *w, int32_t *topk, int32_t *pool)
   const struct cfg *c = r->c;
   size_t wb = op_indexer_topk_work_bytes(&r->s.kv, r->pos, r->S, c->pool_block);
   uint8_t *work = h_alloc_bytes(wb);
-  op_indexer_topk(topk, pool, work, r->q, w, r->pos, &r->s.kv, r->S, c->heads, c->k, c->pool_block, c->pool_top);
+  op_indexer_topk(topk, pool, work, r->q, w, r->pos, &r->s.kv, r->S, c->heads, c->k, c->pool_block, c->pool_top, false);
   h_free_bytes(work, wb, "topk workspace");
 }
 
@@ -311,7 +311,7 @@ static void run_init(struct run *r, const struct cfg *c, int S, uint64_t *seed) 
   h_free_bytes(rwork, rb, "reindex workspace");
   size_t wb = op_indexer_topk_work_bytes(&r->s.kv, r->pos, S, 0);
   uint8_t *work = h_alloc_bytes(wb); /* no pool: the workspace needs no block scores */
-  op_indexer_topk(r->ftopk2, NULL, work, r->q2, r->w2, r->pos, &r->s.kv, S, c->heads, c->k, 0, 0);
+  op_indexer_topk(r->ftopk2, NULL, work, r->q2, r->w2, r->pos, &r->s.kv, S, c->heads, c->k, 0, 0, false);
   h_free_bytes(work, wb, "topk workspace, no pool");
 }
 
@@ -425,7 +425,7 @@ static void chunk_topk(int32_t *topk, int32_t *pool, const struct src *s, const 
                        const float *w, const int64_t *pos, int S) {
   size_t wb = op_indexer_topk_work_bytes(&s->kv, pos, S, c->pool_block);
   uint8_t *work = h_alloc_bytes(wb);
-  op_indexer_topk(topk, pool, work, q, w, pos, &s->kv, S, c->heads, c->k, c->pool_block, c->pool_top);
+  op_indexer_topk(topk, pool, work, q, w, pos, &s->kv, S, c->heads, c->k, c->pool_block, c->pool_top, false);
   h_free_bytes(work, wb, "topk workspace");
 }
 

@@ -132,7 +132,7 @@ static void idx_run(const struct idx_src *s, struct idx_out *out, int heads, uin
   size_t wb = op_indexer_topk_work_bytes(&s->kv, pos, S, BLOCK);
   size_t rb = op_indexer_reindex_work_bytes(&s->kv, BLOCK, TOP);
   void *work = malloc(wb > rb ? wb : rb);
-  op_indexer_topk(out->topk, out->pool, work, q, w, pos, &s->kv, S, heads, K, BLOCK, TOP);
+  op_indexer_topk(out->topk, out->pool, work, q, w, pos, &s->kv, S, heads, K, BLOCK, TOP, true);
   op_indexer_reindex(out->re, work, out->pool, q, w, pos, &s->kv, S, heads, K, BLOCK, TOP);
   free(work);
 }

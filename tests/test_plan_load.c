@@ -75,7 +75,11 @@ static void check_flash(void) {
   EXPECT(m->idx_heads == 32 && m->idx_head_dim == 128 && m->idx_rope_dim == 64 && m->idx_rope_last, "indexer");
   EXPECT(m->n_routed == 384 && m->n_shared == 1 && m->n_active == 6 && m->moe_inter == 2304, "moe");
   EXPECT(m->moe_score == PLAN_SCORE_SQRTSOFTPLUS && m->route_scale == 1.5 && m->swiglu_limit == 10, "moe score");
-  EXPECT(m->hc_streams == 4 && m->hc_sinkhorn_iters == 20 && m->hc_single_pass, "mhc");
+  EXPECT(m->hc_streams == 4 && m->hc_sinkhorn_iters == 20, "mhc");
+  /* Appendix V: the vendor's values are what v41-flash computes */
+  EXPECT(m->hc_pairing == PLAN_PAIRING_V41 && m->hc_merge == PLAN_MERGE_CARRIED, "mhc pairing v41, merge carried");
+  EXPECT(m->norm_eps == 1e-20 && !m->q_head_norm && m->idx_k_norm && m->idx_q_mxfp4 && m->cand_pin_newest,
+         "Appendix V #6, #11, #12, #19");
   EXPECT(m->rope_swa.theta == 10000 && !m->rope_swa.yarn, "SWA rope");
   EXPECT(m->rope_csa.theta == 160000 && m->rope_csa.yarn && m->rope_csa.yarn_factor == 16 &&
              m->rope_csa.yarn_original_len == 65536 && m->rope_csa.yarn_beta_fast == 32,

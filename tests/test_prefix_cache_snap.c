@@ -37,7 +37,7 @@ static struct rt_request rq[5];
 
 enum { SALT_D = 37 };
 
-static size_t xe_row(void) { return (size_t)plan.model.hc_streams * (size_t)plan.model.hidden; }
+static size_t xe_row(void) { return rt_xe_row_floats(&plan.model); }
 
 static float *make_xe(int64_t rows, int salt) {
   size_t nf = (size_t)rows * xe_row();

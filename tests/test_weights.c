@@ -135,7 +135,7 @@ static void test_list(const char *path) {
     engram += L->engram;
   }
   size_t per_layer = N_COMMON + (m->sink ? 1 : 0) + (shared ? 3 : 0);
-  size_t model_wide = 3 + (m->hc_learned_merge ? 3 : 0);
+  size_t model_wide = 3 + (m->hc_merge == PLAN_MERGE_LEARNED ? 3 : 0);
   size_t want = model_wide + per_layer * (size_t)p.n_layers + 2 * idx + kv * (3 + (m->idx_k_norm ? 1 : 0)) + gate +
                 4 * engram;
   EXPECT(l.n == want, "%s: %zu tensors, want %zu", path, l.n, want);
