@@ -94,13 +94,20 @@ static void check_buses(struct insp *s, const struct graph_node *nd) {
     for (int t = 0; t < K && row[t] >= 0; t++) {
       if (pi) EXPECT(in_blocks(row[t], pi + (size_t)i * T, T, B), "%s: %s p %lld: reindex picked %d outside its pool",
                      s->f->path, nd->name, (long long)pos, row[t]);
-      if (po) EXPECT(in_blocks(row[t], po + (size_t)i * T, T, B), "%s: %s p %lld: Top-K id %d outside its own pool",
-                     s->f->path, nd->name, (long long)pos, row[t]);
+      /* SPEC 3.11's derived property holds for the unpinned pool only: a
+       * pinned newest block (Appendix V #12) takes the place of the block
+       * that ranked last, which may hold a Top-K entry. */
+      if (po && !p->model.cand_pin_newest)
+        EXPECT(in_blocks(row[t], po + (size_t)i * T, T, B), "%s: %s p %lld: Top-K id %d outside its own pool",
+               s->f->path, nd->name, (long long)pos, row[t]);
     }
     if (po) {
       int64_t nb = (nv + B - 1) / B;
       EXPECT(row_ok(po + (size_t)i * T, T, nb < T ? nb : T, nb), "%s: %s row %d (p %lld): a pool block is invisible, "
              "repeated or missing", s->f->path, nd->name, i, (long long)pos);
+      if (p->model.cand_pin_newest && nb > 0)
+        EXPECT(in_blocks((int32_t)((nb - 1) * B), po + (size_t)i * T, T, B), "%s: %s p %lld: the newest block %lld is "
+               "not pinned in the pool", s->f->path, nd->name, (long long)pos, (long long)(nb - 1));
     }
     s->rows_checked++;
   }

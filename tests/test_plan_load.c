@@ -91,7 +91,7 @@ static void check_flash(void) {
   EXPECT(m->indexer_k.scale == PLAN_SCALE_E8M0 && m->indexer_k.block == 32 && m->indexer_k.rule == PLAN_RULE_CEIL,
          "indexer k");
   EXPECT(fabs(plan_softmax_scale(&p) - 1 / sqrt(512.0)) < 1e-15, "softmax scale default");
-  EXPECT(m->norm_eps == 1e-6, "norm eps");
+  EXPECT(m->norm_eps == 1e-20, "norm eps (Appendix V #19)");
   /* The plan's byte accounting and the ops' packed layouts agree (docs/formats.md). */
   EXPECT(plan_format_bytes(&m->main_kv, m->head_dim) == (int64_t)op_fp4_bytes(m->head_dim, m->main_kv.block) &&
              plan_format_bytes(&m->main_kv, m->head_dim) == 288,
