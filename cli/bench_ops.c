@@ -636,13 +636,13 @@ static void case_engram(struct bench *b, const char *name) {
     exit(1);
   }
   op_engram_cmap_modulo(cmap, m->vocab, m->engram_compressed_vocab);
-  op_engram_multipliers(mult, m->engram_seed, 1, max_order, m->engram_compressed_vocab);
+  op_engram_multipliers_numpy(mult, 1, max_order, m->engram_compressed_vocab);
   for (int i = 0; i < C + max_order; i++) tok[i] = (int32_t)(op_rng_next(&b->rng) % (uint64_t)m->vocab);
   const int ns[2] = {C, 1}, hist[2] = {0, max_order - 1};
   uint8_t *table = NULL;
   float *e = NULL, *x = NULL, *kv = NULL, *wkv = NULL, *qw = NULL, *kw = NULL, *gate = NULL;
   op_engram_hash(row, tok, NULL, cmap, mult, m->engram_orders, t.prime, t.offset, 0, C, m->vocab, no, nh,
-                 m->engram_pad_id);
+                 cmap[m->engram_pad_id]);
   if (strstr(name, "gather")) { /* FP8 rows: payload codes below 0x7F in magnitude, E8M0 scales near 1 */
     table = bench_alloc((size_t)t.rows[0] * rb), e = fbuf((size_t)C * de);
     for (size_t i = 0; i < (size_t)t.rows[0] * rb; i++)
@@ -659,7 +659,7 @@ static void case_engram(struct bench *b, const char *name) {
     struct bench_loop l;
     if (strstr(name, "hash")) {
       TIME(l, b) op_engram_hash(row, tok, NULL, cmap, mult, m->engram_orders, t.prime, t.offset, hist[j], n,
-                                m->vocab, no, nh, m->engram_pad_id);
+                                m->vocab, no, nh, cmap[m->engram_pad_id]);
       /* flops 0 (integer work); bytes 4 (n + hist) ids + 4 cmap lookups + 8 n T rows */
       record(b, name, 0.0, 8.0 * (n + hist[j]) + 8.0 * n * T, &l, "n=%d orders=%d heads=%d", n, no, nh);
     } else if (table) {

@@ -11,6 +11,7 @@
 
 #include "ops/basic.h"
 #include "ops/formats.h"
+#include "ops/np_random.h"
 #include "ops/registry.h"
 #include "ops/sample.h"
 #include "base/check.h"
@@ -112,7 +113,17 @@ void op_engram_cmap_modulo(int32_t *cmap, int vocab, int compressed_vocab) {
   for (int t = 0; t < vocab; t++) cmap[t] = t % compressed_vocab;
 }
 
-void op_engram_multipliers(uint64_t *mult, uint64_t seed, int layer, int max_order, int64_t id_bound) {
+void op_engram_multipliers_numpy(uint64_t *mult, int layer, int max_order, int64_t compressed_vocab) {
+  CEDAR_ASSERT(compressed_vocab >= 1 && layer >= 0 && max_order >= 0);
+  struct np_pcg64 g;
+  np_default_rng(&g, 10007u * (uint64_t)layer);
+  int64_t draw[MAX_ORDER];
+  CEDAR_ASSERT(max_order <= MAX_ORDER);
+  np_integers_i64(&g, (INT64_MAX / compressed_vocab) / 2, max_order, draw);
+  for (int k = 0; k < max_order; k++) mult[k] = (uint64_t)(draw[k] * 2 + 1); /* < INT64_MAX: no wrap */
+}
+
+void op_engram_multipliers_splitmix64(uint64_t *mult, uint64_t seed, int layer, int max_order, int64_t id_bound) {
   uint64_t state = seed + 10007u * (uint64_t)layer;
   uint64_t half = 0;
   if (id_bound > 0) {
@@ -133,7 +144,7 @@ static void gram_ids(uint64_t *g, const int32_t *tok, const uint8_t *dead, const
   int cut = 0;
   for (int k = 0; k < max_order; k++) {
     if (u - k < 0 || (dead && dead[u - k])) cut = 1;
-    g[k] = (uint64_t)(int64_t)(cut ? pad_id : cmap[tok[u - k]]);
+    g[k] = (uint64_t)(int64_t)(cut ? pad_id : cmap[tok[u - k]]); /* two's complement bits of the int64 id */
   }
 }
 
@@ -152,11 +163,12 @@ int op_engram_hash(int64_t *row, const int32_t *tok, const uint8_t *dead, const 
     gram_ids(g, tok, dead, cmap, n_hist + i, max_order, pad_id);
     int64_t *ri = row + (size_t)i * n_orders * n_heads;
     for (int o = 0; o < n_orders; o++) {
+      /* int64 products wrap as two's complement: the same bits as uint64. */
       uint64_t mix = 0;
-      for (int k = 0; k < orders[o]; k++) mix ^= g[k] * mult[k]; /* wraps mod 2^64 */
+      for (int k = 0; k < orders[o]; k++) mix ^= g[k] * mult[k];
       for (int h = 0; h < n_heads; h++) {
         int j = o * n_heads + h;
-        ri[j] = (int64_t)(mix % (uint64_t)prime[j]) + offset[j];
+        ri[j] = op_engram_floor_mod((int64_t)mix, prime[j]) + offset[j];
       }
     }
   }
@@ -234,7 +246,7 @@ void op_engram_inject(float *x, float *kv, float *gate, const float *e, const fl
 #define ENGRAM_EXACT ((int64_t)1 << 53) /* integer parameters are doubles: exact up to here */
 
 struct hash_args {
-  int64_t module, layer, table_base, heads, seed, id_bound, pad_id, vocab, cvocab, n_hist;
+  int64_t module, layer, table_base, heads, scheme, seed, id_bound, pad_id, vocab, cvocab, n_hist;
   int orders[ENGRAM_MAX_ORDERS], n_orders, max_order;
 };
 
@@ -265,6 +277,7 @@ static bool hash_params(const struct op_desc *self, struct op_io *io, struct has
   if (!op_io_param_int(self, io, "module", 0, 1023, &a->module) || !op_io_param_int(self, io, "layer", 0, INT_MAX, &a->layer) ||
       !op_io_param_int(self, io, "table_base", 2, ENGRAM_EXACT, &a->table_base) ||
       !op_io_param_int(self, io, "heads", 1, ENGRAM_MAX_TABLES, &a->heads) ||
+      !op_io_param_int(self, io, "scheme", 0, 1, &a->scheme) ||
       !op_io_param_int(self, io, "seed", 0, ENGRAM_EXACT, &a->seed) ||
       !op_io_param_int(self, io, "id_bound", 0, ENGRAM_EXACT, &a->id_bound) ||
       !op_io_param_int(self, io, "pad_id", INT32_MIN, INT32_MAX, &a->pad_id) ||
@@ -309,12 +322,18 @@ static int hash_call(const struct op_desc *self, struct op_io *io, const struct 
   uint64_t mult[64];
   if (h->mult)
     for (int k = 0; k < a->max_order; k++) mult[k] = (uint64_t)((const int64_t *)h->mult->data)[k];
+  else if (a->scheme == 0)
+    op_engram_multipliers_numpy(mult, (int)a->layer, a->max_order, a->cvocab);
   else
-    op_engram_multipliers(mult, (uint64_t)a->seed, (int)a->layer, a->max_order, a->id_bound);
+    op_engram_multipliers_splitmix64(mult, (uint64_t)a->seed, (int)a->layer, a->max_order, a->id_bound);
+  if (a->pad_id < 0 || a->pad_id >= a->vocab)
+    return op_io_fail(io, "engram_hash: pad_id %lld is not a token id in [0, %lld)", (long long)a->pad_id,
+                      (long long)a->vocab);
   int32_t *own = NULL;
   if (!h->cmap && !(own = malloc((size_t)a->vocab * sizeof *own)))
     return op_io_fail(io, "engram_hash: cannot allocate a cmap of %lld ids", (long long)a->vocab), CEDAR_ENOMEM;
   if (own) op_engram_cmap_modulo(own, (int)a->vocab, (int)a->cvocab);
+  const int32_t *cmap = own ? own : h->cmap->data;
   int n = (int)(h->td[0] - a->n_hist), rc = 0;
   int64_t *rows = op_io_out(self, io, "rows", 3, (int64_t[]){n, a->n_orders, a->heads});
   int64_t *table_rows = rows ? op_io_out(self, io, "table_rows", 1, (int64_t[]){1}) : NULL;
@@ -322,9 +341,9 @@ static int hash_call(const struct op_desc *self, struct op_io *io, const struct 
     rc = CEDAR_ENOMEM;
   } else {
     table_rows[0] = t->rows[a->module];
-    int bad = op_engram_hash(rows, h->tok->data, h->dead ? h->dead->data : NULL, own ? own : h->cmap->data, mult,
-                             a->orders, op_engram_primes_of(t, (int)a->module), op_engram_offsets_of(t, (int)a->module),
-                             (int)a->n_hist, n, (int)a->vocab, a->n_orders, (int)a->heads, (int32_t)a->pad_id);
+    int bad = op_engram_hash(rows, h->tok->data, h->dead ? h->dead->data : NULL, cmap, mult, a->orders,
+                             op_engram_primes_of(t, (int)a->module), op_engram_offsets_of(t, (int)a->module),
+                             (int)a->n_hist, n, (int)a->vocab, a->n_orders, (int)a->heads, cmap[a->pad_id]);
     if (bad >= 0)
       rc = op_io_fail(io, "engram_hash: token %d at position %d is outside the vocabulary [0, %lld)",
                       ((const int32_t *)h->tok->data)[bad], bad, (long long)a->vocab);
@@ -348,14 +367,14 @@ static int engram_hash_run(const struct op_desc *self, struct op_io *io) {
 
 const struct op_desc op_desc_engram_hash = {
     .name = "engram_hash",
-    .summary = "Engram n-gram hash: table rows of each position from token ids alone (SPEC 3.15, R.8)",
+    .summary = "Engram n-gram hash: table rows of each position from token ids alone (SPEC 3.15, Appendix V #18)",
     .inputs =
         (const struct op_arg[]){
             {"tokens", OP_I32, "(n_hist + n)", "token ids; the first n_hist are history only"},
             {"dead", OP_U8, "(n_hist + n)", "optional: non-zero at dead (image) positions, which act as a sequence start"},
             {"cmap", OP_I32, "(vocab)", "optional: token id -> compressed id (the checkpoint's normalizer); its length "
                                         "is the vocabulary. Absent: id mod compressed_vocab"},
-            {"mult", OP_I64, "(max order)", "optional: the layer's hash multipliers. Absent: from seed and layer"},
+            {"mult", OP_I64, "(max order)", "optional: the layer's hash multipliers. Absent: from scheme and layer"},
             {0}},
     .outputs = (const struct op_arg[]){{"rows", OP_I64, "(n, orders, heads)", "row of each table inside the module's table"},
                                        {"table_rows", OP_I64, "(1)", "rows of the module's table (sum of its primes)"},
@@ -368,10 +387,13 @@ const struct op_desc op_desc_engram_hash = {
                                         {"o2", OP_PARAM_INT, 3, "second order, 0 = none [A]"},
                                         {"o3", OP_PARAM_INT, 4, "third order, 0 = none [A]"},
                                         {"o4", OP_PARAM_INT, 0, "fourth order, 0 = none [cedar: room for max_ngram_size 4]"},
-                                        {"seed", OP_PARAM_INT, 0, "multiplier seed [R]"},
-                                        {"id_bound", OP_PARAM_INT, 0, "0: full-range odd multipliers; > 0: the demo's "
-                                                                      "range for ids below it [R]"},
-                                        {"pad_id", OP_PARAM_INT, 2, "engram_pad_id [R-cfg]"},
+                                        {"scheme", OP_PARAM_INT, 0, "multipliers: 0 numpy default_rng(10007 layer) "
+                                                                    "over compressed_vocab [V #18]; 1 splitmix64 [cedar]"},
+                                        {"seed", OP_PARAM_INT, 0, "splitmix64 multiplier seed (scheme 1) [cedar]"},
+                                        {"id_bound", OP_PARAM_INT, 0, "scheme 1: 0 full-range odd multipliers; > 0 the "
+                                                                      "demo's range for ids below it [cedar]"},
+                                        {"pad_id", OP_PARAM_INT, 2, "engram_pad_token_id; the pad is cmap[pad_id] "
+                                                                    "[V #18]"},
                                         {"vocab", OP_PARAM_INT, 129280, "token ids are in [0, vocab) [R]; cmap's "
                                                                         "length when given"},
                                         {"compressed_vocab", OP_PARAM_INT, 99092, "for the modulo cmap [R-cfg]"},

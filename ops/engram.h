@@ -29,16 +29,26 @@
  *           [cedar] a dead position acts like the start of the sequence, so
  *           every g_k with t-k <= the last dead position <= t is pad (a dead
  *           position's own n-grams are all pad);
- *   mix_n = XOR_{k<n} (g_k * mult[k])  in uint64 arithmetic (wraps mod 2^64);
- *   row   = (mix_n mod prime[o][h]) + offset[o][h]   (uint64 mod [cedar]).
- * Multipliers [cedar generator; R.8 seeding]: splitmix64 (ops/sample.h)
- * seeded with seed + 10007 * layer, one draw per multiplier k = 0..max_order-1.
+ *   mix_n = XOR_{k<n} (g_k * mult[k])  in int64 arithmetic: products wrap
+ *           (two's complement), as the vendor's numpy int64 does;
+ *   row   = floor_mod(mix_n, prime[o][h]) + offset[o][h]: Python's modulo,
+ *           never negative (Appendix V #18; a uint64 modulo differs as soon
+ *           as a product wraps: multipliers [-1, 3], ids [5, pad 2], prime
+ *           16000057 give 16000054, not 9903347).
+ *   The pad is the compressed id of engram_pad_token_id: the caller passes
+ *   cmap[pad_token] (Appendix V #18: pad = map[2]).
+ * Multipliers [Appendix V #18, the vendor's]: op_engram_multipliers_numpy,
+ * numpy.random.default_rng(10007 * layer).integers(0, (INT64_MAX // Vc) //
+ * 2, size=max_order, dtype=int64) * 2 + 1 with Vc the compressed
+ * vocabulary (ops/np_random.h). Their products with ids below Vc never
+ * pass INT64_MAX.
+ * [cedar's older scheme, plan option `multipliers: splitmix64`]:
+ * op_engram_multipliers_splitmix64, splitmix64 (ops/sample.h) seeded with
+ * seed + 10007 * layer, one draw per multiplier k = 0..max_order-1.
  * With id_bound > 0 each is 2 * (draw mod h) + 1, h = max(1, (INT64_MAX /
- * id_bound) / 2): the public Engram demo's range, in which g * mult never
- * passes INT64_MAX, so signed (the demo's numpy int64) and unsigned hashing
- * agree. id_bound = 0 gives full-range odd multipliers (draw | 1), whose
- * products wrap. A real checkpoint's multipliers come from its loader; the
- * hash takes them as an array.
+ * id_bound) / 2); id_bound = 0 gives full-range odd multipliers (draw | 1),
+ * whose products wrap. A checkpoint's multipliers may also be given as an
+ * array: the hash takes them as one.
  *
  * Row format [R-cfg, R.8]: head_dim E4M3 values then head_dim/block E8M0
  * scales: exactly the SWA E8M0 entry of ops/formats.h (docs/formats.md 2.3),
@@ -92,16 +102,29 @@ int op_engram_is_prime(int64_t n);
  * vocab. The synthetic-weights stand-in for the checkpoint's normalizer. */
 void op_engram_cmap_modulo(int32_t *cmap /* (vocab) */, int vocab, int compressed_vocab);
 
-/* The max_order odd multipliers of one Engram layer (see the header). */
-void op_engram_multipliers(uint64_t *mult /* (max_order) */, uint64_t seed, int layer, int max_order,
-                           int64_t id_bound);
+/* The vendor's max_order (<= 64) odd multipliers of one Engram layer:
+ * NumPy's default_rng(10007 * layer), compressed_vocab >= 1 (see the header).
+ * Stored as the int64 values' bits. */
+void op_engram_multipliers_numpy(uint64_t *mult /* (max_order) */, int layer, int max_order, int64_t compressed_vocab);
+
+/* cedar's older scheme (plan option `multipliers: splitmix64`; the header). */
+void op_engram_multipliers_splitmix64(uint64_t *mult /* (max_order) */, uint64_t seed, int layer, int max_order,
+                                      int64_t id_bound);
+
+/* a mod p with Python's sign rule for p > 0: the result is in [0, p). */
+static inline int64_t op_engram_floor_mod(int64_t a, int64_t p) {
+  int64_t r = a % p;
+  return r < 0 ? r + p : r;
+}
 
 /* Row indices (inside the module's table) of positions n_hist .. n_hist+n-1
  * of tok. The first n_hist ids are history only (a decode step passes the
  * last max_order - 1 ids, SPEC 3.15); positions before tok[0] count as
  * before the sequence start. orders are the n-gram lengths (>= 1, at most
  * 64; SPEC: 2, 3, 4); mult has max(orders) entries. Returns -1 on success,
- * or the index in tok of the first id outside [0, vocab), writing nothing. */
+ * or the index in tok of the first id outside [0, vocab), writing nothing.
+ * pad_id is a compressed id: cmap[engram_pad_token_id]. mult holds int64
+ * bits. */
 int op_engram_hash(int64_t *row /* (n, n_orders, n_heads) */, const int32_t *tok /* (n_hist + n) */,
                    const uint8_t *dead /* (n_hist + n) or NULL */, const int32_t *cmap /* (vocab) */,
                    const uint64_t *mult /* (max order) */, const int *orders /* (n_orders) */,

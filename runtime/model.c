@@ -110,8 +110,13 @@ static void bind_layer(struct rt_model *M, int l, int *module) {
   L->e_wkv = need(w, l, "engram.wkv");
   L->e_qw = need(w, l, "engram.q_w");
   L->e_kw = need(w, l, "engram.k_w");
-  /* docs/model.md s5: splitmix64 from seed + 10007 l, full-range odd (id_bound 0). */
-  op_engram_multipliers(L->e_mult, m->engram_seed, l, M->e_max_order, 0);
+  /* docs/model.md s5: the vendor's numpy default_rng(10007 l) over the
+   * compressed vocabulary (Appendix V #18); or cedar's older splitmix64 from
+   * seed + 10007 l, full-range odd (id_bound 0), by plan option. */
+  if (m->engram_mult == PLAN_ENGRAM_MULT_SPLITMIX64)
+    op_engram_multipliers_splitmix64(L->e_mult, m->engram_seed, l, M->e_max_order, 0);
+  else
+    op_engram_multipliers_numpy(L->e_mult, l, M->e_max_order, m->engram_compressed_vocab);
 }
 
 static int init_engram(struct rt_model *M, char *err, size_t err_len) {
@@ -134,6 +139,30 @@ static int init_engram(struct rt_model *M, char *err, size_t err_len) {
   M->cmap = malloc(sizeof(int32_t) * (size_t)m->vocab);
   if (!M->cmap) return CEDAR_ENOMEM;
   op_engram_cmap_modulo(M->cmap, m->vocab, m->engram_compressed_vocab);
+  M->cmap_source = "id mod compressed_vocab (no tokenizer)";
+  return 0;
+}
+
+int rt_model_set_cmap(struct rt_model *M, const int32_t *map, int n, int n_distinct, const char *source, char *err,
+                      size_t err_len) {
+  const struct plan_model *m = &M->p->model;
+  if (!M->cmap) return 0; /* no Engram layer: nothing to map */
+  if (n_distinct != m->engram_compressed_vocab) {
+    snprintf(err, err_len, "the tokenizer's Engram token map has %d distinct keys but model.engram.compressed_vocab is "
+             "%d (engram_compressed_vocab_size): this tokenizer does not belong to this checkpoint; use the "
+             "checkpoint's own tokenizer.json", n_distinct, m->engram_compressed_vocab);
+    return CEDAR_EINVAL;
+  }
+  if (m->engram_pad_id >= n) {
+    snprintf(err, err_len, "model.engram.pad_id %d is past the tokenizer's %d ids", m->engram_pad_id, n);
+    return CEDAR_EINVAL;
+  }
+  for (int t = 0; t < m->vocab; t++) { /* [cedar] ids past the tokenizer (embedding padding rows) take the pad */
+    int32_t c = t < n ? map[t] : map[m->engram_pad_id];
+    CEDAR_ASSERT(c >= 0 && c < n_distinct);
+    M->cmap[t] = c;
+  }
+  M->cmap_source = source;
   return 0;
 }
 
@@ -270,7 +299,7 @@ void rt_engram_rows(const struct rt_model *M, int l, float *e, const struct rt_r
   int bad;
   RT_TIMED(ar, ENGRAM, bad = op_engram_hash(rows, r->tokens + a - hist, NULL, M->cmap, L->e_mult, m->engram_orders,
                            op_engram_primes_of(&M->eng, L->e_module), op_engram_offsets_of(&M->eng, L->e_module),
-                           hist, n, m->vocab, m->engram_n_orders, m->engram_heads, m->engram_pad_id));
+                           hist, n, m->vocab, m->engram_n_orders, m->engram_heads, M->cmap[m->engram_pad_id]));
   CEDAR_ASSERT(bad < 0);
   RT_TIMED(ar, ENGRAM, op_engram_gather(e, L->e_table, rows, n, M->e_tables, m->engram_head_dim, WEIGHTS_ENGRAM_BLOCK, L->e_rows));
 }

@@ -67,6 +67,7 @@ struct rt_model {
   struct op_moe_cfg moe;
   struct op_engram_tables eng;
   int32_t *cmap;                   /* (vocab) Engram compressed ids */
+  const char *cmap_source;         /* where cmap came from, for reports */
   int e_max_order, e_tables;
   int first_dec;                   /* first decoder layer, n_layers when none */
   float eps, tau, idx_scale;
@@ -78,6 +79,15 @@ struct rt_model {
  * CEDAR_EINVAL / CEDAR_ENOMEM with a message. */
 int rt_model_init(struct rt_model *M, const struct plan *p, const struct weights *w, char *err, size_t err_len);
 void rt_model_free(struct rt_model *M);
+
+/* Replace the Engram token map (id mod compressed_vocab after init) by a
+ * tokenizer's: map (n ids, n_distinct keys; runtime/engram_map.h builds it).
+ * Refused with err when n_distinct != model.engram.compressed_vocab (a
+ * tokenizer that is not the checkpoint's) or the pad id is past the map.
+ * Ids past n take the pad's compressed id [cedar]. source (static string)
+ * names the map in reports (M->cmap_source). No Engram layer: a no-op. */
+int rt_model_set_cmap(struct rt_model *M, const int32_t *map, int n, int n_distinct, const char *source, char *err,
+                      size_t err_len);
 
 /* X (n, hc, d) = every stream the embedding of tok; pre (n, hc) = the
  * one-hot (1, 0, ..., 0) layer 0's attention mixes with. Token ids are

@@ -95,8 +95,9 @@ struct plan_model {
   int engram_orders[PLAN_MAX_ORDERS];
   int engram_heads, engram_head_dim;
   int64_t engram_table_base; /* primes start above this - 1 (engram_vocab_size) */
-  int engram_compressed_vocab, engram_pad_id;
-  uint64_t engram_seed;
+  int engram_compressed_vocab, engram_pad_id; /* pad_id: engram_pad_token_id, a token id (pad = cmap[pad_id]) */
+  enum { PLAN_ENGRAM_MULT_NUMPY = 0, PLAN_ENGRAM_MULT_SPLITMIX64 } engram_mult; /* Appendix V #18 / cedar's older */
+  uint64_t engram_seed;                         /* splitmix64 only */
 
   /* DSpark (SPEC 1.5, 3.16) */
   int dspark_blocks, dspark_window, dspark_draft, dspark_markov_rank;

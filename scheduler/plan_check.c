@@ -78,6 +78,10 @@ static void check_widths(struct plan_ctx *ctx, struct plan *p) {
   for (int i = 1; i < m->engram_n_orders; i++)
     if (m->engram_orders[i] <= m->engram_orders[i - 1])
       ERR(ctx, at, "list n-gram orders in increasing order without repeats", "model.engram.orders is not increasing");
+  at = mark_of(ctx, "model.engram.pad_id");
+  if (engram && m->engram_pad_id >= m->vocab)
+    ERR(ctx, at, "pad_id is engram_pad_token_id, a token id below model.vocab (the vendor's is 2)",
+        "model.engram.pad_id = %d is not a token id (vocab %d)", m->engram_pad_id, m->vocab);
 }
 
 /* A storage format must tile its width and pack to whole bytes. */

@@ -55,6 +55,7 @@ static const char *const pairing_names[] = {"v41", "v4", NULL};
 static const char *const rope_pos_names[] = {"first", "last", NULL};
 static const char *const nibble_names[] = {"high_first", "low_first", NULL};
 static const char *const device_names[] = {"cpu", "cuda", NULL};
+static const char *const engram_mult_names[] = {"numpy", "splitmix64", NULL};
 
 /* Sections whose struct is reused take offsets relative to that struct. */
 #define R(member) offsetof(struct op_rope_params, member)
@@ -146,6 +147,7 @@ static const struct field engram_fields[] = {
     I64("table_base", M(engram_table_base), 2, 1e15),
     INT("compressed_vocab", M(engram_compressed_vocab), 1, 1 << 30),
     INT("pad_id", M(engram_pad_id), 0, 1 << 30),
+    ENUM("multipliers", M(engram_mult), engram_mult_names),
     I64("seed", M(engram_seed), 0, 9e15),
     END,
 };

@@ -330,7 +330,7 @@ static void hash_compare(struct h_io *h, const int32_t *tok, const uint8_t *dead
   EXPECT(op_engram_tables_init(&t, 2, n_orders, 3, 1000) == 0, "tables");
   int64_t rows[EH_N * 4 * 3];
   EXPECT(op_engram_hash(rows, tok, dead, cmap, mult, orders, op_engram_primes_of(&t, 1), op_engram_offsets_of(&t, 1),
-                        EH_HIST, EH_N, EH_VOCAB, n_orders, 3, 2) == -1, "direct hash");
+                        EH_HIST, EH_N, EH_VOCAB, n_orders, 3, cmap[2]) == -1, "direct hash"); /* pad = cmap[pad_id 2] */
   expect_run(h, "engram_hash");
   expect_out(h, "engram_hash", "rows", OP_I64, 3, (int64_t[]){EH_N, n_orders, 3}, rows);
   expect_out(h, "engram_hash", "table_rows", OP_I64, 1, (int64_t[]){1}, &t.rows[1]);
@@ -346,9 +346,14 @@ static void check_engram_hash(uint64_t *seed) {
   op_engram_cmap_modulo(cmap, EH_VOCAB, 37);
   uint64_t mult[5];
   struct h_io h;
-  /* SPEC's orders (2, 3, 4) by default, multipliers from seed and layer */
-  op_engram_multipliers(mult, 42, 14, 4, 0);
+  /* SPEC's orders (2, 3, 4) by default, the vendor's multipliers from layer and compressed_vocab */
+  op_engram_multipliers_numpy(mult, 14, 4, 37);
   hash_inputs(&h, tok, dead);
+  hash_compare(&h, tok, dead, cmap, mult, (int[]){2, 3, 4}, 3);
+  /* scheme 1: cedar's older splitmix64 multipliers from seed and layer */
+  op_engram_multipliers_splitmix64(mult, 42, 14, 4, 0);
+  hash_inputs(&h, tok, dead);
+  h_io_param(&h, "scheme", 1);
   hash_compare(&h, tok, dead, cmap, mult, (int[]){2, 3, 4}, 3);
   /* orders (1, 5), the caller's cmap and multipliers */
   int64_t mult_in[5];

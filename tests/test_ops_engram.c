@@ -7,8 +7,9 @@
  *     and 384 016 682, 768 022 850 rows x 256 = 196 613 849 600 parameters;
  *     every prime and every skipped number checked by trial division here;
  *     op_engram_is_prime on known hard cases (strong pseudoprimes, 2^61 - 1);
- *   - hashing against a uint64 reference (and a signed-int64 one for the
- *     demo's bounded multipliers), pad ids at the start and across image
+ *   - hashing against an int64 floor-modulo reference (and the demo's
+ *     signed hash for its bounded multipliers), the held-out signed check
+ *     of issue 13 (row 16000054), NumPy's multipliers at fixed vectors, pad ids at the start and across image
  *     positions, decode continuation from history, locality and purity
  *     (SPEC 8.6.28: a function of ids alone, no hidden state);
  *   - the row gather against a float64 E4M3 x 2^(e-127) decode (exact);
@@ -126,7 +127,10 @@ static int64_t ref_row(const int32_t *tok, const uint8_t *dead, const int32_t *c
     uint64_t g = is_pad ? (uint64_t)pad : (uint64_t)cmap[tok[q]];
     mix ^= g * mult[k];
   }
-  return (int64_t)(mix % (uint64_t)prime) + offset;
+  /* int64 floor modulo (Python's %), written apart from the op's helper */
+  int64_t sm = (int64_t)mix, r = sm - (sm / prime) * prime;
+  if (r < 0) r += prime;
+  return r + offset;
 }
 
 struct hash_case {
@@ -145,7 +149,7 @@ static void check_hash_case(const struct hash_case *c, uint64_t *seed) {
   uint8_t *dead = calloc(total, 1);
   uint64_t mult[16];
   op_engram_cmap_modulo(cmap, c->vocab, c->cvocab);
-  op_engram_multipliers(mult, 42, 14, max_order, c->id_bound);
+  op_engram_multipliers_splitmix64(mult, 42, 14, max_order, c->id_bound);
   for (int u = 0; u < total; u++) {
     tok[u] = (int32_t)(h_uniform(seed) * c->vocab);
     dead[u] = c->dead_every && u % c->dead_every == c->dead_every - 1;
@@ -187,20 +191,77 @@ static void check_hash_case(const struct hash_case *c, uint64_t *seed) {
 
 static void check_multipliers(void) {
   uint64_t m[4], m2[4], s = 42 + 10007u * 14;
-  op_engram_multipliers(m, 42, 14, 4, 0);
+  op_engram_multipliers_splitmix64(m, 42, 14, 4, 0);
   for (int k = 0; k < 4; k++) EXPECT(m[k] == (ref_splitmix(&s) | 1), "full-range multiplier %d", k);
-  op_engram_multipliers(m, 0, 0, 1, 0);
+  op_engram_multipliers_splitmix64(m, 0, 0, 1, 0);
   EXPECT(m[0] == 0xE220A8397B1DCDAFull, "splitmix64(0) first output (published test vector)");
-  op_engram_multipliers(m, 7, 1, 4, 99092);
-  op_engram_multipliers(m2, 7, 1, 4, 99092);
+  op_engram_multipliers_splitmix64(m, 7, 1, 4, 99092);
+  op_engram_multipliers_splitmix64(m2, 7, 1, 4, 99092);
   int64_t lim = INT64_MAX / 99092;
   for (int k = 0; k < 4; k++) {
     EXPECT(m[k] & 1, "multiplier %d odd", k);
     EXPECT(m[k] <= (uint64_t)lim, "bounded multiplier %d below INT64_MAX / id_bound", k);
     EXPECT(m[k] == m2[k], "multipliers deterministic");
   }
-  op_engram_multipliers(m2, 7, 14, 4, 99092);
+  op_engram_multipliers_splitmix64(m2, 7, 14, 4, 99092);
   EXPECT(memcmp(m, m2, sizeof m) != 0, "layers 1 and 14 get different multipliers");
+}
+
+/* Python's a % p for p > 0, from floor division written out. */
+static int64_t pymod(int64_t a, int64_t p) {
+  int64_t q = a / p;
+  if ((a % p != 0) && (a < 0)) q -= 1;
+  return a - q * p;
+}
+
+/* The vendor's signed arithmetic (Appendix V #18, issue 13's held-out check):
+ * multipliers [-1, 3], tokens [5, 7], one head, prime 16000057: position 0
+ * hashes (5, pad 2) to -5 XOR 6 = -3 -> row 16000054 (a uint64 modulo gives
+ * 9903347). The pad is cmap[pad token]: with a map that moves id 2, the pad
+ * follows it. */
+static void check_signed_hash(void) {
+  const int64_t prime = 16000057, offset = 0;
+  uint64_t mult[2] = {(uint64_t)-1, 3};
+  int32_t tok[2] = {5, 7}, cmap[8];
+  op_engram_cmap_modulo(cmap, 8, 8);
+  int64_t row[2];
+  EXPECT(op_engram_hash(row, tok, NULL, cmap, mult, (int[]){2}, &prime, &offset, 0, 2, 8, 1, 1, cmap[2]) == -1,
+         "signed hash runs");
+  EXPECT(row[0] == 16000054, "held-out check: position 0 row %lld, want 16000054", (long long)row[0]);
+  EXPECT(row[0] != 9903347, "not the uint64 modulo");
+  /* position 1: 7 * -1 XOR 5 * 3 = -7 ^ 15 = -10 -> prime - 10 */
+  EXPECT(row[1] == prime - 10, "position 1 row %lld, want %lld", (long long)row[1], (long long)(prime - 10));
+  EXPECT(op_engram_floor_mod(-1, 7) == 6 && op_engram_floor_mod(INT64_MIN, 16000057) == pymod(INT64_MIN, 16000057) &&
+             op_engram_floor_mod(INT64_MAX, 3) == 1,
+         "floor modulo edge cases");
+  /* pad = map[2]: a map sending 2 to 6 hashes the start with 6, not 2 */
+  cmap[2] = 6;
+  op_engram_hash(row, tok, NULL, cmap, mult, (int[]){2}, &prime, &offset, 0, 1, 8, 1, 1, cmap[2]);
+  EXPECT(row[0] == pymod(-5 ^ 18, prime), "pad is the map's value of the pad token");
+}
+
+/* The vendor's multipliers: NumPy's default_rng(10007 l).integers(0,
+ * (INT64_MAX // Vc) // 2, size=4, dtype=int64) * 2 + 1. The expected values
+ * were printed by Debian's numpy 1.24 (tests/np_random_check.py compares
+ * many more layers and Vc live). */
+static void check_numpy_multipliers(void) {
+  static const struct {
+    int layer;
+    int64_t vc;
+    int64_t want[4];
+  } cases[] = {
+      {14, 99092, {67716810739261, 51510806800915, 30921347202721, 82619226485591}},
+      {14, 512, {13105848065966575, 9969353256867905, 5984488548851707, 15990047638496783}},
+      {14, 1 << 30, {6946783777, 6249355345, 549590775, 4753758075}}, /* the 32-bit Lemire path */
+      {14, 1, {6710194209774887047, 5104308867516368317, 3064058137012074761, 8186904390910353997}},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    uint64_t m[4];
+    op_engram_multipliers_numpy(m, cases[i].layer, 4, cases[i].vc);
+    for (int k = 0; k < 4; k++)
+      EXPECT((int64_t)m[k] == cases[i].want[k], "numpy multiplier layer %d Vc %lld k %d: %lld, want %lld",
+             cases[i].layer, (long long)cases[i].vc, k, (long long)m[k], (long long)cases[i].want[k]);
+  }
 }
 
 /* Start-of-sequence and image-boundary pads, decode continuation, locality. */
@@ -213,15 +274,15 @@ static void check_hash_semantics(void) {
   int32_t cmap[64], tok[N];
   uint64_t mult[4];
   op_engram_cmap_modulo(cmap, 64, 64);
-  op_engram_multipliers(mult, 3, 1, 4, 0);
+  op_engram_multipliers_splitmix64(mult, 3, 1, 4, 0);
   for (int u = 0; u < N; u++) tok[u] = 5 + 3 * u;
   int64_t full[N * T], part[N * T], again[N * T];
   op_engram_hash(full, tok, NULL, cmap, mult, orders, P, O, 0, N, 64, NO, NH, PAD);
   /* Position 0, order 2: (pad, tok0) written out by hand. */
   uint64_t mix = (uint64_t)tok[0] * mult[0] ^ (uint64_t)PAD * mult[1];
-  EXPECT(full[0] == (int64_t)(mix % (uint64_t)P[0]) + O[0], "position 0 order 2 = hash(tok0, pad)");
+  EXPECT(full[0] == pymod((int64_t)mix, P[0]) + O[0], "position 0 order 2 = hash(tok0, pad)");
   mix ^= (uint64_t)PAD * mult[2];
-  EXPECT(full[NH] == (int64_t)(mix % (uint64_t)P[NH]) + O[NH], "position 0 order 3 = hash(tok0, pad, pad)");
+  EXPECT(full[NH] == pymod((int64_t)mix, P[NH]) + O[NH], "position 0 order 3 = hash(tok0, pad, pad)");
   /* Decode: the last position from its 3 ids of history equals the full hash. */
   for (int p = 3; p < N; p++) {
     op_engram_hash(part, tok + p - 3, NULL, cmap, mult, orders, P, O, 3, 1, 64, NO, NH, PAD);
@@ -249,7 +310,7 @@ static void check_hash_semantics(void) {
   EXPECT(!memcmp(again, full, 4 * T * sizeof *full), "positions before the image unchanged");
   mix = 0;
   for (int k = 0; k < 4; k++) mix ^= (uint64_t)PAD * mult[k];
-  EXPECT(again[4 * T + 2 * NH] == (int64_t)(mix % (uint64_t)P[2 * NH]) + O[2 * NH], "image position: all-pad 4-gram");
+  EXPECT(again[4 * T + 2 * NH] == pymod((int64_t)mix, P[2 * NH]) + O[2 * NH], "image position: all-pad 4-gram");
   /* A bad id: its index comes back and nothing is written. */
   int64_t guard[N * T];
   memset(guard, 0x5A, sizeof guard);
@@ -391,6 +452,8 @@ int main(void) {
   check_flash_primes();
   check_prime_rule_misc();
   check_multipliers();
+  check_signed_hash();
+  check_numpy_multipliers();
   check_hash_semantics();
   /* (n_hist, n, vocab, compressed vocab, orders, heads, base, id bound, dead every) */
   struct hash_case hc[] = {
