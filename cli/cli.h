@@ -24,6 +24,8 @@ int cmd_plan_show(int argc, char **argv);
 int cmd_plan_cost(int argc, char **argv);
 int cmd_plan_diff(int argc, char **argv);
 int cmd_plan_dot(int argc, char **argv);
+int cmd_plan_import(int argc, char **argv);
+int cmd_plan_config(int argc, char **argv);
 
 /* The plan `cedar` uses when none is given. */
 #define CEDAR_DEFAULT_PLAN "plans/v41-mini.yaml"

@@ -27,6 +27,7 @@
 #include "ops/basic.h"
 #include "ops/isa.h"
 #include "base/check.h"
+#include "cli/bench_load.h"
 #include "cli/cli.h"
 #include "runtime/engine.h"
 
@@ -49,7 +50,10 @@ static const char usage[] =
     "one). --repeat R (default 1) runs every configuration R times, interleaved (each\n"
     "round runs the ceiling loop and every executor once), and keeps each figure's minimum: on a\n"
     "shared machine the least disturbed run. The prompt is byte tokens of a fixed text. Nothing\n"
-    "is asserted; docs/PERF.md keeps results with their command.\n";
+    "is asserted; docs/PERF.md keeps results with their command.\n"
+    "  --model DIR  a checkpoint in the released layout (docs/checkpoints.md): first its load time\n"
+    "               against a plain read of the same files and the RSS against the weights' bytes,\n"
+    "               then the runs above with its weights on the plan its config implies (or each P)\n";
 
 /* One way of running: direct, or StarPU with a worker count. */
 struct config {
@@ -75,6 +79,7 @@ struct bench {
   int chunk;
   uint64_t seed;
   int repeat;
+  const char *model;
   double ceiling_t1, ceiling_t2; /* the sgemm loop: one thread; two threads at once (minimum over rounds) */
 };
 
@@ -196,7 +201,7 @@ static int run_config(struct result *r, const struct bench *B, int c, struct rt_
   char ignored[8]; /* switching to direct cannot fail */
   rt_engine_set_exec(e, &(struct rt_engine_exec){.executor = RT_EXEC_DIRECT}, ignored, sizeof ignored);
   if (rc) {
-    fprintf(stderr, "cedar bench model: %s, %s: %s\n", r->path, cf->name, err);
+    fprintf(stderr, "cedar bench model: %s, %s: %s\n", r->path ? r->path : B->model, cf->name, err);
     rt_gen_result_free(&got);
     return rc;
   }
@@ -213,14 +218,14 @@ static int run_config(struct result *r, const struct bench *B, int c, struct rt_
 static int run_plan(struct result *r, struct bench *B) {
   char err[1024];
   struct plan_diags diags = {0};
-  struct rt_engine_opts eo = {.plan = r->path, .seed = B->seed, .diags = &diags};
+  struct rt_engine_opts eo = {.plan = r->path, .model = B->model, .seed = B->model ? 0 : B->seed, .diags = &diags};
   struct rt_engine e;
   int rc = rt_engine_open(&e, &eo, err, sizeof err);
   if (rc && e.failed == RT_ENGINE_PLAN) {
     plan_diags_print(&diags, stderr);
     fprintf(stderr, "cedar bench model: %s\n", err);
   } else if (rc) {
-    fprintf(stderr, "cedar bench model: %s: %s\n", r->path, err);
+    fprintf(stderr, "cedar bench model: %s: %s\n", r->path ? r->path : B->model, err);
   }
   plan_diags_free(&diags);
   if (rc) return 1;
@@ -471,6 +476,7 @@ int cmd_bench_model(int argc, char **argv) {
                                        {"repeat", required_argument, NULL, 'R'},
                                        {"json", no_argument, NULL, 'j'},
                                        {"help", no_argument, NULL, 'h'},
+                                       {"model", required_argument, NULL, 'M'},
                                        {0, 0, 0, 0}};
   static struct result r[MAX_PLANS];
   memset(r, 0, sizeof(r));
@@ -509,6 +515,7 @@ int cmd_bench_model(int argc, char **argv) {
       B.repeat = (int)v;
       break;
     case 'j': json = true; break;
+    case 'M': B.model = optarg; break;
     case 'h': fputs(usage, stdout); return 0;
     default:
       return cli_usage_error("bench model", "bad option, or an option without its value: '%s'", argv[optind - 1]);
@@ -517,13 +524,17 @@ int cmd_bench_model(int argc, char **argv) {
   if (optind < argc) return cli_usage_error("bench model", "unexpected argument '%s'", argv[optind]);
   int rc = make_configs(&B, ex, workers);
   if (rc >= 0) return rc;
+  if (B.model) {
+    if (bench_load(B.model, r[0].path, B.repeat, json)) return 1;
+    if (!n_plans) n_plans = 1; /* the plan the checkpoint implies (path NULL) */
+  }
   if (!n_plans) {
     r[n_plans++].path = "plans/v41-mini.yaml";
     r[n_plans++].path = "plans/dense-40.yaml";
   }
   int status = 0;
   for (int i = 0; i < n_plans; i++) {
-    if (!json) fprintf(stderr, "bench model: %s ...\n", r[i].path);
+    if (!json) fprintf(stderr, "bench model: %s ...\n", r[i].path ? r[i].path : B.model);
     status |= run_plan(&r[i], &B);
   }
   if (!r[0].ok[0]) status = 1;

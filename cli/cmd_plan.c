@@ -19,6 +19,8 @@ static const struct cli_sub plan_cmds[] = {
     {"cost", cmd_plan_cost, "memory and work accounting from the plan alone"},
     {"diff", cmd_plan_diff, "the accounting of two plans side by side"},
     {"dot", cmd_plan_dot, "the layer and bus ownership graph as Graphviz DOT"},
+    {"import", cmd_plan_import, "the plan a released checkpoint's config.json implies"},
+    {"config", cmd_plan_config, "the config.json a plan implies (the inverse of import)"},
 };
 
 int cmd_plan(int argc, char **argv) {

@@ -39,7 +39,7 @@ static const char default_prompt[] =
     "bounded replay, mixture-of-experts feed-forward layers and conditional memory.";
 
 static const char usage[] =
-    "usage: cedar run [--plan P] [--weights W | --seed S] [--prompt TEXT | --tokens 1,2,3 | --prompt-len N]\n"
+    "usage: cedar run [--plan P] [--weights W | --model DIR | --seed S] [--prompt TEXT | --tokens 1,2,3 | --prompt-len N]\n"
     "                 [--max-new N] [--chunk C] [--replay R] [--temperature T] [--top-p P]\n"
     "                 [--exact-replay] [--dump FILE] [--json]\n"
     "                 [--executor direct|starpu] [--sched NAME] [--workers N] [--trace FILE] [--dot FILE]\n"
@@ -47,6 +47,9 @@ static const char usage[] =
     "plan compiles to (CED: encoder chunks, decoder-global projection, bounded decoder replay;\n"
     "dense when serving.ced is off), then decode N tokens, one graph per step.\n"
     "  --weights W       safetensors weights, checked tensor by tensor against the plan\n"
+    "  --model DIR       a checkpoint directory in the released layout (config.json, shards,\n"
+    "                    index; docs/checkpoints.md): its config gives the plan, or --plan P is\n"
+    "                    checked against it; its tensors are the weights\n"
     "  --seed S          without --weights: synthetic weights from seed S (default 0), as\n"
     "                    `cedar weights init` makes them; also seeds sampling\n"
     "  --prompt TEXT     tokenized byte by byte (ids 0-255; no real tokenizer is loaded yet)\n"
@@ -74,7 +77,7 @@ static const char usage[] =
     "A prefill longer than a second shows a progress bar on stderr when stderr is a terminal.\n";
 
 struct ropts {
-  const char *plan, *weights, *prompt, *tokens, *dump, *sched, *trace, *dot;
+  const char *plan, *weights, *prompt, *tokens, *dump, *sched, *trace, *dot, *model;
   enum rt_executor executor;
   int workers;
   int64_t prompt_len;
@@ -106,7 +109,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
       {"executor", required_argument, NULL, 'E'},    {"sched", required_argument, NULL, 'S'},
       {"workers", required_argument, NULL, 'W'},     {"trace", required_argument, NULL, 'A'},
       {"dot", required_argument, NULL, 'G'},         {"help", no_argument, NULL, 'h'},
-      {0, 0, 0, 0}};
+      {"model", required_argument, NULL, 'M'},       {0, 0, 0, 0}};
   memset(o, 0, sizeof(*o));
   o->max_new = 16;
   o->replay = -1;
@@ -120,6 +123,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
     switch (c) {
     case 'p': o->plan = optarg; break;
     case 'w': o->weights = optarg; break;
+    case 'M': o->model = optarg; break;
     case 's':
       if (!cli_parse_int(optarg, 0, INT64_MAX, &v)) return cli_usage_error("run", "--seed takes an integer >= 0");
       o->seed = (uint64_t)v;
@@ -170,6 +174,8 @@ static int parse(int argc, char **argv, struct ropts *o) {
   if (optind < argc) return cli_usage_error("run", "unexpected argument '%s'", argv[optind]);
   if (given > 1) return cli_usage_error("run", "give one of --prompt, --tokens, --prompt-len");
   if (o->weights && o->seed) return cli_usage_error("run", "--seed makes synthetic weights; drop it with --weights");
+  if (o->model && (o->weights || o->seed))
+    return cli_usage_error("run", "--model DIR is the weights; drop --weights and --seed");
   if (o->executor == RT_EXEC_DIRECT && (o->sched || o->workers || o->trace))
     return cli_usage_error("run", "--sched, --workers and --trace need --executor starpu (the direct executor runs "
                                   "on one thread and records no task times)");
@@ -262,9 +268,10 @@ static void open_failed(const struct rt_engine *e, const struct ropts *o, const 
   case RT_ENGINE_PLAN:
     plan_diags_print(d, stderr);
     fprintf(stderr, "cedar run: %s\n", err);
+    if (o->model) weights_problems_print(pr, stderr, 40);
     break;
   case RT_ENGINE_WEIGHTS:
-    if (o->weights) {
+    if (o->weights || o->model) {
       fprintf(stderr, "cedar run: %s\n", err);
       weights_problems_print(pr, stderr, 20);
     } else {
@@ -305,10 +312,10 @@ static void report_text(const struct plan *p, const struct ropts *o, const struc
   char fp[17];
   weights_fingerprint_hex(w->list.fingerprint, fp);
   printf("plan %s (%s, %d layers); weights ", p->name, res->replay ? "CED" : "dense", p->n_layers);
-  if (w->synthetic && !o->weights)
+  if (w->synthetic && !o->weights && !o->model)
     printf("synthetic, seed %" PRIu64, w->seed);
   else
-    printf("%s", o->weights);
+    printf("%s", o->model ? o->model : o->weights);
   char ex[96];
   executor_desc(o, ex, sizeof ex);
   printf(" (fingerprint %s); executor %s; kernels at %s\n", fp, ex, op_isa_name(op_isa()));
@@ -549,8 +556,9 @@ int cmd_run(int argc, char **argv) {
   struct prompt q = {&o, NULL, 0};
   struct plan_diags diags = {0};
   struct weights_problems pr = {0};
-  struct rt_engine_opts eo = {.plan = o.plan ? o.plan : cli_default_plan(),
+  struct rt_engine_opts eo = {.plan = o.plan ? o.plan : o.model ? NULL : cli_default_plan(),
                               .weights = o.weights,
+                              .model = o.model,
                               .seed = o.seed,
                               .exec = {.executor = o.executor,
                                        .workers = o.workers,

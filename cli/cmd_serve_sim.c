@@ -27,7 +27,7 @@
 #include "runtime/engine.h"
 
 static const char usage[] =
-    "usage: cedar serve-sim --requests FILE [--plan P] [--weights W | --seed S] [--no-cache] [--no-swa-pool]\n"
+    "usage: cedar serve-sim --requests FILE [--plan P] [--weights W | --model DIR | --seed S] [--no-cache] [--no-swa-pool]\n"
     "                       [--cache-dir D] [--cache-bytes N] [--executor direct|starpu] [--json]\n"
     "       cedar serve-sim gen [--sessions S] [--turns T] [--first N] [--turn-len N] [--max-new M] [--seed S]\n"
     "Replay JSON-lines requests through one runtime with the prefix cache of plan P (default %s):\n"
@@ -37,6 +37,8 @@ static const char usage[] =
     "positions (of which cached), token-layers, new global entries, bytes reused per tier (global\n"
     "blocks from memory, the encoder snapshot, global blocks loaded from disk) and TTFT. A line: {\"id\", \"session\", \"turn\", \"tokens\": [...] |\n"
     "\"new_len\": N, \"max_new\": M}; the prompt is the session's history plus the new tokens.\n"
+    "  --model DIR      a checkpoint directory in the released layout (docs/checkpoints.md): its\n"
+    "                   config gives the plan (or --plan P is checked against it), its tensors the weights\n"
     "  --weights W      safetensors weights checked against the plan; else --seed S: synthetic\n"
     "                   weights from seed S (default 0), which also seeds sampling\n"
     "  --no-cache       no prefix cache (every request cold): the baseline\n"
@@ -88,7 +90,7 @@ struct session {
 };
 
 struct sopts {
-  const char *plan, *weights, *requests, *cache_dir;
+  const char *plan, *weights, *requests, *cache_dir, *model;
   uint64_t seed;
   int64_t cache_bytes;
   bool no_cache, no_swa, json, have_cache_bytes;
@@ -199,7 +201,8 @@ static int parse(int argc, char **argv, struct sopts *o) {
       {"no-cache", no_argument, NULL, 'n'},       {"no-swa-pool", no_argument, NULL, 'N'},
       {"cache-dir", required_argument, NULL, 'd'}, {"cache-bytes", required_argument, NULL, 'b'},
       {"executor", required_argument, NULL, 'E'}, {"json", no_argument, NULL, 'j'},
-      {"help", no_argument, NULL, 'h'},           {0, 0, 0, 0}};
+      {"help", no_argument, NULL, 'h'},           {"model", required_argument, NULL, 'M'},
+      {0, 0, 0, 0}};
   memset(o, 0, sizeof(*o));
   int c;
   int64_t v;
@@ -210,6 +213,7 @@ static int parse(int argc, char **argv, struct sopts *o) {
     case 'r': o->requests = optarg; break;
     case 'p': o->plan = optarg; break;
     case 'w': o->weights = optarg; break;
+    case 'M': o->model = optarg; break;
     case 's':
       if (!cli_parse_int(optarg, 0, INT32_MAX, &v)) return cli_usage_error("serve-sim", "--seed takes S >= 0");
       o->seed = (uint64_t)v;
@@ -233,6 +237,7 @@ static int parse(int argc, char **argv, struct sopts *o) {
   }
   if (optind < argc) return cli_usage_error("serve-sim", "unexpected argument '%s'", argv[optind]);
   if (!o->requests) return cli_usage_error("serve-sim", "--requests FILE is required (make one with `cedar serve-sim gen`)");
+  if (o->model && o->weights) return cli_usage_error("serve-sim", "--model DIR is the weights; drop --weights");
   if (o->no_cache && (o->cache_dir || o->no_swa)) return cli_usage_error("serve-sim", "--no-cache excludes the cache options");
   return -1;
 }
@@ -329,8 +334,9 @@ int cmd_serve_sim(int argc, char **argv) {
   char err[1024];
   struct plan_diags diags = {0};
   struct rt_engine_opts eo = {
-      .plan = o.plan ? o.plan : cli_default_plan(),
+      .plan = o.plan ? o.plan : o.model ? NULL : cli_default_plan(),
       .weights = o.weights,
+      .model = o.model,
       .seed = o.seed,
       .exec = {.executor = o.executor},
       .cache = {.on = !o.no_cache, .capacity_bytes = o.have_cache_bytes ? o.cache_bytes : -1,

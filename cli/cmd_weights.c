@@ -2,7 +2,8 @@
  * safetensors (runtime/weights.h; names in docs/weights.md).
  *
  *   cedar weights init  [--plan P] --seed S --out W.safetensors [--max-bytes N] [--json]
- *   cedar weights check [--plan P] W.safetensors [--json]
+ *   cedar weights init  --layout released [--plan P] --seed S --out DIR [--shard-bytes N] [--dequant-out W]
+ *   cedar weights check [--plan P] W.safetensors|DIR [--hash] [--json]
  *   cedar weights list  [--plan P] [--json]
  *
  * Exit status: 0 success (check: the file is valid for the plan), 1 a bad
@@ -18,15 +19,16 @@
 
 #include "base/check.h"
 #include "cli/cli.h"
+#include "cli/weights_ckpt.h"
 #include "runtime/weights.h"
 #include "scheduler/plan.h"
 
 #define MAX_SHOWN 20
 
 struct wopts {
-  const char *plan, *out;
-  bool json, have_seed;
-  uint64_t seed, max_bytes;
+  const char *plan, *out, *dequant;
+  bool json, have_seed, released, hash;
+  uint64_t seed, max_bytes, shard_bytes;
 };
 
 static const char init_usage[] =
@@ -35,12 +37,24 @@ static const char init_usage[] =
     "atomically as safetensors with cedar.plan, cedar.fingerprint and cedar.seed metadata.\n"
     "  --max-bytes N  refuse plans whose weights exceed N bytes (suffixes K, M, G, T: powers of 1024;\n"
     "                 default 8G); the whole file is built in memory first\n"
-    "  --json         print a summary as JSON\n";
+    "  --json         print a summary as JSON\n"
+    "  --layout released  write DIR as a checkpoint in the released DeepSeek-V4.1 layout instead\n"
+    "                 (config.json, sharded safetensors, model.safetensors.index.json; FP8/FP4/BF16\n"
+    "                 as released; docs/checkpoints.md)\n"
+    "  --shard-bytes N  with --layout released: start a new shard past N bytes (default 64M;\n"
+    "                 0: one model.safetensors, no index)\n"
+    "  --dequant-out W  with --layout released: also write the dequantized values as a cedar\n"
+    "                 weights file (`cedar run --weights W` equals `cedar run --model DIR`)\n"
+    "Every tensor's content hash (XXH3-64) is written in the file's __metadata__.\n";
 static const char check_usage[] =
-    "usage: cedar weights check [--plan P] W.safetensors [--json]\n"
+    "usage: cedar weights check [--plan P] W.safetensors|DIR [--hash] [--json]\n"
     "Check W against plan P (default %s): its fingerprint, every tensor of docs/weights.md\n"
-    "present with the right dtype and shape, and no other tensor. Every problem is named (the\n"
-    "first %d printed, then a count). Exit 0 when W is valid, 1 otherwise.\n";
+    "present with the right dtype and shape, no other tensor, and each content hash the file\n"
+    "records. Every problem is named (the first %d printed, then a count). Exit 0 when W is\n"
+    "valid, 1 otherwise. A directory is a checkpoint in the released layout, checked against\n"
+    "its config.json's plan (or P, and every mismatch named).\n"
+    "  --hash   first record a content hash for every tensor that has none (the file, or each\n"
+    "           shard, rewritten atomically), then check\n";
 static const char list_usage[] =
     "usage: cedar weights list [--plan P] [--json]\n"
     "List the tensors plan P (default %s) needs: name, dtype, shape and bytes, then the total\n"
@@ -72,16 +86,30 @@ static bool parse_bytes(const char *s, uint64_t *out) {
 static int parse(int argc, char **argv, const char *cmd, const char *usage, bool is_init, struct wopts *o) {
   static const struct option opts[] = {{"plan", required_argument, NULL, 'p'}, {"seed", required_argument, NULL, 's'},
                                        {"out", required_argument, NULL, 'o'}, {"max-bytes", required_argument, NULL, 'm'},
-                                       {"json", no_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'}, {0}};
-  *o = (struct wopts){.max_bytes = WEIGHTS_DEFAULT_MAX_BYTES};
+                                       {"json", no_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'},
+                                       {"layout", required_argument, NULL, 'L'}, {"shard-bytes", required_argument, NULL, 'B'},
+                                       {"dequant-out", required_argument, NULL, 'D'}, {"hash", no_argument, NULL, 'H'}, {0}};
+  *o = (struct wopts){.max_bytes = WEIGHTS_DEFAULT_MAX_BYTES, .shard_bytes = 64u << 20};
   optind = 1;
   opterr = 0;
   int c;
   char *end;
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    if (!is_init && (c == 's' || c == 'o' || c == 'm'))
+    if (!is_init && (c == 's' || c == 'o' || c == 'm' || c == 'L' || c == 'B' || c == 'D'))
       return cli_usage_error(cmd, "%s is an option of `cedar weights init` only", argv[optind - 1]);
+    if (is_init && c == 'H') return cli_usage_error(cmd, "--hash is an option of `cedar weights check` only");
     switch (c) {
+      case 'L':
+        if (strcmp(optarg, "released") && strcmp(optarg, "cedar"))
+          return cli_usage_error(cmd, "--layout takes released or cedar, got '%s'", optarg);
+        o->released = !strcmp(optarg, "released");
+        break;
+      case 'B':
+        if (!parse_bytes(optarg, &o->shard_bytes))
+          return cli_usage_error(cmd, "--shard-bytes takes a byte count such as 64M, got '%s'", optarg);
+        break;
+      case 'D': o->dequant = optarg; break;
+      case 'H': o->hash = true; break;
       case 'p': o->plan = optarg; break;
       case 'j': o->json = true; break;
       case 'o': o->out = optarg; break;
@@ -116,8 +144,14 @@ static int weights_init_cmd(int argc, char **argv) {
   if (optind < argc) return cli_usage_error("weights init", "unexpected argument '%s'", argv[optind]);
   if (!o.have_seed) return cli_usage_error("weights init", "--seed S is required");
   if (!o.out) return cli_usage_error("weights init", "--out W.safetensors is required");
+  if (!o.released && o.dequant) return cli_usage_error("weights init", "--dequant-out needs --layout released");
   struct plan p;
   if (cli_load_plan("weights", o.plan, &p)) return 1;
+  if (o.released) {
+    rc = weights_init_released(&p, o.seed, o.max_bytes, o.out, o.shard_bytes, o.dequant, o.json);
+    plan_free(&p);
+    return rc;
+  }
   struct weights w;
   char err[1024], fp[17];
   rc = weights_synth(&w, &p, o.seed, o.max_bytes, err, sizeof err);
@@ -176,6 +210,8 @@ static int weights_check_cmd(int argc, char **argv) {
   if (rc >= 0) return rc;
   if (argc - optind != 1) return cli_usage_error("weights check", "name one weights file");
   const char *path = argv[optind];
+  if (weights_is_dir(path)) return weights_check_dir(path, o.plan, o.hash, o.json);
+  if (o.hash && weights_record_file(path)) return 1;
   struct plan p;
   if (cli_load_plan("weights", o.plan, &p)) return 1;
   struct weights_list l;

@@ -18,6 +18,11 @@
 
 static int open_plan(struct rt_engine *e, char *err, size_t len) {
   const struct rt_engine_opts *o = &e->opts;
+  if (o->model) {
+    int rc = ckpt_plan(o->model, o->plan, &e->plan, o->problems, err, len);
+    if (!rc) snprintf(e->name, sizeof e->name, "%s", e->plan.name);
+    return rc;
+  }
   if (!o->plan) {
     snprintf(err, len, "no plan file given");
     return CEDAR_EINVAL;
@@ -33,6 +38,7 @@ static int open_plan(struct rt_engine *e, char *err, size_t len) {
 
 static int open_weights(struct rt_engine *e, char *err, size_t len) {
   const struct rt_engine_opts *o = &e->opts;
+  if (o->model) return ckpt_load(&e->weights, &e->plan, o->model, true, o->problems, NULL, err, len);
   if (o->weights) return weights_load(&e->weights, &e->plan, o->weights, o->problems, err, len);
   uint64_t max = o->synth_max_bytes ? o->synth_max_bytes : WEIGHTS_DEFAULT_MAX_BYTES;
   return weights_synth(&e->weights, &e->plan, o->seed, max, err, len);

@@ -33,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "runtime/checkpoint.h"
 #include "runtime/disk_tier.h"
 #include "runtime/exec.h"
 #include "runtime/generate.h"
@@ -61,6 +62,11 @@ struct rt_engine_cache {
 struct rt_engine_opts {
   const char *plan;          /* plan file (required) */
   const char *weights;       /* safetensors file, or NULL: synthetic weights from seed */
+  /* A checkpoint directory in the released layout (runtime/checkpoint.h),
+   * or NULL. With it, plan NULL means the plan its config.json implies, and
+   * a plan given is checked against it (every mismatch in problems); its
+   * tensors are the weights (weights must be NULL). */
+  const char *model;
   uint64_t seed;
   uint64_t synth_max_bytes;  /* synthetic weights refused above this; 0: WEIGHTS_DEFAULT_MAX_BYTES */
   struct rt_engine_exec exec;
@@ -81,7 +87,7 @@ struct rt_engine_opts {
 /* The step an open failed at (0 while open or never opened). */
 enum rt_engine_step {
   RT_ENGINE_OK = 0,
-  RT_ENGINE_PLAN,            /* the plan did not load (details in opts.diags) */
+  RT_ENGINE_PLAN,            /* the plan did not load (details in opts.diags), or with a model: its config.json, or the plan unlike it (opts.problems) */
   RT_ENGINE_PLACEMENT,       /* serving.placement names a rank or device this build cannot run */
   RT_ENGINE_ON_PLAN,         /* the caller's on_plan check refused */
   RT_ENGINE_WEIGHTS,         /* synthesis refused, or the file unreadable or unlike the plan (opts.problems) */

@@ -55,6 +55,7 @@
 #include "ops/engram.h"
 #include "ops/formats.h"
 #include "ops/sample.h"
+#include "runtime/checkpoint.h"
 #include "base/check.h"
 
 #define NORM_NOISE 0.02f
@@ -478,6 +479,11 @@ size_t weights_check_file(const struct weights_list *l, const st_file_t *f, stru
     const struct st_tensor *t = st_tensor_at(f, i);
     if (!weights_list_find(l, t->name))
       problem(pr, &count, "%s: unexpected tensor (plan '%s' has no tensor of that name)", t->name, l->plan_name);
+    char key[WEIGHTS_NAME_MAX + 300], hex[17];
+    weights_hash_key(key, sizeof key, t->name);
+    const char *rec = st_meta_get(f, key);
+    if (rec && (weights_hash_hex(hex, t->data, t->nbytes), strcmp(rec, hex)))
+      problem(pr, &count, "%s: content hash %s, the file records %s: the tensor's data is damaged", t->name, hex, rec);
   }
   return count;
 }
@@ -546,8 +552,21 @@ int weights_save(const struct weights *w, const char *path, char *err, size_t er
   char fp[17], seed[24];
   weights_fingerprint_hex(l->fingerprint, fp);
   snprintf(seed, sizeof seed, "%" PRIu64, w->seed);
-  struct st_meta meta[] = {{"cedar.fingerprint", fp}, {"cedar.plan", l->plan_name}, {"cedar.seed", seed}};
-  int rc = st_write(path, ts, l->n, meta, w->synthetic ? 3 : 2, err, err_len);
+  /* three fixed keys, then one content hash per tensor */
+  struct st_meta *meta = cedar_xcalloc(l->n + 3, sizeof *meta);
+  char (*hash)[WEIGHTS_NAME_MAX + 32] = cedar_xcalloc(l->n + 1, sizeof *hash);
+  size_t nm = 0;
+  meta[nm++] = (struct st_meta){"cedar.fingerprint", fp};
+  meta[nm++] = (struct st_meta){"cedar.plan", l->plan_name};
+  if (w->synthetic) meta[nm++] = (struct st_meta){"cedar.seed", seed};
+  for (size_t i = 0; i < l->n; i++) {
+    weights_hash_key(hash[i], WEIGHTS_NAME_MAX + 12, l->t[i].name);
+    weights_hash_hex(hash[i] + WEIGHTS_NAME_MAX + 12, w->data[i], l->t[i].nbytes);
+    meta[nm++] = (struct st_meta){hash[i], hash[i] + WEIGHTS_NAME_MAX + 12};
+  }
+  int rc = st_write(path, ts, l->n, meta, nm, err, err_len);
+  free(hash);
+  free(meta);
   free(ts);
   return rc;
 }
@@ -608,6 +627,7 @@ int weights_load(struct weights *w, const struct plan *p, const char *path, stru
 }
 
 void weights_free(struct weights *w) {
+  ckpt_shards_free(w->shards);
   weights_list_free(&w->list);
   free(w->data);
   free(w->arena);

@@ -127,6 +127,17 @@ void weights_problems_free(struct weights_problems *pr);
  * message per problem to pr (may be NULL); returns the number found. */
 size_t weights_check_file(const struct weights_list *l, const st_file_t *f, struct weights_problems *pr);
 
+/* Per-tensor content hashes (weights_hash.c, issue 18 row 16): metadata key
+ * WEIGHTS_HASH_PREFIX + name, value the XXH3-64 of the tensor's bytes as 16
+ * hex digits. weights_save writes one per tensor; weights_check_file (and so
+ * loading and `weights check`) verifies each that a file has; a file without
+ * them is accepted, and weights_hash_record adds them (rewriting the file
+ * atomically; *added counts them). */
+#define WEIGHTS_HASH_PREFIX "cedar.hash."
+void weights_hash_key(char *out, size_t len, const char *name);
+void weights_hash_hex(char out[17], const void *data, uint64_t n);
+int weights_hash_record(const char *path, size_t *added, char *err, size_t err_len);
+
 /* A plan's weights in memory, looked up by name. */
 struct weights {
   struct weights_list list;
@@ -136,6 +147,7 @@ struct weights {
   st_file_t *file;        /* loaded only */
   void *arena;            /* synthetic values, or copies of unaligned tensors */
   uint64_t copied_bytes;  /* loaded only: bytes copied out of the mapping */
+  struct ckpt_shards *shards; /* loaded from a checkpoint directory (runtime/checkpoint.h) */
 };
 
 /* Synthetic weights for p. Refuses (CEDAR_EINVAL, message with the sizes)

@@ -1,0 +1,102 @@
+/* cmd_plan_import.c: `cedar plan import CONFIG.json [-o plan.yaml]` (the
+ * plan a released checkpoint's config.json implies) and `cedar plan config
+ * [P] [-o config.json]` (the config.json a plan implies: the inverse, used
+ * by `weights init --layout released` and the round-trip test). The rules
+ * are runtime/ckpt_config.h's. Tested by tests/cli/checkpoint.sh.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "runtime/ckpt_config.h"
+
+static const char import_usage[] =
+    "usage: cedar plan import CONFIG.json [-o plan.yaml] [--name NAME]\n"
+    "Write the execution plan a released checkpoint's config.json implies: layers, modes and\n"
+    "ownership from compress_ratios, kv_source_layer_ids, index_source_layer_ids and\n"
+    "candidate_source_layer_id, every width, and the vendor's semantics (docs/checkpoints.md).\n"
+    "The plan is loaded and validated before it is written. Without -o it goes to stdout.\n"
+    "Copy it and change serving or cache formats in a plan that `extends` it.\n";
+static const char config_usage[] =
+    "usage: cedar plan config [P] [-o config.json]\n"
+    "Write the config.json (released layout, text_config in the official spellings) that plan P\n"
+    "(default %s) implies. `cedar plan import` of it gives back P's layers and widths.\n";
+
+static int write_out(const char *cmd, const char *out, const char *text) {
+  FILE *f = out ? fopen(out, "w") : stdout;
+  if (!f) {
+    fprintf(stderr, "cedar plan %s: cannot write %s\n", cmd, out);
+    return 1;
+  }
+  fputs(text, f);
+  if (text[0] && text[strlen(text) - 1] != '\n') fputc('\n', f);
+  if (out && fclose(f)) {
+    fprintf(stderr, "cedar plan %s: cannot write %s\n", cmd, out);
+    return 1;
+  }
+  return 0;
+}
+
+static int parse(int argc, char **argv, const char *cmd, const char *usage, const char **out, const char **name) {
+  static const struct option opts[] = {{"output", required_argument, NULL, 'o'}, {"name", required_argument, NULL, 'n'},
+                                       {"help", no_argument, NULL, 'h'}, {0}};
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
+    switch (c) {
+      case 'o': *out = optarg; break;
+      case 'n':
+        if (!name) return cli_usage_error(cmd, "--name is an option of `plan import` only");
+        *name = optarg;
+        break;
+      case 'h': printf(usage, CEDAR_DEFAULT_PLAN); return 0;
+      default: return cli_usage_error(cmd, "bad option, or an option without its value: '%s'", argv[optind - 1]);
+    }
+  }
+  return -1;
+}
+
+int cmd_plan_import(int argc, char **argv) {
+  const char *out = NULL, *name = "imported";
+  int rc = parse(argc, argv, "plan import", import_usage, &out, &name);
+  if (rc >= 0) return rc;
+  if (argc - optind != 1) return cli_usage_error("plan import", "name one config.json");
+  char err[1024], *yaml = NULL;
+  struct ckpt_config c;
+  struct plan p;
+  rc = ckpt_config_read(argv[optind], &c, err, sizeof err);
+  if (!rc) rc = ckpt_config_plan(&c, name, &p, err, sizeof err);
+  if (!rc) plan_free(&p);
+  if (!rc) rc = ckpt_config_plan_yaml(&c, name, &yaml, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "cedar plan import: %s\n", err);
+    return 1;
+  }
+  rc = write_out("import", out, yaml);
+  free(yaml);
+  return rc;
+}
+
+int cmd_plan_config(int argc, char **argv) {
+  const char *out = NULL;
+  int rc = parse(argc, argv, "plan config", config_usage, &out, NULL);
+  if (rc >= 0) return rc;
+  if (argc - optind > 1) return cli_usage_error("plan config", "name at most one plan");
+  struct plan p;
+  if (cli_load_plan("plan config", optind < argc ? argv[optind] : NULL, &p)) return 1;
+  char err[1024], *json = NULL;
+  struct ckpt_config c;
+  rc = ckpt_config_from_plan(&p, &c, err, sizeof err);
+  plan_free(&p);
+  if (!rc) rc = ckpt_config_json(&c, &json);
+  if (rc) {
+    fprintf(stderr, "cedar plan config: %s\n", err);
+    return 1;
+  }
+  rc = write_out("config", out, json);
+  free(json);
+  return rc;
+}
