@@ -8,6 +8,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <libgen.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/check.h"
@@ -89,3 +91,45 @@ bool cli_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
   *out = v;
   return true;
 }
+
+int cli_check_out(const char *cmd, const char *flag, const char *path) {
+  struct stat sb;
+  const char *why = NULL;
+  if (!*path) {
+    why = "an empty path";
+  } else if (stat(path, &sb) == 0) {
+    if (!S_ISREG(sb.st_mode)) why = "exists and is not a regular file (cedar writes only regular files)";
+    else if (access(path, W_OK)) why = "exists and is not writable";
+  } else {
+    char *dup = cedar_xstrdup(path);
+    const char *dir = dirname(dup);
+    if (stat(dir, &sb) || !S_ISDIR(sb.st_mode)) why = "its directory does not exist";
+    else if (access(dir, W_OK)) why = "its directory is not writable";
+    free(dup);
+  }
+  if (!why) return 0;
+  fprintf(stderr, "cedar %s: %s %s: %s\n", cmd, flag, path, why);
+  return 1;
+}
+
+bool cli_parse_size(const char *s, uint64_t *out) {
+  char *end;
+  errno = 0;
+  if (*s == '-') return false;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s) return false;
+  int shift = 0;
+  if (*end) {
+    const char *units = "KMGT", *u = strchr(units, *end);
+    if (!u || !*u) return false;
+    shift = 10 * (int)(u - units + 1);
+    end++;
+    if (*end == 'i' && end[1] == 'B') end += 2;
+    else if (*end == 'B') end++;
+    if (*end) return false;
+  }
+  if (shift && v > (UINT64_MAX >> shift)) return false;
+  *out = (uint64_t)v << shift;
+  return true;
+}
+

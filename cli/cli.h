@@ -57,6 +57,19 @@ int cli_load_plan(const char *cmd, const char *path, struct plan *p);
 #include <stdint.h>
 bool cli_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out);
 
+/* An output file a flag names, checked before any work (issue 18 rows 2
+ * and 9): refused, with "cedar <cmd>: <flag> <path>: why" on stderr, when
+ * it exists and is not a regular file (a device such as /dev/full, a
+ * directory, a pipe: cedar writes by rename or truncation and would replace
+ * or block on it), or when its directory is missing or not writable.
+ * Returns 0, or 1 after the message. */
+int cli_check_out(const char *cmd, const char *flag, const char *path);
+
+/* A byte count, the one size syntax of every flag that takes one: a whole
+ * decimal number with an optional binary suffix K, M, G or T (powers of
+ * 1024; "KiB", "KB" spellings too): "8G", "500M", "1000". */
+bool cli_parse_size(const char *s, uint64_t *out);
+
 /* Print "cedar <cmd>: <msg>" to stderr and return 2 (usage error). */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -551,6 +551,9 @@ int cmd_run(int argc, char **argv) {
   struct ropts o;
   int rc = parse(argc, argv, &o);
   if (rc >= 0) return rc;
+  if ((o.dump && cli_check_out("run", "--dump", o.dump)) || (o.dot && cli_check_out("run", "--dot", o.dot)) ||
+      (o.trace && cli_check_out("run", "--trace", o.trace)))
+    return 1;
   char err[1024];
   int status = 1;
   struct prompt q = {&o, NULL, 0};

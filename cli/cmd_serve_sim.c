@@ -18,8 +18,11 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
 
 #include "ops/sample.h"
 #include "base/check.h"
@@ -115,33 +118,101 @@ static void hist_push(struct session *s, int32_t t) {
   s->hist[s->n++] = t;
 }
 
-/* The new tokens of one request line into the session; CEDAR_EINVAL with a
- * message naming the line. */
-static int new_tokens(const cJSON *j, struct session *s, int vocab, long line, char *err, size_t len) {
+/* One request line, every field checked (issue 18 row 7): the same limits
+ * as `cedar run` (max_new in [1, 1048576], ids in [0, vocab)), integers that
+ * are whole numbers a double holds exactly, no unknown key. */
+struct req {
+  const char *id, *session;
+  const cJSON *tokens;   /* or NULL: new_len */
+  int64_t new_len, max_new, turn, seed;
+};
+
+/* A whole number in [lo, hi] at key k (absent: *out = dflt when dflt >= lo,
+ * else an error); false with a message naming the line. */
+static bool req_int(const cJSON *j, const char *k, int64_t lo, int64_t hi, int64_t dflt, int64_t *out, long line,
+                    char *err, size_t len) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, k);
+  if (!v && dflt >= lo) {
+    *out = dflt;
+    return true;
+  }
+  if (!cJSON_IsNumber(v) || !(v->valuedouble >= (double)lo && v->valuedouble <= (double)hi) ||
+      v->valuedouble != floor(v->valuedouble)) {
+    snprintf(err, len, "line %ld: \"%s\" must be a whole number in [%" PRId64 ", %" PRId64 "]", line, k, lo, hi);
+    return false;
+  }
+  *out = (int64_t)v->valuedouble;
+  return true;
+}
+
+static int parse_request(const cJSON *j, int vocab, long line, struct req *q, char *err, size_t len) {
+  static const char *const keys[] = {"id", "session", "turn", "tokens", "new_len", "max_new", "seed"};
+  memset(q, 0, sizeof(*q));
+  if (!cJSON_IsObject(j)) {
+    snprintf(err, len, "line %ld: not a request (a JSON object with \"id\" and \"session\" strings)", line);
+    return CEDAR_EINVAL;
+  }
+  for (const cJSON *c = j->child; c; c = c->next) {
+    size_t k = 0;
+    while (k < sizeof keys / sizeof keys[0] && strcmp(c->string, keys[k])) k++;
+    if (k == sizeof keys / sizeof keys[0]) {
+      snprintf(err, len, "line %ld: unknown key \"%s\" (a request has id, session, turn, tokens or new_len, "
+               "max_new, seed)", line, c->string);
+      return CEDAR_EINVAL;
+    }
+  }
+  const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "id"), *sid = cJSON_GetObjectItemCaseSensitive(j, "session");
+  if (!cJSON_IsString(id) || !cJSON_IsString(sid) || !*sid->valuestring) {
+    snprintf(err, len, "line %ld: not a request (a JSON object with \"id\" and \"session\" strings)", line);
+    return CEDAR_EINVAL;
+  }
+  q->id = id->valuestring;
+  q->session = sid->valuestring;
   const cJSON *tok = cJSON_GetObjectItemCaseSensitive(j, "tokens");
-  const cJSON *nl = cJSON_GetObjectItemCaseSensitive(j, "new_len");
-  if (cJSON_IsArray(tok)) {
+  bool has_nl = cJSON_GetObjectItemCaseSensitive(j, "new_len") != NULL;
+  if (!!tok == has_nl) {
+    snprintf(err, len, "line %ld: give one of \"tokens\": [ids] or \"new_len\": N", line);
+    return CEDAR_EINVAL;
+  }
+  if (tok) {
+    if (!cJSON_IsArray(tok) || !cJSON_GetArraySize(tok)) {
+      snprintf(err, len, "line %ld: \"tokens\" must be a non-empty array of token ids", line);
+      return CEDAR_EINVAL;
+    }
     const cJSON *t;
+    int i = 0;
     cJSON_ArrayForEach(t, tok) {
-      if (!cJSON_IsNumber(t) || t->valuedouble < 0 || t->valuedouble >= vocab || t->valuedouble != (int)t->valuedouble) {
-        snprintf(err, len, "line %ld: \"tokens\" holds something that is not a token id in [0, %d)", line, vocab);
+      if (!cJSON_IsNumber(t) || !(t->valuedouble >= 0 && t->valuedouble < vocab) ||
+          t->valuedouble != floor(t->valuedouble)) {
+        snprintf(err, len, "line %ld: \"tokens\" item %d is not a token id in [0, %d)", line, i + 1, vocab);
         return CEDAR_EINVAL;
       }
-      hist_push(s, (int32_t)t->valuedouble);
+      i++;
     }
-    return 0;
+    q->tokens = tok;
+  } else if (!req_int(j, "new_len", 1, 1 << 24, -1, &q->new_len, line, err, len)) {
+    return CEDAR_EINVAL;
   }
-  if (cJSON_IsNumber(nl) && nl->valuedouble >= 1 && nl->valuedouble <= (1 << 24)) {
-    const cJSON *turn = cJSON_GetObjectItemCaseSensitive(j, "turn"), *sd = cJSON_GetObjectItemCaseSensitive(j, "seed");
-    uint64_t rng = (uint64_t)(cJSON_IsNumber(sd) ? sd->valuedouble : 0) * 1000003u + (uint64_t)s->name[0] * 131u +
-                   (uint64_t)strlen(s->name) + (uint64_t)(cJSON_IsNumber(turn) ? turn->valuedouble : 0) * 7919u;
-    for (const char *c = s->name; *c; c++) rng = rng * 31u + (uint64_t)(unsigned char)*c;
-    int lim = vocab < 256 ? vocab : 256;
-    for (int i = 0; i < (int)nl->valuedouble; i++) hist_push(s, (int32_t)(op_rng_next(&rng) % (uint64_t)lim));
-    return 0;
+  if (!req_int(j, "max_new", 1, 1 << 20, 16, &q->max_new, line, err, len) ||
+      !req_int(j, "turn", 0, INT32_MAX, 0, &q->turn, line, err, len) ||
+      !req_int(j, "seed", 0, INT32_MAX, 0, &q->seed, line, err, len))
+    return CEDAR_EINVAL;
+  return 0;
+}
+
+/* The new tokens of a checked request into the session. new_len draws N
+ * byte tokens from a seed of (seed, session, turn). */
+static void new_tokens(const struct req *q, struct session *s, int vocab) {
+  if (q->tokens) {
+    const cJSON *t;
+    cJSON_ArrayForEach(t, q->tokens) hist_push(s, (int32_t)t->valuedouble);
+    return;
   }
-  snprintf(err, len, "line %ld: give \"tokens\": [ids] or \"new_len\": N (1 <= N <= 16777216)", line);
-  return CEDAR_EINVAL;
+  uint64_t rng = (uint64_t)q->seed * 1000003u + (uint64_t)s->name[0] * 131u + (uint64_t)strlen(s->name) +
+                 (uint64_t)q->turn * 7919u;
+  for (const char *c = s->name; *c; c++) rng = rng * 31u + (uint64_t)(unsigned char)*c;
+  int lim = vocab < 256 ? vocab : 256;
+  for (int64_t i = 0; i < q->new_len; i++) hist_push(s, (int32_t)(op_rng_next(&rng) % (uint64_t)lim));
 }
 
 struct totals {
@@ -206,6 +277,7 @@ static int parse(int argc, char **argv, struct sopts *o) {
   memset(o, 0, sizeof(*o));
   int c;
   int64_t v;
+  uint64_t u;
   optind = 1;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -222,8 +294,9 @@ static int parse(int argc, char **argv, struct sopts *o) {
     case 'N': o->no_swa = true; break;
     case 'd': o->cache_dir = optarg; break;
     case 'b':
-      if (!cli_parse_int(optarg, 0, INT64_MAX, &v)) return cli_usage_error("serve-sim", "--cache-bytes takes N >= 0");
-      o->cache_bytes = v;
+      if (!cli_parse_size(optarg, &u) || u > INT64_MAX)
+        return cli_usage_error("serve-sim", "--cache-bytes takes a byte count such as 64M or 1G (0 = no limit), got '%s'", optarg);
+      o->cache_bytes = (int64_t)u;
       o->have_cache_bytes = true;
       break;
     case 'E':
@@ -242,6 +315,31 @@ static int parse(int argc, char **argv, struct sopts *o) {
   return -1;
 }
 
+/* Workload limits: no request line needs more (a prompt of 1M token ids
+ * is about 8 MiB of JSON), and /dev/zero or a runaway pipe stops here
+ * instead of growing without bound. */
+#define REQ_MAX_LINE (16 << 20)
+#define REQ_MAX_BYTES ((int64_t)256 << 20)
+
+/* One line into *buf (NUL-terminated, the newline kept): its length, -1 at
+ * the end of the input, -2 when it runs past REQ_MAX_LINE. */
+static ssize_t read_line(FILE *in, char **buf, size_t *cap) {
+  size_t n = 0;
+  int c;
+  while ((c = getc(in)) != EOF) {
+    if (n + 2 > *cap) {
+      if (*cap >= REQ_MAX_LINE) return -2;
+      *cap = *cap ? 2 * *cap : 4096;
+      *buf = cedar_xrealloc(*buf, *cap);
+    }
+    (*buf)[n++] = (char)c;
+    if (c == '\n') break;
+  }
+  if (!n) return -1;
+  (*buf)[n] = 0;
+  return (ssize_t)n;
+}
+
 /* Every request of the file, in order, through one engine. */
 static int drive(const struct sopts *o, struct rt_engine *e, FILE *in) {
   const struct plan *p = &e->plan;
@@ -255,40 +353,50 @@ static int drive(const struct sopts *o, struct rt_engine *e, FILE *in) {
   if (!o->json)
     printf("%-10s %-6s %7s %7s %4s %7s %7s %12s %9s %8s %10s %10s %10s %9s\n", "id", "sess", "prompt", "hit", "swa",
            "encrep", "encpos", "dec/cached", "tok-lay", "new-ent", "memory-B", "snap-B", "disk-B", "ttft-ms");
-  while (getline(&line, &cap, in) > 0) {
+  int64_t total = 0;
+  ssize_t got;
+  while ((got = read_line(in, &line, &cap)) != -1) {
     lineno++;
+    total += got < 0 ? REQ_MAX_LINE : got;
+    if (got == -2 || total > REQ_MAX_BYTES) {
+      fprintf(stderr, "cedar serve-sim: %s:%ld: %s; stopping here\n", o->requests, lineno,
+              got == -2 ? "a line longer than 16 MiB (a request line is one JSON object)"
+                        : "the workload is larger than 256 MiB");
+      status = 1;
+      break;
+    }
     if (line[strspn(line, " \t\r\n")] == 0) continue;
     cJSON *j = cJSON_Parse(line);
-    const cJSON *sid = j ? cJSON_GetObjectItemCaseSensitive(j, "session") : NULL;
-    const cJSON *id = j ? cJSON_GetObjectItemCaseSensitive(j, "id") : NULL;
-    const cJSON *mn = j ? cJSON_GetObjectItemCaseSensitive(j, "max_new") : NULL;
-    if (!j || !cJSON_IsString(sid) || !cJSON_IsString(id)) {
-      fprintf(stderr, "cedar serve-sim: %s:%ld: not a request (a JSON object with \"id\" and \"session\" strings)\n",
-              o->requests, lineno);
-      cJSON_Delete(j);
-      status = 1;
-      continue;
-    }
-    struct session *s = session_of(&ss, &n_ss, sid->valuestring);
-    int64_t before = s->n;
-    if (new_tokens(j, s, p->model.vocab, lineno, err, sizeof err)) {
+    struct req q;
+    if (parse_request(j, p->model.vocab, lineno, &q, err, sizeof err)) {
       fprintf(stderr, "cedar serve-sim: %s: %s\n", o->requests, err);
-      s->n = before;
       cJSON_Delete(j);
       status = 1;
       continue;
     }
-    int max_new = cJSON_IsNumber(mn) && mn->valuedouble >= 1 ? (int)mn->valuedouble : 16;
+    struct session *s = session_of(&ss, &n_ss, q.session);
+    int64_t before = s->n;
+    int64_t want = s->n + (q.tokens ? cJSON_GetArraySize(q.tokens) : q.new_len) + q.max_new;
+    if (want > plan_max_positions(p)) {
+      fprintf(stderr, "cedar serve-sim: %s: line %ld: the session's history, the new tokens and max_new need %" PRId64
+              " positions; plan %s holds at most %" PRId64 " (model.rope.csa)\n", o->requests, lineno, want, p->name,
+              plan_max_positions(p));
+      cJSON_Delete(j);
+      status = 1;
+      continue;
+    }
+    new_tokens(&q, s, p->model.vocab);
+    int max_new = (int)q.max_new;
     struct rt_gen_opts go = {.replay = -1, .max_new = max_new, .top_p = 1, .seed = o->seed};
     struct rt_request r;
     struct rt_gen_result g;
     int64_t n = s->n;
     if (rt_engine_generate(e, &r, s->hist, n, &go, &g, err, sizeof err)) {
-      fprintf(stderr, "cedar serve-sim: request %s failed: %s (the others go on)\n", id->valuestring, err);
+      fprintf(stderr, "cedar serve-sim: request %s failed: %s (the others go on)\n", q.id, err);
       s->n = before;
       status = 1;
     } else {
-      print_row(id->valuestring, s, n, &g, o->json, &tt);
+      print_row(q.id, s, n, &g, o->json, &tt);
       for (int i = 0; i < g.n_tokens; i++) hist_push(s, g.tokens[i]);
     }
     rt_gen_result_free(&g);
@@ -329,6 +437,14 @@ int cmd_serve_sim(int argc, char **argv) {
   FILE *in = strcmp(o.requests, "-") ? fopen(o.requests, "r") : stdin;
   if (!in) {
     fprintf(stderr, "cedar serve-sim: cannot read %s: %s\n", o.requests, strerror(errno));
+    return 1;
+  }
+  struct stat st = {0};
+  if (in != stdin && (fstat(fileno(in), &st) || !S_ISREG(st.st_mode) || st.st_size > REQ_MAX_BYTES)) {
+    fprintf(stderr, "cedar serve-sim: --requests %s: %s\n", o.requests,
+            !S_ISREG(st.st_mode) ? "not a regular file (give a JSON-lines file, or - for stdin)"
+                                 : "larger than 256 MiB");
+    fclose(in);
     return 1;
   }
   char err[1024];

@@ -60,28 +60,6 @@ static const char list_usage[] =
     "List the tensors plan P (default %s) needs: name, dtype, shape and bytes, then the total\n"
     "and the plan's weights fingerprint.\n";
 
-/* "8G", "512M", "1000": bytes, with binary suffixes. */
-static bool parse_bytes(const char *s, uint64_t *out) {
-  char *end;
-  errno = 0;
-  if (*s == '-') return false;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno || end == s) return false;
-  int shift = 0;
-  if (*end) {
-    const char *units = "KMGT", *u = strchr(units, *end);
-    if (!u || !*u) return false;
-    shift = 10 * (int)(u - units + 1);
-    end++;
-    if (*end == 'i' && end[1] == 'B') end += 2;
-    else if (*end == 'B') end++;
-    if (*end) return false;
-  }
-  if (shift && v > (UINT64_MAX >> shift)) return false;
-  *out = (uint64_t)v << shift;
-  return true;
-}
-
 /* Parse the options of `cedar weights <cmd>`; returns -1 to continue, else an exit status. */
 static int parse(int argc, char **argv, const char *cmd, const char *usage, bool is_init, struct wopts *o) {
   static const struct option opts[] = {{"plan", required_argument, NULL, 'p'}, {"seed", required_argument, NULL, 's'},
@@ -122,7 +100,7 @@ static int parse(int argc, char **argv, const char *cmd, const char *usage, bool
         o->have_seed = true;
         break;
       case 'm':
-        if (!parse_bytes(optarg, &o->max_bytes))
+        if (!cli_parse_size(optarg, &o->max_bytes))
           return cli_usage_error(cmd, "--max-bytes takes a byte count such as 8G or 500M, got '%s'", optarg);
         break;
       default: return cli_usage_error(cmd, "bad option, or an option without its value: '%s'", argv[optind - 1]);
@@ -145,6 +123,8 @@ static int weights_init_cmd(int argc, char **argv) {
   if (!o.have_seed) return cli_usage_error("weights init", "--seed S is required");
   if (!o.out) return cli_usage_error("weights init", "--out W.safetensors is required");
   if (!o.released && o.dequant) return cli_usage_error("weights init", "--dequant-out needs --layout released");
+  if (!o.released && cli_check_out("weights init", "--out", o.out)) return 1;
+  if (o.dequant && cli_check_out("weights init", "--dequant-out", o.dequant)) return 1;
   struct plan p;
   if (cli_load_plan("weights", o.plan, &p)) return 1;
   if (o.released) {

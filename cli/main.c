@@ -3,8 +3,10 @@
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
+#include "ops/basic.h"
 
 struct command {
   const char *name;
@@ -44,6 +46,14 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+  char err[512];
+  if (op_blas_reserve(1, err, sizeof err)) {
+    /* _exit: OpenBLAS's own threads may be retrying their buffers, and the
+     * exit handlers would wait for them forever */
+    fprintf(stderr, "cedar: %s\n", err);
+    fflush(NULL);
+    _exit(1);
+  }
   if (argc < 2) {
     usage(stderr);
     return 2;

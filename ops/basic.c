@@ -1,8 +1,12 @@
 /* basic.c: embedding, RMSNorm and linear layers (see basic.h). */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE */
 #include "ops/basic.h"
 
 #include <cblas.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 
 #include "ops/registry.h"
 #include "base/check.h"
@@ -10,6 +14,39 @@
 void openblas_set_num_threads(int n);
 
 void op_blas_init(void) { openblas_set_num_threads(1); }
+
+/* OpenBLAS's work-buffer pool (exported by libopenblas, used by every level-3
+ * call): a buffer taken is mapped once and stays in the pool for any later
+ * caller. */
+void *blas_memory_alloc(int procpos);
+void blas_memory_free(void *buffer);
+
+int op_blas_reserve(int callers, char *err, size_t err_len) {
+  struct rlimit rl;
+  if (callers < 1 || getrlimit(RLIMIT_AS, &rl) || rl.rlim_cur == RLIM_INFINITY) return 0;
+  /* the address space must hold the buffers plus OP_BLAS_HEADROOM for the
+   * run's own first allocations; a PROT_NONE mapping counts against the
+   * limit as the buffers will, and costs no memory */
+  size_t need = (size_t)callers * OP_BLAS_BUFFER_BYTES + OP_BLAS_HEADROOM;
+  void *probe = mmap(NULL, need, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (probe == MAP_FAILED) {
+    snprintf(err, err_len,
+             "the address-space limit (ulimit -v %llu KiB) leaves less than the %zu MiB OpenBLAS's work buffers "
+             "need (%d x %d MiB, %d MiB headroom); OpenBLAS retries a failed buffer forever, so cedar stops here: "
+             "raise the limit (ulimit -v) or remove it",
+             (unsigned long long)rl.rlim_cur / 1024, need >> 20, callers, OP_BLAS_BUFFER_BYTES >> 20,
+             OP_BLAS_HEADROOM >> 20);
+    return -1;
+  }
+  munmap(probe, need);
+  /* take `callers` buffers at once (each maps one), then give them back to
+   * the pool: later calls find them mapped and never mmap again */
+  void *held[64];
+  int n = callers < 64 ? callers : 64;
+  for (int i = 0; i < n; i++) held[i] = blas_memory_alloc(0);
+  for (int i = 0; i < n; i++) blas_memory_free(held[i]);
+  return 0;
+}
 
 int op_embed(float *out, const float *table, const int32_t *tok, int n, int d, int vocab) {
   int bad = -1;

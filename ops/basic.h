@@ -17,6 +17,20 @@
  * Call once at start-up (the binary and every op test do). */
 void op_blas_init(void);
 
+/* OpenBLAS (0.3.x) maps one work buffer per thread that runs a level-3 call,
+ * the first time it needs one, and retries a failed mmap forever: under an
+ * address-space limit (ulimit -v) a run would hang instead of failing. Under
+ * such a limit, op_blas_reserve checks that `callers` buffers (one per
+ * thread that will call BLAS at once) plus OP_BLAS_HEADROOM fit and maps
+ * them into OpenBLAS's pool now, while memory is free; later calls reuse
+ * them. Returns 0 (also when no limit is set: nothing to do), or -1 with a
+ * message in err. OP_BLAS_BUFFER_BYTES: OpenBLAS's BUFFER_SIZE on x86-64
+ * (32 << 22, common_x86_64.h), the 128 MiB mmap a hung run shows. */
+#define OP_BLAS_BUFFER_BYTES (128 << 20)
+#define OP_BLAS_HEADROOM (64 << 20)
+#include <stddef.h>
+int op_blas_reserve(int callers, char *err, size_t err_len);
+
 /* out[i] = table[tok[i]]; returns the index of the first out-of-range token,
  * or -1 when all are in [0, vocab). Rows of bad tokens are left untouched. */
 int op_embed(float *out /* (n, d) */, const float *table /* (vocab, d) */, const int32_t *tok /* (n) */, int n,

@@ -1,6 +1,8 @@
 /* arena.c: see arena.h. */
 #include "runtime/arena.h"
 
+#include <setjmp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,7 +33,8 @@ void rt_arena_reset(struct rt_arena *a) {
   if (a->extra_bytes) {
     free(a->base);
     a->cap = (a->peak + RT_ARENA_ALIGN - 1) / RT_ARENA_ALIGN * RT_ARENA_ALIGN;
-    a->base = cedar_xaligned(RT_ARENA_ALIGN, a->cap);
+    a->base = aligned_alloc(RT_ARENA_ALIGN, a->cap);
+    if (!a->base) a->cap = 0; /* no room to grow: the next node takes blocks (or fails) as it goes */
   }
   a->extra_bytes = 0;
   a->used = 0;
@@ -44,8 +47,18 @@ void *rt_arena_alloc(struct rt_arena *a, size_t bytes) {
     a->used += bytes;
     return p;
   }
-  void *p = cedar_xaligned(RT_ARENA_ALIGN, bytes);
-  a->extra = cedar_xrealloc(a->extra, sizeof(void *) * (a->n_extra + 1));
+  void *p = aligned_alloc(RT_ARENA_ALIGN, bytes);
+  void **ex = p ? realloc(a->extra, sizeof(void *) * (size_t)(a->n_extra + 1)) : NULL;
+  if (!ex) {
+    free(p);
+    if (!a->on_oom) {
+      fprintf(stderr, "cedar: out of memory allocating %zu bytes of scratch\n", bytes);
+      abort();
+    }
+    a->oom_bytes = bytes;
+    longjmp(*a->on_oom, 1);
+  }
+  a->extra = ex;
   a->extra[a->n_extra++] = p;
   a->extra_bytes += bytes;
   return p;

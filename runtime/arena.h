@@ -6,10 +6,17 @@
  * the next reset, the arena grows to the high-water mark, so after the first
  * tiles of a run nothing is allocated per node. Pointers stay valid until the
  * next reset (blocks never move). Not thread-safe: one arena per worker.
+ *
+ * Out of memory: while on_oom is set (rt_run_node sets it around a node's
+ * op group), a failed allocation records its size in oom_bytes and jumps
+ * back there, and the node fails with CEDAR_ENOMEM; the op groups hold no
+ * memory but the arena's between allocations, so nothing leaks (the next
+ * reset frees the blocks taken). Without on_oom it aborts, as before.
  */
 #ifndef CEDAR_RUNTIME_ARENA_H
 #define CEDAR_RUNTIME_ARENA_H
 
+#include <setjmp.h>
 #include <stddef.h>
 #include <time.h>
 
@@ -43,6 +50,8 @@ struct rt_arena {
   int n_extra;
   size_t extra_bytes;
   size_t peak;      /* largest total a node used */
+  jmp_buf *on_oom;  /* where a failed allocation jumps (NULL: abort) */
+  size_t oom_bytes; /* the size that failed, after such a jump */
   double fam_s[RT_FAM_COUNT]; /* seconds per op family since init */
 };
 
@@ -62,8 +71,8 @@ static inline double rt_clock(void) {
 void rt_arena_init(struct rt_arena *a, size_t cap);
 void rt_arena_free(struct rt_arena *a);
 void rt_arena_reset(struct rt_arena *a);
-/* bytes rounded up to RT_ARENA_ALIGN, aligned; never NULL (aborts when the
- * machine is out of memory: scratch is bounded by the tile size). */
+/* bytes rounded up to RT_ARENA_ALIGN, aligned; never NULL: when memory
+ * runs out it jumps to on_oom (or aborts without one). */
 void *rt_arena_alloc(struct rt_arena *a, size_t bytes);
 #define RT_ALLOC(ar, type, count) ((type *)rt_arena_alloc((ar), sizeof(type) * (size_t)(count)))
 

@@ -8,6 +8,8 @@
  */
 #include "runtime/engine.h"
 
+#include "ops/basic.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,6 +100,10 @@ static int start_exec(struct rt_engine *e, const struct rt_engine_exec *x, char 
   struct rt_starpu_opts so = {.workers = x->workers, .sched = x->sched, .profile = x->profile};
   int rc = rt_starpu_init(&so, err, len);
   if (rc) return rc;
+  if (op_blas_reserve(rt_starpu_workers(), err, len)) { /* each worker may run sgemm at once */
+    rt_starpu_shutdown();
+    return CEDAR_ENOMEM;
+  }
   e->holds_starpu = true;
   e->exec = *x;
   return 0;

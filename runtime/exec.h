@@ -58,6 +58,11 @@ struct rt_exec_out {
 int rt_exec_direct(const struct graph *g, const struct rt_model *M, struct rt_request *r, struct rt_exec_out *out,
                    struct rt_exec_stats *st, rt_progress_cb progress, void *user, char *err, size_t err_len);
 
+/* rt_run_node's code when the node's scratch (its arena) could not be had:
+ * the process is out of memory or at its address-space limit. A runtime
+ * status beside the cedar_status codes (negative; callers test non-zero). */
+#define RT_ENOMEM_SCRATCH (-64)
+
 /* The message of a node that failed with rc (rt_run_node's codes). */
 void rt_node_error(const struct graph_node *nd, int rc, char *err, size_t err_len);
 
@@ -70,8 +75,8 @@ void rt_bind_node(const struct graph *g, struct rt_request *r, const struct grap
  * buffers by data id; other entries are not read) and its bound state (st,
  * or NULL: rt_bind_node's), through the backend of the node's device
  * (backend.h), as every executor runs it. out_row: a HEAD's first row in
- * out. Returns 0, CEDAR_ENOMEM (KV pages) or CEDAR_EUNSUPPORTED (no backend
- * entry for the node's op group on its device). */
+ * out. Returns 0, CEDAR_ENOMEM (KV pages), RT_ENOMEM_SCRATCH (scratch) or
+ * CEDAR_EUNSUPPORTED (no backend entry for the node's op group on its device). */
 int rt_run_node(const struct graph *g, const struct rt_model *M, struct rt_request *r, const struct graph_node *nd,
                 void *const *buf, const struct rt_bound *st, struct rt_exec_out *out, int64_t out_row,
                 struct rt_arena *ar);

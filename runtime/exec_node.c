@@ -7,6 +7,7 @@
  * Test: tests/test_backend_nodes.c, and every model test through the
  * executors. */
 #include <math.h>
+#include <setjmp.h>
 #include <string.h>
 
 #include "base/check.h"
@@ -165,6 +166,9 @@ const struct rt_backend rt_backend_cpu = {
 void rt_node_error(const struct graph_node *nd, int rc, char *err, size_t err_len) {
   if (rc == CEDAR_ENOMEM)
     snprintf(err, err_len, "%s: the KV page pool is exhausted; this request is dropped", nd->name);
+  else if (rc == RT_ENOMEM_SCRATCH)
+    snprintf(err, err_len, "%s: out of memory for the node's scratch (the process's memory or its address-space "
+             "limit, ulimit -v, is exhausted); this request is dropped", nd->name);
   else if (rc == CEDAR_EUNSUPPORTED)
     snprintf(err, err_len, "%s: no %s backend entry for op group %s; this request is dropped", nd->name,
              nd->place.dev == GRAPH_DEV_CUDA ? "cuda" : "cpu", graph_op_name(nd->op));
@@ -198,6 +202,22 @@ void rt_bind_node(const struct graph *g, struct rt_request *r, const struct grap
   }
 }
 
+/* fn on c with the arena's out-of-memory jump set here: a scratch
+ * allocation that fails makes the node fail with RT_ENOMEM_SCRATCH (the op
+ * groups hold only arena memory, which the executor's next reset frees). */
+static int run_guarded(rt_group_fn fn, struct rt_node_ctx *c, struct rt_arena *ar) {
+  jmp_buf jb;
+  jmp_buf *prev = ar->on_oom;
+  if (setjmp(jb)) {
+    ar->on_oom = prev;
+    return RT_ENOMEM_SCRATCH;
+  }
+  ar->on_oom = &jb;
+  int rc = fn(c);
+  ar->on_oom = prev;
+  return rc;
+}
+
 int rt_run_node(const struct graph *g, const struct rt_model *M, struct rt_request *r, const struct graph_node *nd,
                 void *const *buf, const struct rt_bound *st, struct rt_exec_out *out, int64_t out_row,
                 struct rt_arena *ar) {
@@ -210,5 +230,5 @@ int rt_run_node(const struct graph *g, const struct rt_model *M, struct rt_reque
     st = &own;
   }
   struct rt_node_ctx c = {g, M, r, nd, buf, st, out, out_row, ar};
-  return fn(&c);
+  return run_guarded(fn, &c, ar);
 }

@@ -1,6 +1,7 @@
 /* generate.c: prefill then decode, one request (generate.h). */
 #include "runtime/generate.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,6 +185,26 @@ static int decode_step(const struct rt_model *M, struct rt_request *r, float *lo
   return rc;
 }
 
+/* The next token from one position's logits into res and r->pending.
+ * Logits holding NaN or +inf (or no finite value) fail the request with
+ * CEDAR_EINVAL, naming the position: the sampler returns -1 for them
+ * (ops/sample.h), and a -1 must never reach the token stream. */
+static int sample_checked(float *prob, int32_t *order, const float *logits, int V, const struct rt_gen_opts *o,
+                          uint64_t *rng, int64_t pos, struct rt_request *r, struct rt_gen_result *res, char *err,
+                          size_t err_len) {
+  int32_t id = op_sample(prob, order, logits, V, o->temperature, o->top_p, rng);
+  if (id < 0) {
+    int nan = 0, inf = 0;
+    for (int i = 0; i < V; i++) nan += isnan(logits[i]), inf += isinf(logits[i]) && logits[i] > 0;
+    snprintf(err, err_len, "the logits of position %lld hold NaN or +inf, or no finite value (%d NaN, %d +inf of %d): the weights or "
+             "activations hold non-finite values (`cedar weights check` checks a weights file); this request is "
+             "dropped", (long long)pos, nan, inf, V);
+    return CEDAR_EINVAL;
+  }
+  res->tokens[res->n_tokens++] = r->pending = id;
+  return 0;
+}
+
 /* Prefill the request's tokens [0, n) from the state it holds (hit_opts
  * say where that state ends), then decode. With a cache (rt_generate) the
  * hit is attached before and the blocks inserted after. */
@@ -204,7 +225,7 @@ static int run_request(const struct rt_model *M, struct rt_request *r, int64_t n
   if (!rc) rc = prefill(M, r, n, o, hit_opts, res, err, err_len);
   if (!rc) {
     const float *last = res->prefill_logits + (size_t)(res->prefill_rows - 1) * V;
-    res->tokens[res->n_tokens++] = r->pending = op_sample(prob, order, last, V, o->temperature, o->top_p, &rng);
+    rc = sample_checked(prob, order, last, V, o, &rng, n - 1, r, res, err, err_len);
     res->ttft_s = now_s() - t0;
   }
   double steady = 0;
@@ -215,7 +236,8 @@ static int run_request(const struct rt_model *M, struct rt_request *r, int64_t n
     float *lg = res->decode_logits + (size_t)(i - 1) * V;
     rc = decode_step(M, r, lg, o, res, err, err_len);
     if (rc) break;
-    res->tokens[res->n_tokens++] = r->pending = op_sample(prob, order, lg, V, o->temperature, o->top_p, &rng);
+    rc = sample_checked(prob, order, lg, V, o, &rng, r->n_pos - 1, r, res, err, err_len);
+    if (rc) break;
     double dt = now_s() - t;
     if (i == 1)
       res->first_itl_s = dt;

@@ -271,6 +271,10 @@ int st_write(const char *path, const struct st_tensor *tensors, size_t n, const 
   struct st__ctx c = {path ? path : "<null path>", err, err_len};
   if (err && err_len) err[0] = '\0';
   if (!path || !*path) return st__fail(&c, CEDAR_EINVAL, NULL, "no path given");
+  struct stat sb;
+  if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) /* the rename below would replace a device or a link's target */
+    return st__fail(&c, CEDAR_EINVAL, NULL, "exists and is not a regular file; safetensors are written only to "
+                    "regular files");
   struct layout l;
   int rc = layout_build(&c, tensors, n, meta, n_meta, &l);
   size_t tmp_len = strlen(path) + 48;

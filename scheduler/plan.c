@@ -180,3 +180,9 @@ int plan_count_region(const struct plan *p, enum plan_region r) {
 double plan_softmax_scale(const struct plan *p) {
   return p->model.softmax_scale > 0 ? p->model.softmax_scale : 1.0 / sqrt((double)p->model.head_dim);
 }
+
+int64_t plan_max_positions(const struct plan *p) {
+  const struct op_rope_params *r = &p->model.rope_csa;
+  double n = r->yarn ? r->yarn_factor * (double)r->yarn_original_len : (double)r->yarn_original_len;
+  return n >= 1 && n < 9e15 ? (int64_t)n : 1;
+}

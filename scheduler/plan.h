@@ -203,6 +203,10 @@ static inline bool plan_is_index_source(const struct plan_layer *l) {
 }
 int plan_count_region(const struct plan *p, enum plan_region r);
 double plan_softmax_scale(const struct plan *p);
+/* The most positions a request may hold (prompt plus generated tokens): the
+ * context RoPE is set up for, yarn_factor x yarn_original_len of the CSA
+ * RoPE block when it has YaRN (1M for V4.1), else its yarn_original_len. */
+int64_t plan_max_positions(const struct plan *p);
 
 /* Bytes of one stored vector of `width` values in format f (payload + scales). */
 int64_t plan_format_bytes(const struct plan_format *f, int width);
