@@ -20,6 +20,7 @@ static const struct command commands[] = {
     {"op", cmd_op, "run one operator on tensors from a safetensors file (--list for all)"},
     {"weights", cmd_weights, "make, check and list a plan's weights (safetensors, docs/weights.md)"},
     {"bench", cmd_bench, "time the ops against this machine's peaks (ops), or the whole model side by side (model)"},
+    {"view", cmd_view, "write a trace (with its graph and plan) as one self-contained HTML page"},
     {"env", cmd_env, "show library versions, CPU topology, StarPU workers and CUDA devices"},
     {"version", cmd_version, "print the cedar version"},
 };
