@@ -18,6 +18,8 @@ int cmd_run(int argc, char **argv);
 int cmd_graph(int argc, char **argv);
 int cmd_serve_sim(int argc, char **argv);
 int cmd_view(int argc, char **argv);
+int cmd_report(int argc, char **argv);
+int cmd_explore(int argc, char **argv);
 
 /* Plan subcommands (cli/cmd_plan.c dispatches). */
 int cmd_plan_check(int argc, char **argv);

@@ -15,7 +15,9 @@
  */
 (function () {
   'use strict';
+  var tStart = performance.now();
   var D = JSON.parse(document.getElementById('cedar-data').textContent);
+  var tParsed = performance.now();
   var E = D.ev, S = D.sym, N = E.n, LANES = D.lanes;
 
   var MODE_COLORS = { full: '#d62728', reindex: '#ff7f0e', reuse: '#2ca02c', swa_only: '#1f77b4' };
@@ -32,9 +34,10 @@
     return OP_COLORS[op] ? op : (op || 'other');
   }
   function colorForKey(k) { return MODE_COLORS[k] || OP_COLORS[k] || OTHER; }
-  var evKey = new Array(N), legendCount = {};
-  for (var i = 0; i < N; i++) {
-    var k = keyFor(S[E.mode[i]], S[E.op[i]]);
+  var evKey = new Array(N), legendCount = {}, keyCache = new Map();
+  for (var i = 0; i < N; i++) { /* one key per (mode, op) pair, computed once */
+    var pair = E.mode[i] * S.length + E.op[i], k = keyCache.get(pair);
+    if (k === undefined) { k = keyFor(S[E.mode[i]], S[E.op[i]]); keyCache.set(pair, k); }
     evKey[i] = k;
     legendCount[k] = (legendCount[k] || 0) + 1;
   }
@@ -60,13 +63,12 @@
   if (!(tMax > tMin)) tMax = tMin + 1;
 
   /* ---- prefill chunks: (request, phase, chunk) spans, packed into rows --- */
-  var chunks = {}, chunkList = [];
+  var chunks = new Map(), chunkList = [], isPrefill = S.map(function (p) { return p.indexOf('prefill') === 0; });
   for (i = 0; i < N; i++) {
-    var ph = S[E.phase[i]];
-    if (ph.indexOf('prefill') !== 0 || E.chunk[i] < 0) continue;
-    var ck = E.request[i] + '/' + ph + '/' + E.chunk[i];
-    var c = chunks[ck];
-    if (!c) { c = chunks[ck] = { chunk: E.chunk[i], request: E.request[i], t0: E.ts[i], t1: E.ts[i] + E.dur[i], n: 0, pos: Infinity, end: -Infinity }; chunkList.push(c); }
+    if (!isPrefill[E.phase[i]] || E.chunk[i] < 0) continue;
+    var ck = (E.request[i] * S.length + E.phase[i]) * 1048576 + E.chunk[i];
+    var c = chunks.get(ck);
+    if (!c) { c = { chunk: E.chunk[i], request: E.request[i], t0: E.ts[i], t1: E.ts[i] + E.dur[i], n: 0, pos: Infinity, end: -Infinity }; chunks.set(ck, c); chunkList.push(c); }
     if (E.ts[i] < c.t0) c.t0 = E.ts[i];
     if (E.ts[i] + E.dur[i] > c.t1) c.t1 = E.ts[i] + E.dur[i];
     if (E.pos[i] >= 0) { c.pos = Math.min(c.pos, E.pos[i]); c.end = Math.max(c.end, E.pos[i] + E.len[i]); }
@@ -401,14 +403,18 @@
   }
 
   /* ---- start ------------------------------------------------------------------------ */
+  var tPrep = performance.now();
   resize();
   draw();
+  var tDrawn = performance.now();
   drawGraph();
   drawPlan();
   window.addEventListener('resize', function () { resize(); draw(); });
 
   window.cedarView = {
     loadMs: performance.now(),
+    /* ms from navigation start: the script starts (the HTML parsed), the data parsed, indexed, drawn */
+    timing: { script: tStart, parsed: tParsed, indexed: tPrep, drawn: tDrawn },
     nEvents: N,
     lanes: LANES.map(function (L) { return { name: L.name, rank: L.rank }; }),
     legend: legendKeys.map(function (k) { return { key: k, color: colorForKey(k), count: legendCount[k] }; }),

@@ -4,6 +4,7 @@
 #include <cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -215,8 +216,11 @@ static int read_event(struct reader *R, const cJSON *ev, int i, const char *path
   double idv;
   if (cJSON_IsNumber(id))
     idv = id->valuedouble;
-  else if (cJSON_IsString(id))
-    idv = strtod(id->valuestring, NULL);
+  else if (cJSON_IsString(id)) { /* any string: its FNV-1a hash, in the 53 bits a double holds */
+    uint64_t h = 1469598103934665603u;
+    for (const unsigned char *c = (const unsigned char *)id->valuestring; *c; c++) h = (h ^ *c) * 1099511628211u;
+    idv = (double)(h >> 11);
+  }
   else {
     snprintf(err, err_len, "%s: flow event %d has no \"id\"", path, i);
     return CEDAR_EINVAL;
