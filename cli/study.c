@@ -118,15 +118,27 @@ int study_run(const char *plan_path, const struct plan *p, const struct study_ru
              o->max_weights / 1e9);
     return 1;
   }
+  /* The built-in text as byte tokens; a plan whose vocabulary cannot hold
+   * bytes gets ids (37 i + 11) mod vocab instead. */
   char prompt[32], decode[16];
   snprintf(prompt, sizeof prompt, "%" PRId64, o->prompt);
   snprintf(decode, sizeof decode, "%d", o->decode);
-  char *argv[] = {"cedar", "run", "--plan", (char *)plan_path, "--prompt-len", prompt, "--max-new", decode,
-                  "--executor", "direct", "--json", o->drift ? "--exact-replay" : NULL, NULL};
-  snprintf(r->cmd, sizeof r->cmd, "cedar run --plan %s --prompt-len %s --max-new %s --executor direct --json%s",
-           plan_path, prompt, decode, o->drift ? " --exact-replay" : "");
+  bool bytes = p->model.vocab >= 256;
+  char *ids = NULL;
+  if (!bytes) {
+    ids = cedar_xmalloc((size_t)o->prompt * 12 + 1);
+    size_t len = 0;
+    for (int64_t i = 0; i < o->prompt; i++)
+      len += (size_t)sprintf(ids + len, "%s%" PRId64, i ? "," : "", (37 * i + 11) % p->model.vocab);
+  }
+  char *argv[] = {"cedar", "run", "--plan", (char *)plan_path, bytes ? "--prompt-len" : "--tokens", bytes ? prompt : ids,
+                  "--max-new", decode, "--executor", "direct", "--json", o->drift ? "--exact-replay" : NULL, NULL};
+  snprintf(r->cmd, sizeof r->cmd, "cedar run --plan %s %s %s --max-new %s --executor direct --json%s", plan_path,
+           bytes ? "--prompt-len" : "--tokens", bytes ? prompt : "<(37 i + 11) mod vocab, i < n>", decode,
+           o->drift ? " --exact-replay" : "");
   char *out = NULL, why[256];
   int st = run_self(argv, &out, why, sizeof why);
+  free(ids);
   cJSON *j = st == 0 ? cJSON_Parse(out) : NULL;
   free(out);
   if (st != 0 || !j) {
@@ -135,7 +147,8 @@ int study_run(const char *plan_path, const struct plan *p, const struct study_ru
     return 1;
   }
   r->prefill_s = num(j, "ttft_s", NULL);
-  r->itl_s = num(j, "itl_steady_s", NULL);
+  r->itl_s = num(j, "itl_steady_s", NULL); /* the steady ITL needs three tokens; else the first */
+  if (!(r->itl_s > 0)) r->itl_s = num(j, "itl_first_s", NULL);
   r->token_layers = (int64_t)num(j, "token_layers_prefill", NULL);
   r->state_agrees = num(j, "state_bytes", "global_kv") == num(j, "plan_cost", "global_kv") &&
                     num(j, "state_bytes", "swa") == num(j, "plan_cost", "swa") &&
@@ -179,16 +192,19 @@ int study_gnuplot(const char *dir, const char *script, char *err, size_t err_len
   pid_t pid = fork();
   if (pid == 0) {
     if (chdir(dir)) _exit(126);
-    int fd = open("/dev/null", O_WRONLY);
-    if (fd >= 0) dup2(fd, 1);
+    char log[PATH_MAX];
+    snprintf(log, sizeof log, "%s.log", script); /* gnuplot's warnings and errors, beside its script */
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
     execlp("gnuplot", "gnuplot", script, (char *)NULL);
     _exit(127);
   }
   int st = 0;
   if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st)) {
-    snprintf(err, err_len, "gnuplot %s/%s failed (exit %d)%s", dir, script, WIFEXITED(st) ? WEXITSTATUS(st) : -1,
+    snprintf(err, err_len, "gnuplot %s/%s failed (exit %d)%s%s%s", dir, script, WIFEXITED(st) ? WEXITSTATUS(st) : -1,
              WIFEXITED(st) && WEXITSTATUS(st) == 127 ? ": gnuplot is not installed (apt-get install gnuplot-nox)"
-                                                      : "");
+                                                      : "; see ",
+             WIFEXITED(st) && WEXITSTATUS(st) == 127 ? "" : script, WIFEXITED(st) && WEXITSTATUS(st) == 127 ? "" : ".log");
     return 1;
   }
   return 0;

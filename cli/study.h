@@ -29,7 +29,8 @@ void study_mem_of(const struct plan_cost *c, struct study_mem *m);
 
 /* One measured run. */
 struct study_run_opts {
-  int64_t prompt;       /* prompt tokens (the built-in text repeated) */
+  int64_t prompt;       /* prompt tokens: the built-in text as bytes, or ids (37 i + 11) mod vocab
+                           when the plan's vocabulary is under 256 */
   int decode;           /* tokens generated; the first comes from the prefill */
   bool drift;           /* also --exact-replay */
   uint64_t max_weights; /* do not run plans whose weights exceed this (bytes) */
