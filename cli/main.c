@@ -22,6 +22,9 @@ static const struct command commands[] = {
     {"op", cmd_op, "run one operator on tensors from a safetensors file (--list for all)"},
     {"weights", cmd_weights, "make, check and list a plan's weights (safetensors, docs/weights.md)"},
     {"bench", cmd_bench, "time the ops against this machine's peaks (ops), or the whole model side by side (model)"},
+    {"view", cmd_view, "write a trace (with its graph and plan) as one self-contained HTML page"},
+    {"report", cmd_report, "plans side by side: memory by state class, prefix hits, time, drift (PNG + HTML)"},
+    {"explore", cmd_explore, "sweep plan parameters; cost (and run) each variant; the Pareto front"},
     {"env", cmd_env, "show library versions, CPU topology, StarPU workers and CUDA devices"},
     {"version", cmd_version, "print the cedar version"},
 };

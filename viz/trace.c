@@ -68,6 +68,9 @@ void viz_trace_add_graph(struct viz_trace *t, const struct graph *g, const struc
     s->chunk = nd->chunk;
     s->request = request;
     s->node = k;
+    s->rank = nd->place.rank;
+    s->pos = nd->a;
+    s->n = nd->n;
     s->flops = nd->flops;
     s->bytes = node_bytes(g, nd);
     if (s->tid >= t->n_thread) viz_trace_thread(t, s->tid, "");
@@ -132,6 +135,9 @@ static cJSON *slice_event(const struct viz_trace *t, const struct viz_slice *s) 
   cJSON_AddStringToObject(a, "op", s->op);
   cJSON_AddStringToObject(a, "phase", s->phase);
   cJSON_AddNumberToObject(a, "node", s->node);
+  cJSON_AddNumberToObject(a, "pos", (double)s->pos);
+  cJSON_AddNumberToObject(a, "n", (double)s->n);
+  cJSON_AddNumberToObject(a, "rank", s->rank);
   return e;
 }
 

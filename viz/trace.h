@@ -6,8 +6,9 @@
  * metadata events; one complete event ("ph":"X") per task, named as the
  * executor named it ("L3.attn c2 r0"), with args layer, mode (the layer's
  * attention mode, or the node kind's role), chunk, request, flops, bytes
- * (activations and buses the node touches), op, phase (the graph's flow)
- * and node (its index); one flow pair ("ph":"s" / "ph":"f", bound to the
+ * (activations and buses the node touches), op, phase (the graph's flow),
+ * node (its index), pos and n (the tile's first absolute position and its
+ * positions) and rank (the MPI rank it ran on; 0 when one process runs); one flow pair ("ph":"s" / "ph":"f", bound to the
  * enclosing slices) per graph edge whose two ends ran on different tracks.
  * Events are written in timestamp order, so every track's timestamps are
  * non-decreasing; slices of one track come from one worker and never
@@ -38,7 +39,8 @@ struct viz_slice {
   double ts, dur;
   char name[56];
   const char *op, *mode, *phase;
-  int layer, chunk, request, node;
+  int layer, chunk, request, node, rank;
+  int64_t pos, n;
   double flops;
   int64_t bytes;
 };

@@ -1,0 +1,66 @@
+/* study.h: what `cedar report` and `cedar explore` share: memory by state
+ * class from `plan cost`'s accounting (SPEC 4.5's classes), one measured
+ * run of a plan (`cedar run --exact-replay --json` on the direct executor,
+ * in a child process of this binary, so a run that fails or runs out of
+ * memory reports instead of taking the command down), gnuplot, and small
+ * file helpers.
+ *
+ * Tested through tests/cli/report.sh and tests/cli/explore.sh.
+ */
+#ifndef CEDAR_CLI_STUDY_H
+#define CEDAR_CLI_STUDY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "scheduler/plan.h"
+#include "scheduler/plan_cost.h"
+
+/* Bytes per request after c->q.tokens positions, by state class. */
+struct study_mem {
+  int64_t main_kv, indexer_k; /* global KV: the sources' Main-KV and Indexer-K entries */
+  int64_t swa, tails;         /* SWA rings (payload + scales), compressor tails */
+  int64_t total;              /* the four above (what `cedar run` holds, less pages' slack) */
+  int64_t baseline;           /* global KV if every CSA2 layer owned its own (SPEC 4.5) */
+};
+void study_mem_of(const struct plan_cost *c, struct study_mem *m);
+
+/* One measured run. */
+struct study_run_opts {
+  int64_t prompt;       /* prompt tokens: the built-in text as bytes, or ids (37 i + 11) mod vocab
+                           when the plan's vocabulary is under 256 */
+  int decode;           /* tokens generated; the first comes from the prefill */
+  bool drift;           /* also --exact-replay */
+  uint64_t max_weights; /* do not run plans whose weights exceed this (bytes) */
+};
+struct study_run {
+  bool ok;
+  char why[800];          /* when !ok: what failed */
+  char cmd[512];          /* the command run, for the report */
+  double prefill_s, itl_s; /* TTFT (prefill + first sample), steady inter-token latency */
+  int64_t token_layers;   /* prefill */
+  bool has_drift;
+  double drift_rel_rms, drift_max_abs;
+  bool same_top1, entries_equal;
+  bool state_agrees;      /* the run's state bytes equal plan cost's for its positions */
+};
+/* Run `cedar run` on plan_path (loaded as p) in a child. Returns 0 when it
+ * ran (r->ok), 1 with r->why otherwise. */
+int study_run(const char *plan_path, const struct plan *p, const struct study_run_opts *o, struct study_run *r);
+
+/* Run `gnuplot SCRIPT` in dir. Returns 0, or 1 with a message. */
+int study_gnuplot(const char *dir, const char *script, char *err, size_t err_len);
+/* Whether gnuplot is on PATH. */
+bool study_have_gnuplot(void);
+/* mkdir -p of one level (the parent must exist). Returns 0 or 1 with a message. */
+int study_mkdir(const char *dir, char *err, size_t err_len);
+/* fopen(dir/name, "w"), with a message on failure. */
+FILE *study_open(const char *dir, const char *name, char *err, size_t err_len);
+/* Parse "A,B,C" of positive integers into out (at most max). Returns the count, or -1. */
+int study_parse_list(const char *s, int64_t *out, int max);
+/* HTML-escape s into f. */
+void study_html(FILE *f, const char *s);
+
+#endif
