@@ -41,6 +41,7 @@ TEST_ENV = HWLOC_COMPONENTS=-pci \
 # them): chromium, nodejs/npm and speedscope to load traces in a consumer.
 DEPS = build-essential cmake pkg-config \
        libyaml-dev libstarpu-dev libhwloc-dev libopenblas-dev libcjson-dev libxxhash-dev \
+       openmpi-bin libopenmpi-dev \
        clang libclang-rt-14-dev \
        python3 python3-numpy graphviz
 

@@ -29,6 +29,8 @@
 #include "cli/cli.h"
 #include "runtime/engine.h"
 #include "cli/run_dump.h"
+#include "cli/run_pd.h"
+#include "runtime/pd.h"
 #include "scheduler/plan_cost.h"
 #include "viz/trace.h"
 
@@ -358,6 +360,7 @@ static void report_text(const struct plan *p, const struct ropts *o, const struc
            "decoder region: last-position logits max |diff| %.3g, relative RMS %.3g, top-1 %s\n",
            n, dr->exact_token_layers, dr->entries_equal ? "identical (global entries bitwise equal)" : "DIFFERS",
            dr->max_abs, dr->rel_rms, dr->same_top1 ? "same" : "differs");
+  if (rt_pd_split(p)) run_pd_text(stdout, p);
 }
 
 static void report_json(const struct plan *p, const struct ropts *o, const struct weights *w, int64_t n,
@@ -425,6 +428,7 @@ static void report_json(const struct plan *p, const struct ropts *o, const struc
     cJSON_AddNumberToObject(d, "decoder_logits_rel_rms", dr->rel_rms);
     cJSON_AddBoolToObject(d, "same_top1", dr->same_top1);
   }
+  if (rt_pd_split(p)) run_pd_json(j, p);
   cli_print_json(j);
 }
 
@@ -571,6 +575,10 @@ int cmd_run(int argc, char **argv) {
                               .problems = &pr,
                               .on_plan = prompt_on_plan,
                               .user = &q};
+  if (rt_pd_mpi_begin(&argc, &argv, err, sizeof err)) { /* under mpirun: MPI before StarPU (runtime/pd.h) */
+    fprintf(stderr, "cedar run: %s\n", err);
+    return 1;
+  }
   struct rt_engine e;
   struct rt_request r = {0};
   struct rt_gen_result res = {0};
@@ -600,7 +608,12 @@ int cmd_run(int argc, char **argv) {
                            .user = &pg,
                            .on_graph = o.trace || o.dot ? on_graph : NULL,
                            .graph_user = &sk};
-  if (rt_engine_generate(&e, &r, prompt, n, &go, &res, err, sizeof err)) {
+  int grc = rt_engine_generate(&e, &r, prompt, n, &go, &res, err, sizeof err);
+  if (grc == 1) { /* a P/D rank other than D's: the decode rank reports */
+    status = 0;
+    goto out;
+  }
+  if (grc) {
     if (pg.shown) fputc('\n', stderr);
     fprintf(stderr, "cedar run: %s\n", err);
     goto out;
@@ -640,6 +653,7 @@ out:
   rt_gen_result_free(&res);
   rt_engine_request_free(&e, &r);
   rt_engine_close(&e);
+  rt_pd_mpi_end();
   free(q.ids);
   return status;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "runtime/pd.h"
 
 /* No op group has a CUDA twin yet: every slot NULL, so a plan that places
  * a flow on cuda is refused by rt_placement_check instead of running on
@@ -21,7 +22,12 @@ const struct rt_backend *rt_backend_for(enum graph_device dev) {
   return NULL;
 }
 
-int rt_ranks_available(void) { return 1; }
+/* Under mpirun, the ranks it gave; without, one process plays the prefill
+ * and decode roles of ranks 0 and 1 (runtime/pd.h). */
+int rt_ranks_available(void) {
+  int w = rt_pd_world_size();
+  return w > 0 ? w : 2;
+}
 
 /* "plans/x.yaml:141:20: " or "" for a value left at its default. */
 static const char *where(const struct plan_mark *m, char *buf, size_t len) {
@@ -47,11 +53,19 @@ static int check_flow(const struct plan *p, enum graph_flow f, struct plan_mark 
   const char *phase = pre ? "prefill" : "decode";
   struct graph_place pl = graph_place_of(p, f);
   char at[320];
-  if (pl.rank >= rt_ranks_available()) {
+  if (rt_pd_ranks_needed(p) > rt_ranks_available()) {
+    int need = rt_pd_ranks_needed(p), have = rt_ranks_available();
+    if (pl.rank < have) return 0; /* the other flow's rank is the one out of range */
     *mk = pre ? s->mark_prefill_rank : s->mark_decode_rank;
     where(mk, at, sizeof at);
-    snprintf(err, err_len, "%sserving.placement.%s.rank is %d, but this process runs %d rank (0): multi-rank runs "
-             "(StarPU-MPI) are not built yet; set rank: 0", at, phase, pl.rank, rt_ranks_available());
+    if (rt_pd_world_size() > 0)
+      snprintf(err, err_len, "%sserving.placement.%s.rank is %d: this placement needs %d ranks, but mpirun gave %d; "
+               "run mpirun -np %d or set rank: 0 or 1", at, phase, pl.rank, need, have, need);
+    else
+      snprintf(err, err_len, "%sserving.placement.%s.rank is %d: this placement needs %d ranks, but this process "
+               "runs %d (without mpirun one process plays ranks 0 and 1); run it under mpirun -np %d%s or set "
+               "rank: 0 or 1", at, phase, pl.rank, need, have, need,
+               rt_pd_mpi_built() ? "" : " (this build has no StarPU-MPI)");
     return CEDAR_EUNSUPPORTED;
   }
   const struct rt_backend *b = rt_backend_for(pl.dev);

@@ -15,6 +15,7 @@
 
 #include "base/check.h"
 #include "runtime/backend.h"
+#include "runtime/pd.h"
 
 /* ---- the steps of an open ------------------------------------------------ */
 
@@ -194,6 +195,10 @@ int rt_engine_generate(struct rt_engine *e, struct rt_request *r, const int32_t 
   go.executor = e->exec.executor;
   go.cache = e->cache;
   go.save_snapshot = e->cache && e->opts.cache.snapshots;
+  if (rt_pd_split(&e->plan)) { /* prefill and decode on two homes (runtime/pd.h); 1: this rank prints nothing */
+    struct rt_pd_stats st;
+    return rt_pd_generate(&e->model, e->pools, r, prompt, n, &go, res, &st, err, err_len);
+  }
   return rt_generate(&e->model, e->pools, r, prompt, n, &go, res, err, err_len);
 }
 
@@ -209,6 +214,11 @@ int rt_engine_generate_isolated(const struct rt_engine *e, const int32_t *prompt
   go.executor = RT_EXEC_DIRECT;
   go.cache = NULL;
   go.save_snapshot = false;
+  if (rt_pd_split(&e->plan)) {
+    snprintf(err, err_len, "prefill and decode on different homes (serving.placement) run one request at a time "
+             "(cedar run); concurrent isolated requests do not take a P/D plan yet");
+    return CEDAR_EUNSUPPORTED;
+  }
   struct rt_kv_pool *pools = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*pools));
   struct rt_request r = {0};
   int rc = rt_kv_pools_init(pools, &e->plan, err, err_len);

@@ -13,6 +13,7 @@
 #include "base/check.h"
 #include "runtime/backend.h"
 #include "runtime/exec.h"
+#include "runtime/pd.h"
 #include "base/log.h"
 
 static void *at(void *const *buf, int d) { return d < 0 ? NULL : buf[d]; }
@@ -143,8 +144,8 @@ static int cpu_head(const struct rt_node_ctx *c) {
   return 0;
 }
 
-/* TRANSFER has no CPU entry: one process has one home, and a graph with
- * transfers is refused before it runs (rt_placement_check). */
+/* TRANSFER: a P/D plan's state package (runtime/pd.c: a local copy to the
+ * decode side in one process, or a StarPU-MPI send to the decode rank). */
 const struct rt_backend rt_backend_cpu = {
     .name = "cpu",
     .dev = GRAPH_DEV_CPU,
@@ -158,6 +159,7 @@ const struct rt_backend rt_backend_cpu = {
         [GRAPH_KEEP_XE] = cpu_keep_xe,
         [GRAPH_REPLAY_IN] = cpu_replay_in,
         [GRAPH_HEAD] = cpu_head,
+        [GRAPH_TRANSFER] = rt_pd_transfer_node,
     },
 };
 

@@ -143,7 +143,7 @@ static void bind_from_interfaces(struct run *R, const struct node_arg *A, void *
       st->ring = ring;
     } else if (gd->kind == GRAPH_STATE && gd->state == GRAPH_ST_TAIL && p0) {
       CEDAR_ASSERT(p0 == (void *)R->r->tail_buf[gd->layer]);
-    } else if (gd->kind == GRAPH_STATE && gd->state == GRAPH_ST_TOKENS) {
+    } else if (gd->kind == GRAPH_STATE && gd->state == GRAPH_ST_TOKENS && p0) { /* a twin elsewhere: none */
       CEDAR_ASSERT(p0 == (void *)R->r->tokens);
     }
   }

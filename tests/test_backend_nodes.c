@@ -1,11 +1,13 @@
 /* test_backend_nodes.c: placement in the graph, the node backends and the
  * placement check (runtime/backend.h, scheduler/graph.h).
  *
- *  - the backend table: cpu has an entry for every op group but TRANSFER,
- *    cuda none yet; rt_backend_for maps each device kind to its table;
- *  - rt_placement_check accepts every shipped plan and refuses, naming
- *    file:line:col and the value to set, a decode rank this process does
- *    not have, a cuda device, and prefill and decode on different homes;
+ *  - the backend table: cpu has an entry for every op group (TRANSFER is
+ *    runtime/pd.c's), cuda none yet; rt_backend_for maps each device kind
+ *    to its table;
+ *  - rt_placement_check accepts every shipped plan (v41-mini-pd too) and a
+ *    P/D split on ranks 0 and 1, and refuses, naming file:line:col and the
+ *    value to set, a rank beyond what this process plays (two ranks without
+ *    mpirun: "needs N ranks") and a cuda device;
  *  - the compiler places every node and data object of a flow where
  *    serving.placement puts it; with decode elsewhere, a prefill streams
  *    each KV source after every tile that appended to it (each transfer
@@ -16,7 +18,7 @@
  *  - the entry ranges the compiler declares: every append continues where
  *    the previous one of its source ended, ends at floor(end / ratio), and
  *    every reader sees exactly the entries appended before it;
- *  - a TRANSFER node through rt_run_node fails cleanly (no CPU entry);
+ *  - a TRANSFER node through rt_run_node outside a P/D request fails cleanly;
  *  - the scheduling policy (scheduler/policy.h): priorities stay in the
  *    runtime's range, and a layer of a later tile outranks the next layer
  *    of the tile before (the trailing edge of the wavefront goes first).
@@ -54,16 +56,14 @@ static void check_table(void) {
   EXPECT(rt_backend_for(GRAPH_DEV_CPU) == &rt_backend_cpu, "cpu maps to the cpu table");
   EXPECT(rt_backend_for(GRAPH_DEV_CUDA) == &rt_backend_cuda, "cuda maps to the cuda table");
   for (int op = 0; op < GRAPH_OP_COUNT; op++) {
-    bool want = op != GRAPH_TRANSFER;
-    EXPECT((rt_backend_cpu.run[op] != NULL) == want, "cpu backend: op group %s %s", graph_op_name(op),
-           want ? "missing" : "present but one process cannot move state");
+    EXPECT(rt_backend_cpu.run[op] != NULL, "cpu backend: op group %s missing", graph_op_name(op));
     EXPECT(rt_backend_cuda.run[op] == NULL, "cuda backend: op group %s claims a twin", graph_op_name(op));
   }
 }
 
 static void check_shipped(void) {
   static const char *const plans[] = {"v41-flash", "v41-mini", "v41-mini-noced", "dense-40", "alt-reindex2",
-                                      "alt-two-dec-sources", "alt-no-pool"};
+                                      "alt-two-dec-sources", "alt-no-pool", "v41-mini-pd"};
   for (size_t i = 0; i < sizeof plans / sizeof *plans; i++) {
     char path[256];
     snprintf(path, sizeof path, "%s/plans/%s.yaml", CEDAR_SOURCE_DIR, plans[i]);
@@ -97,11 +97,19 @@ static void expect_refused(const char *yaml, int line, const char *const *want) 
 
 static void check_refusals(void) {
   expect_refused("  placement:\n    decode: {rank: 3}\n", 5,
-                 (const char *const[]){"decode.rank is 3", "set rank: 0", NULL});
+                 (const char *const[]){"decode.rank is 3", "needs 4 ranks", "runs 2", "set rank: 0", NULL});
   expect_refused("  placement:\n    prefill:\n      device: cuda\n", 6,
                  (const char *const[]){"prefill.device is cuda", "set device: cpu", NULL});
-  expect_refused("  placement:\n    prefill: {rank: 1, device: cpu}\n", 5,
-                 (const char *const[]){"prefill.rank is 1", NULL});
+  expect_refused("  placement:\n    prefill: {rank: 2, device: cpu}\n", 5,
+                 (const char *const[]){"prefill.rank is 2", "needs 3 ranks", NULL});
+  /* P/D on ranks 0 and 1 runs: without mpirun both roles in one process */
+  char path[64];
+  struct plan p;
+  if (temp_plan(path, sizeof path, "  placement:\n    prefill: {rank: 1}\n    decode: {rank: 0}\n", &p)) {
+    EXPECT(rt_placement_check(&p, NULL, err, sizeof err) == 0, "P on rank 1, D on rank 0 refused: %s", err);
+    plan_free(&p);
+  }
+  unlink(path);
 }
 
 static bool reads(const struct graph_node *nd, int d) {
@@ -202,12 +210,13 @@ static void check_placement(void) {
            g.node[k].place.rank);
   check_transfers(&g, &p, chunk, n);
   check_entry_ranges(&g, &p, 0, n, "P/D prefill");
-  /* No CPU entry moves state: the node fails, the process goes on. */
+  /* A transfer outside a P/D request (runtime/pd.h) has nowhere to go: the
+   * node fails, the process goes on. */
   for (int k = 0; k < g.n_node; k++) {
     if (g.node[k].op != GRAPH_TRANSFER) continue;
     int rc = rt_run_node(&g, NULL, NULL, &g.node[k], NULL, NULL, NULL, 0, NULL);
     rt_node_error(&g.node[k], rc, err, sizeof err);
-    EXPECT(rc == CEDAR_EUNSUPPORTED && strstr(err, g.node[k].name), "a transfer ran on the CPU backend: %d %s", rc,
+    EXPECT(rc == CEDAR_EUNSUPPORTED && strstr(err, g.node[k].name), "a transfer ran outside a P/D request: %d %s", rc,
            err);
     break;
   }

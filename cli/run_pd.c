@@ -1,0 +1,62 @@
+/* run_pd.c: `cedar run`'s P/D section (run_pd.h), from the figures of the
+ * last P/D request (rt_pd_last_stats). */
+#include "cli/run_pd.h"
+
+#include <cJSON.h>
+#include <inttypes.h>
+
+#include "runtime/pd.h"
+
+/* The classes the plan knows agree with what moved (META is framing: no plan figure). */
+static bool agrees(const struct rt_pd_stats *s) {
+  for (int c = 0; c < RT_PD_META; c++)
+    if (s->bytes[c] != s->expected[c]) return false;
+  return true;
+}
+
+void run_pd_text(FILE *f, const struct plan *p) {
+  const struct rt_pd_stats *s = rt_pd_last_stats();
+  char a[32], b[32];
+  fprintf(f, "P/D: prefill on %s, decode on %s, %s\n", graph_place_str(graph_place_of(p, GRAPH_PREFILL_CED), a, sizeof a),
+          graph_place_str(graph_place_of(p, GRAPH_DECODE), b, sizeof b),
+          s->mpi ? "through StarPU-MPI" : "in one process (local copies)");
+  fprintf(f, "  moved %" PRId64 " messages:", s->messages);
+  int64_t tot = 0;
+  for (int c = 0; c < RT_PD_CLASS_COUNT; c++) {
+    fprintf(f, "%s %s %" PRId64 " B", c ? ";" : "", rt_pd_class_name(c), s->bytes[c]);
+    tot += s->bytes[c];
+  }
+  fprintf(f, "; total %" PRId64 " B\n", tot);
+  fprintf(f, "  the plan's package %s:", agrees(s) ? "agrees" : "DISAGREES");
+  for (int c = 0; c < RT_PD_META; c++) fprintf(f, "%s %s %" PRId64 " B", c ? ";" : "", rt_pd_class_name(c), s->expected[c]);
+  fprintf(f, "\n  prefill %.3f s; transfer %.3f s (first send to last arrival); KV sent before the prefill ended "
+          "%.0f%% (%" PRId64 " B); handoff after the prefill %.2f ms; ready barrier %.3f ms\n",
+          s->prefill_s, s->transfer_s, 100 * s->overlap, s->kv_bytes_before_end, 1e3 * s->handoff_s, 1e3 * s->ready_s);
+  fprintf(f, "  y1 sampled on P (inside TTFT), consumed on D by the first decode step (the handoff is outside TTFT)\n");
+}
+
+void run_pd_json(struct cJSON *j, const struct plan *p) {
+  const struct rt_pd_stats *s = rt_pd_last_stats();
+  char a[32], b[32];
+  cJSON *t = cJSON_AddObjectToObject(j, "transfer");
+  cJSON_AddStringToObject(t, "prefill", graph_place_str(graph_place_of(p, GRAPH_PREFILL_CED), a, sizeof a));
+  cJSON_AddStringToObject(t, "decode", graph_place_str(graph_place_of(p, GRAPH_DECODE), b, sizeof b));
+  cJSON_AddStringToObject(t, "via", s->mpi ? "starpu-mpi" : "local");
+  cJSON_AddNumberToObject(t, "messages", (double)s->messages);
+  cJSON *by = cJSON_AddObjectToObject(t, "bytes");
+  cJSON *ex = cJSON_AddObjectToObject(t, "plan_bytes");
+  static const char *const key[RT_PD_CLASS_COUNT] = {"global_kv", "swa_encoder", "swa_decoder", "tails",
+                                                     "encoder_outputs", "metadata"};
+  for (int c = 0; c < RT_PD_CLASS_COUNT; c++) {
+    cJSON_AddNumberToObject(by, key[c], (double)s->bytes[c]);
+    if (c < RT_PD_META) cJSON_AddNumberToObject(ex, key[c], (double)s->expected[c]);
+  }
+  cJSON_AddBoolToObject(t, "agrees", agrees(s));
+  cJSON_AddNumberToObject(t, "prefill_s", s->prefill_s);
+  cJSON_AddNumberToObject(t, "transfer_s", s->transfer_s);
+  cJSON_AddNumberToObject(t, "overlap", s->overlap);
+  cJSON_AddNumberToObject(t, "kv_bytes_before_prefill_end", (double)s->kv_bytes_before_end);
+  cJSON_AddNumberToObject(t, "handoff_s", s->handoff_s);
+  cJSON_AddNumberToObject(t, "ready_s", s->ready_s);
+  cJSON_AddStringToObject(t, "y1", "sampled on P, consumed on D");
+}

@@ -1,0 +1,72 @@
+/* pd_internal.h: what pd.c, pd_run.c and pd_mpi.c share: the message
+ * header, the link TRANSFER nodes run through, a message's completion state
+ * and the StarPU-MPI calls (pd_mpi.c). Not for other files. */
+#ifndef CEDAR_RUNTIME_PD_INTERNAL_H
+#define CEDAR_RUNTIME_PD_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "runtime/pd.h"
+
+#define PD_MSG_MAGIC 0x44504443u /* "CDPD" */
+
+/* One message: this header, then the payload (pd.c: pack, pd_apply). */
+struct msg_hdr {
+  uint32_t magic, version;
+  int32_t node, kind, layer, pad;
+  int64_t e0, e1, payload;
+  uint64_t sum;     /* XXH3 of the payload */
+  uint64_t hdr_sum; /* XXH3 of the header up to here */
+};
+
+struct pd_link {
+  enum rt_pd_role role;          /* LOCAL or PREFILL */
+  const struct graph *g;
+  struct rt_request *rp, *rd;    /* rd: LOCAL only */
+  uint8_t **buf;                 /* (n_node) messages */
+  struct pd_msg_state *ms;       /* (n_node) */
+  int dest;
+  struct rt_pd_stats *st;
+  struct rt_pd_rx *rx;
+  pthread_mutex_t mu;            /* LOCAL: applies are serialised (KV in order per source by the edges) */
+  int last_kv;                   /* the last KV transfer node (a test holds it back) */
+  uint64_t chain_p;              /* LOCAL: XXH3 chain of the payload checksums as packed */
+  int rc;
+  char err[256];
+};
+
+extern struct pd_link *pd_cur;      /* the P/D request running now (one per process) */
+extern enum rt_pd_fault pd_fault;   /* rt_pd_set_fault */
+
+/* The payload / message bytes of transfer node nd, from request r's shapes. */
+int64_t pd_payload_bytes(const struct graph *g, const struct graph_node *nd, const struct rt_request *r);
+int64_t pd_msg_bytes(const struct graph *g, const struct graph_node *nd, const struct rt_request *r);
+/* Apply message k to D's request r (checked: header, checksum, order). */
+int pd_apply(const struct graph *g, int k, const uint8_t *buf, int64_t len, struct rt_request *r,
+             struct rt_pd_stats *st, struct rt_pd_rx *rx, char *err, size_t err_len);
+void pd_meta_fill(struct rt_pd_meta *m, const struct rt_request *r, int64_t n, int32_t y1, uint64_t rng);
+void pd_meta_seal(struct rt_pd_meta *m);
+
+/* One message's completion, written by StarPU-MPI's progress thread. */
+struct pd_msg_state {
+  atomic_int done;
+  double t_post, t_done; /* pd_now() */
+};
+
+double pd_now(void);
+/* Start StarPU-MPI (StarPU too when the executor is direct). */
+int pd_mpi_start(char *err, size_t err_len);
+/* Post a detached send / receive of bytes at buf; s->done turns 1 when it
+ * completes. */
+int pd_mpi_send(void *buf, size_t bytes, int dest, int tag, struct pd_msg_state *s);
+int pd_mpi_recv(void *buf, size_t bytes, int src, int tag, struct pd_msg_state *s);
+/* Release the messages' handles and stop StarPU-MPI; false when a message
+ * was still in flight (then StarPU-MPI stays up). */
+bool pd_mpi_stop(void);
+
+#endif

@@ -1,0 +1,188 @@
+/* pd_mpi.c: the ranks of a P/D run and the messages between them, through
+ * StarPU-MPI over Open MPI (pd.h, pd_internal.h).
+ *
+ * MPI is initialised by cedar (MPI_THREAD_MULTIPLE) when mpirun started the
+ * process, before the engine starts StarPU; StarPU-MPI is started on top of
+ * the running StarPU (starpu_mpi_init_comm, MPI_COMM_WORLD) for the one
+ * request, and stopped before StarPU is. Each message is a buffer
+ * registered as a StarPU vector of bytes and sent or received detached
+ * (starpu_mpi_isend_detached / irecv_detached); the completion callbacks,
+ * on StarPU-MPI's progress thread, stamp the time and count. Nothing else
+ * blocks: the caller waits for the count with a deadline.
+ *
+ * Without MPI in the build every entry answers "not built" and the world
+ * size is 0, so a P/D plan runs both roles in one process.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/check.h"
+#include "runtime/pd.h"
+#include "runtime/pd_internal.h"
+
+#ifdef CEDAR_HAVE_MPI
+#include <mpi.h>
+#include <starpu.h>
+#include <starpu_mpi.h>
+#endif
+
+static int world_size, world_rank;
+static bool mpi_inited;
+
+int rt_pd_world_size(void) { return world_size; }
+int rt_pd_world_rank(void) { return world_rank; }
+
+double pd_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts); /* one clock for every process of one host */
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#ifdef CEDAR_HAVE_MPI
+
+bool rt_pd_mpi_built(void) { return true; }
+
+static bool under_mpirun(void) {
+  return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+}
+
+int rt_pd_mpi_begin(int *argc, char ***argv, char *err, size_t err_len) {
+  if (mpi_inited || !under_mpirun()) return 0;
+  int provided = 0;
+  if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+    snprintf(err, err_len, "MPI_Init_thread failed");
+    return CEDAR_EUNSUPPORTED;
+  }
+  mpi_inited = true;
+  if (provided < MPI_THREAD_SERIALIZED) {
+    snprintf(err, err_len, "this MPI gives thread level %d; StarPU-MPI needs MPI_THREAD_SERIALIZED", provided);
+    return CEDAR_EUNSUPPORTED;
+  }
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  return 0;
+}
+
+void rt_pd_mpi_end(void) {
+  if (!mpi_inited) return;
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin) MPI_Finalize();
+  mpi_inited = false;
+}
+
+/* ---- messages ------------------------------------------------------------ */
+
+struct msg {
+  starpu_data_handle_t h;
+  struct pd_msg_state *st;
+};
+
+static struct msg *msgs;
+static int n_msgs, cap_msgs;
+static bool own_starpu, mpi_started;
+static pthread_mutex_t msgs_mu = PTHREAD_MUTEX_INITIALIZER; /* transfer tasks post from several workers */
+
+int pd_mpi_start(char *err, size_t err_len) {
+  if (mpi_started) return 0;
+  if (!starpu_is_initialized()) {
+    /* the direct executor: StarPU only to carry the messages */
+    struct starpu_conf conf;
+    starpu_conf_init(&conf);
+    conf.ncpus = 1;
+    conf.ncuda = conf.nopencl = 0;
+    if (starpu_init(&conf)) {
+      snprintf(err, err_len, "starpu_init for StarPU-MPI failed");
+      return CEDAR_EUNSUPPORTED;
+    }
+    own_starpu = true;
+  }
+  if (starpu_mpi_init_comm(NULL, NULL, 0, MPI_COMM_WORLD)) {
+    snprintf(err, err_len, "starpu_mpi_init_comm failed");
+    return CEDAR_EUNSUPPORTED;
+  }
+  mpi_started = true;
+  return 0;
+}
+
+static void on_done(void *arg) {
+  struct pd_msg_state *s = arg;
+  s->t_done = pd_now();
+  atomic_store(&s->done, 1);
+}
+
+static int post(void *buf, size_t bytes, int peer, int tag, struct pd_msg_state *s, bool send) {
+  pthread_mutex_lock(&msgs_mu);
+  if (n_msgs == cap_msgs) {
+    cap_msgs = cap_msgs ? 2 * cap_msgs : 64;
+    msgs = cedar_xrealloc(msgs, sizeof(*msgs) * (size_t)cap_msgs);
+  }
+  struct msg *m = &msgs[n_msgs++];
+  m->st = s;
+  starpu_vector_data_register(&m->h, STARPU_MAIN_RAM, (uintptr_t)buf, (uint32_t)bytes, 1);
+  starpu_data_handle_t h = m->h;
+  pthread_mutex_unlock(&msgs_mu);
+  s->t_post = pd_now();
+  int rc = send ? starpu_mpi_isend_detached(h, peer, tag, MPI_COMM_WORLD, on_done, s)
+                : starpu_mpi_irecv_detached(h, peer, tag, MPI_COMM_WORLD, on_done, s);
+  return rc ? CEDAR_EUNSUPPORTED : 0;
+}
+
+int pd_mpi_send(void *buf, size_t bytes, int dest, int tag, struct pd_msg_state *s) {
+  return post(buf, bytes, dest, tag, s, true);
+}
+
+int pd_mpi_recv(void *buf, size_t bytes, int src, int tag, struct pd_msg_state *s) {
+  return post(buf, bytes, src, tag, s, false);
+}
+
+/* Unregister every completed message's handle; the caller owns the
+ * buffers. A message still in flight keeps its handle (a failed request:
+ * StarPU-MPI's shutdown is then skipped, the process exits). */
+bool pd_mpi_stop(void) {
+  bool all = true;
+  for (int i = 0; i < n_msgs; i++) {
+    if (atomic_load(&msgs[i].st->done))
+      starpu_data_unregister(msgs[i].h);
+    else
+      all = false;
+  }
+  free(msgs);
+  msgs = NULL;
+  n_msgs = cap_msgs = 0;
+  if (mpi_started && all) {
+    starpu_mpi_shutdown();
+    mpi_started = false;
+    if (own_starpu) starpu_shutdown();
+    own_starpu = false;
+  }
+  return all;
+}
+
+#else /* no MPI in this build */
+
+bool rt_pd_mpi_built(void) { return false; }
+int rt_pd_mpi_begin(int *argc, char ***argv, char *err, size_t err_len) {
+  (void)argc, (void)argv, (void)err, (void)err_len;
+  return 0;
+}
+void rt_pd_mpi_end(void) {}
+int pd_mpi_start(char *err, size_t err_len) {
+  snprintf(err, err_len, "this build has no StarPU-MPI (install libopenmpi-dev and rebuild)");
+  return CEDAR_EUNSUPPORTED;
+}
+int pd_mpi_send(void *buf, size_t bytes, int dest, int tag, struct pd_msg_state *s) {
+  (void)buf, (void)bytes, (void)dest, (void)tag, (void)s;
+  return CEDAR_EUNSUPPORTED;
+}
+int pd_mpi_recv(void *buf, size_t bytes, int src, int tag, struct pd_msg_state *s) {
+  (void)buf, (void)bytes, (void)src, (void)tag, (void)s;
+  return CEDAR_EUNSUPPORTED;
+}
+bool pd_mpi_stop(void) { return true; }
+
+#endif

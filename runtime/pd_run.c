@@ -1,0 +1,408 @@
+/* pd_run.c: one request across the prefill and decode roles (pd.h:
+ * rt_pd_generate): in one process, or P and D on two ranks through
+ * StarPU-MPI (pd_mpi.c), with the deadline, the figures and the test
+ * faults. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <xxhash.h>
+
+#include "base/check.h"
+#include "ops/sample.h"
+#include "runtime/pd.h"
+#include "runtime/pd_internal.h"
+
+/* ---- the driver ---------------------------------------------------------- */
+
+static struct rt_pd_stats last;
+const struct rt_pd_stats *rt_pd_last_stats(void) { return &last; }
+
+static double deadline_s(void) {
+  const char *s = getenv("CEDAR_PD_DEADLINE_S");
+  double d = s ? atof(s) : 0;
+  return d > 0 ? d : 60;
+}
+
+static int run_graph(const struct graph *g, const struct rt_model *M, struct rt_request *r, struct rt_exec_out *out,
+                     struct rt_exec_stats *st, const struct rt_gen_opts *o, bool notify, char *err, size_t err_len) {
+  if (o->executor == RT_EXEC_DIRECT) {
+    int rc = rt_exec_direct(g, M, r, out, st, NULL, NULL, err, err_len);
+    if (!rc && notify && o->on_graph) o->on_graph(o->graph_user, g, NULL);
+    return rc;
+  }
+  struct rt_task_time *times = notify && o->on_graph ? cedar_xcalloc((size_t)g->n_node + 1, sizeof(*times)) : NULL;
+  int rc = rt_exec_starpu(g, M, r, out, st, times, NULL, NULL, err, err_len);
+  if (!rc && times) o->on_graph(o->graph_user, g, times);
+  free(times);
+  return rc;
+}
+
+/* Wait until every message in ms[idx[..]] completed, or the deadline. */
+static bool wait_all(const struct graph *g, struct pd_msg_state *ms, const int *idx, int n_idx, double until,
+                     struct rt_pd_rx *rx) {
+  for (;;) {
+    int done = 0, miss = -1;
+    for (int i = 0; i < n_idx; i++) {
+      if (atomic_load(&ms[idx[i]].done))
+        done++;
+      else if (miss < 0)
+        miss = idx[i];
+    }
+    if (rx) rx->arrived = done;
+    if (done == n_idx) return true;
+    if (pd_now() > until) {
+      if (rx && miss >= 0)
+        snprintf(rx->first_missing, sizeof rx->first_missing, "%s", miss < g->n_node ? g->node[miss].name : "the record");
+      return false;
+    }
+    nanosleep(&(struct timespec){0, 500000}, NULL);
+  }
+}
+
+struct run {
+  const struct rt_model *M;
+  const struct rt_gen_opts *o;
+  struct graph g;
+  int64_t n;
+  struct pd_link L;
+  struct rt_pd_meta m;
+  struct rt_pd_rx rx;
+  float *logits;
+  int64_t *pos;
+  int *xfer;       /* transfer node indices, then the record and the logits (n_node, n_node + 1) */
+  int n_xfer;
+  double t0;
+};
+
+static void fill_result(struct run *R, struct rt_gen_result *res) {
+  res->prefill = R->m.prefill;
+  res->prefill_nodes = R->m.prefill_nodes;
+  res->prefill_edges = R->m.prefill_edges;
+  res->replay = R->m.replay;
+  res->prefill_rows = R->m.out_rows;
+  res->prefill_logits = R->logits;
+  res->prefill_pos = R->pos;
+  R->logits = NULL;
+  R->pos = NULL;
+  res->ttft_s = R->m.ttft_s;
+}
+
+/* P: prefill (TRANSFER nodes ship as they run), sample y1, make the record.
+ * Returns 0 or a negative status with err. */
+static int run_prefill(struct run *R, struct rt_kv_pool *pools, struct rt_request *rp, struct rt_pd_stats *st,
+                       const int32_t *prompt, char *err, size_t err_len) {
+  const struct plan *p = R->M->p;
+  const int V = p->model.vocab;
+  int rc = rt_request_init(rp, 0, p, pools, R->n + 1);
+  if (rc) {
+    snprintf(err, err_len, "out of memory for a request of %lld tokens", (long long)R->n);
+    return rc;
+  }
+  for (int64_t i = 0; i < R->n; i++) rt_request_push_token(rp, prompt[i]);
+  R->L.rp = rp;
+  R->L.st = st;
+  R->L.rx = &R->rx;
+  R->L.g = &R->g;
+  pd_cur = &R->L;
+  double t0 = pd_now();
+  struct rt_exec_out out = {R->logits, R->pos};
+  rc = run_graph(&R->g, R->M, rp, &out, &R->m.prefill, R->o, R->L.role == RT_PD_LOCAL, err, err_len);
+  double t_end = pd_now();
+  pd_cur = NULL;
+  if (!rc && R->L.rc) {
+    rc = R->L.rc;
+    snprintf(err, err_len, "%s", R->L.err);
+  }
+  if (rc) return rc;
+  rp->n_pos = R->n;
+  float *prob = cedar_xmalloc(sizeof(float) * (size_t)V);
+  int32_t *order = cedar_xmalloc(sizeof(int32_t) * (size_t)V);
+  uint64_t rng = R->o->seed;
+  int32_t y1 = op_sample(prob, order, R->logits + (size_t)(R->g.out_rows - 1) * V, V, R->o->temperature,
+                         R->o->top_p, &rng);
+  free(prob);
+  free(order);
+  double ttft = pd_now() - t0;
+  struct rt_exec_stats ps = R->m.prefill;
+  pd_meta_fill(&R->m, rp, R->n, y1, rng);
+  R->m.prefill = ps;
+  R->m.n_messages = R->g.n_transfer;
+  for (int i = 0; i < R->n_xfer; i++) {
+    struct msg_hdr h;
+    if (R->L.role == RT_PD_PREFILL) {
+      memcpy(&h, R->L.buf[R->xfer[i]], sizeof h);
+      R->m.chain = XXH3_64bits_withSeed(&h.sum, 8, R->m.chain);
+    }
+  }
+  if (R->L.role == RT_PD_LOCAL) R->m.chain = R->L.chain_p; /* as packed, in the order they ran */
+  R->m.out_rows = R->g.out_rows;
+  R->m.ttft_s = ttft;
+  R->m.prefill_s = t_end - t0;
+  R->m.t_end = t_end;
+  R->m.t_first_send = t_end;
+  for (int i = 0; i < R->n_xfer; i++)
+    if (R->L.ms[R->xfer[i]].t_post > 0 && R->L.ms[R->xfer[i]].t_post < R->m.t_first_send)
+      R->m.t_first_send = R->L.ms[R->xfer[i]].t_post;
+  R->m.prefill_nodes = R->g.n_node;
+  int64_t e = 0;
+  for (int k = 0; k < R->g.n_node; k++) e += R->g.node[k].n_dep;
+  R->m.prefill_edges = (int32_t)e;
+  R->m.replay = R->g.replay;
+  if (pd_fault == RT_PD_FAULT_VERSION) R->m.version = RT_PD_STATE_VERSION + 1;
+  pd_meta_seal(&R->m);
+  st->prefill_s = t_end - t0;
+  return 0;
+}
+
+/* The figures once every message is applied on D. */
+static void figures(struct run *R, struct rt_pd_stats *st, double t_ready) {
+  double first = R->m.t_first_send, lastd = 0;
+  int64_t kv = 0, kv_before = 0;
+  for (int i = 0; i < R->n_xfer; i++) {
+    struct pd_msg_state *s = &R->L.ms[R->xfer[i]];
+    if (s->t_done > lastd) lastd = s->t_done;
+    const struct graph_node *nd = &R->g.node[R->xfer[i]];
+    if (R->g.data[nd->xfer_src].state != GRAPH_ST_KV) continue;
+    int64_t b = pd_payload_bytes(&R->g, nd, R->L.rd ? R->L.rd : R->L.rp);
+    kv += b;
+    if (s->t_done <= R->m.t_end) kv_before += b;
+  }
+  st->messages = R->n_xfer + 2;
+  st->kv_bytes_before_end = kv_before;
+  st->overlap = kv ? (double)kv_before / (double)kv : 1;
+  st->transfer_s = lastd > first ? lastd - first : 0;
+  st->handoff_s = t_ready > R->m.t_end ? t_ready - R->m.t_end : 0;
+  st->prefill_s = R->m.prefill_s;
+  rt_pd_expected_bytes(R->M->p, R->n, R->g.replay, st->expected);
+  st->bytes[RT_PD_META] += (int64_t)sizeof(struct rt_pd_meta);
+}
+
+/* Faults a negative test asks for, on D's state before the barrier. */
+static void inject(struct run *R, struct rt_request *rd) {
+  const struct plan *p = R->M->p;
+  if (pd_fault == RT_PD_FAULT_DROP_TAIL)
+    for (int l = 0; l < p->n_layers; l++)
+      if (rd->seq[l].pool && rd->seq[l].pool->ratio > 1) {
+        rd->tail[l].count = 0; /* as a request starts: the tail message never applied */
+        rd->tail[l].pos0 = 0;
+        break;
+      }
+  if (pd_fault == RT_PD_FAULT_SWA_SHIFT && rd->n_pos > 0) {
+    struct rt_ring *q = &rd->ring[0];
+    q->pos[(rd->n_pos - 1) % q->window] = -1; /* the ring one position behind the boundary */
+  }
+  if (pd_fault == RT_PD_FAULT_Y1) rt_request_push_token(rd, rd->pending);
+}
+
+/* D: consume y1 and decode, as generate.c's loop does. */
+static int run_decode(struct run *R, struct rt_request *r, struct rt_gen_result *res, char *err, size_t err_len) {
+  const struct plan *p = R->M->p;
+  const struct rt_gen_opts *o = R->o;
+  const int V = p->model.vocab;
+  res->tokens = cedar_xmalloc(sizeof(int32_t) * (size_t)o->max_new);
+  res->decode_logits = cedar_xmalloc(sizeof(float) * (size_t)V * (size_t)(o->max_new > 1 ? o->max_new - 1 : 1));
+  float *prob = cedar_xmalloc(sizeof(float) * (size_t)V);
+  int32_t *order = cedar_xmalloc(sizeof(int32_t) * (size_t)V);
+  uint64_t rng = R->m.rng;
+  res->tokens[res->n_tokens++] = r->pending;
+  double steady = 0;
+  int rc = 0;
+  for (int i = 1; i < o->max_new && !rc; i++) {
+    double t = pd_now();
+    rt_request_push_token(r, r->pending);
+    r->pending = -1;
+    float *lg = res->decode_logits + (size_t)(i - 1) * V;
+    struct graph g;
+    rc = graph_build_decode(&g, p, r->n_pos, err, err_len);
+    if (rc) break;
+    res->decode_nodes = g.n_node;
+    struct rt_exec_out out = {lg, NULL};
+    rc = run_graph(&g, R->M, r, &out, &res->decode, o, true, err, err_len);
+    graph_free(&g);
+    if (rc) break;
+    r->n_pos++;
+    res->tokens[res->n_tokens++] = r->pending = op_sample(prob, order, lg, V, o->temperature, o->top_p, &rng);
+    double dt = pd_now() - t;
+    if (i == 1)
+      res->first_itl_s = dt;
+    else
+      steady += dt;
+  }
+  if (res->n_tokens > 2) res->steady_itl_s = steady / (res->n_tokens - 2);
+  free(prob);
+  free(order);
+  return rc;
+}
+
+/* D under mpirun: receive every message within the deadline and apply it. */
+static int receive(struct run *R, struct rt_request *rd, struct rt_pd_stats *st, int src, char *err,
+                   size_t err_len) {
+  const struct graph *g = &R->g;
+  int V = R->M->p->model.vocab;
+  int64_t lg_bytes = R->g.out_rows * ((int64_t)V * 4 + 8);
+  uint8_t *lg = cedar_xmalloc((size_t)lg_bytes);
+  int rc = 0;
+  for (int i = 0; i < R->n_xfer && !rc; i++) {
+    int k = R->xfer[i];
+    int64_t len = pd_msg_bytes(g, &g->node[k], rd);
+    R->L.buf[k] = cedar_xmalloc((size_t)len);
+    rc = pd_mpi_recv(R->L.buf[k], (size_t)len, src, k + 1, &R->L.ms[k]);
+  }
+  if (!rc) rc = pd_mpi_recv(&R->m, sizeof R->m, src, g->n_node + 1, &R->L.ms[g->n_node]);
+  if (!rc) rc = pd_mpi_recv(lg, (size_t)lg_bytes, src, g->n_node + 2, &R->L.ms[g->n_node + 1]);
+  if (rc) {
+    snprintf(err, err_len, "posting the receives through StarPU-MPI failed");
+    free(lg);
+    return rc;
+  }
+  int all[R->n_xfer + 2];
+  memcpy(all, R->xfer, sizeof(int) * (size_t)R->n_xfer);
+  all[R->n_xfer] = g->n_node;
+  all[R->n_xfer + 1] = g->n_node + 1;
+  double dl = deadline_s();
+  if (!wait_all(g, R->L.ms, all, R->n_xfer + 2, pd_now() + dl, &R->rx)) {
+    snprintf(err, err_len, "the P->D transfer did not complete within %.0f s (CEDAR_PD_DEADLINE_S): %lld of %d "
+             "messages arrived, first missing: %s; this request is dropped and its pages freed", dl,
+             (long long)R->rx.arrived, R->n_xfer + 2, R->rx.first_missing);
+    free(lg);
+    return CEDAR_EIO;
+  }
+  R->rx.arrived = R->n_xfer; /* the record and the logits are not transfer messages */
+  for (int i = 0; i < R->n_xfer && !rc; i++) {
+    int k = R->xfer[i];
+    rc = pd_apply(g, k, R->L.buf[k], pd_msg_bytes(g, &g->node[k], rd), rd, st, &R->rx, err, err_len);
+  }
+  for (int64_t i = 0; !rc && i < R->g.out_rows; i++) {
+    memcpy(R->logits + (size_t)i * V, lg + (size_t)i * V * 4, (size_t)V * 4);
+    memcpy(&R->pos[i], lg + (size_t)R->g.out_rows * V * 4 + 8 * (size_t)i, 8);
+  }
+  free(lg);
+  return rc;
+}
+
+int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
+                   int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, struct rt_pd_stats *st,
+                   char *err, size_t err_len) {
+  const struct plan *p = M->p;
+  memset(res, 0, sizeof(*res));
+  memset(st, 0, sizeof(*st));
+  enum rt_pd_role role = rt_pd_role_of(p);
+  if (n < 1 || o->max_new < 1) {
+    snprintf(err, err_len, "a request needs a prompt of at least one token and --max-new of at least 1");
+    return CEDAR_EINVAL;
+  }
+  if (o->cache) {
+    snprintf(err, err_len, "a P/D placement runs without the prefix cache (not built for it yet)");
+    return CEDAR_EUNSUPPORTED;
+  }
+  if (role == RT_PD_IDLE || role == RT_PD_NONE) {
+    if (role == RT_PD_IDLE && !pd_mpi_start(err, err_len)) pd_mpi_stop();
+    return 1;
+  }
+  struct run *R = cedar_xcalloc(1, sizeof(*R));
+  R->M = M;
+  R->o = o;
+  R->n = n;
+  R->L.role = role;
+  R->L.dest = p->serving.decode_rank;
+  pthread_mutex_init(&R->L.mu, NULL);
+  st->mpi = role != RT_PD_LOCAL;
+  struct graph_opts go = {.chunk = o->chunk, .replay = o->replay, .all_logits = o->all_logits};
+  int rc = graph_build_prefill(&R->g, p, n, &go, err, err_len);
+  struct rt_kv_pool *pools_p = NULL;
+  struct rt_request rp = {0};
+  if (rc) goto out;
+  R->L.buf = cedar_xcalloc((size_t)R->g.n_node, sizeof(uint8_t *));
+  R->L.ms = cedar_xcalloc((size_t)R->g.n_node + 2, sizeof(*R->L.ms));
+  R->xfer = cedar_xmalloc(sizeof(int) * (size_t)(R->g.n_transfer + 1));
+  R->L.last_kv = -1;
+  for (int k = 0; k < R->g.n_node; k++) {
+    if (R->g.node[k].op != GRAPH_TRANSFER) continue;
+    R->xfer[R->n_xfer++] = k;
+    if (R->g.data[R->g.node[k].xfer_src].state == GRAPH_ST_KV) R->L.last_kv = k;
+  }
+  R->logits = cedar_xmalloc(sizeof(float) * (size_t)R->g.out_rows * p->model.vocab);
+  R->pos = cedar_xmalloc(sizeof(int64_t) * (size_t)R->g.out_rows);
+  R->rx.expected = R->n_xfer;
+  if (role != RT_PD_LOCAL && (rc = pd_mpi_start(err, err_len))) goto out;
+  if (role == RT_PD_LOCAL || role == RT_PD_DECODE) {
+    rc = rt_request_init(r, 0, p, pools, n + o->max_new);
+    if (rc) {
+      snprintf(err, err_len, "out of memory on D for a request of %lld tokens", (long long)(n + o->max_new));
+      goto out;
+    }
+    R->L.rd = r;
+  }
+  if (role == RT_PD_LOCAL) {
+    pools_p = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*pools_p)); /* P's home: pools of its own */
+    rc = rt_kv_pools_init(pools_p, p, err, err_len);
+    if (!rc) rc = run_prefill(R, pools_p, &rp, st, prompt, err, err_len);
+    if (rc) goto out;
+  } else if (role == RT_PD_PREFILL) {
+    rc = run_prefill(R, pools, &rp, st, prompt, err, err_len);
+    if (rc) goto out; /* D's deadline fails its side */
+    int64_t rows = R->g.out_rows, V = p->model.vocab;
+    uint8_t *lg = cedar_xmalloc((size_t)(rows * (V * 4 + 8)));
+    memcpy(lg, R->logits, (size_t)(rows * V * 4));
+    memcpy(lg + rows * V * 4, R->pos, (size_t)rows * 8);
+    rc = pd_mpi_send(&R->m, sizeof R->m, R->L.dest, R->g.n_node + 1, &R->L.ms[R->g.n_node]);
+    if (!rc) rc = pd_mpi_send(lg, (size_t)(rows * (V * 4 + 8)), R->L.dest, R->g.n_node + 2, &R->L.ms[R->g.n_node + 1]);
+    int all[R->n_xfer + 2];
+    memcpy(all, R->xfer, sizeof(int) * (size_t)R->n_xfer);
+    all[R->n_xfer] = R->g.n_node;
+    all[R->n_xfer + 1] = R->g.n_node + 1;
+    double dl = deadline_s();
+    if (!rc && !wait_all(&R->g, R->L.ms, all, R->n_xfer + 2, pd_now() + dl, &R->rx)) {
+      snprintf(err, err_len, "the decode rank did not take the package within %.0f s (CEDAR_PD_DEADLINE_S); the "
+               "request is freed on P", dl);
+      rc = CEDAR_EIO;
+    }
+    bool stopped = pd_mpi_stop();
+    if (stopped) free(lg); /* in flight: StarPU-MPI may still read it */
+    figures(R, st, pd_now());
+    st->handoff_s = 0;
+    if (!rc) rc = 1;
+    goto out;
+  } else {
+    rc = receive(R, r, st, p->serving.prefill_rank, err, err_len);
+    pd_mpi_stop();
+    if (rc) goto out;
+  }
+  /* D: the record, the barrier, the decode */
+  r->n_pos = R->m.n_pos;
+  r->pending = R->m.y1;
+  if (role == RT_PD_LOCAL) {
+    rt_request_free(&rp);
+    rt_kv_pools_free(pools_p, p->n_layers);
+    free(pools_p);
+    pools_p = NULL;
+  }
+  inject(R, r);
+  double t_r = pd_now();
+  rc = rt_pd_ready(p, &R->m, r, &R->rx, err, err_len);
+  double t_ready = pd_now();
+  st->ready_s = t_ready - t_r;
+  figures(R, st, t_ready);
+  if (rc) goto out;
+  fill_result(R, res);
+  rc = run_decode(R, r, res, err, err_len);
+out:
+  last = *st;
+  if (rp.plan) rt_request_free(&rp);
+  if (pools_p) {
+    rt_kv_pools_free(pools_p, p->n_layers);
+    free(pools_p);
+  }
+  for (int k = 0; R->L.buf && k < R->g.n_node; k++) free(R->L.buf[k]);
+  free(R->L.buf);
+  free(R->L.ms);
+  free(R->xfer);
+  free(R->logits);
+  free(R->pos);
+  pthread_mutex_destroy(&R->L.mu);
+  graph_free(&R->g);
+  free(R);
+  return rc;
+}

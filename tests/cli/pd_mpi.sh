@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# pd_mpi.sh: prefill on rank 0 and decode on rank 1 through StarPU-MPI
+# (`mpirun -np 2 cedar run --plan plans/v41-mini-pd.yaml`, runtime/pd.h).
+#
+#  1. the decode rank prints the single-process report plus the transfer
+#     figures ("through StarPU-MPI", bytes by state class that agree with
+#     the plan's package); the prefill rank prints no report;
+#  2. its --dump equals the one-process run of plans/v41-mini.yaml bitwise:
+#     every tensor (prefill and decode logits, tokens, every source's Main
+#     KV and Indexer K, tail positions, every ring's entries and positions);
+#     with several chunks (KV streamed chunk by chunk), an odd prompt (a
+#     tail in the package), on the StarPU and the direct executor;
+#  3. --json has a "transfer" object (via starpu-mpi, agrees, KV bytes);
+#  4. mpirun -np 1 is refused naming both numbers (needs 2, gave 1).
+# Every mpirun runs under `timeout`, so a hang fails the test instead of
+# blocking CI. Skips (77) where mpirun is missing or cedar was built
+# without StarPU-MPI, saying which.
+# Run from the repository root: bash tests/cli/pd_mpi.sh build/cedar (~1-2 min).
+set -euo pipefail
+cedar=${1:?usage: pd_mpi.sh /path/to/cedar}
+fail() { echo "FAIL: $*" >&2; exit 1; }
+command -v mpirun > /dev/null || { echo "skipped: mpirun is not installed (Debian: openmpi-bin)"; exit 77; }
+py=/usr/bin/python3
+[ -x "$py" ] || py=$(command -v python3)
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export CEDAR_PD_DEADLINE_S=60
+mpi() { timeout -k 10 240 mpirun --allow-run-as-root --oversubscribe "$@"; }
+common=(--prompt-len 37 --chunk 16 --max-new 4 --workers 1)
+
+# 1-2: StarPU executor, text report and dump
+rc=0
+mpi -np 2 "$cedar" run --plan plans/v41-mini-pd.yaml "${common[@]}" --dump "$tmp/pd.st" > "$tmp/pd.txt" 2> "$tmp/pd.err" || rc=$?
+[ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || { cat "$tmp/pd.err" >&2; fail "mpirun -np 2 timed out (a hang)"; }
+[ "$rc" -eq 0 ] || { cat "$tmp/pd.err" >&2; fail "mpirun -np 2 exit $rc"; }
+if grep -q "in one process" "$tmp/pd.txt"; then
+  echo "skipped: this cedar was built without StarPU-MPI (CMake found no starpumpi-1.3 or MPI): both ranks ran locally"
+  exit 77
+fi
+[ "$(grep -c '^prompt 37 tokens; generated' "$tmp/pd.txt")" -eq 1 ] || { cat "$tmp/pd.txt"; fail "want exactly one report (the decode rank's)"; }
+grep -q "^P/D: prefill on rank 0 cpu, decode on rank 1 cpu, through StarPU-MPI" "$tmp/pd.txt" || { cat "$tmp/pd.txt"; fail "no P/D line"; }
+grep -q "the plan's package agrees" "$tmp/pd.txt" || { cat "$tmp/pd.txt"; fail "bytes moved disagree with the plan"; }
+"$cedar" run --plan plans/v41-mini.yaml "${common[@]}" --dump "$tmp/one.st" > "$tmp/one.txt"
+cmp_dumps() { # the tensors of two safetensors files, bitwise (metadata names the plan: skipped)
+  "$py" - "$1" "$2" <<'PY'
+import json, struct, sys
+def load(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+    return {k: (v["dtype"], v["shape"], b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]) for k, v in h.items()}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert sorted(a) == sorted(b), (sorted(set(a) ^ set(b)))
+bad = [k for k in a if a[k] != b[k]]
+assert not bad, "differ: %s" % bad[:8]
+assert any(k.endswith("main_kv") for k in a) and any(k.endswith(".swa") for k in a), sorted(a)[:8]
+print("%d tensors equal" % len(a))
+PY
+}
+cmp_dumps "$tmp/pd.st" "$tmp/one.st" || fail "P/D (starpu) differs from one process"
+tok_pd=$(grep '^prompt' "$tmp/pd.txt"); tok_one=$(grep '^prompt' "$tmp/one.txt")
+[ "$tok_pd" = "$tok_one" ] || fail "tokens: '$tok_pd' vs '$tok_one'"
+
+# 2-3: direct executor, --json, an even prompt over several chunks
+mpi -np 2 "$cedar" run --plan plans/v41-mini-pd.yaml --prompt-len 48 --chunk 16 --max-new 3 --executor direct \
+  --json --dump "$tmp/pdj.st" > "$tmp/pd.json" 2> "$tmp/pdj.err" || { cat "$tmp/pdj.err" >&2; fail "mpirun --json"; }
+"$cedar" run --plan plans/v41-mini.yaml --prompt-len 48 --chunk 16 --max-new 3 --executor direct --dump "$tmp/onej.st" > /dev/null
+cmp_dumps "$tmp/pdj.st" "$tmp/onej.st" || fail "P/D (direct) differs from one process"
+"$py" - "$tmp/pd.json" <<'PY' || fail "--json transfer object"
+import json, sys
+j = json.load(open(sys.argv[1]))
+t = j["transfer"]
+assert t["via"] == "starpu-mpi" and t["agrees"] is True, t
+assert t["bytes"]["global_kv"] == t["plan_bytes"]["global_kv"] > 0, t
+assert 0 <= t["overlap"] <= 1 and t["transfer_s"] >= 0, t
+assert len(j["tokens"]) == 3, j["tokens"]
+PY
+
+# 4: more ranks than mpirun gave
+rc=0
+mpi -np 1 "$cedar" run --plan plans/v41-mini-pd.yaml --prompt-len 8 --max-new 1 > /dev/null 2> "$tmp/np1.err" || rc=$?
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "mpirun -np 1: exit $rc, want a refusal"
+grep -q "needs 2 ranks, but mpirun gave 1" "$tmp/np1.err" || { cat "$tmp/np1.err" >&2; fail "np 1: message"; }
+echo "pd_mpi: ok"
