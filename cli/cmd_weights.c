@@ -83,7 +83,7 @@ static int parse(int argc, char **argv, const char *cmd, const char *usage, bool
         o->released = !strcmp(optarg, "released");
         break;
       case 'B':
-        if (!parse_bytes(optarg, &o->shard_bytes))
+        if (!cli_parse_size(optarg, &o->shard_bytes))
           return cli_usage_error(cmd, "--shard-bytes takes a byte count such as 64M, got '%s'", optarg);
         break;
       case 'D': o->dequant = optarg; break;

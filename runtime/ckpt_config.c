@@ -350,7 +350,7 @@ int ckpt_config_plan_yaml(const struct ckpt_config *c, const char *name, char **
           c->n_routed, c->n_shared, c->n_active, c->moe_inter, c->moe_inter, score_name(c->score),
           c->norm_topk ? "true" : "false", G(c->route_scale).s);
   if (c->swiglu_limit > 0) fprintf(f, "    swiglu_limit: %s\n", G(c->swiglu_limit).s);
-  fprintf(f, "  mhc:\n    streams: %" PRId64 "\n    sinkhorn_iters: %" PRId64 "\n    eps: %s\n    merge: sum\n",
+  fprintf(f, "  mhc:\n    streams: %" PRId64 "\n    sinkhorn_iters: %" PRId64 "\n    eps: %s\n    pairing: v41\n    merge: carried\n",
           c->hc, c->hc_iters, G(c->hc_eps).s);
   if (c->engram_layers.n) {
     fprintf(f, "  engram:\n    orders: [");

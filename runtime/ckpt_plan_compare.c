@@ -284,9 +284,13 @@ size_t ckpt_plan_compare(const struct plan *a, const struct plan *b, char ***out
         break;
     }
   }
-  if (a->model.hc_learned_merge != b->model.hc_learned_merge)
-    say(&m, "model.mhc.merge: plan %s, checkpoint %s", a->model.hc_learned_merge ? "learned (head.hc.* tensors)" : "sum",
-        b->model.hc_learned_merge ? "learned (head.hc.* tensors)" : "sum (no head.hc.* tensors)");
+  static const char *const pairing_names[] = {"v41", "v4"}, *const merge_names[] = {"carried", "learned", "sum"};
+  if (a->model.hc_pairing != b->model.hc_pairing)
+    say(&m, "model.mhc.pairing: plan %s, checkpoint %s", pairing_names[a->model.hc_pairing],
+        pairing_names[b->model.hc_pairing]);
+  if (a->model.hc_merge != b->model.hc_merge)
+    say(&m, "model.mhc.merge: plan %s, checkpoint %s (head.hc.* tensors only with learned)", merge_names[a->model.hc_merge],
+        merge_names[b->model.hc_merge]);
   if (a->model.moe_score != b->model.moe_score)
     say(&m, "model.moe.score: plan %s, checkpoint %s", score_names[a->model.moe_score], score_names[b->model.moe_score]);
   if (a->n_layers != b->n_layers) say(&m, "model.n_layers: plan %d, checkpoint %d", a->n_layers, b->n_layers);
