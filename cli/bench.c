@@ -143,11 +143,11 @@ void bench_pick(int32_t *out, int k, int32_t *perm, int64_t n, uint64_t *rng) {
   qsort(out, (size_t)k, sizeof *out, cmp_i32);
 }
 
-void bench_kv_init(struct bench_kv *k, int64_t n, int page_entries, int main_w, int main_block, int idx_w,
-                   int idx_block, enum op_mx_rule rule, enum op_nibble_order order, uint64_t *rng) {
+void bench_kv_init(struct bench_kv *k, int64_t n, int page_entries, int main_w, struct op_kv_format main_fmt,
+                   int idx_w, struct op_kv_format idx_fmt, uint64_t *rng) {
   const int P = 1021, pe = page_entries;
-  k->main_bytes = op_fp4_bytes(main_w, main_block);
-  k->idx_bytes = op_mxfp4_bytes(idx_w, idx_block);
+  k->main_bytes = op_kv_bytes(&main_fmt, main_w);
+  k->idx_bytes = op_kv_bytes(&idx_fmt, idx_w);
   CEDAR_ASSERT(k->main_bytes > 0 && k->idx_bytes > 0 && pe >= 1);
   const size_t eb = k->main_bytes + k->idx_bytes, page_bytes = (size_t)pe * eb;
   const int64_t n_pages = (n + pe - 1) / pe;
@@ -156,8 +156,8 @@ void bench_kv_init(struct bench_kv *k, int64_t n, int page_entries, int main_w, 
   float *x = bench_alloc(((size_t)main_w + idx_w) * sizeof *x);
   for (int e = 0; e < P; e++) {
     bench_fill(x, (size_t)main_w + idx_w, 2.0f, rng);
-    op_fp4_pack(pat + e * eb, x, main_w, main_block, order);
-    op_mxfp4_pack(pat + e * eb + k->main_bytes, x + main_w, idx_w, idx_block, rule, order);
+    op_kv_pack(&main_fmt, pat + e * eb, x, main_w);
+    op_kv_pack(&idx_fmt, pat + e * eb + k->main_bytes, x + main_w, idx_w);
   }
   for (size_t e = 0; e < (size_t)n_pages * pe; e++) memcpy(k->mem + e * eb, pat + (e % P) * eb, eb);
   int32_t *perm = bench_iota(n_pages);
@@ -170,7 +170,7 @@ void bench_kv_init(struct bench_kv *k, int64_t n, int page_entries, int main_w, 
   for (int64_t i = 0; i < n_pages; i++) k->pages[i] = k->mem + (size_t)perm[i] * page_bytes;
   k->view = (struct op_kv_view){.pages = k->pages, .page_entries = pe, .entry_bytes = eb, .main_off = 0,
                                 .idx_off = k->main_bytes, .n_entries = n, .ratio = 1, .main_w = main_w,
-                                .main_block = main_block, .idx_w = idx_w, .idx_block = idx_block, .nibble = order};
+                                .idx_w = idx_w, .main_fmt = main_fmt, .idx_fmt = idx_fmt};
   free(pat), free(x), free(perm);
 }
 

@@ -125,8 +125,8 @@ struct bench_kv {
   size_t main_bytes, idx_bytes; /* the two parts of an entry */
 };
 
-void bench_kv_init(struct bench_kv *k, int64_t n, int page_entries, int main_w, int main_block, int idx_w,
-                   int idx_block, enum op_mx_rule rule, enum op_nibble_order order, uint64_t *rng);
+void bench_kv_init(struct bench_kv *k, int64_t n, int page_entries, int main_w, struct op_kv_format main_fmt,
+                   int idx_w, struct op_kv_format idx_fmt, uint64_t *rng);
 void bench_kv_free(struct bench_kv *k);
 
 #endif

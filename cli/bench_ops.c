@@ -64,15 +64,10 @@ static void record(struct bench *b, const char *name, double flops, double bytes
   bench_row_set(&b->rows[b->n_rows++], name, shape, flops, bytes, l);
 }
 
-static enum op_scale_kind swa_kind(const struct plan_model *m) {
-  return m->swa.scale == PLAN_SCALE_E8M0 ? OP_SCALE_E8M0 : OP_SCALE_FP32;
-}
-static enum op_nibble_order nibble(const struct plan_model *m) {
-  return m->nibble_low_first ? OP_NIBBLE_EVEN_LOW : OP_NIBBLE_EVEN_HIGH;
-}
-static enum op_mx_rule mx_rule(const struct plan_model *m) {
-  return m->indexer_k.rule == PLAN_RULE_OCP ? OP_MX_OCP : OP_MX_CEIL;
-}
+/* The plan's storage formats, as the runtime packs them. */
+static struct op_kv_format fmt_main(const struct plan_model *m) { return plan_kv_format(m, &m->main_kv); }
+static struct op_kv_format fmt_idx(const struct plan_model *m) { return plan_kv_format(m, &m->indexer_k); }
+static struct op_kv_format fmt_swa(const struct plan_model *m) { return plan_kv_format(m, &m->swa); }
 
 /* TIME(l, b) call; runs `call` under bench.h's timing loop l. */
 #define TIME(l, b) for (bench_loop_start(&(l), (b)->reps, ROW_BUDGET_S); bench_loop_next(&(l));)
@@ -191,7 +186,8 @@ static void case_q_path(struct bench *b, const char *name) {
 static void case_swa_kv(struct bench *b, const char *name) {
   const struct plan_model *m = b->m;
   const int d = m->hidden, hd = m->head_dim, C = b->chunk, ns[2] = {C, 1};
-  const size_t eb = op_fp8_bytes(hd, m->swa.block, swa_kind(m));
+  const struct op_kv_format sf = fmt_swa(m);
+  const size_t eb = op_kv_bytes(&sf, hd);
   float *W = frand(b, (size_t)hd * d, 1.0 / sqrt(d)), *g = frand(b, (size_t)hd, 1.0), *u = frand(b, (size_t)C * d, 1);
   float *kS = fbuf((size_t)C * hd);
   uint8_t *out = bench_alloc((size_t)C * eb);
@@ -210,7 +206,7 @@ static void case_swa_kv(struct bench *b, const char *name) {
     struct bench_loop l;
     TIME(l, b) {
       op_swa_kv(kS, u, W, g, &ang, &rope, n, d, hd, (float)m->norm_eps);
-      op_swa_pack(out, kS, n, hd, m->swa.block, swa_kind(m), eb);
+      op_swa_pack(out, kS, n, hd, &sf, eb);
     }
     /* flops 2 n d hd (the projection); bytes 4 (hd d + hd + n d) + n entry:
      * W, gamma, u read, FP8 entries written (kS is an intermediate) */
@@ -237,8 +233,8 @@ static void case_compress(struct bench *b, const char *name) {
   float *gv = fbuf((size_t)C * d), *gg = fbuf((size_t)C * d), *gk = fbuf((size_t)(C / r + 1) * id);
   struct op_comp_layer L = {.ratio = r, .hidden = hid, .d = d, .idx_dim = id, .W_kv = Wkv, .W_gate = Wg,
                             .gamma = gam, .W_ik = Wik, .k_norm = m->idx_k_norm, .eps = (float)m->norm_eps,
-                            .rope = &b->rope_q, .rope_i = &b->rope_i, .main_block = m->main_kv.block,
-                            .idx_block = m->indexer_k.block, .mx = mx_rule(m), .nibble = nibble(m)};
+                            .rope = &b->rope_q, .rope_i = &b->rope_i, 
+                            .main_fmt = fmt_main(m), .idx_fmt = fmt_idx(m)};
   struct op_comp_out out = {.entries = entries, .entry_bytes = mb + ib, .main_off = 0, .idx_off = mb,
                             .max_entries = C / r + 1};
   struct op_comp_tail t;
@@ -282,21 +278,9 @@ static void case_compress(struct bench *b, const char *name) {
 
 /* One entry through codec `kind` (0 FP4 Main KV, 1 MXFP4 Indexer K, 2 FP8
  * SWA, with the plan's formats): x packed into q, or q unpacked into y. */
-static void codec_one(int kind, bool pack, uint8_t *q, float *y, const float *x, int W, int blk,
-                      const struct plan_model *m) {
-  switch (kind) {
-    case 0:
-      if (pack) op_fp4_pack(q, x, W, blk, nibble(m));
-      else op_fp4_unpack(y, q, W, blk, nibble(m));
-      break;
-    case 1:
-      if (pack) op_mxfp4_pack(q, x, W, blk, mx_rule(m), nibble(m));
-      else op_mxfp4_unpack(y, q, W, blk, nibble(m));
-      break;
-    default:
-      if (pack) op_fp8_pack(q, x, W, blk, swa_kind(m));
-      else op_fp8_unpack(y, q, W, blk, swa_kind(m));
-  }
+static void codec_one(const struct op_kv_format *f, bool pack, uint8_t *q, float *y, const float *x, int W) {
+  if (pack) op_kv_pack(f, q, x, W);
+  else op_kv_unpack(f, y, q, W);
 }
 
 /* name: fp4_*, mxfp4_* or fp8_*, then _pack or _unpack. */
@@ -305,15 +289,15 @@ static void case_codec(struct bench *b, const char *name) {
   const int kind = name[0] == 'm' ? 1 : name[2] == '4' ? 0 : 2, n = CODEC_ENTRIES;
   const bool pack = strstr(name, "_unpack") == NULL;
   const int W = kind == 1 ? m->idx_head_dim : m->head_dim;
-  const int blk = kind == 0 ? m->main_kv.block : kind == 1 ? m->indexer_k.block : m->swa.block;
-  const size_t eb = kind == 0 ? op_fp4_bytes(W, blk) : kind == 1 ? op_mxfp4_bytes(W, blk)
-                                                                 : op_fp8_bytes(W, blk, swa_kind(m));
+  const struct op_kv_format f = kind == 0 ? fmt_main(m) : kind == 1 ? fmt_idx(m) : fmt_swa(m);
+  const int blk = f.block;
+  const size_t eb = op_kv_bytes(&f, W);
   float *x = frand(b, (size_t)n * W, 4.0), *y = fbuf((size_t)n * W);
   uint8_t *q = bench_alloc((size_t)n * eb);
-  for (int e = 0; e < n; e++) codec_one(kind, true, q + e * eb, NULL, x + (size_t)e * W, W, blk, m); /* for unpack */
+  for (int e = 0; e < n; e++) codec_one(&f, true, q + e * eb, NULL, x + (size_t)e * W, W); /* for unpack */
   struct bench_loop l;
   TIME(l, b) {
-    for (int e = 0; e < n; e++) codec_one(kind, pack, q + e * eb, y + (size_t)e * W, x + (size_t)e * W, W, blk, m);
+    for (int e = 0; e < n; e++) codec_one(&f, pack, q + e * eb, y + (size_t)e * W, x + (size_t)e * W, W);
   }
   /* flops: a nominal 1 per value (the scaling; rounding is integer work);
    * bytes 4 n W floats + n eb packed bytes, one side read and one written */
@@ -328,8 +312,8 @@ static void case_codec(struct bench *b, const char *name) {
 static const struct bench_kv *kvpool(struct bench *b) {
   const struct plan_model *m = b->m;
   if (!b->kv.mem)
-    bench_kv_init(&b->kv, CTX_MAX, b->p->serving.page_tokens, m->head_dim, m->main_kv.block, m->idx_head_dim,
-                  m->indexer_k.block, mx_rule(m), nibble(m), &b->rng);
+    bench_kv_init(&b->kv, CTX_MAX, b->p->serving.page_tokens, m->head_dim, fmt_main(m), m->idx_head_dim, fmt_idx(m),
+                  &b->rng);
   return &b->kv;
 }
 
@@ -428,12 +412,13 @@ static void case_reindex(struct bench *b, const char *name) {
 static uint8_t *swa_ring(struct bench *b, int64_t **spos, int slots, int64_t first, size_t *eb) {
   const struct plan_model *m = b->m;
   const int hd = m->head_dim;
-  *eb = op_fp8_bytes(hd, m->swa.block, swa_kind(m));
+  const struct op_kv_format sf = fmt_swa(m);
+  *eb = op_kv_bytes(&sf, hd);
   uint8_t *ring = bench_alloc((size_t)slots * *eb);
   float *x = fbuf((size_t)hd);
   for (int s = 0; s < slots; s++) {
     bench_fill(x, (size_t)hd, 2.0f, &b->rng);
-    op_fp8_pack(ring + s * *eb, x, hd, m->swa.block, swa_kind(m));
+    op_kv_pack(&sf, ring + s * *eb, x, hd);
   }
   free(x);
   *spos = bench_positions(first, slots);
@@ -461,7 +446,7 @@ static void case_attention(struct bench *b, const char *name) {
      * chunk's own entries too for a chunk). */
     const int S = ns[j], off = C - S, first = C - S + 1;
     struct op_swa_view swa = {.slots = ring + (size_t)first * sb, .pos = spos + first, .n_slots = W + S - 1,
-                              .entry_bytes = sb, .w = hd, .block = m->swa.block, .scale = swa_kind(m)};
+                              .entry_bytes = sb, .w = hd, .fmt = fmt_swa(m)};
     op_rope_angles_init(&ang, abuf, &b->rope_q, pos + off, S); /* the layer's table, built by q_path */
     pr.angles = &ang;
     struct bench_loop l;

@@ -203,7 +203,7 @@ static void swa_entry(struct online *st, const struct entry_src *src, int slot) 
     return;
   }
   const struct op_swa_view *v = src->swa;
-  op_fp8_unpack(online_slot(st), v->slots + (size_t)slot * v->entry_bytes, v->w, v->block, v->scale);
+  op_kv_unpack(&v->fmt, online_slot(st), v->slots + (size_t)slot * v->entry_bytes, v->w);
 }
 
 static void global_entry(struct online *st, const struct entry_src *src, int64_t e) {
@@ -212,7 +212,7 @@ static void global_entry(struct online *st, const struct entry_src *src, int64_t
     return;
   }
   const struct op_kv_view *v = src->kv;
-  op_fp4_unpack(online_slot(st), op_kv_entry(v, e) + v->main_off, v->main_w, v->main_block, v->nibble);
+  op_kv_unpack(&v->main_fmt, online_slot(st), op_kv_entry(v, e) + v->main_off, v->main_w);
 }
 
 /* o_h = acc / l. l == 0 only when there was neither a sink nor an entry:
@@ -396,8 +396,8 @@ static int attn_global(const struct op_desc *self, struct op_io *io, struct attn
   c->page = e->data;
   c->kv = (struct op_kv_view){.pages = &c->page, .page_entries = ed[0] > 0 ? (int)ed[0] : 1,
                               .entry_bytes = (size_t)ed[1], .main_off = (size_t)off, .n_entries = ed[0],
-                              .ratio = 1, .main_w = hd, .main_block = (int)block,
-                              .nibble = (enum op_nibble_order)nibble};
+                              .ratio = 1, .main_w = hd,
+                              .main_fmt = op_kv_fp4_format((int)block, (enum op_nibble_order)nibble)};
   return 0;
 }
 
@@ -424,7 +424,7 @@ static int attn_ring(const struct op_desc *self, struct op_io *io, struct attn_c
                           "and swa_scale %d has %zu (0: the block does not divide head_dim)", (long long)sd[1], hd,
                       blk, (int)scale, bytes);
   c->swa = (struct op_swa_view){.slots = s->data, .pos = p->data, .n_slots = (int)sd[0], .entry_bytes = bytes,
-                                .w = hd, .block = blk, .scale = (enum op_scale_kind)scale};
+                                .w = hd, .fmt = op_kv_fp8_format(blk, (enum op_scale_kind)scale)};
   c->has_swa = true;
   return 0;
 }

@@ -162,8 +162,8 @@ static void emit_block(const struct op_comp_out *out, int e0, int nb, float *c, 
       op_rope_apply_two(km, L->rope, ki, L->rope_i, pos); /* one sin/cos table when the angles agree */
     }
     uint8_t *entry = out->entries + (size_t)e * out->entry_bytes;
-    op_fp4_pack(entry + out->main_off, km, d, L->main_block, L->nibble);
-    op_mxfp4_pack(entry + out->idx_off, ki, di, L->idx_block, L->mx, L->nibble);
+    op_kv_pack(&L->main_fmt, entry + out->main_off, km, d);
+    op_kv_pack(&L->idx_fmt, entry + out->idx_off, ki, di);
     if (out->pos) out->pos[e] = pos;
     if (out->c) memcpy(out->c + (size_t)e * d, c + (size_t)j * d, (size_t)d * sizeof *c);
     if (out->kM) memcpy(out->kM + (size_t)e * d, km, (size_t)d * sizeof *km);
@@ -178,9 +178,9 @@ static void check_layer(const struct op_comp_out *out, const struct op_comp_tail
   CEDAR_ASSERT(L->ratio >= 1 && L->ratio == tail->ratio && L->d == tail->d);
   CEDAR_ASSERT(L->rope->dim == L->d && L->rope_i->dim == L->idx_dim);
   if (!out) return;
-  size_t mb = op_fp4_bytes(L->d, L->main_block), ib = op_mxfp4_bytes(L->idx_dim, L->idx_block);
-  CEDAR_ASSERT_MSG(mb > 0 && ib > 0, "compressor: d %d / block %d or idx_dim %d / block %d", L->d, L->main_block,
-                   L->idx_dim, L->idx_block);
+  size_t mb = op_kv_bytes(&L->main_fmt, L->d), ib = op_kv_bytes(&L->idx_fmt, L->idx_dim);
+  CEDAR_ASSERT_MSG(mb > 0 && ib > 0, "compressor: d %d / block %d or idx_dim %d / block %d", L->d, L->main_fmt.block,
+                   L->idx_dim, L->idx_fmt.block);
   CEDAR_ASSERT_MSG(out->main_off + mb <= out->entry_bytes && out->idx_off + ib <= out->entry_bytes &&
                        (out->main_off + mb <= out->idx_off || out->idx_off + ib <= out->main_off),
                    "compressor: parts [%zu,+%zu) and [%zu,+%zu) do not fit apart in %zu-byte entries", out->main_off,
@@ -307,9 +307,10 @@ static int comp_params(const struct op_desc *self, struct op_io *io, struct comp
                       (long long)start, (int)ratio);
   c->start = (int64_t)start;
   c->L = (struct op_comp_layer){.ratio = (int)ratio, .k_norm = k_norm != 0, .eps = (float)eps,
-                                .rope = &c->rope, .rope_i = &c->rope_i, .main_block = (int)mb,
-                                .idx_block = (int)ib, .mx = (enum op_mx_rule)rule,
-                                .nibble = (enum op_nibble_order)nibble};
+                                .rope = &c->rope, .rope_i = &c->rope_i,
+                                .main_fmt = op_kv_fp4_format((int)mb, (enum op_nibble_order)nibble),
+                                .idx_fmt = op_kv_mxfp4_format((int)ib, (enum op_mx_rule)rule,
+                                                              (enum op_nibble_order)nibble)};
   return 0;
 }
 
@@ -339,9 +340,9 @@ static int comp_inputs(const struct op_desc *self, struct op_io *io, struct comp
   if (!in_vector(self, io, "gamma_c", kd[0], "d (the rows of W_kv)", &L->gamma) ||
       !in_vector(self, io, "k_gamma", id[0], "idx_dim (the rows of W_ik)", &L->k_gamma))
     return CEDAR_EINVAL;
-  if (!op_fp4_bytes(L->d, L->main_block) || !op_mxfp4_bytes(L->idx_dim, L->idx_block))
+  if (!op_kv_bytes(&L->main_fmt, L->d) || !op_kv_bytes(&L->idx_fmt, L->idx_dim))
     return op_io_fail(io, "compress: main_block %d must be even and divide d = %d, and idx_block %d even and "
-                          "divide idx_dim = %d", L->main_block, L->d, L->idx_block, L->idx_dim);
+                          "divide idx_dim = %d", L->main_fmt.block, L->d, L->idx_fmt.block, L->idx_dim);
   if (!op_rope_from_params(self, io, "rope_dim", "last", L->d, &c->rope) ||
       !op_rope_from_params(self, io, "idx_rope_dim", "idx_rope_last", L->idx_dim, &c->rope_i))
     return CEDAR_EINVAL;
@@ -353,7 +354,7 @@ static int comp_inputs(const struct op_desc *self, struct op_io *io, struct comp
 static int comp_outputs(const struct op_desc *self, struct op_io *io, struct comp_call *c) {
   const struct op_comp_layer *L = &c->L;
   const int r = L->ratio, d = L->d, n_emit = c->n / r, left = c->n % r;
-  size_t mb = op_fp4_bytes(d, L->main_block), ib = op_mxfp4_bytes(L->idx_dim, L->idx_block);
+  size_t mb = op_kv_bytes(&L->main_fmt, d), ib = op_kv_bytes(&L->idx_fmt, L->idx_dim);
   struct op_comp_out out = {.entry_bytes = mb + ib, .main_off = 0, .idx_off = mb, .max_entries = n_emit};
   float *tv = NULL, *tg = NULL;
   int64_t *tpos = NULL;

@@ -70,15 +70,13 @@ struct op_comp_layer {
   float eps;                   /* model.norm_eps (default 1e-6 [R]) for both norms */
   const struct op_rope *rope;  /* main RoPE, dim == d (CSA2: theta 160000 + YaRN [R-cfg]) */
   const struct op_rope *rope_i; /* indexer RoPE, dim == idx_dim */
-  int main_block;              /* values per E4M3 scale in Main KV (16 [A]) */
-  int idx_block;               /* values per E8M0 scale in Indexer K (32 [A]) */
-  enum op_mx_rule mx;          /* Indexer-K scale rule (OP_MX_CEIL [R-cfg]) */
-  enum op_nibble_order nibble; /* both parts (OP_NIBBLE_EVEN_LOW [R]) */
+  struct op_kv_format main_fmt; /* Main KV storage (plan formats.main_kv; E2M1 + E4M3 per 16 [A]) */
+  struct op_kv_format idx_fmt;  /* Indexer K storage (plan formats.indexer_k; MXFP4 per 32 [A]) */
 };
 
 /* Where a call's entries go, in emission order. Entry e of the call is at
- * entries + e * entry_bytes, its Main-KV part (op_fp4_bytes(d, main_block))
- * at main_off and its Indexer-K part (op_mxfp4_bytes(idx_dim, idx_block)) at
+ * entries + e * entry_bytes, its Main-KV part (op_kv_bytes(main_fmt, d))
+ * at main_off and its Indexer-K part (op_kv_bytes(idx_fmt, idx_dim)) at
  * idx_off, as ops/kvview.h reads them; bytes outside the two parts are not
  * written. The float arrays, each optional, expose the values before packing
  * (for tests and debugging). */

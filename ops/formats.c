@@ -22,6 +22,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops/isa.h"
@@ -314,11 +315,14 @@ static inline OP_ISA_BODY void e4m3_block_pack(uint8_t *restrict p /* (n) */, co
  * difference of the biased exponents and fa > fq compares the mantissa
  * fields. Clamped below at 0: a subnormal amax (or 0) gives k < -127 for
  * both qmax, as the clamp in op_e8m0_scale does. Never above 254: qmax >= 4
- * keeps k <= 127. */
-static inline OP_ISA_BODY uint32_t e8m0_scale_fast(uint32_t amax_bits, uint32_t qmax_bits, int32_t ceil) {
+ * keeps k <= 127. A floor raises k to kmin: max is monotone, so
+ * max(ceil(log2 amax/qmax), ceil(log2 floor)) = ceil(log2 max(amax/qmax,
+ * floor)), the vendor's formula, computed exactly. */
+static inline OP_ISA_BODY uint32_t e8m0_scale_fast(uint32_t amax_bits, uint32_t qmax_bits, int32_t ceil,
+                                                 int32_t kmin) {
   int32_t up = (int32_t)(amax_bits & F32_MANT_MASK) > (int32_t)(qmax_bits & F32_MANT_MASK);
   int32_t k = (int32_t)(amax_bits >> 23) - (int32_t)(qmax_bits >> 23) + 127 + (up & ceil);
-  k = k < 0 ? 0 : k;
+  k = k < kmin ? kmin : k; /* kmin: the floor's code (e8m0_floor_code), 0 without one */
   return amax_bits >= F32_INF_BITS ? E8M0_NAN_CODE : (uint32_t)k;
 }
 
@@ -343,6 +347,21 @@ static inline OP_ISA_BODY uint32_t fp4_scale_fast(uint32_t amax_bits) {
   uint32_t c = vb < E4M3_MIN_NORMAL_BITS ? sub : normal;
   c = vb > E4M3_MAX_BITS ? E4M3_MAX_CODE : c;
   c = amax_bits == 0 ? 0x00 : c;
+  return amax_bits >= F32_INF_BITS ? E4M3_NAN_CODE : c;
+}
+
+/* The vendor's Main-KV scale code (OP_KV_RNE): RNE_E4M3(clamp(amax / 6,
+ * floor, 448)), 0x7F for a poisoned block. v = fl(amax / 6) rounds to the
+ * same E4M3 value as the exact quotient: 6 t is never a float within 4 ulp(t)
+ * of amax unless it is amax, so fl(amax / 6) cannot reach or cross a tie t of
+ * the E4M3 grid (docs/formats.md s4). floor >= 2^-9 keeps v in e4m3_code_fast's
+ * range (0 < v <= 448) and the scale above 0; amax = 0 gives the floor's code.
+ * The scale may round down, so |x / s| may pass 6: E2M1 saturates there. */
+static inline OP_ISA_BODY uint32_t fp4_scale_rne_fast(uint32_t amax_bits, float floor) {
+  float v = bits_float(amax_bits & F32_ABS_MASK) / 6.0f;
+  v = v > floor ? v : floor; /* a NaN v (poisoned block) takes the floor; the code is replaced below */
+  v = v < 448.0f ? v : 448.0f;
+  uint32_t c = e4m3_code_fast(v);
   return amax_bits >= F32_INF_BITS ? E4M3_NAN_CODE : c;
 }
 
@@ -374,8 +393,10 @@ size_t op_fp4_bytes(int W, int block) {
 
 /* One Main-KV block: scale byte, then payload (zero when poisoned). */
 static inline OP_ISA_BODY void fp4_block_pack(uint8_t *restrict p /* (n/2) */, uint8_t *restrict scale,
-                                  const float *restrict x /* (n) */, int n, int even_shift) {
-  uint32_t code = fp4_scale_fast(block_amax_bits(x, n));
+                                  const float *restrict x /* (n) */, int n, int even_shift, int rne,
+                                  float floor) {
+  uint32_t amax = block_amax_bits(x, n);
+  uint32_t code = rne ? fp4_scale_rne_fast(amax, floor) : fp4_scale_fast(amax);
   float s = op_e4m3_decode((uint8_t)code);
   *scale = (uint8_t)code;
   if (code == E4M3_NAN_CODE)
@@ -384,26 +405,27 @@ static inline OP_ISA_BODY void fp4_block_pack(uint8_t *restrict p /* (n/2) */, u
     e2m1_block_pack(p, x, n, s == 0.0f ? 1.0f : s, even_shift);
 }
 
-static inline OP_ISA_BODY void fp4_pack_rows_body(uint8_t *out, const float *x, int W, int block, int even_shift) {
+static inline OP_ISA_BODY void fp4_pack_rows_body(uint8_t *out, const float *x, int W, int block, int even_shift,
+                                                 int rne, float floor) {
   uint8_t *scales = out + W / 2;
   /* The same code twice: with the SPEC block size as a constant GCC unrolls
    * the element loops. */
   if (block == OP_MAIN_KV_BLOCK)
     for (int b = 0; b < W / block; b++)
       fp4_block_pack(out + b * OP_MAIN_KV_BLOCK / 2, scales + b, x + b * OP_MAIN_KV_BLOCK,
-                     OP_MAIN_KV_BLOCK, even_shift);
+                     OP_MAIN_KV_BLOCK, even_shift, rne, floor);
   else
     for (int b = 0; b < W / block; b++)
       fp4_block_pack(out + (size_t)b * block / 2, scales + b, x + (size_t)b * block, block,
-                     even_shift);
+                     even_shift, rne, floor);
 }
 /* fp4_pack_rows: the body above at the vector ISA op_isa() chose (isa.h). */
-OP_ISA_KERNEL(fp4_pack_rows, (uint8_t * out, const float *x, int W, int block, int even_shift),
-              (out, x, W, block, even_shift))
+OP_ISA_KERNEL(fp4_pack_rows, (uint8_t * out, const float *x, int W, int block, int even_shift, int rne, float floor),
+              (out, x, W, block, even_shift, rne, floor))
 
 void op_fp4_pack(uint8_t *out, const float *x, int W, int block, enum op_nibble_order order) {
   check_fp4_dims(W, block, order);
-  fp4_pack_rows(out, x, W, block, order == OP_NIBBLE_EVEN_LOW ? 0 : 4);
+  fp4_pack_rows(out, x, W, block, order == OP_NIBBLE_EVEN_LOW ? 0 : 4, 0, 0.0f);
 }
 
 void op_fp4_unpack(float *out, const uint8_t *in, int W, int block,
@@ -422,8 +444,8 @@ size_t op_mxfp4_bytes(int W, int block) { return op_fp4_bytes(W, block); }
 /* One Indexer-K block: scale byte, then payload (zero when poisoned). */
 static inline OP_ISA_BODY void mxfp4_block_pack(uint8_t *restrict p /* (n/2) */, uint8_t *restrict scale,
                                     const float *restrict x /* (n) */, int n, int ceil,
-                                    int even_shift) {
-  uint32_t code = e8m0_scale_fast(block_amax_bits(x, n), float_bits(6.0f), ceil);
+                                    int even_shift, int32_t kmin) {
+  uint32_t code = e8m0_scale_fast(block_amax_bits(x, n), float_bits(6.0f), ceil, kmin);
   *scale = (uint8_t)code;
   if (code == E8M0_NAN_CODE)
     memset(p, 0, (size_t)n / 2);
@@ -432,26 +454,27 @@ static inline OP_ISA_BODY void mxfp4_block_pack(uint8_t *restrict p /* (n/2) */,
 }
 
 static inline OP_ISA_BODY void mxfp4_pack_rows_body(uint8_t *out, const float *x, int W, int block, int ceil,
-                                               int even_shift) {
+                                               int even_shift, int32_t kmin) {
   uint8_t *scales = out + W / 2;
   if (block == OP_INDEXER_K_BLOCK) /* as in op_fp4_pack */
     for (int b = 0; b < W / block; b++)
       mxfp4_block_pack(out + b * OP_INDEXER_K_BLOCK / 2, scales + b, x + b * OP_INDEXER_K_BLOCK,
-                       OP_INDEXER_K_BLOCK, ceil, even_shift);
+                       OP_INDEXER_K_BLOCK, ceil, even_shift, kmin);
   else
     for (int b = 0; b < W / block; b++)
       mxfp4_block_pack(out + (size_t)b * block / 2, scales + b, x + (size_t)b * block, block,
-                       ceil, even_shift);
+                       ceil, even_shift, kmin);
 }
 /* mxfp4_pack_rows: the body above at the vector ISA op_isa() chose (isa.h). */
-OP_ISA_KERNEL(mxfp4_pack_rows, (uint8_t * out, const float *x, int W, int block, int ceil, int even_shift),
-              (out, x, W, block, ceil, even_shift))
+OP_ISA_KERNEL(mxfp4_pack_rows,
+              (uint8_t * out, const float *x, int W, int block, int ceil, int even_shift, int32_t kmin),
+              (out, x, W, block, ceil, even_shift, kmin))
 
 void op_mxfp4_pack(uint8_t *out, const float *x, int W, int block, enum op_mx_rule rule,
                    enum op_nibble_order order) {
   check_fp4_dims(W, block, order);
   CEDAR_ASSERT(rule == OP_MX_CEIL || rule == OP_MX_OCP);
-  mxfp4_pack_rows(out, x, W, block, rule == OP_MX_CEIL, order == OP_NIBBLE_EVEN_LOW ? 0 : 4);
+  mxfp4_pack_rows(out, x, W, block, rule == OP_MX_CEIL, order == OP_NIBBLE_EVEN_LOW ? 0 : 4, 0);
 }
 
 void op_mxfp4_unpack(float *out, const uint8_t *in, int W, int block,
@@ -485,10 +508,10 @@ static void check_fp8_dims(int W, int block, enum op_scale_kind kind) {
 
 /* Writes one block's scale at p and returns its value, NaN when the block
  * is poisoned (amax_bits >= F32_INF_BITS, see block_amax_bits). */
-static float fp8_put_scale(uint8_t *p, enum op_scale_kind kind, uint32_t amax_bits) {
+static float fp8_put_scale(uint8_t *p, enum op_scale_kind kind, uint32_t amax_bits, int32_t kmin) {
   int finite = amax_bits < F32_INF_BITS;
   if (kind == OP_SCALE_E8M0) {
-    p[0] = (uint8_t)e8m0_scale_fast(amax_bits, float_bits(448.0f), 1);
+    p[0] = (uint8_t)e8m0_scale_fast(amax_bits, float_bits(448.0f), 1, kmin);
     return op_e8m0_decode(p[0]);
   }
   float amax = bits_float(amax_bits), s = amax / 448.0f;
@@ -510,12 +533,12 @@ static float fp8_get_scale(const uint8_t *p, enum op_scale_kind kind) {
 }
 
 static inline OP_ISA_BODY void fp8_pack_rows_body(uint8_t *out, const float *x, int W, int block,
-                                             enum op_scale_kind kind) {
+                                             enum op_scale_kind kind, int32_t kmin) {
   uint8_t *scales = out + W;
   for (int b = 0; b < W / block; b++) {
     const float *xb = x + (size_t)b * block;
     uint8_t *pb = out + (size_t)b * block;
-    float s = fp8_put_scale(scales + (size_t)b * scale_width(kind), kind, block_amax_bits(xb, block));
+    float s = fp8_put_scale(scales + (size_t)b * scale_width(kind), kind, block_amax_bits(xb, block), kmin);
     if (isnan(s))
       memset(pb, 0x00, (size_t)block);
     else if (s == 0.0f) /* all-zero block (FP32 scale): x * 1 keeps the signed zeros */
@@ -525,12 +548,12 @@ static inline OP_ISA_BODY void fp8_pack_rows_body(uint8_t *out, const float *x, 
   }
 }
 /* fp8_pack_rows: the body above at the vector ISA op_isa() chose (isa.h). */
-OP_ISA_KERNEL(fp8_pack_rows, (uint8_t * out, const float *x, int W, int block, enum op_scale_kind kind),
-              (out, x, W, block, kind))
+OP_ISA_KERNEL(fp8_pack_rows, (uint8_t * out, const float *x, int W, int block, enum op_scale_kind kind, int32_t kmin),
+              (out, x, W, block, kind, kmin))
 
 void op_fp8_pack(uint8_t *out, const float *x, int W, int block, enum op_scale_kind kind) {
   check_fp8_dims(W, block, kind);
-  fp8_pack_rows(out, x, W, block, kind);
+  fp8_pack_rows(out, x, W, block, kind, 0);
 }
 
 void op_fp8_unpack(float *out, const uint8_t *in, int W, int block,
@@ -545,185 +568,189 @@ void op_fp8_unpack(float *out, const uint8_t *in, int W, int block,
   }
 }
 
-/* ---- registry descriptors (ops/registry.h) ------------------------------ */
-/* `cedar op fp4_pack` etc.: rows of W floats <-> rows of packed entry bytes.
- * The unpackers infer W from the row length and the block parameters.
- * Test: tests/test_op_desc_attn.c (ctest -R op_desc_attn). */
+/* ---- cache formats: any element x scale (op_kv_format) ------------------ */
+/* The four shipped combinations run the fast row packers above; the others
+ * (E2M1 with an FP32 scale, E4M3 with an E4M3 scale or the OCP rule, bf16 and
+ * f32 elements) run kv_pack_slow, which divides and calls the element codecs
+ * per value: they are for study and comparison, not for speed. */
 
-#include <limits.h>
-#include <stdbool.h>
-
-#include "ops/registry.h"
-
-enum fmt_kind { FMT_FP4, FMT_MXFP4, FMT_FP8 };
-
-/* The format parameters of one descriptor; fields it does not declare stay 0. */
-struct fmt_args {
-  enum fmt_kind kind;
-  int block; /* values per scale; FP8: 0 = one scale per row */
-  enum op_nibble_order nibble;
-  enum op_mx_rule rule;
-  enum op_scale_kind scale;
-};
-
-static bool fmt_read(const struct op_desc *self, struct op_io *io, enum fmt_kind kind, struct fmt_args *a) {
-  double block, nibble = 0, rule = 0, scale = 0;
-  *a = (struct fmt_args){.kind = kind};
-  if (!op_io_param_in(self, io, "block", kind == FMT_FP8 ? 0 : 2, INT_MAX, &block)) return false;
-  if (kind != FMT_FP8 && !op_io_param_in(self, io, "nibble", 0, 1, &nibble)) return false;
-  if (kind == FMT_MXFP4 && !op_io_param_in(self, io, "scale_rule", 0, 1, &rule)) return false;
-  if (kind == FMT_FP8 && !op_io_param_in(self, io, "scale", 0, 1, &scale)) return false;
-  if (kind != FMT_FP8 && (int)block % 2 != 0)
-    return op_io_fail(io, "%s: block %d must be even (two E2M1 values per byte)", self->name, (int)block), false;
-  a->block = (int)block;
-  a->nibble = (enum op_nibble_order)nibble;
-  a->rule = (enum op_mx_rule)rule;
-  a->scale = (enum op_scale_kind)scale;
-  return true;
+float op_bf16_round(float x) {
+  uint32_t u = float_bits(x);
+  if ((u & F32_ABS_MASK) > F32_INF_BITS)
+    return bits_float((u | 0x00400000u) & 0xFFFF0000u); /* NaN: quiet, never rounded into Inf */
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return bits_float(u & 0xFFFF0000u);
 }
 
-/* Bytes of one packed row of W values (0 when W does not fit the block). */
-static size_t fmt_bytes(const struct fmt_args *a, int W) {
-  if (a->kind == FMT_FP8) return op_fp8_bytes(W, a->block ? a->block : W, a->scale);
-  return op_fp4_bytes(W, a->block);
+static float kv_qmax(enum op_kv_elem e) { return e == OP_KV_E2M1 ? 6.0f : 448.0f; }
+static size_t kv_scale_width(enum op_kv_scale s) {
+  return s == OP_KV_SCALE_NONE ? 0 : s == OP_KV_SCALE_F32 ? 4 : 1;
+}
+static size_t kv_payload(enum op_kv_elem e, int W) {
+  return e == OP_KV_E2M1 ? (size_t)W / 2 : e == OP_KV_E4M3 ? (size_t)W : e == OP_KV_BF16 ? 2 * (size_t)W : 4 * (size_t)W;
 }
 
-/* The W whose packed row is `bytes` long, or -1 when there is none. A block
- * of `block` values takes block/2 + 1 bytes in the FP4 formats and block +
- * (1 or 4) in FP8; FP8 with block 0 is W + (1 or 4) bytes. */
-static int64_t fmt_width(const struct fmt_args *a, int64_t bytes) {
-  int64_t sw = a->scale == OP_SCALE_FP32 ? 4 : 1;
-  if (a->kind == FMT_FP8 && a->block == 0) return bytes > sw ? bytes - sw : -1;
-  int64_t unit = a->kind == FMT_FP8 ? a->block + sw : a->block / 2 + 1;
-  int64_t W = bytes % unit == 0 ? bytes / unit * a->block : -1;
-  return W > 0 && W <= INT_MAX ? W : -1;
+const char *op_kv_check(const struct op_kv_format *f, int W) {
+  if (W <= 0) return "the entry width must be positive";
+  if ((unsigned)f->elem > OP_KV_F32 || (unsigned)f->scale > OP_KV_SCALE_F32 || (unsigned)f->rule > OP_KV_FLOAT)
+    return "unknown element, scale or scale_rule";
+  if (f->elem == OP_KV_BF16 || f->elem == OP_KV_F32)
+    return f->scale == OP_KV_SCALE_NONE ? NULL : "bf16 and f32 elements are stored unscaled: set `scale: none`";
+  if (f->scale == OP_KV_SCALE_NONE) return "e2m1 and e4m3 elements need a scale: set `scale: e4m3`, `e8m0` or `f32`";
+  if (f->block <= 0 || W % f->block) return "`block` must divide the entry width";
+  if (f->elem == OP_KV_E2M1 && f->block % 2) return "e2m1 blocks must be even (two values per byte): set an even `block`";
+  if (f->nibble != OP_NIBBLE_EVEN_LOW && f->nibble != OP_NIBBLE_EVEN_HIGH) return "unknown nibble order";
+  switch (f->scale) {
+    case OP_KV_SCALE_E4M3:
+      if (f->rule != OP_KV_RNE && f->rule != OP_KV_ROUNDUP) return "e4m3 scales take `scale_rule: rne` or `roundup`";
+      if (f->rule == OP_KV_RNE && !(f->floor >= 0x1p-9f && f->floor <= 448.0f))
+        return "`scale_floor` of an rne e4m3 scale must lie in [2^-9, 448] (below 2^-9 the scale rounds to 0)";
+      break;
+    case OP_KV_SCALE_E8M0:
+      if (f->rule != OP_KV_CEIL && f->rule != OP_KV_OCP) return "e8m0 scales take `scale_rule: ceil` or `ocp`";
+      if (f->rule == OP_KV_CEIL && !(f->floor >= 0.0f && f->floor <= 0x1p127f))
+        return "`scale_floor` of a ceil e8m0 scale must lie in [0, 2^127]";
+      break;
+    default:
+      if (f->rule != OP_KV_FLOAT) return "f32 scales are amax/qmax as a float: remove `scale_rule`";
+  }
+  return NULL;
 }
 
-static void fmt_pack_row(uint8_t *out, const float *x, int W, const struct fmt_args *a) {
-  switch (a->kind) {
-    case FMT_FP4: op_fp4_pack(out, x, W, a->block, a->nibble); break;
-    case FMT_MXFP4: op_mxfp4_pack(out, x, W, a->block, a->rule, a->nibble); break;
-    case FMT_FP8: op_fp8_pack(out, x, W, a->block ? a->block : W, a->scale); break;
+size_t op_kv_bytes(const struct op_kv_format *f, int W) {
+  if (op_kv_check(f, W)) return 0;
+  size_t n_scales = f->scale == OP_KV_SCALE_NONE ? 0 : (size_t)(W / f->block);
+  return kv_payload(f->elem, W) + n_scales * kv_scale_width(f->scale);
+}
+
+/* ceil(log2 floor) + 127 clamped to [0, 254]; 0 without a floor. Exact. */
+static int32_t e8m0_floor_code(float floor) {
+  if (!(floor > 0.0f)) return 0;
+  int e;
+  float m = frexpf(floor, &e); /* floor = m 2^e, m in [0.5, 1) */
+  int k = m == 0.5f ? e - 1 : e;
+  return k < -127 ? 0 : k > 127 ? 254 : k + 127;
+}
+
+/* One block's scale for the slow path: writes it at p, returns its value
+ * (NaN when the block is poisoned, 0 for an all-zero block of an F32 or
+ * roundup scale). */
+static float kv_slow_scale(const struct op_kv_format *f, uint8_t *p, uint32_t amax_bits) {
+  const float qmax = kv_qmax(f->elem), amax = bits_float(amax_bits);
+  const int finite = amax_bits < F32_INF_BITS;
+  if (f->scale == OP_KV_SCALE_E4M3) {
+    uint8_t c;
+    if (f->rule == OP_KV_RNE) {
+      float v = amax / qmax;
+      c = op_e4m3_encode(v < f->floor ? f->floor : v > 448.0f ? 448.0f : v);
+    } else {
+      c = op_e4m3_roundup(amax / qmax);
+      if (amax > 0.0f && c == 0x00) c = 0x01; /* amax / qmax underflowed */
+    }
+    p[0] = finite ? c : E4M3_NAN_CODE;
+    return op_e4m3_decode(p[0]);
+  }
+  if (f->scale == OP_KV_SCALE_E8M0) {
+    uint8_t c = op_e8m0_scale(amax, qmax, f->rule == OP_KV_OCP ? OP_MX_OCP : OP_MX_CEIL);
+    int32_t kmin = f->rule == OP_KV_CEIL ? e8m0_floor_code(f->floor) : 0;
+    p[0] = !finite ? E8M0_NAN_CODE : c < kmin ? (uint8_t)kmin : c;
+    return op_e8m0_decode(p[0]);
+  }
+  float s = amax / qmax;
+  if (s < FLT_MIN && amax > 0.0f) s = FLT_MIN;
+  uint32_t u = finite ? float_bits(s) : FP32_QNAN_BITS;
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(u >> (8 * i));
+  return bits_float(u);
+}
+
+static void kv_pack_slow(const struct op_kv_format *f, uint8_t *out, const float *x, int W) {
+  if (f->scale == OP_KV_SCALE_NONE) { /* bf16 or f32, little-endian */
+    for (int i = 0; i < W; i++) {
+      uint32_t u = float_bits(f->elem == OP_KV_BF16 ? op_bf16_round(x[i]) : x[i]);
+      if (f->elem == OP_KV_BF16)
+        out[2 * i] = (uint8_t)(u >> 16), out[2 * i + 1] = (uint8_t)(u >> 24);
+      else
+        for (int k = 0; k < 4; k++) out[4 * i + k] = (uint8_t)(u >> (8 * k));
+    }
+    return;
+  }
+  const int B = f->block, e2m1 = f->elem == OP_KV_E2M1, shift = f->nibble == OP_NIBBLE_EVEN_LOW ? 0 : 4;
+  uint8_t *scales = out + kv_payload(f->elem, W);
+  for (int b = 0; b < W / B; b++) {
+    const float *xb = x + (size_t)b * B;
+    float s = kv_slow_scale(f, scales + (size_t)b * kv_scale_width(f->scale), block_amax_bits(xb, B));
+    for (int i = 0; i < B; i++) {
+      unsigned c = isnan(s) ? 0u
+                   : s == 0.0f ? (signbit(xb[i]) ? (e2m1 ? 0x8u : 0x80u) : 0u) /* all-zero block: signed zeros */
+                   : e2m1 ? op_e2m1_encode(xb[i] / s) : op_e4m3_encode(xb[i] / s);
+      size_t at = (size_t)b * B + (size_t)i;
+      if (!e2m1)
+        out[at] = (uint8_t)c;
+      else if (i % 2 == 0)
+        out[at / 2] = (uint8_t)(c << shift);
+      else
+        out[at / 2] |= (uint8_t)(c << (4 - shift));
+    }
   }
 }
 
-static void fmt_unpack_row(float *out, const uint8_t *in, int W, const struct fmt_args *a) {
-  switch (a->kind) {
-    case FMT_FP4: op_fp4_unpack(out, in, W, a->block, a->nibble); break;
-    case FMT_MXFP4: op_mxfp4_unpack(out, in, W, a->block, a->nibble); break;
-    case FMT_FP8: op_fp8_unpack(out, in, W, a->block ? a->block : W, a->scale); break;
+void op_kv_pack(const struct op_kv_format *f, uint8_t *out, const float *x, int W) {
+  const char *why = op_kv_check(f, W);
+  CEDAR_ASSERT_MSG(!why, "op_kv_pack: W=%d: %s", W, why ? why : "");
+  float small[1024], *r = NULL;
+  if (f->bf16 && f->elem != OP_KV_BF16) { /* bf16 elements round anyway */
+    r = W <= 1024 ? small : cedar_xmalloc((size_t)W * sizeof *r);
+    for (int i = 0; i < W; i++) r[i] = op_bf16_round(x[i]);
+    x = r;
+  }
+  const int shift = f->nibble == OP_NIBBLE_EVEN_LOW ? 0 : 4;
+  if (f->elem == OP_KV_E2M1 && f->scale == OP_KV_SCALE_E4M3)
+    fp4_pack_rows(out, x, W, f->block, shift, f->rule == OP_KV_RNE, f->floor);
+  else if (f->elem == OP_KV_E2M1 && f->scale == OP_KV_SCALE_E8M0)
+    mxfp4_pack_rows(out, x, W, f->block, f->rule == OP_KV_CEIL, shift,
+                    f->rule == OP_KV_CEIL ? e8m0_floor_code(f->floor) : 0);
+  else if (f->elem == OP_KV_E4M3 && f->scale == OP_KV_SCALE_E8M0 && f->rule == OP_KV_CEIL)
+    fp8_pack_rows(out, x, W, f->block, OP_SCALE_E8M0, e8m0_floor_code(f->floor));
+  else if (f->elem == OP_KV_E4M3 && f->scale == OP_KV_SCALE_F32)
+    fp8_pack_rows(out, x, W, f->block, OP_SCALE_FP32, 0);
+  else
+    kv_pack_slow(f, out, x, W);
+  if (r && r != small) free(r);
+}
+
+void op_kv_unpack(const struct op_kv_format *f, float *out, const uint8_t *in, int W) {
+  const char *why = op_kv_check(f, W);
+  CEDAR_ASSERT_MSG(!why, "op_kv_unpack: W=%d: %s", W, why ? why : "");
+  const int B = f->block;
+  switch (f->elem) {
+    case OP_KV_BF16:
+      for (int i = 0; i < W; i++) out[i] = bits_float((uint32_t)in[2 * i] << 16 | (uint32_t)in[2 * i + 1] << 24);
+      return;
+    case OP_KV_F32:
+      for (int i = 0; i < W; i++) {
+        uint32_t u = 0;
+        for (int k = 0; k < 4; k++) u |= (uint32_t)in[4 * i + k] << (8 * k);
+        out[i] = bits_float(u);
+      }
+      return;
+    case OP_KV_E2M1: {
+      const uint8_t *scales = in + W / 2;
+      for (int b = 0; b < W / B; b++) {
+        float s = f->scale == OP_KV_SCALE_E4M3   ? op_e4m3_decode(scales[b])
+                  : f->scale == OP_KV_SCALE_E8M0 ? op_e8m0_decode(scales[b])
+                                                 : fp8_get_scale(scales + 4 * (size_t)b, OP_SCALE_FP32);
+        e2m1_block_unpack(out + (size_t)b * B, in + (size_t)b * B / 2, B, s, f->nibble);
+      }
+      return;
+    }
+    case OP_KV_E4M3:
+      for (int b = 0; b < W / B; b++) {
+        const uint8_t *sp = in + W + (size_t)b * kv_scale_width(f->scale);
+        float s = f->scale == OP_KV_SCALE_E4M3   ? op_e4m3_decode(sp[0])
+                  : f->scale == OP_KV_SCALE_E8M0 ? op_e8m0_decode(sp[0])
+                                                 : fp8_get_scale(sp, OP_SCALE_FP32);
+        for (int i = 0; i < B; i++) out[(size_t)b * B + i] = e4m3_value[in[(size_t)b * B + i]] * s;
+      }
+      return;
   }
 }
-
-static int pack_run(const struct op_desc *self, struct op_io *io, enum fmt_kind kind) {
-  struct fmt_args a;
-  int64_t xd[2];
-  const struct op_tensor *xt = fmt_read(self, io, kind, &a) ? op_io_in(self, io, "x", 2, xd) : NULL;
-  if (!xt) return CEDAR_EINVAL;
-  const float *x = xt->data;
-  size_t bytes = fmt_bytes(&a, (int)xd[1]);
-  if (!bytes)
-    return op_io_fail(io, "%s: rows of x have %lld values; need a positive multiple of block %d", self->name,
-                      (long long)xd[1], a.block);
-  uint8_t *out = op_io_out(self, io, "entries", 2, (int64_t[]){xd[0], (int64_t)bytes});
-  if (!out) return CEDAR_ENOMEM;
-  for (int64_t i = 0; i < xd[0]; i++) fmt_pack_row(out + (size_t)i * bytes, x + (size_t)i * xd[1], (int)xd[1], &a);
-  return 0;
-}
-
-static int unpack_run(const struct op_desc *self, struct op_io *io, enum fmt_kind kind) {
-  struct fmt_args a;
-  int64_t ed[2];
-  const struct op_tensor *et = fmt_read(self, io, kind, &a) ? op_io_in(self, io, "entries", 2, ed) : NULL;
-  if (!et) return CEDAR_EINVAL;
-  const uint8_t *in = et->data;
-  int64_t W = fmt_width(&a, ed[1]);
-  if (W < 0 || fmt_bytes(&a, (int)W) != (size_t)ed[1])
-    return op_io_fail(io, "%s: rows of entries have %lld bytes: no row width W packs to that with block %d",
-                      self->name, (long long)ed[1], a.block);
-  float *x = op_io_out(self, io, "x", 2, (int64_t[]){ed[0], W});
-  if (!x) return CEDAR_ENOMEM;
-  for (int64_t i = 0; i < ed[0]; i++) fmt_unpack_row(x + (size_t)i * W, in + (size_t)i * ed[1], (int)W, &a);
-  return 0;
-}
-
-static int fp4_pack_run(const struct op_desc *self, struct op_io *io) { return pack_run(self, io, FMT_FP4); }
-static int fp4_unpack_run(const struct op_desc *self, struct op_io *io) { return unpack_run(self, io, FMT_FP4); }
-static int mxfp4_pack_run(const struct op_desc *self, struct op_io *io) { return pack_run(self, io, FMT_MXFP4); }
-static int mxfp4_unpack_run(const struct op_desc *self, struct op_io *io) { return unpack_run(self, io, FMT_MXFP4); }
-static int fp8_pack_run(const struct op_desc *self, struct op_io *io) { return pack_run(self, io, FMT_FP8); }
-static int fp8_unpack_run(const struct op_desc *self, struct op_io *io) { return unpack_run(self, io, FMT_FP8); }
-
-#define FMT_X_(what) {"x", OP_F32, "(n, W)", what}
-#define FMT_NIBBLE_ {"nibble", OP_PARAM_INT, 0, "0: element 2j in the low nibble, 1: in the high one [R]"}
-
-static const struct op_param fp4_params[] = {
-    {"block", OP_PARAM_INT, 16, "values per E4M3 scale, even, divides W [A]"}, FMT_NIBBLE_, {0}};
-static const struct op_param mxfp4_params[] = {
-    {"block", OP_PARAM_INT, 32, "values per E8M0 scale, even, divides W [A]"},
-    {"scale_rule", OP_PARAM_INT, 0, "E8M0 scale: 0 ceil 2^ceil(log2(amax/6)) [R-cfg, R.9], 1 OCP MX"},
-    FMT_NIBBLE_,
-    {0}};
-static const struct op_param fp8_params[] = {
-    {"block", OP_PARAM_INT, 0, "values per scale, divides W; 0 = one scale per row [R] (R.2 serving: 32)"},
-    {"scale", OP_PARAM_INT, 0, "0: FP32 scale, 4 B little-endian [R]; 1: E8M0 scale, 1 B (R.2)"},
-    {0}};
-
-const struct op_desc op_desc_fp4_pack = {
-    .name = "fp4_pack",
-    .summary = "Main-KV entries: E2M1 + one E4M3 scale per block, row by row (SPEC 4.2)",
-    .inputs = (const struct op_arg[]){FMT_X_("rows to pack (W = head_dim, 512 [A])"), {0}},
-    .outputs = (const struct op_arg[]){{"entries", OP_U8, "(n, W/2 + W/block)", "packed rows (288 B at 512/16)"},
-                                       {0}},
-    .params = fp4_params,
-    .run = fp4_pack_run,
-};
-
-const struct op_desc op_desc_fp4_unpack = {
-    .name = "fp4_unpack",
-    .summary = "dequantize Main-KV entries (E2M1 + E4M3 scales) to floats; W from the row length (SPEC 4.2)",
-    .inputs = (const struct op_arg[]){{"entries", OP_U8, "(n, W/2 + W/block)", "packed rows, as fp4_pack writes"},
-                                      {0}},
-    .outputs = (const struct op_arg[]){FMT_X_("dequantized rows"), {0}},
-    .params = fp4_params,
-    .run = fp4_unpack_run,
-};
-
-const struct op_desc op_desc_mxfp4_pack = {
-    .name = "mxfp4_pack",
-    .summary = "Indexer-K entries: MXFP4, E2M1 + one E8M0 scale per block, row by row (SPEC 4.3)",
-    .inputs = (const struct op_arg[]){FMT_X_("rows to pack (W = idx_dim, 128 [A])"), {0}},
-    .outputs = (const struct op_arg[]){{"entries", OP_U8, "(n, W/2 + W/block)", "packed rows (68 B at 128/32)"},
-                                       {0}},
-    .params = mxfp4_params,
-    .run = mxfp4_pack_run,
-};
-
-const struct op_desc op_desc_mxfp4_unpack = {
-    .name = "mxfp4_unpack",
-    .summary = "dequantize MXFP4 Indexer-K entries to floats; W from the row length (SPEC 4.3)",
-    .inputs = (const struct op_arg[]){{"entries", OP_U8, "(n, W/2 + W/block)", "packed rows, as mxfp4_pack writes"},
-                                      {0}},
-    .outputs = (const struct op_arg[]){FMT_X_("dequantized rows"), {0}},
-    .params = mxfp4_params,
-    .run = mxfp4_unpack_run,
-};
-
-const struct op_desc op_desc_fp8_pack = {
-    .name = "fp8_pack",
-    .summary = "SWA entries: E4M3 + an FP32 or E8M0 scale per block, row by row (SPEC 4.4, R.2)",
-    .inputs = (const struct op_arg[]){FMT_X_("rows to pack (W = head_dim, 512 [A])"), {0}},
-    .outputs = (const struct op_arg[]){{"entries", OP_U8, "(n, W + W/block*(4|1))", "packed rows"}, {0}},
-    .params = fp8_params,
-    .run = fp8_pack_run,
-};
-
-const struct op_desc op_desc_fp8_unpack = {
-    .name = "fp8_unpack",
-    .summary = "dequantize FP8 SWA entries to floats; W from the row length (SPEC 4.4)",
-    .inputs = (const struct op_arg[]){{"entries", OP_U8, "(n, W + W/block*(4|1))", "packed rows, as fp8_pack writes"},
-                                      {0}},
-    .outputs = (const struct op_arg[]){FMT_X_("dequantized rows"), {0}},
-    .params = fp8_params,
-    .run = fp8_unpack_run,
-};

@@ -18,6 +18,7 @@
 #ifndef CEDAR_OPS_FORMATS_H
 #define CEDAR_OPS_FORMATS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -117,5 +118,59 @@ void op_fp8_pack(uint8_t *out /* (op_fp8_bytes(W, block, kind)) */,
 void op_fp8_unpack(float *out /* (W) */,
                    const uint8_t *in /* (op_fp8_bytes(W, block, kind)) */,
                    int W, int block, enum op_scale_kind kind);
+
+/* ---- cache formats: every element x scale a plan can name ------------- */
+/* One cache class's storage format, as a plan's `formats.<cache>` names it
+ * (docs/formats.md s2.5, docs/plans.md): the element type, the scale type
+ * and how it is chosen, values per scale, nibble order and whether values
+ * are rounded to bf16 before they are quantized. An entry is the payload
+ * (W elements) then W/block scales, in block order. op_kv_check says which
+ * combinations are meaningful; the runtime stores every one it accepts. */
+enum op_kv_elem { OP_KV_E2M1 = 0, OP_KV_E4M3, OP_KV_BF16, OP_KV_F32 };
+enum op_kv_scale { OP_KV_SCALE_NONE = 0, OP_KV_SCALE_E4M3, OP_KV_SCALE_E8M0, OP_KV_SCALE_F32 };
+enum op_kv_rule {
+  OP_KV_RNE = 0, /* E4M3 scale: RNE_E4M3(clamp(amax/qmax, floor, 448)) (vendor V4.1 Main KV) */
+  OP_KV_ROUNDUP, /* E4M3 scale: E4M3_roundup(amax/qmax), zero block 0x00 (SPEC 4.2) */
+  OP_KV_CEIL,    /* E8M0 scale: 2^max(ceil(log2(amax/qmax)), ceil(log2 floor)) */
+  OP_KV_OCP,     /* E8M0 scale: 2^(floor(log2 amax) - floor(log2 qmax)) (OCP MX) */
+  OP_KV_FLOAT,   /* F32 scale: max(fl(amax/qmax), FLT_MIN), 0 for a zero block */
+};
+
+struct op_kv_format {
+  enum op_kv_elem elem;
+  enum op_kv_scale scale;
+  int block;                  /* values per scale (ignored with OP_KV_SCALE_NONE) */
+  enum op_kv_rule rule;       /* must suit `scale` (op_kv_check) */
+  float floor;                /* OP_KV_RNE: >= 2^-9; OP_KV_CEIL: >= 0 (0: none, the 2^-127 clamp) */
+  enum op_nibble_order nibble;
+  bool bf16;                  /* round each value to bf16 (RNE) before quantizing */
+};
+
+/* NULL when f can store W-wide entries, else why not (a phrase naming the
+ * field to change). */
+const char *op_kv_check(const struct op_kv_format *f, int W);
+/* Bytes of one entry; 0 when op_kv_check refuses. */
+size_t op_kv_bytes(const struct op_kv_format *f, int W);
+/* Writes exactly op_kv_bytes(f, W) bytes; asserts op_kv_check(f, W) == NULL.
+ * A block holding NaN or Inf is poisoned as in the fixed formats (NaN scale,
+ * zero payload); unscaled bf16/f32 elements keep NaN and Inf as they are. */
+void op_kv_pack(const struct op_kv_format *f, uint8_t *out /* (op_kv_bytes) */, const float *x /* (W) */, int W);
+void op_kv_unpack(const struct op_kv_format *f, float *out /* (W) */, const uint8_t *in /* (op_kv_bytes) */, int W);
+/* The fixed formats above as op_kv_formats (the same bytes through op_kv_pack):
+ * Main KV with round-up E4M3 scales (SPEC 4.2), MXFP4 without a floor, FP8. */
+static inline struct op_kv_format op_kv_fp4_format(int block, enum op_nibble_order order) {
+  return (struct op_kv_format){OP_KV_E2M1, OP_KV_SCALE_E4M3, block, OP_KV_ROUNDUP, 0.0f, order, false};
+}
+static inline struct op_kv_format op_kv_mxfp4_format(int block, enum op_mx_rule rule, enum op_nibble_order order) {
+  return (struct op_kv_format){OP_KV_E2M1, OP_KV_SCALE_E8M0, block, rule == OP_MX_OCP ? OP_KV_OCP : OP_KV_CEIL, 0.0f,
+                               order, false};
+}
+static inline struct op_kv_format op_kv_fp8_format(int block, enum op_scale_kind kind) {
+  return (struct op_kv_format){OP_KV_E4M3, kind == OP_SCALE_E8M0 ? OP_KV_SCALE_E8M0 : OP_KV_SCALE_F32, block,
+                               kind == OP_SCALE_E8M0 ? OP_KV_CEIL : OP_KV_FLOAT, 0.0f, OP_NIBBLE_EVEN_LOW, false};
+}
+/* bf16 rounding of a float, to nearest even, kept as a float; NaN stays a
+ * quiet NaN, finite values past the bf16 range become +-Inf. */
+float op_bf16_round(float x);
 
 #endif

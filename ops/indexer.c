@@ -84,11 +84,18 @@ void op__indexer_unpack_lane(float *restrict tile, int lanes, int lane, const ui
   }
 }
 
-/* Floats of a tile's workspace: the tile, then the raw MXFP4 bytes of its
- * keys (KTILE x op_mxfp4_bytes, rounded up to whole floats). */
+/* Floats of a tile's workspace: the tile, one unpacked key (formats other
+ * than MXFP4), then the raw bytes of its keys (KTILE x op_kv_bytes, rounded
+ * up to whole floats). */
 static size_t tile_floats(const struct op_kv_view *kv) {
-  size_t raw = (size_t)KTILE * op_mxfp4_bytes(kv->idx_w, kv->idx_block);
-  return (size_t)KTILE * (size_t)kv->idx_w + (raw + sizeof(float) - 1) / sizeof(float);
+  size_t raw = (size_t)KTILE * op_kv_bytes(&kv->idx_fmt, kv->idx_w);
+  return (size_t)(KTILE + 1) * (size_t)kv->idx_w + (raw + sizeof(float) - 1) / sizeof(float);
+}
+
+/* Whether the keys are MXFP4 (E2M1 + E8M0, any scale rule): those unpack
+ * straight into the tile's lanes; other formats go through op_kv_unpack. */
+static bool keys_mxfp4(const struct op_kv_view *kv) {
+  return kv->idx_fmt.elem == OP_KV_E2M1 && kv->idx_fmt.scale == OP_KV_SCALE_E8M0;
 }
 
 /* Lanes [0, n) of the tile := the keys of entries ids[lane] (or e0 + lane
@@ -99,12 +106,18 @@ static size_t tile_floats(const struct op_kv_view *kv) {
  * key's cache misses in turn (half the time of a 1M-entry scan). */
 static void tile_load(float *tile /* (tile_floats(kv)) */, const struct op_kv_view *kv, const int32_t *ids /* (n) */,
                       int64_t e0, int n) {
-  const size_t kb = op_mxfp4_bytes(kv->idx_w, kv->idx_block);
-  uint8_t *raw = (uint8_t *)(tile + (size_t)KTILE * kv->idx_w); /* (n, kb) */
+  const size_t kb = op_kv_bytes(&kv->idx_fmt, kv->idx_w);
+  float *row = tile + (size_t)KTILE * kv->idx_w;                /* (idx_w) */
+  uint8_t *raw = (uint8_t *)(row + kv->idx_w);                  /* (n, kb) */
   for (int lane = 0; lane < n; lane++)
     memcpy(raw + lane * kb, op_kv_entry(kv, ids ? ids[lane] : e0 + lane) + kv->idx_off, kb);
   for (int lane = 0; lane < n; lane++)
-    op__indexer_unpack_lane(tile, KTILE, lane, raw + lane * kb, kv->idx_w, kv->idx_block, kv->nibble);
+    if (keys_mxfp4(kv)) {
+      op__indexer_unpack_lane(tile, KTILE, lane, raw + lane * kb, kv->idx_w, kv->idx_fmt.block, kv->idx_fmt.nibble);
+    } else {
+      op_kv_unpack(&kv->idx_fmt, row, raw + lane * kb, kv->idx_w);
+      for (int i = 0; i < kv->idx_w; i++) tile[(size_t)i * KTILE + lane] = row[i];
+    }
   if (n < KTILE)
     for (int i = 0; i < kv->idx_w; i++) memset(tile + (size_t)i * KTILE + n, 0, (size_t)(KTILE - n) * sizeof *tile);
 }
@@ -163,9 +176,8 @@ static void check_view(const struct op_kv_view *kv, int heads) {
   CEDAR_ASSERT_MSG(kv->ratio >= 1 && kv->n_entries >= 0 && kv->page_entries >= 1,
                    "indexer: kv view ratio=%d n_entries=%lld page_entries=%d", kv->ratio,
                    (long long)kv->n_entries, kv->page_entries);
-  CEDAR_ASSERT_MSG(op_mxfp4_bytes(kv->idx_w, kv->idx_block) > 0 && heads >= 1,
-                   "indexer: idx_w=%d idx_block=%d heads=%d", kv->idx_w, kv->idx_block, heads);
-  CEDAR_ASSERT(kv->nibble == OP_NIBBLE_EVEN_LOW || kv->nibble == OP_NIBBLE_EVEN_HIGH);
+  CEDAR_ASSERT_MSG(op_kv_bytes(&kv->idx_fmt, kv->idx_w) > 0 && heads >= 1,
+                   "indexer: idx_w=%d idx_block=%d heads=%d", kv->idx_w, kv->idx_fmt.block, heads);
 }
 
 int64_t op_indexer_visible(const struct op_kv_view *kv, int64_t pos) {
@@ -471,8 +483,8 @@ static int idx_keys(const struct op_desc *self, struct op_io *io, struct idx_cal
   c->page = keys->data;
   c->kv = (struct op_kv_view){.pages = &c->page, .page_entries = kd[0] > 0 ? (int)kd[0] : 1,
                               .entry_bytes = (size_t)kd[1], .idx_off = (size_t)off, .n_entries = kd[0],
-                              .ratio = (int)ratio, .idx_w = idx_w, .idx_block = (int)block,
-                              .nibble = (enum op_nibble_order)nibble};
+                              .ratio = (int)ratio, .idx_w = idx_w,
+                              .idx_fmt = op_kv_mxfp4_format((int)block, OP_MX_CEIL, (enum op_nibble_order)nibble)};
   c->k = (int)k, c->pool_block = (int)pool_block;
   return 0;
 }

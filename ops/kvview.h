@@ -2,12 +2,13 @@
  * paged global pools and the SWA rings (DESIGN.md decision 4); an op gets a
  * read-only view: where each entry's bytes are and how they are packed.
  *
- * Global KV source entry (docs/formats.md): the Main-KV part (E2M1 + E4M3
- * scale per main_block, op_fp4 layout) at main_off and the Indexer-K part
- * (MXFP4, op_mxfp4 layout) at idx_off inside one entry of entry_bytes; entry
- * e lives in page e / page_entries at slot e % page_entries.
+ * Global KV source entry (docs/formats.md): the Main-KV part (main_fmt,
+ * by default E2M1 + an E4M3 scale per 16) at main_off and the Indexer-K part
+ * (idx_fmt, by default MXFP4) at idx_off inside one entry of entry_bytes;
+ * entry e lives in page e / page_entries at slot e % page_entries. Both
+ * parts are op_kv_pack'ed (ops/formats.h): any plan format.
  *
- * SWA ring: `n_slots` slots of FP8 entries (op_fp8 layout); slot s holds the
+ * SWA ring: `n_slots` slots of entries in `fmt` (by default E4M3 + scales); slot s holds the
  * entry of absolute position pos[s] (-1 = empty). Slot and position are kept
  * apart (SPEC 3.6): visibility is decided on pos, never on the slot index.
  * n_slots is the ring's capacity, not the model's window W: a ring may be
@@ -30,9 +31,8 @@ struct op_kv_view {
   size_t main_off, idx_off;    /* byte offsets of the two parts inside an entry */
   int64_t n_entries;           /* committed entries: valid indices are [0, n_entries) */
   int ratio;                   /* tokens per entry; entry j sits at position ratio*j */
-  int main_w, main_block;      /* Main KV: width (head_dim) and values per E4M3 scale */
-  int idx_w, idx_block;        /* Indexer K: width and values per E8M0 scale */
-  enum op_nibble_order nibble;
+  int main_w, idx_w;           /* widths: Main KV (head_dim), Indexer K (idx_dim) */
+  struct op_kv_format main_fmt, idx_fmt; /* how each part is stored */
 };
 
 static inline const uint8_t *op_kv_entry(const struct op_kv_view *v, int64_t e) {
@@ -44,8 +44,8 @@ struct op_swa_view {
   const int64_t *pos;    /* (n_slots): absolute position held by each slot, -1 = empty */
   int n_slots;
   size_t entry_bytes;
-  int w, block;          /* entry width (head_dim) and values per scale */
-  enum op_scale_kind scale;
+  int w;                 /* entry width (head_dim) */
+  struct op_kv_format fmt; /* how an entry is stored (op_kv_pack) */
 };
 
 #endif

@@ -53,11 +53,11 @@ void op_swa_kv(float *kS, const float *u, const float *W_kv, const float *gamma,
   op_rope_rotate(kS, rope, ang, 0, n, 1, head_dim, +1);
 }
 
-void op_swa_pack(uint8_t *out, const float *kS, int n, int w, int block, enum op_scale_kind kind, size_t stride) {
-  size_t bytes = op_fp8_bytes(w, block, kind);
+void op_swa_pack(uint8_t *out, const float *kS, int n, int w, const struct op_kv_format *fmt, size_t stride) {
+  size_t bytes = op_kv_bytes(fmt, w);
   CEDAR_ASSERT_MSG(bytes > 0 && stride >= bytes, "op_swa_pack: w %d, block %d, stride %zu (entry is %zu B)", w,
-                   block, stride, bytes);
-  for (int i = 0; i < n; i++) op_fp8_pack(out + (size_t)i * stride, kS + (size_t)i * w, w, block, kind);
+                   fmt->block, stride, bytes);
+  for (int i = 0; i < n; i++) op_kv_pack(fmt, out + (size_t)i * stride, kS + (size_t)i * w, w);
 }
 
 /* ---- registry descriptors (ops/registry.h) ------------------------------ */
@@ -214,7 +214,8 @@ static int swa_kv_run(const struct op_desc *self, struct op_io *io) {
   if (!angles_at(&ang, &abuf, &rope, pos, n)) return CEDAR_ENOMEM;
   op_swa_kv(kS, u->data, W->data, gamma, &ang, &rope, n, (int)ud[1], hd, (float)eps);
   free(abuf);
-  if (pack) op_swa_pack(entries, kS, n, hd, blk, (enum op_scale_kind)scale, bytes);
+  const struct op_kv_format fmt = op_kv_fp8_format(blk, (enum op_scale_kind)scale);
+  if (pack) op_swa_pack(entries, kS, n, hd, &fmt, bytes);
   return 0;
 }
 

@@ -79,12 +79,11 @@ void op_swa_kv(float *kS /* (n, head_dim) */, const float *u /* (n, hidden) */,
                const struct op_rope_angles *ang /* >= n rows */, const struct op_rope *rope, int n, int hidden,
                int head_dim, float eps);
 
-/* SWA entries (SPEC 4.4, R.2): row i of kS packed with op_fp8_pack into
- * out + i * stride; stride >= op_fp8_bytes(w, block, kind), and bytes past
- * the entry inside a stride are left untouched. Plan `formats.swa`: default
- * one FP32 scale per entry (block = w) [R]; R.2's serving layout is
- * block 32 with E8M0 scales (528 B). */
-void op_swa_pack(uint8_t *out /* (n, stride) */, const float *kS /* (n, w) */, int n, int w, int block,
-                 enum op_scale_kind kind, size_t stride);
+/* SWA entries (SPEC 4.4, R.2, Appendix V #21): row i of kS packed with
+ * op_kv_pack in `fmt` (plan `formats.swa`) into out + i * stride; stride >=
+ * op_kv_bytes(fmt, w), and bytes past the entry inside a stride are left
+ * untouched. The V4.1 plans store E4M3 with one E8M0 scale per 32 (528 B). */
+void op_swa_pack(uint8_t *out /* (n, stride) */, const float *kS /* (n, w) */, int n, int w,
+                 const struct op_kv_format *fmt, size_t stride);
 
 #endif

@@ -63,10 +63,8 @@ static void bind_attention(struct rt_model *M, struct rt_layer *L, int l) {
       .eps = M->eps,
       .rope = &M->rope_csa,
       .rope_i = &M->rope_idx,
-      .main_block = m->main_kv.block,
-      .idx_block = m->indexer_k.block,
-      .mx = m->indexer_k.rule == PLAN_RULE_OCP ? OP_MX_OCP : OP_MX_CEIL,
-      .nibble = m->nibble_low_first ? OP_NIBBLE_EVEN_LOW : OP_NIBBLE_EVEN_HIGH,
+      .main_fmt = plan_kv_format(m, &m->main_kv),
+      .idx_fmt = plan_kv_format(m, &m->indexer_k),
   };
 }
 
@@ -180,8 +178,8 @@ int rt_model_init(struct rt_model *M, const struct plan *p, const struct weights
   M->eps = (float)m->norm_eps;
   M->tau = (float)plan_softmax_scale(p);
   M->idx_scale = op_index_weight_scale(m->idx_heads, m->idx_head_dim);
-  M->swa_kind = m->swa.scale == PLAN_SCALE_E8M0 ? OP_SCALE_E8M0 : OP_SCALE_FP32;
-  M->swa_bytes = op_fp8_bytes(m->head_dim, m->swa.block, M->swa_kind);
+  M->swa_fmt = plan_kv_format(m, &m->swa);
+  M->swa_bytes = op_kv_bytes(&M->swa_fmt, m->head_dim);
   M->mhc = (struct op_mhc_cfg){m->hc_streams, m->hidden, m->hc_sinkhorn_iters, (float)m->hc_eps, M->eps};
   M->moe = (struct op_moe_cfg){
       .hidden = m->hidden,
@@ -406,9 +404,9 @@ static struct op_swa_view swa_view(const struct rt_model *M, const struct rt_rin
   memcpy(buf, g->slot, (size_t)g->window * eb);
   memcpy(spos, g->pos, sizeof(int64_t) * (size_t)g->window);
   *fresh = buf + (size_t)g->window * eb;
-  RT_TIMED(ar, QKV, op_swa_pack(*fresh, kS, n, m->head_dim, m->swa.block, M->swa_kind, eb));
+  RT_TIMED(ar, QKV, op_swa_pack(*fresh, kS, n, m->head_dim, &M->swa_fmt, eb));
   memcpy(spos + g->window, pos, sizeof(int64_t) * (size_t)n);
-  return (struct op_swa_view){buf, spos, slots, eb, m->head_dim, m->swa.block, M->swa_kind};
+  return (struct op_swa_view){buf, spos, slots, eb, m->head_dim, M->swa_fmt};
 }
 
 /* Tables of dequantized entries bigger than this fall back to the packed
@@ -448,12 +446,11 @@ static void attend_tile(const struct rt_model *M, float *o, const float *q, cons
     gkv = RT_ALLOC(ar, float, (size_t)(u ? u : 1) * d);
     for (int64_t e = 0; e < ne; e++)
       if (slot_of[e] >= 0)
-        op_fp4_unpack(gkv + (size_t)slot_of[e] * d, op_kv_entry(kv, e) + kv->main_off, kv->main_w, kv->main_block,
-                      kv->nibble);
+        op_kv_unpack(&kv->main_fmt, gkv + (size_t)slot_of[e] * d, op_kv_entry(kv, e) + kv->main_off, kv->main_w);
   }
   float *skv = RT_ALLOC(ar, float, (size_t)sv->n_slots * d);
   for (int s = 0; s < sv->n_slots; s++)
-    if (sv->pos[s] >= 0) op_fp8_unpack(skv + (size_t)s * d, sv->slots + (size_t)s * sv->entry_bytes, sv->w, sv->block, sv->scale);
+    if (sv->pos[s] >= 0) op_kv_unpack(&sv->fmt, skv + (size_t)s * d, sv->slots + (size_t)s * sv->entry_bytes, sv->w);
   op_sparse_attn_f32(o, NULL, q, pos, idx, gkv, u, skv, sv->pos, sv->n_slots, n, pr);
 }
 

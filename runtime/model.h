@@ -71,7 +71,7 @@ struct rt_model {
   int e_max_order, e_tables;
   int first_dec;                   /* first decoder layer, n_layers when none */
   float eps, tau, idx_scale;
-  enum op_scale_kind swa_kind;
+  struct op_kv_format swa_fmt;     /* plan formats.swa */
   size_t swa_bytes;                /* one SWA entry */
 };
 

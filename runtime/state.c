@@ -12,24 +12,18 @@
 /* Pages are allocated one at a time, aligned for vector loads. */
 #define RT_PAGE_ALIGN 64
 
+/* Every format a checked plan names is stored (op_kv_pack); this only
+ * guards a plan that skipped checking. */
 static int formats_supported(const struct plan_model *m, char *err, size_t err_len) {
-  if (m->main_kv.elem != PLAN_E2M1 || m->main_kv.scale != PLAN_SCALE_E4M3) {
-    snprintf(err, err_len, "formats.main_kv: the executor packs Main KV as e2m1 with e4m3 scales only");
-    return CEDAR_EUNSUPPORTED;
-  }
-  if (m->indexer_k.elem != PLAN_E2M1 || m->indexer_k.scale != PLAN_SCALE_E8M0) {
-    snprintf(err, err_len, "formats.indexer_k: the executor packs Indexer K as e2m1 with e8m0 scales only");
-    return CEDAR_EUNSUPPORTED;
-  }
-  if (m->swa.elem != PLAN_E4M3 || (m->swa.scale != PLAN_SCALE_F32 && m->swa.scale != PLAN_SCALE_E8M0)) {
-    snprintf(err, err_len, "formats.swa: the executor packs SWA entries as e4m3 with f32 or e8m0 scales only");
-    return CEDAR_EUNSUPPORTED;
-  }
-  if (op_fp4_bytes(m->head_dim, m->main_kv.block) == 0 || op_mxfp4_bytes(m->idx_head_dim, m->indexer_k.block) == 0 ||
-      op_fp8_bytes(m->head_dim, m->swa.block, m->swa.scale == PLAN_SCALE_E8M0 ? OP_SCALE_E8M0 : OP_SCALE_FP32) == 0) {
-    snprintf(err, err_len, "formats: a block size does not divide its entry width (head_dim %d, indexer head_dim %d)",
-             m->head_dim, m->idx_head_dim);
-    return CEDAR_EUNSUPPORTED;
+  const struct { const char *name; const struct plan_format *f; int w; } c[] = {
+      {"main_kv", &m->main_kv, m->head_dim}, {"indexer_k", &m->indexer_k, m->idx_head_dim}, {"swa", &m->swa, m->head_dim}};
+  for (int i = 0; i < 3; i++) {
+    struct op_kv_format f = plan_kv_format(m, c[i].f);
+    const char *why = op_kv_check(&f, c[i].w);
+    if (why) {
+      snprintf(err, err_len, "formats.%s: %s", c[i].name, why);
+      return CEDAR_EUNSUPPORTED;
+    }
   }
   return 0;
 }
@@ -48,12 +42,11 @@ int rt_kv_pools_init(struct rt_kv_pool *pools, const struct plan *p, char *err, 
     pool->page_entries = p->serving.page_tokens / L->ratio;
     if (pool->page_entries < 1) pool->page_entries = 1;
     pool->main_w = m->head_dim;
-    pool->main_block = m->main_kv.block;
+    pool->main_fmt = plan_kv_format(m, &m->main_kv);
     pool->idx_w = m->idx_head_dim;
-    pool->idx_block = m->indexer_k.block;
-    pool->nibble = m->nibble_low_first ? OP_NIBBLE_EVEN_LOW : OP_NIBBLE_EVEN_HIGH;
-    pool->main_bytes = op_fp4_bytes(pool->main_w, pool->main_block);
-    pool->idx_bytes = op_mxfp4_bytes(pool->idx_w, pool->idx_block);
+    pool->idx_fmt = plan_kv_format(m, &m->indexer_k);
+    pool->main_bytes = op_kv_bytes(&pool->main_fmt, pool->main_w);
+    pool->idx_bytes = op_kv_bytes(&pool->idx_fmt, pool->idx_w);
     pool->entry_bytes = pool->main_bytes + pool->idx_bytes;
     pthread_mutex_init(&pool->mu, NULL);
   }
@@ -182,8 +175,8 @@ int rt_request_init(struct rt_request *r, int id, const struct plan *p, struct r
     if (!r->xe || !r->xe_pos) goto fail;
     for (int i = 0; i < r->xe_cap; i++) r->xe_pos[i] = -1;
   }
-  enum op_scale_kind kind = m->swa.scale == PLAN_SCALE_E8M0 ? OP_SCALE_E8M0 : OP_SCALE_FP32;
-  size_t swa_bytes = op_fp8_bytes(m->head_dim, m->swa.block, kind);
+  const struct op_kv_format swa_fmt = plan_kv_format(m, &m->swa);
+  size_t swa_bytes = op_kv_bytes(&swa_fmt, m->head_dim);
   for (int l = 0; l < p->n_layers; l++) {
     if (ring_init(&r->ring[l], m->window, swa_bytes)) goto fail;
     if (!pools[l].entry_bytes) continue;
@@ -278,10 +271,9 @@ struct op_kv_view rt_kv_view(const struct rt_kv_seq *s) {
       .n_entries = __atomic_load_n(&s->n_entries, __ATOMIC_ACQUIRE),
       .ratio = pool->ratio,
       .main_w = pool->main_w,
-      .main_block = pool->main_block,
       .idx_w = pool->idx_w,
-      .idx_block = pool->idx_block,
-      .nibble = pool->nibble,
+      .main_fmt = pool->main_fmt,
+      .idx_fmt = pool->idx_fmt,
   };
 }
 

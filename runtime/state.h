@@ -55,8 +55,8 @@ struct rt_kv_pool {
   int page_entries;            /* serving.page_tokens / ratio (>= 1) */
   size_t entry_bytes;          /* main_bytes + idx_bytes */
   size_t main_bytes, idx_bytes;/* the two parts, main first */
-  int main_w, main_block, idx_w, idx_block;
-  enum op_nibble_order nibble;
+  int main_w, idx_w;
+  struct op_kv_format main_fmt, idx_fmt; /* plan formats.main_kv / indexer_k */
   uint8_t **page;              /* (cap) page memory, NULL when free */
   int32_t *ref;                /* (cap) refcounts; 0 = free */
   int n_pages, cap;            /* pages ever allocated (slots used), capacity */

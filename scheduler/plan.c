@@ -49,9 +49,11 @@ void plan__defaults(struct plan *p) {
   m->vit_layers = 32, m->vit_hidden = 1024, m->vit_heads = 16, m->vit_patch = 14; /* SPEC 1.6 */
   m->vit_ffn = 2816, m->vit_unshuffle = 3, m->vit_proj_hidden = 5120;
   m->vit_max_tokens = 1024, m->image_token = 129264;
-  m->main_kv = (struct plan_format){PLAN_E2M1, PLAN_SCALE_E4M3, 16, PLAN_RULE_CEIL};   /* SPEC 4.2 */
-  m->indexer_k = (struct plan_format){PLAN_E2M1, PLAN_SCALE_E8M0, 32, PLAN_RULE_CEIL}; /* SPEC 4.3 */
-  m->swa = (struct plan_format){PLAN_E4M3, PLAN_SCALE_F32, 512, PLAN_RULE_CEIL};       /* SPEC 4.4 [R] */
+  /* Appendix V #21: the vendor's V4.1 caches (rules and floors resolved by
+   * plan checking from AUTO / -1; docs/formats.md s3). */
+  m->main_kv = (struct plan_format){PLAN_E2M1, PLAN_SCALE_E4M3, 16, PLAN_RULE_AUTO, -1, true};   /* 288 B */
+  m->indexer_k = (struct plan_format){PLAN_E2M1, PLAN_SCALE_E8M0, 32, PLAN_RULE_AUTO, -1, true}; /* 68 B */
+  m->swa = (struct plan_format){PLAN_E4M3, PLAN_SCALE_E8M0, 32, PLAN_RULE_AUTO, -1, true};       /* 528 B */
   m->nibble_low_first = true;                                                        /* SPEC 4.1 [R] */
 
   struct plan_serving *s = &p->serving;

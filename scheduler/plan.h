@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ops/formats.h"
 #include "ops/rope.h"
 
 #define PLAN_MAX_LAYERS 1024
@@ -36,13 +37,18 @@ enum plan_cand { PLAN_CAND_NONE = 0, PLAN_CAND_BUILD, PLAN_CAND_READ };
 /* Storage format of one cache class: element type, scale type, values per scale. */
 enum plan_elem { PLAN_E2M1 = 0, PLAN_E4M3, PLAN_BF16, PLAN_F32 };
 enum plan_scale { PLAN_SCALE_NONE = 0, PLAN_SCALE_E4M3, PLAN_SCALE_E8M0, PLAN_SCALE_F32 };
-enum plan_scale_rule { PLAN_RULE_CEIL = 0, PLAN_RULE_OCP };
+/* How a block's scale is chosen (docs/formats.md s3): AUTO is the vendor's
+ * rule for the scale type (rne for e4m3, ceil for e8m0, the float quotient
+ * for f32); plan checking resolves it. */
+enum plan_scale_rule { PLAN_RULE_CEIL = 0, PLAN_RULE_OCP, PLAN_RULE_RNE, PLAN_RULE_ROUNDUP, PLAN_RULE_AUTO };
 
 struct plan_format {
   enum plan_elem elem;
   enum plan_scale scale;
   int block;                 /* values per scale */
-  enum plan_scale_rule rule; /* E8M0 scale choice: ceil(log2(amax/6)) or OCP */
+  enum plan_scale_rule rule; /* scale choice (ceil/ocp for e8m0, rne/roundup for e4m3) */
+  double floor;              /* scale_floor (rne, ceil); < 0: the vendor's (plan checking resolves it) */
+  bool bf16_round;           /* round values to bf16 before quantizing (vendor: true) */
 };
 
 /* A RoPE block of the plan (model.rope.swa, model.rope.csa) is the ops'
@@ -211,5 +217,7 @@ int64_t plan_max_positions(const struct plan *p);
 /* Bytes of one stored vector of `width` values in format f (payload + scales). */
 int64_t plan_format_bytes(const struct plan_format *f, int width);
 int64_t plan_format_payload_bytes(const struct plan_format *f, int width);
+/* The ops' format of a checked plan's cache class (rule and floor resolved). */
+struct op_kv_format plan_kv_format(const struct plan_model *m, const struct plan_format *f);
 
 #endif

@@ -84,23 +84,53 @@ static void check_widths(struct plan_ctx *ctx, struct plan *p) {
         "model.engram.pad_id = %d is not a token id (vocab %d)", m->engram_pad_id, m->vocab);
 }
 
-/* A storage format must tile its width and pack to whole bytes. */
-static void check_format(struct plan_ctx *ctx, const char *name, const struct plan_format *f, int width) {
+/* A storage format must be one the runtime stores (op_kv_check): AUTO
+ * rules and unset floors become the vendor's (Appendix V #21, docs/formats.md
+ * s3), then every refusal names the key to change. */
+static void check_format(struct plan_ctx *ctx, const char *name, struct plan_format *f, int width) {
   char path[64];
-  snprintf(path, sizeof path, "formats.%s.block", name);
+  const int errors = ctx->n_errors;
+  snprintf(path, sizeof path, "formats.%s.scale_rule", name);
   struct plan_mark at = mark_of(ctx, path);
-  static const int bits[] = {4, 8, 16, 32};
-  if (f->scale != PLAN_SCALE_NONE && width % f->block)
+  if (f->rule == PLAN_RULE_AUTO && f->scale == PLAN_SCALE_E4M3) f->rule = PLAN_RULE_RNE;
+  if (f->rule == PLAN_RULE_AUTO && f->scale == PLAN_SCALE_E8M0) f->rule = PLAN_RULE_CEIL;
+  const bool e4m3_rule = f->rule == PLAN_RULE_RNE || f->rule == PLAN_RULE_ROUNDUP;
+  const bool e8m0_rule = f->rule == PLAN_RULE_CEIL || f->rule == PLAN_RULE_OCP;
+  if (f->scale == PLAN_SCALE_E4M3 && !e4m3_rule)
+    ERR(ctx, at, "set `scale_rule: rne` (vendor) or `roundup` (SPEC 4.2), or leave it out",
+        "formats.%s: an e4m3 scale is not chosen by the %s rule", name, e8m0_rule ? "e8m0" : "given");
+  if (f->scale == PLAN_SCALE_E8M0 && !e8m0_rule)
+    ERR(ctx, at, "set `scale_rule: ceil` (vendor) or `ocp`, or leave it out",
+        "formats.%s: an e8m0 scale is not chosen by the %s rule", name, e4m3_rule ? "e4m3" : "given");
+  if ((f->scale == PLAN_SCALE_F32 || f->scale == PLAN_SCALE_NONE) && f->rule != PLAN_RULE_AUTO)
+    ERR(ctx, at, "remove `scale_rule` (or set `scale_rule: auto`)",
+        "formats.%s: scale %s has no scale rule to choose", name, plan_scale_name(f->scale));
+  snprintf(path, sizeof path, "formats.%s.scale_floor", name);
+  at = mark_of(ctx, path);
+  if (f->floor >= 0 && f->rule != PLAN_RULE_RNE && f->rule != PLAN_RULE_CEIL)
+    ERR(ctx, at, "remove `scale_floor`: only the rne (e4m3) and ceil (e8m0) scale rules have a floor",
+        "formats.%s: scale_floor set for a scale without a floor", name);
+  if (f->floor < 0) /* the vendor's: 2^-9 (FP4 Main KV), 2^-126 (MXFP4 keys), 1e-4 (vLLM's FP8 SWA) */
+    f->floor = f->rule == PLAN_RULE_RNE                             ? 0x1p-9
+               : f->rule == PLAN_RULE_CEIL && f->elem == PLAN_E2M1 ? 0x1p-126
+               : f->rule == PLAN_RULE_CEIL                          ? 1e-4
+                                                                    : 0;
+  snprintf(path, sizeof path, "formats.%s.block", name);
+  at = mark_of(ctx, path);
+  if (f->scale != PLAN_SCALE_NONE && (f->block <= 0 || width % f->block))
     ERR(ctx, at, "choose a block size that divides the vector width",
         "formats.%s.block = %d does not divide the %d-wide vectors it stores", name, f->block, width);
-  if ((int64_t)width * bits[f->elem] % 8)
-    ERR(ctx, at, "use an even width for 4-bit elements", "formats.%s: %d %s values do not fill whole bytes", name,
-        width, plan_elem_name(f->elem));
-  snprintf(path, sizeof path, "formats.%s.scale", name);
+  if (ctx->n_errors > errors) return;
+  struct plan_model m = {.nibble_low_first = true};
+  struct op_kv_format of = plan_kv_format(&m, f);
+  const char *why = op_kv_check(&of, width);
+  if (!why) return;
+  snprintf(path, sizeof path, "formats.%s", name);
   at = mark_of(ctx, path);
-  if (f->scale == PLAN_SCALE_NONE && (f->elem == PLAN_E2M1 || f->elem == PLAN_E4M3))
-    ERR(ctx, at, "set `scale: e4m3`, `e8m0` or `f32`", "formats.%s: %s elements need a scale", name,
-        plan_elem_name(f->elem));
+  char hint[160];
+  snprintf(hint, sizeof hint, "change formats.%s: %s", name, why);
+  ERR(ctx, at, hint, "formats.%s {element: %s, scale: %s, block: %d} cannot store %d-wide vectors", name,
+      plan_elem_name(f->elem), plan_scale_name(f->scale), f->block, width);
 }
 
 static void check_serving(struct plan_ctx *ctx, struct plan *p) {

@@ -57,6 +57,28 @@ int64_t plan_format_bytes(const struct plan_format *f, int width) {
   return plan_format_payload_bytes(f, width) + n_scales * scale_bytes(f->scale);
 }
 
+/* The ops' format of a checked cache class: what the runtime packs, whose
+ * op_kv_bytes equals plan_format_bytes (tests/test_formats_plan.c). */
+_Static_assert((int)PLAN_E2M1 == OP_KV_E2M1 && (int)PLAN_E4M3 == OP_KV_E4M3 && (int)PLAN_BF16 == OP_KV_BF16 &&
+                   (int)PLAN_F32 == OP_KV_F32 && (int)PLAN_SCALE_NONE == OP_KV_SCALE_NONE &&
+                   (int)PLAN_SCALE_E4M3 == OP_KV_SCALE_E4M3 && (int)PLAN_SCALE_E8M0 == OP_KV_SCALE_E8M0 &&
+                   (int)PLAN_SCALE_F32 == OP_KV_SCALE_F32,
+               "plan and op format enums list the same types");
+struct op_kv_format plan_kv_format(const struct plan_model *m, const struct plan_format *f) {
+  static const enum op_kv_rule rule[] = {[PLAN_RULE_CEIL] = OP_KV_CEIL, [PLAN_RULE_OCP] = OP_KV_OCP,
+                                         [PLAN_RULE_RNE] = OP_KV_RNE, [PLAN_RULE_ROUNDUP] = OP_KV_ROUNDUP,
+                                         [PLAN_RULE_AUTO] = OP_KV_FLOAT};
+  return (struct op_kv_format){
+      .elem = (enum op_kv_elem)f->elem, /* the enums list the same types in the same order */
+      .scale = (enum op_kv_scale)f->scale,
+      .block = f->block,
+      .rule = (unsigned)f->rule <= PLAN_RULE_AUTO ? rule[f->rule] : OP_KV_FLOAT,
+      .floor = f->floor > 0 ? (float)f->floor : 0.0f,
+      .nibble = m->nibble_low_first ? OP_NIBBLE_EVEN_LOW : OP_NIBBLE_EVEN_HIGH,
+      .bf16 = f->bf16_round,
+  };
+}
+
 /* ---- query ------------------------------------------------------------- */
 
 void plan_cost_query_init(struct plan_cost_query *q) {

@@ -48,7 +48,7 @@ struct field {
 
 static const char *const elem_names[] = {"e2m1", "e4m3", "bf16", "f32", NULL};
 static const char *const scale_names[] = {"none", "e4m3", "e8m0", "f32", NULL};
-static const char *const rule_names[] = {"ceil", "ocp", NULL};
+static const char *const rule_names[] = {"ceil", "ocp", "rne", "roundup", "auto", NULL}; /* = enum plan_scale_rule */
 static const char *const score_names[] = {"sqrtsoftplus", "softmax", "sigmoid", NULL};
 static const char *const merge_names[] = {"carried", "learned", "sum", NULL};
 static const char *const pairing_names[] = {"v41", "v4", NULL};
@@ -76,6 +76,8 @@ static const struct field format_fields[] = {
     ENUM("scale", F(scale), scale_names),
     INT("block", F(block), 1, 1 << 16),
     ENUM("scale_rule", F(rule), rule_names),
+    DBL("scale_floor", F(floor), 0, 1e38),
+    BOOL("bf16_round", F(bf16_round)),
     END,
 };
 

@@ -198,11 +198,11 @@ static inline bool entry_far(const struct rt_kv_pool *pl, const uint8_t *x, cons
   const uint8_t *xs = x + pl->main_w / 2, *ys = y + pl->main_w / 2;
   for (int j = 0; j < pl->main_w / 2; j++)
     if (!e2m1_adjacent(x[j] & 15u, y[j] & 15u) || !e2m1_adjacent(x[j] >> 4, y[j] >> 4)) return true;
-  for (int b = 0; b < pl->main_w / pl->main_block; b++)
+  for (int b = 0; b < pl->main_w / pl->main_fmt.block; b++)
     if (!e4m3_adjacent(xs[b], ys[b])) return true;
   const uint8_t *xi = x + pl->main_bytes, *yi = y + pl->main_bytes;
-  const int bb = pl->idx_block / 2; /* bytes of nibbles per block */
-  for (int b = 0; b < pl->idx_w / pl->idx_block; b++) {
+  const int bb = pl->idx_fmt.block / 2; /* bytes of nibbles per block */
+  for (int b = 0; b < pl->idx_w / pl->idx_fmt.block; b++) {
     int dx = (int)xi[pl->idx_w / 2 + b] - (int)yi[pl->idx_w / 2 + b];
     if (abs(dx) > 1) return true;
     for (int j = b * bb; dx == 0 && j < (b + 1) * bb; j++)

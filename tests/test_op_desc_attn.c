@@ -279,7 +279,8 @@ static void check_swa_kv(void) {
   struct op_rope_angles a;
   op_rope_angles_init(&a, ab, &r, pos, N);
   op_swa_kv(kS, u, W, g, &a, &r, N, HID, D, 1e-6f);
-  op_swa_pack(e, kS, N, D, BLK, OP_SCALE_E8M0, b);
+  const struct op_kv_format sf = op_kv_fp8_format(BLK, OP_SCALE_E8M0);
+  op_swa_pack(e, kS, N, D, &sf, b);
   struct h_io h;
   h_io_init(&h);
   h_io_input(&h, "u", OP_F32, 2, (int64_t[]){N, HID}, u);
@@ -346,7 +347,8 @@ static void check_compress_case(const struct comp_case *c) {
   struct op_comp_layer L = {.ratio = c->ratio, .hidden = HID, .d = d, .idx_dim = di, .W_kv = Wkv,
                             .W_gate = c->ratio > 1 ? Wg : NULL, .gamma = gc, .W_ik = Wik, .k_norm = c->k_norm,
                             .k_gamma = c->k_norm ? kg : NULL, .eps = 1e-6f, .rope = &r, .rope_i = &ri,
-                            .main_block = c->main_block, .idx_block = c->idx_block};
+                            .main_fmt = op_kv_fp4_format(c->main_block, OP_NIBBLE_EVEN_LOW),
+                            .idx_fmt = op_kv_mxfp4_format(c->idx_block, OP_MX_CEIL, OP_NIBBLE_EVEN_LOW)};
   const size_t mb = op_fp4_bytes(d, c->main_block), ib = op_mxfp4_bytes(di, c->idx_block);
   struct op_comp_out out = {.entries = h_kept_zeros((size_t)n_emit * (mb + ib)), .entry_bytes = mb + ib, .idx_off = mb,
                             .max_entries = n_emit, .pos = h_kept_zeros((size_t)n_emit * sizeof(int64_t))};
@@ -458,7 +460,7 @@ static void check_indexer(void) {
   idx_data(&D);
   const uint8_t *page = D.keys;
   struct op_kv_view kv = {.pages = &page, .page_entries = IE, .entry_bytes = D.ib, .n_entries = IE, .ratio = 2,
-                          .idx_w = IW, .idx_block = IBLK};
+                          .idx_w = IW, .idx_fmt = op_kv_mxfp4_format(IBLK, OP_MX_CEIL, OP_NIBBLE_EVEN_LOW)};
   int32_t topk[IS * IK], pool[IS * PT], retopk[IS * IK];
   void *work = h_kept_zeros(op_indexer_topk_work_bytes(&kv, D.pos, IS, PB));
   op_indexer_topk(topk, pool, work, D.q, D.w, D.pos, &kv, IS, IH, IK, PB, PT, true); /* the descriptor's default pin */
@@ -560,9 +562,9 @@ static void check_sparse_attn(void) {
   attn_data(&D);
   const uint8_t *page = D.entries;
   struct op_kv_view kv = {.pages = &page, .page_entries = AN, .entry_bytes = D.eb, .n_entries = AN, .ratio = 1,
-                          .main_w = AD, .main_block = MBLK};
+                          .main_w = AD, .main_fmt = op_kv_fp4_format(MBLK, OP_NIBBLE_EVEN_LOW)};
   struct op_swa_view swa = {.slots = D.ring, .pos = D.spos, .n_slots = ASL, .entry_bytes = D.sb, .w = AD,
-                            .block = SBLK, .scale = OP_SCALE_E8M0};
+                            .fmt = op_kv_fp8_format(SBLK, OP_SCALE_E8M0)};
   struct op_rope r;
   rope_make(&r, AD, 8, false);
   for (int mode = 0; mode < 2; mode++) { /* 0: global + ring + sink; 1: SWA only, no sink */

@@ -188,7 +188,8 @@ static void pack_state(struct state *st) {
   const int n_pages = (int)((st->cap + pe - 1) / pe);
   st->kv = (struct op_kv_view){.page_entries = pe, .entry_bytes = idx_bytes + 2 + main_bytes + 3, .idx_off = 0,
                                .main_off = idx_bytes + 2, .n_entries = st->n_global, .ratio = tc->ratio,
-                               .main_w = d, .main_block = tc->block, .idx_w = 32, .idx_block = 32, .nibble = tc->nib};
+                               .main_w = d, .idx_w = 32, .main_fmt = op_kv_fp4_format(tc->block, tc->nib),
+                               .idx_fmt = op_kv_mxfp4_format(32, OP_MX_CEIL, tc->nib)};
   const size_t page_bytes = (size_t)pe * st->kv.entry_bytes;
   st->pool = malloc((size_t)n_pages * page_bytes);
   memset(st->pool, 0xEE, (size_t)n_pages * page_bytes);
@@ -210,7 +211,7 @@ static void pack_state(struct state *st) {
     op_fp8_unpack(st->sdeq + (size_t)s * d, st->ring + (size_t)s * sb, d, tc->swa_block, kind);
   }
   st->swa = (struct op_swa_view){.slots = st->ring, .pos = st->spos, .n_slots = st->slots, .entry_bytes = sb,
-                                 .w = d, .block = tc->swa_block, .scale = kind};
+                                 .w = d, .fmt = op_kv_fp8_format(tc->swa_block, kind)};
 }
 
 static void free_state(struct state *st) {

@@ -109,8 +109,9 @@ static void cdata_init(struct cdata *D, const struct ccfg *c, uint64_t *seed) {
   D->L = (struct op_comp_layer){.ratio = c->ratio, .hidden = c->hidden, .d = c->d, .idx_dim = c->idx_dim,
                                 .W_kv = D->W_kv, .W_gate = D->W_gate, .gamma = D->gamma, .W_ik = D->W_ik,
                                 .k_norm = c->k_norm, .k_gamma = D->k_gamma, .eps = EPS, .rope = &D->rope,
-                                .rope_i = &D->rope_i, .main_block = c->main_block, .idx_block = c->idx_block,
-                                .mx = OP_MX_CEIL, .nibble = OP_NIBBLE_EVEN_LOW};
+                                .rope_i = &D->rope_i,
+                                .main_fmt = op_kv_fp4_format(c->main_block, OP_NIBBLE_EVEN_LOW),
+                                .idx_fmt = op_kv_mxfp4_format(c->idx_block, OP_MX_CEIL, OP_NIBBLE_EVEN_LOW)};
 }
 
 static void cdata_free(struct cdata *D) {
@@ -127,7 +128,7 @@ static void cdata_free(struct cdata *D) {
 /* An output of capacity cap: parts separated by PAD gaps (layout 0: main
  * first; 1: indexer first), every byte pre-set to PAD. */
 static void out_alloc(struct op_comp_out *o, const struct op_comp_layer *L, int cap, int layout) {
-  size_t mb = op_fp4_bytes(L->d, L->main_block), ib = op_mxfp4_bytes(L->idx_dim, L->idx_block);
+  size_t mb = op_kv_bytes(&L->main_fmt, L->d), ib = op_kv_bytes(&L->idx_fmt, L->idx_dim);
   memset(o, 0, sizeof *o);
   o->main_off = layout ? ib + 5 : 0;
   o->idx_off = layout ? 0 : mb + 5;
@@ -169,8 +170,9 @@ static void check_bytes(const struct op_comp_out *o, const struct op_comp_layer 
   for (int e = 0; e < E; e++) {
     const uint8_t *got = o->entries + (size_t)e * o->entry_bytes;
     memset(want, PAD, o->entry_bytes);
-    op_fp4_pack(want + o->main_off, o->kM + (size_t)e * L->d, L->d, L->main_block, L->nibble);
-    op_mxfp4_pack(want + o->idx_off, o->kI + (size_t)e * L->idx_dim, L->idx_dim, L->idx_block, L->mx, L->nibble);
+    op_fp4_pack(want + o->main_off, o->kM + (size_t)e * L->d, L->d, L->main_fmt.block, L->main_fmt.nibble);
+    op_mxfp4_pack(want + o->idx_off, o->kI + (size_t)e * L->idx_dim, L->idx_dim, L->idx_fmt.block, OP_MX_CEIL,
+                  L->idx_fmt.nibble);
     EXPECT(memcmp(got, want, o->entry_bytes) == 0, "%s: entry %d bytes are not pack(kM) | pack(kI) | untouched pad",
            what, e);
   }
@@ -557,7 +559,7 @@ static void test_indexer_independent(uint64_t *seed) {
   static const int blocks[3] = {16, 32, 64};
   for (int k = 0; k < 3; k++) {
     struct op_comp_layer L = D.L;
-    L.main_block = blocks[k];
+    L.main_fmt.block = blocks[k];
     struct op_comp_tail t = new_tail(&tb, 2, d, 0);
     out_alloc(&o[k], &L, E, k == 1);
     EXPECT(op_compress(&o[k], &t, scratch, u, 0, N, &L, NULL) == E, "8.2.11 block %d: %d entries", blocks[k], E);
@@ -582,7 +584,7 @@ static void test_indexer_independent(uint64_t *seed) {
   double *x = dalloc(d), *xb = dalloc(d), *k = dalloc(di), *kb = dalloc(di), worst = 0;
   for (int e = 0; e < E; e++) {
     int64_t p = 2 * e, minus = -p;
-    op_fp4_unpack(deq, o[0].entries + (size_t)e * o[0].entry_bytes + o[0].main_off, d, c.main_block, D.L.nibble);
+    op_fp4_unpack(deq, o[0].entries + (size_t)e * o[0].entry_bytes + o[0].main_off, d, c.main_block, D.L.main_fmt.nibble);
     for (int i = 0; i < d; i++) x[i] = deq[i], xb[i] = 0;
     h_ref_rope(x, xb, &D.rope, &minus, 1, 1);
     h_ref_linear(k, kb, D.W_ik, x, NULL, 1, d, di);

@@ -56,8 +56,9 @@ struct src {
 static void src_build(struct src *s, const struct cfg *c, uint64_t *seed) {
   size_t idx_bytes = op_mxfp4_bytes(c->hd, c->hblock), main_bytes = op_fp4_bytes(MAIN_W, 16);
   struct op_kv_view kv = {.page_entries = c->page_entries, .main_off = 0, .idx_off = main_bytes + 2,
-                          .n_entries = c->n_entries, .ratio = c->ratio, .main_w = MAIN_W, .main_block = 16,
-                          .idx_w = c->hd, .idx_block = c->hblock, .nibble = c->nibble};
+                          .n_entries = c->n_entries, .ratio = c->ratio, .main_w = MAIN_W,
+                          .main_fmt = op_kv_fp4_format(16, c->nibble), .idx_w = c->hd,
+                          .idx_fmt = op_kv_mxfp4_format(c->hblock, OP_MX_CEIL, c->nibble)};
   kv.entry_bytes = kv.idx_off + idx_bytes + 3; /* an odd stride */
   s->n_pages = (int)((c->n_entries + c->page_entries - 1) / c->page_entries) + 1;
   s->pages = calloc((size_t)s->n_pages, sizeof *s->pages);
@@ -92,7 +93,7 @@ static void src_free(struct src *s) {
 
 /* Overwrite entry e's Indexer-K with a copy of entry from's (bytes and keys). */
 static void src_copy_key(struct src *s, int64_t e, int64_t from) {
-  size_t n = op_mxfp4_bytes(s->kv.idx_w, s->kv.idx_block);
+  size_t n = op_mxfp4_bytes(s->kv.idx_w, s->kv.idx_fmt.block);
   memcpy((uint8_t *)op_kv_entry(&s->kv, e) + s->kv.idx_off, op_kv_entry(&s->kv, from) + s->kv.idx_off, n);
   memcpy(s->keys + e * s->kv.idx_w, s->keys + from * s->kv.idx_w, (size_t)s->kv.idx_w * sizeof *s->keys);
 }
@@ -100,7 +101,7 @@ static void src_copy_key(struct src *s, int64_t e, int64_t from) {
 /* Poison entry e's Indexer-K: every scale NaN, so its score is NaN. */
 static void src_poison(struct src *s, int64_t e) {
   uint8_t *p = (uint8_t *)op_kv_entry(&s->kv, e) + s->kv.idx_off + s->kv.idx_w / 2;
-  memset(p, 0xFF, (size_t)(s->kv.idx_w / s->kv.idx_block));
+  memset(p, 0xFF, (size_t)(s->kv.idx_w / s->kv.idx_fmt.block));
 }
 
 /* ---- float64 references, written plainly ------------------------------- */

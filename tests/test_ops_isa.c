@@ -104,7 +104,8 @@ struct idx_src {
 static void idx_build(struct idx_src *s, int n_entries, uint64_t seed) {
   const size_t eb = op_mxfp4_bytes(IDX_W, IDX_BLOCK);
   s->kv = (struct op_kv_view){.page_entries = PAGE, .entry_bytes = eb, .n_entries = n_entries, .ratio = 1,
-                              .idx_w = IDX_W, .idx_block = IDX_BLOCK, .nibble = OP_NIBBLE_EVEN_LOW};
+                              .idx_w = IDX_W,
+                              .idx_fmt = op_kv_mxfp4_format(IDX_BLOCK, OP_MX_CEIL, OP_NIBBLE_EVEN_LOW)};
   float x[IDX_W];
   for (int p = 0; p * PAGE < n_entries; p++) {
     s->pages[p] = calloc(PAGE, eb);

@@ -228,7 +228,8 @@ static void test_swa(const struct qdata *D, const char *name) {
     size_t bytes = op_fp8_bytes(hd, fmts[f].block, fmts[f].kind), stride = bytes + 3, total = stride * c->n;
     uint8_t *out = h_alloc_bytes(total), *one = malloc(bytes);
     memset(out, 0x5A, total);
-    op_swa_pack(out, kS, c->n, hd, fmts[f].block, fmts[f].kind, stride);
+    const struct op_kv_format sf = op_kv_fp8_format(fmts[f].block, fmts[f].kind);
+    op_swa_pack(out, kS, c->n, hd, &sf, stride);
     for (int i = 0; i < c->n; i++) {
       op_fp8_pack(one, kS + (size_t)i * hd, hd, fmts[f].block, fmts[f].kind);
       EXPECT(memcmp(out + i * stride, one, bytes) == 0, "%s: swa pack fmt %zu row %d differs from op_fp8_pack",

@@ -1,4 +1,6 @@
-"""Storage-format codecs for the oracle, written from docs/formats.md only.
+"""Storage-format codecs for the oracle, written from docs/formats.md and
+SPEC-V41.md (Appendix V #21: the vendor's scale rules, floors and bf16
+rounding; see resolve() and the "scale rules" section).
 
 Element codecs: E2M1 (FP4), E4M3 (FP8 "E4M3FN", saturating, RNE), E8M0
 (power-of-two scale byte).  Entry codecs: Main-KV FP4 (E2M1 + E4M3 scale per
@@ -190,48 +192,134 @@ def fp8_bytes(W, block, scale):
     return W + (W // block) * {'f32': 4, 'e8m0': 1}[scale]
 
 
-# ---------------------------------------------------------------- E2M1 entries
+# ---------------------------------------------------------------- scale rules
+# Appendix V #21 (SPEC-V41.md) as formulas, evaluated in float64 on the
+# float32 amax: every quotient below is exact enough that no rounding can
+# move it across an E4M3 tie or a power of two (docs/formats.md s4).
 
 
-def pack_e2m1(x, block, scale='e4m3', rule='ceil', nibble='low_first'):
-    """E2M1 payload + one scale byte per block (E4M3 'roundup(amax/6)' or E8M0).
-    Returns uint8 (..., W/2 + W/block)."""
-    if block % 2:
-        raise ValueError('E2M1 block must be even')
-    x = _f32(x)
-    xb = _blocks(x, block)
+def bf16_round(x):
+    """Nearest bf16 (ties to even) of float32 x, as float64; NaN stays NaN,
+    values past the bf16 range become +-Inf."""
+    f = np.asarray(x, dtype=np.float32)
+    u = f.view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    out = r.view(np.float32).astype(np.float64)
+    return np.where(np.isnan(f), np.nan, out)
+
+
+def e8m0_floor_byte(t):
+    """Byte k + 127 with k = ceil(log2 t) exactly, t > 0 (float64), clamped."""
+    t = np.asarray(t, dtype=np.float64)
+    with np.errstate(divide='ignore'):
+        k = np.ceil(np.log2(t)).astype(np.int64)
+    for _ in range(2):
+        k = np.where(np.ldexp(1.0, k) < t, k + 1, k)
+        k = np.where(np.ldexp(1.0, k - 1) >= t, k - 1, k)
+    return (np.clip(k, -127, 127) + 127).astype(np.int64)
+
+
+def e4m3_scale(amax, qmax, rule, floor):
+    """E4M3 scale byte of a finite block.
+    rne    : RNE_E4M3(clamp(amax / qmax, floor, 448))   (vendor Main KV, floor 2^-9)
+    roundup: smallest E4M3 s >= fl32(amax / qmax); 0x00 for a zero block,
+             0x01 when the quotient underflows                     (SPEC 4.2)"""
+    amax = np.asarray(amax, dtype=np.float64)
+    if rule == 'rne':
+        return e4m3_encode(np.clip(amax / qmax, floor, E4M3_MAX))
+    q = (np.asarray(amax, np.float32) / np.float32(qmax)).astype(np.float64)
+    sc = e4m3_roundup(q)
+    return np.where((amax > 0) & (q == 0), 0x01, sc).astype(np.uint8)
+
+
+def e8m0_rule_scale(amax, qmax, rule, floor):
+    """E8M0 scale byte of a finite block.
+    ceil: 2^ceil(log2(max(amax / qmax, floor)))  (vendor: floor 2^-126 for MXFP4
+          keys, 1e-4 for FP8 SWA as vLLM); floor 0: a zero block gets 2^-127
+    ocp : floor(log2 amax) - floor(log2 qmax)"""
+    if rule == 'ocp' or not floor:
+        return e8m0_scale(amax, qmax, rule)
+    amax = np.asarray(amax, dtype=np.float64)
+    return e8m0_floor_byte(np.maximum(amax / qmax, floor)).astype(np.uint8)
+
+
+def _block_scales(xb, elem, scale, rule, floor):
+    """Per block: (finite mask, scale value s (0 for an unscaled zero block),
+    scale bytes (..., nb * width))."""
+    qmax = E2M1_MAX if elem == 'e2m1' else E4M3_MAX
     finite = np.isfinite(xb).all(axis=-1)
     amax = np.where(finite, np.abs(np.where(np.isfinite(xb), xb, 0)).max(axis=-1), 0.0)
     if scale == 'e4m3':
-        q6 = (np.asarray(amax, np.float32) / np.float32(6)).astype(np.float64)  # fl32(amax/6)
-        sc = e4m3_roundup(q6)
-        sc = np.where((amax > 0) & (q6 == 0), 0x01, sc).astype(np.uint8)       # underflow rule
-        s = e4m3_decode(sc)
-        sc = np.where(finite, sc, 0x7F).astype(np.uint8)
-    elif scale == 'e8m0':
-        sc = e8m0_scale(amax, E2M1_MAX, rule)
-        s = e8m0_decode(sc)
-        sc = np.where(finite, sc, 0xFF).astype(np.uint8)
-    else:
-        raise ValueError('E2M1 scale must be e4m3 or e8m0, not %r' % scale)
+        sc = e4m3_scale(amax, qmax, rule, floor)
+        return finite, e4m3_decode(sc), np.where(finite, sc, 0x7F).astype(np.uint8)
+    if scale == 'e8m0':
+        sc = e8m0_rule_scale(amax, qmax, rule, floor)
+        return finite, e8m0_decode(sc), np.where(finite, sc, 0xFF).astype(np.uint8)
+    if scale == 'f32':  # s = max(fl32(amax / qmax), FLT_MIN), 0 for a zero block
+        a32 = np.asarray(amax, np.float32)
+        s = np.maximum(a32 / np.float32(qmax), np.float32(FLT_MIN)).astype(np.float32)
+        s = np.where(a32 == 0, np.float32(0), s).astype(np.float32)
+        s_store = np.where(finite, s, np.float32(np.nan)).astype('<f4')
+        return finite, s.astype(np.float64), np.ascontiguousarray(s_store).view(np.uint8).reshape(
+            s.shape[:-1] + (-1,))
+    raise ValueError('scale %r' % scale)
+
+
+def _quotient(xb, s, scale):
+    """x / s per element: float32 arithmetic for an FP32 scale (the format is
+    defined by it), exact float64 otherwise; a zero scale (zero block) gives
+    the signed zeros."""
     s_ = s[..., None]
     with np.errstate(divide='ignore', invalid='ignore'):
-        t = np.where(s_ > 0, xb / np.where(s_ > 0, s_, 1.0), xb * 0.0)  # all-zero block: signed zeros
-    codes = e2m1_encode(t)
-    codes = np.where(finite[..., None], codes, 0).astype(np.uint8)
-    codes = codes.reshape(x.shape)
-    return np.concatenate([_pack_nibbles(codes, nibble), sc.astype(np.uint8)], axis=-1)
+        if scale == 'f32':
+            x32, s32 = xb.astype(np.float32), s_.astype(np.float32)
+            t = np.where(s32 > 0, x32 / np.where(s32 > 0, s32, 1), x32 * np.float32(0))
+            return t.astype(np.float64)
+        return np.where(s_ > 0, xb / np.where(s_ > 0, s_, 1.0), xb * 0.0)
+
+
+# ---------------------------------------------------------------- E2M1 entries
+
+
+def pack_e2m1(x, block, scale='e4m3', rule=None, nibble='low_first', floor=0.0):
+    """E2M1 payload + one scale per block (E4M3, E8M0 or FP32).  rule None is
+    SPEC's (roundup for E4M3, ceil for E8M0) and floor 0 none; plan formats
+    go through pack().  Returns uint8 (..., W/2 + W/block * scale width)."""
+    if block % 2:
+        raise ValueError('E2M1 block must be even')
+    rule = rule or ('roundup' if scale == 'e4m3' else 'ceil')
+    x = _f32(x)
+    xb = _blocks(x, block)
+    finite, s, sb = _block_scales(xb, 'e2m1', scale, rule, floor)
+    codes = e2m1_encode(_quotient(xb, s, scale))   # saturates at 6 (rne may round s down)
+    codes = np.where(finite[..., None], codes, 0).astype(np.uint8).reshape(x.shape)
+    sb = sb.reshape(x.shape[:-1] + (-1,))
+    return np.concatenate([_pack_nibbles(codes, nibble), sb], axis=-1)
+
+
+def _scale_width(scale):
+    return {'e4m3': 1, 'e8m0': 1, 'f32': 4}[scale]
+
+
+def _decode_scales(sb, nb, scale):
+    if scale == 'e4m3':
+        return e4m3_decode(sb)
+    if scale == 'e8m0':
+        return e8m0_decode(sb)
+    sb = np.ascontiguousarray(sb).reshape(sb.shape[:-1] + (nb, 4))
+    return sb.view('<f4')[..., 0].astype(np.float64)
 
 
 def unpack_e2m1(b, W, block, scale='e4m3', nibble='low_first'):
     b = np.asarray(b, dtype=np.uint8)
     nb = W // block
-    if b.shape[-1] != W // 2 + nb:
-        raise ValueError('entry has %d bytes, expected %d' % (b.shape[-1], W // 2 + nb))
+    if b.shape[-1] != W // 2 + nb * _scale_width(scale):
+        raise ValueError('entry has %d bytes, expected %d' % (b.shape[-1], W // 2 + nb * _scale_width(scale)))
     codes = _unpack_nibbles(b[..., :W // 2], nibble)
-    sc = b[..., W // 2:]
-    s = e4m3_decode(sc) if scale == 'e4m3' else e8m0_decode(sc)
+    s = _decode_scales(b[..., W // 2:], nb, scale)
     v = _blocks(e2m1_decode(codes), block) * s[..., None]
+    if scale == 'f32':
+        v = v.astype(np.float32).astype(np.float64)  # the float product q * s
     poisoned = np.isnan(s)[..., None] & np.ones(block, bool)
     v = np.where(poisoned, np.nan, v)
     return v.reshape(b.shape[:-1] + (W,))
@@ -240,50 +328,28 @@ def unpack_e2m1(b, W, block, scale='e4m3', nibble='low_first'):
 # ---------------------------------------------------------------- E4M3 entries
 
 
-def pack_e4m3(x, block, scale='f32', rule='ceil'):
+def pack_e4m3(x, block, scale='f32', rule=None, floor=0.0):
     """E4M3 payload (element i at byte i) + per-block scale: FP32 little-endian
-    (s = max(fl32(amax/448), FLT_MIN), 0 for an all-zero block) or E8M0."""
+    (s = max(fl32(amax/448), FLT_MIN), 0 for an all-zero block), E8M0 (rule
+    None: ceil) or E4M3 (rule None: rne)."""
+    rule = rule or ('rne' if scale == 'e4m3' else 'ceil')
     x32 = np.asarray(x, dtype=np.float32)
-    xb = _blocks(x32, block)
-    finite = np.isfinite(xb).all(axis=-1)
-    amax = np.where(finite, np.abs(np.where(np.isfinite(xb), xb, 0)).max(axis=-1),
-                    np.float32(0)).astype(np.float32)
-    if scale == 'f32':
-        s = np.maximum(amax / np.float32(448), np.float32(FLT_MIN)).astype(np.float32)
-        s = np.where(amax == 0, np.float32(0), s).astype(np.float32)
-        with np.errstate(divide='ignore', invalid='ignore'):
-            t = np.where(s[..., None] > 0, xb / np.where(s[..., None] > 0, s[..., None], 1),
-                         xb * np.float32(0)).astype(np.float32)   # fl32(x/s)
-        s_store = np.where(finite, s, np.float32(np.nan)).astype('<f4')
-        sbytes = np.ascontiguousarray(s_store).view(np.uint8)        # (..., nb * 4)
-    elif scale == 'e8m0':
-        sc = e8m0_scale(amax.astype(np.float64), E4M3_MAX, rule)
-        sd = e8m0_decode(sc)
-        t = xb.astype(np.float64) / sd[..., None]
-        sbytes = np.where(finite, sc, 0xFF).astype(np.uint8)
-    else:
-        raise ValueError('E4M3 scale must be f32 or e8m0, not %r' % scale)
-    codes = e4m3_encode(np.asarray(t, dtype=np.float64))
+    xb = _blocks(x32.astype(np.float64), block)
+    finite, s, sb = _block_scales(xb, 'e4m3', scale, rule, floor)
+    codes = e4m3_encode(_quotient(xb, s, scale))   # saturates at 448
     codes = np.where(finite[..., None], codes, 0).astype(np.uint8).reshape(x32.shape)
-    return np.concatenate([codes, sbytes], axis=-1)
+    return np.concatenate([codes, sb.reshape(x32.shape[:-1] + (-1,))], axis=-1)
 
 
 def unpack_e4m3(b, W, block, scale='f32'):
     b = np.asarray(b, dtype=np.uint8)
     nb = W // block
-    codes = b[..., :W]
+    if b.shape[-1] != W + nb * _scale_width(scale):
+        raise ValueError('bad FP8 entry size')
+    s = _decode_scales(b[..., W:], nb, scale)
+    v = _blocks(e4m3_decode(b[..., :W]), block) * s[..., None]
     if scale == 'f32':
-        if b.shape[-1] != W + 4 * nb:
-            raise ValueError('bad FP8 entry size')
-        sb = np.ascontiguousarray(b[..., W:]).reshape(b.shape[:-1] + (nb, 4))
-        s = sb.view('<f4')[..., 0].astype(np.float32)
-        v = (_blocks(e4m3_decode(codes).astype(np.float32), block) * s[..., None]).astype(np.float32)
-        v = v.astype(np.float64)
-    else:
-        if b.shape[-1] != W + nb:
-            raise ValueError('bad FP8 entry size')
-        s = e8m0_decode(b[..., W:])
-        v = _blocks(e4m3_decode(codes), block) * s[..., None]
+        v = v.astype(np.float32).astype(np.float64)
     v = np.where(np.isnan(s)[..., None] & np.ones(block, bool), np.nan, v)
     return v.reshape(b.shape[:-1] + (W,))
 
@@ -326,40 +392,55 @@ def engram_row_unpack(b, W):
 
 # ---------------------------------------------------------------- plan formats
 
+VENDOR_FLOOR = {'rne': 2.0 ** -9, ('ceil', 'e2m1'): 2.0 ** -126, ('ceil', 'e4m3'): 1e-4}
+
+
+def resolve(fmt):
+    """A plan's formats.<cache> with the vendor's defaults (Appendix V #21,
+    docs/plans.md): (element, scale, block, rule, floor, bf16_round)."""
+    el, sc = fmt['element'], fmt.get('scale', 'none')
+    rule = fmt.get('scale_rule', 'auto')
+    if rule == 'auto':
+        rule = {'e4m3': 'rne', 'e8m0': 'ceil'}.get(sc, 'float')
+    floor = fmt.get('scale_floor')
+    if floor is None:
+        floor = VENDOR_FLOOR.get(rule, VENDOR_FLOOR.get((rule, el), 0.0))
+    if el in ('bf16', 'f32') and sc != 'none':
+        raise ValueError('%s elements are stored unscaled' % el)
+    return el, sc, int(fmt.get('block', 0) or 0), rule, float(floor), bool(fmt.get('bf16_round', True))
+
 
 def entry_bytes(W, fmt):
-    el, sc, B = fmt['element'], fmt.get('scale', 'none'), int(fmt.get('block', W))
-    if el == 'e2m1':
-        return fp4_bytes(W, B)
-    if el == 'e4m3':
-        return fp8_bytes(W, B, sc)
+    el, sc, B, _, _, _ = resolve(fmt)
     if el == 'bf16':
         return 2 * W
     if el == 'f32':
         return 4 * W
-    raise ValueError(el)
+    if B <= 0 or W % B:
+        return 0
+    return (W // 2 if el == 'e2m1' else W) + (W // B) * _scale_width(sc)
 
 
 def pack(x, fmt, nibble='low_first'):
-    el, sc, B = fmt['element'], fmt.get('scale', 'none'), int(fmt.get('block', np.shape(x)[-1]))
-    rule = fmt.get('scale_rule', 'ceil')
+    el, sc, B, rule, floor, r16 = resolve(fmt)
+    x = np.asarray(x, dtype=np.float32)
+    if r16 or el == 'bf16':  # values rounded to bf16 before they are quantized
+        x = bf16_round(x).astype(np.float32)
     if el == 'e2m1':
-        return pack_e2m1(x, B, sc, rule, nibble)
+        return pack_e2m1(x, B, sc, rule, nibble, floor)
     if el == 'e4m3':
-        return pack_e4m3(x, B, sc, rule)
+        return pack_e4m3(x, B, sc, rule, floor)
     if el == 'f32':
-        return np.asarray(x, '<f4').view(np.uint8).reshape(np.shape(x)[:-1] + (-1,))
+        return np.ascontiguousarray(x.astype('<f4')).view(np.uint8).reshape(x.shape[:-1] + (-1,))
     if el == 'bf16':
-        u = np.asarray(x, '<f4').view('<u4').astype(np.uint64)
-        nan = np.isnan(np.asarray(x, np.float32))
-        r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-        r = np.where(nan, np.uint16(0x7FC0), r).astype('<u2')
-        return r.view(np.uint8).reshape(np.shape(x)[:-1] + (-1,))
+        u = np.ascontiguousarray(x.astype('<f4')).view('<u4')
+        r = np.where(np.isnan(x), 0x7FC0, u >> 16).astype('<u2')
+        return r.view(np.uint8).reshape(x.shape[:-1] + (-1,))
     raise ValueError('unsupported element %r' % el)
 
 
 def unpack(b, W, fmt, nibble='low_first'):
-    el, sc, B = fmt['element'], fmt.get('scale', 'none'), int(fmt.get('block', W))
+    el, sc, B, _, _, _ = resolve(fmt)
     if el == 'e2m1':
         return unpack_e2m1(b, W, B, sc, nibble)
     if el == 'e4m3':

@@ -291,9 +291,14 @@ DEFAULTS = {
                    'compressed_vocab': 99092, 'pad_id': 2, 'seed': 0},
     },
     'formats': {
-        'main_kv': {'element': 'e2m1', 'scale': 'e4m3', 'block': 16},
-        'indexer_k': {'element': 'e2m1', 'scale': 'e8m0', 'block': 32, 'scale_rule': 'ceil'},
-        'swa': {'element': 'e4m3', 'scale': 'f32', 'block': 512},
+        # Appendix V #21 (docs/formats.md): rules 'auto' and floors None are
+        # the vendor's, resolved in formats.resolve
+        'main_kv': {'element': 'e2m1', 'scale': 'e4m3', 'block': 16, 'scale_rule': 'auto',
+                    'scale_floor': None, 'bf16_round': True},
+        'indexer_k': {'element': 'e2m1', 'scale': 'e8m0', 'block': 32, 'scale_rule': 'auto',
+                      'scale_floor': None, 'bf16_round': True},
+        'swa': {'element': 'e4m3', 'scale': 'e8m0', 'block': 32, 'scale_rule': 'auto',
+                'scale_floor': None, 'bf16_round': True},
         'nibble': 'low_first',
     },
     'serving': {'ced': True, 'replay': {'encoder': 'window', 'decoder': 'window'},

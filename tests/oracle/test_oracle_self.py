@@ -331,7 +331,9 @@ def plan_flash_is_spec_2_2():
     assert [l for l in range(40) if p.layers[l]['candidates'] != 'none'] == [20, 24, 28, 32, 36]
     assert [d['at'] for d in p.layers if d['engram']] == [1, 14]
     assert p.model['hidden'] == 5120 and p.formats['main_kv'] == {
-        'element': 'e2m1', 'scale': 'e4m3', 'block': 16}
+        'element': 'e2m1', 'scale': 'e4m3', 'block': 16, 'scale_rule': 'auto', 'scale_floor': None,
+        'bf16_round': True}
+    assert F.resolve(p.formats['swa']) == ('e4m3', 'e8m0', 32, 'ceil', 1e-4, True)  # Appendix V #21
     sh = O.weight_shapes(p)
     assert sh['layers.20.attn.compressor.wkv'][1] == (512, 5120)
     assert 'layers.20.attn.compressor.wgate' not in sh and 'layers.2.attn.compressor.wgate' in sh
@@ -350,7 +352,7 @@ def plan_extends_and_overrides():
     strip = lambda p: [(d['mode'], d['kv'], d['topk'], d['pool'], d['ratio'], d['engram']) for d in p.layers]  # noqa
     assert strip(mini) == strip(flash)
     assert mini.model['hidden'] == 256 and mini.model['attention']['rope_dim'] == 32
-    assert mini.formats['swa'] == {'element': 'e4m3', 'scale': 'f32', 'block': 128}
+    assert mini.formats == flash.formats  # the same per-32 rules at mini widths (Appendix V #21)
     assert mini.model['rope']['csa']['theta'] == 160000
     r2 = P.Plan(path('plans/alt-reindex2.yaml'))
     assert [d['at'] for d in r2.layers if d['mode'] == 'reindex'] == [22, 24, 26, 28, 30, 32, 34, 36, 38]
