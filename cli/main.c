@@ -19,6 +19,8 @@ static const struct command commands[] = {
     {"plan", cmd_plan, "check, show, cost, diff and draw execution plans"},
     {"op", cmd_op, "run one operator on tensors from a safetensors file (--list for all)"},
     {"weights", cmd_weights, "make, check and list a plan's weights (safetensors, docs/weights.md)"},
+    {"tokenize", cmd_tokenize, "print the token ids of a text (DeepSeek-V3 tokenizer, docs/tokenizer.md)"},
+    {"detokenize", cmd_detokenize, "print the text of token ids"},
     {"bench", cmd_bench, "time the ops against this machine's peaks (ops), or the whole model side by side (model)"},
     {"env", cmd_env, "show library versions, CPU topology, StarPU workers and CUDA devices"},
     {"version", cmd_version, "print the cedar version"},
