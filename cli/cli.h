@@ -20,6 +20,17 @@ int cmd_serve_sim(int argc, char **argv);
 int cmd_view(int argc, char **argv);
 int cmd_report(int argc, char **argv);
 int cmd_explore(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
+int cmd_bench_tokenizer(int argc, char **argv);
+
+/* The tokenizer at path (NULL: the npm cache the build found), or NULL
+ * with the reason printed as "cedar <cmd>: ..." (cli/cmd_tokenize.c). */
+struct tokenizer;
+struct tokenizer *cli_open_tokenizer(const char *cmd, const char *path);
+/* A whole file ("-": stdin), NUL-terminated, *len bytes; NULL with a message. */
+#include <stddef.h>
+char *cli_read_all(const char *cmd, const char *path, size_t *len);
 
 /* Plan subcommands (cli/cmd_plan.c dispatches). */
 int cmd_plan_check(int argc, char **argv);

@@ -21,6 +21,8 @@ static const struct command commands[] = {
     {"plan", cmd_plan, "check, show, cost, diff and draw execution plans"},
     {"op", cmd_op, "run one operator on tensors from a safetensors file (--list for all)"},
     {"weights", cmd_weights, "make, check and list a plan's weights (safetensors, docs/weights.md)"},
+    {"tokenize", cmd_tokenize, "print the token ids of a text (DeepSeek-V3 tokenizer, docs/tokenizer.md)"},
+    {"detokenize", cmd_detokenize, "print the text of token ids"},
     {"bench", cmd_bench, "time the ops against this machine's peaks (ops), or the whole model side by side (model)"},
     {"view", cmd_view, "write a trace (with its graph and plan) as one self-contained HTML page"},
     {"report", cmd_report, "plans side by side: memory by state class, prefix hits, time, drift (PNG + HTML)"},

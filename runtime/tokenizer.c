@@ -2,6 +2,7 @@
  * merges by rank) and decoding (whole and streaming) for tokenizer.h. */
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "base/check.h"
 #include "runtime/tokenizer_impl.h"
@@ -134,6 +135,16 @@ static int bpe_piece(struct tokenizer *t, const uint8_t *s, size_t len, int32_t 
     (*ids)[(*n)++] = t->byte_id[s[0]];
     return 0;
   }
+  struct tok_cache_entry *ce = NULL;
+  if (len <= TOK_CACHE_BYTES) {
+    ce = &t->cache[XXH3_64bits(s, len) & (TOK_CACHE_SLOTS - 1)];
+    if (ce->len == len && !memcmp(ce->bytes, s, len)) {
+      if (append_ids(ids, n, cap, ce->n)) return CEDAR_ENOMEM;
+      memcpy(*ids + *n, ce->ids, ce->n * sizeof(int32_t));
+      *n += ce->n;
+      return 0;
+    }
+  }
   if (grow_scratch(t, len)) return CEDAR_ENOMEM;
   size_t nh = 0;
   for (size_t i = 0; i < len; i++) {
@@ -144,10 +155,11 @@ static int bpe_piece(struct tokenizer *t, const uint8_t *s, size_t len, int32_t 
   for (size_t i = 0; i + 1 < len; i++) push_pair(t, &nh, (int32_t)i);
   while (nh) {
     uint64_t top = heap_pop(t->heap, &nh);
-    int32_t i = (int32_t)(uint32_t)top, rank = (int32_t)(top >> 32), res;
-    int32_t j = t->next[i];
+    int32_t i = (int32_t)(uint32_t)top;
+    const int32_t *rp = t->rank_pair + 3 * (top >> 32); /* the pair this rank merges */
+    int32_t j = t->next[i], res = rp[2];
     /* stale: i merged away (sym -1), or its pair changed since the push */
-    if (t->sym[i] < 0 || j < 0 || tok_merge_find(t, t->sym[i], t->sym[j], &res) != rank) continue;
+    if (t->sym[i] != rp[0] || j < 0 || t->sym[j] != rp[1]) continue;
     t->sym[i] = res;
     t->sym[j] = -1;
     t->next[i] = t->next[j];
@@ -156,7 +168,13 @@ static int bpe_piece(struct tokenizer *t, const uint8_t *s, size_t len, int32_t 
     push_pair(t, &nh, i);
   }
   if (append_ids(ids, n, cap, len)) return CEDAR_ENOMEM;
+  size_t first = *n;
   for (int32_t i = 0; i >= 0; i = t->next[i]) (*ids)[(*n)++] = t->sym[i];
+  if (ce && *n - first <= TOK_CACHE_IDS) {
+    ce->len = (uint8_t)len, ce->n = (uint8_t)(*n - first);
+    memcpy(ce->bytes, s, len);
+    memcpy(ce->ids, *ids + first, ce->n * sizeof(int32_t));
+  }
   return 0;
 }
 
@@ -169,7 +187,8 @@ static int split(struct tokenizer *t, int level, const char *s, size_t len, int3
   if (level == t->n_split) return bpe_piece(t, (const uint8_t *)s, len, ids, n, cap);
   size_t prev = 0, at = 0;
   while (at <= len) {
-    int rc = pcre2_match(t->re[level], (PCRE2_SPTR)s, len, at, PCRE2_NO_UTF_CHECK, t->md, NULL);
+    int rc = t->jit ? pcre2_jit_match(t->re[level], (PCRE2_SPTR)s, len, at, 0, t->md, NULL)
+                    : pcre2_match(t->re[level], (PCRE2_SPTR)s, len, at, PCRE2_NO_UTF_CHECK, t->md, NULL);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) return CEDAR_EINVAL; /* match limit: cannot happen on these patterns; reported, not hidden */
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(t->md);

@@ -12,6 +12,17 @@
 #include "runtime/tokenizer.h"
 
 #define TOK_MAX_SPLITS 8
+/* The piece cache: a direct-mapped table of short pieces' BPE results
+ * (keyed by the piece's bytes, compared in full: a hit is exact). */
+#define TOK_CACHE_SLOTS 16384
+#define TOK_CACHE_BYTES 22
+#define TOK_CACHE_IDS 12
+
+struct tok_cache_entry {
+  uint8_t len, n; /* piece bytes (0: empty), ids */
+  uint8_t bytes[TOK_CACHE_BYTES];
+  int32_t ids[TOK_CACHE_IDS];
+};
 
 struct tok_span {
   uint32_t off, len; /* into tokenizer.pool */
@@ -28,11 +39,15 @@ struct tokenizer {
   /* vocabulary string -> id, open addressing on XXH3 */
   int32_t *vmap;
   uint32_t vmask;
-  /* merge (left id, right id) -> rank and result, open addressing */
-  uint64_t *mkey; /* (left << 32 | right) + 1; 0 = empty */
-  int32_t *mrank, *mres;
+  /* merge (left id, right id) -> rank and result, open addressing; one
+   * 16-byte slot per probe */
+  struct tok_merge {
+    uint64_t key; /* (left << 32 | right) + 1; 0 = empty */
+    int32_t rank, res;
+  } *merge;
   uint32_t mmask;
   int n_merges;
+  int32_t *rank_pair; /* (n_merges, 3): left, right, result of each rank (-1: a repeat) */
   /* added-token trie over bytes: root edges direct, others hashed */
   int32_t root[256];      /* child of the root per byte, -1 none */
   int32_t *tnode_id;      /* (n_nodes) token ending here, -1 none */
@@ -41,9 +56,10 @@ struct tokenizer {
   uint32_t tmask;
   int n_nodes, nodes_cap;
   /* pre-tokenizer */
-  int n_split;
+  int n_split, jit; /* jit: every regex JIT-compiled (pcre2_jit_match skips the checks the input already passed) */
   pcre2_code *re[TOK_MAX_SPLITS];
   pcre2_match_data *md;
+  struct tok_cache_entry *cache; /* (TOK_CACHE_SLOTS) */
   /* scratch of one encode */
   char *clean;
   size_t clean_len, clean_cap;
@@ -62,8 +78,8 @@ static inline uint32_t tok_pair_hash(uint64_t k) {
 static inline int32_t tok_merge_find(const struct tokenizer *t, int32_t a, int32_t b, int32_t *res) {
   uint64_t key = ((uint64_t)(uint32_t)a << 32 | (uint32_t)b) + 1;
   for (uint32_t i = tok_pair_hash(key) & t->mmask;; i = (i + 1) & t->mmask) {
-    if (t->mkey[i] == key) return *res = t->mres[i], t->mrank[i];
-    if (!t->mkey[i]) return -1;
+    if (t->merge[i].key == key) return *res = t->merge[i].res, t->merge[i].rank;
+    if (!t->merge[i].key) return -1;
   }
 }
 

