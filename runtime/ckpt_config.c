@@ -370,7 +370,7 @@ int ckpt_config_plan_yaml(const struct ckpt_config *c, const char *name, char **
     for (int i = 0; i < c->dspark_targets.n; i++) fprintf(f, "%s%" PRId64, i ? ", " : "", c->dspark_targets.v[i]);
     fprintf(f, "]\n");
   } else {
-    fprintf(f, "  dspark: {blocks: 0}\n");
+    fprintf(f, "  dspark: {blocks: 0, target_layers: []}\n");
   }
   if (c->vit_layers > 0) {
     fprintf(f, "  vision:\n    layers: %" PRId64 "\n    hidden: %" PRId64 "\n    heads: %" PRId64 "\n    patch: %" PRId64
