@@ -233,6 +233,13 @@ static void test_config(void) {
   memcpy(kv, "\"kv_source_layer_ids\":[0,2]", 27);
   EXPECT(ckpt_config_parse("kv0", bad, strlen(bad), &a, err, sizeof err) == 0, "%s", err);
   EXPECT(ckpt_config_plan(&a, "t", &p, err, sizeof err) != 0 && strstr(err, "layer 0"), "kv source L0: %s", err);
+  /* Engram rows that the primes do not give */
+  snprintf(bad, sizeof bad, "%.*s,\"engram_layer_ids\":[0],\"engram_num_embeddings\":[999],\"engram_max_ngram_size\":4,"
+           "\"engram_vocab_size\":1000,\"engram_n_heads\":2,\"engram_head_dim\":32,\"engram_pad_token_id\":2,"
+           "\"engram_compressed_vocab_size\":512}}", (int)strlen(cfg_nested) - 2, cfg_nested);
+  EXPECT(ckpt_config_parse("rows", bad, strlen(bad), &a, err, sizeof err) == 0, "%s", err);
+  EXPECT(ckpt_config_plan(&a, "t", &p, err, sizeof err) != 0 && strstr(err, "engram_num_embeddings[0] = 999"),
+         "Engram rows: %s", err);
 }
 
 static void test_roundtrip(void) {
