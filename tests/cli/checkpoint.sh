@@ -10,6 +10,8 @@
 #     dequantized values, where P is `plan import DIR/config.json`, on both
 #     executors; and with --plan tests/plans/ckpt-small.yaml (checked
 #     against the checkpoint) the same again;
+#     the NumPy oracle's own reader (tests/oracle/released.py) decodes the
+#     checkpoint to the same bytes as cedar;
 #  3. `plan import` round-trips: import -> `plan config` -> import gives
 #     the same YAML, and `plan show --json` of both is the same;
 #  4. `--model DIR --plan plans/v41-mini.yaml` is refused, naming the
@@ -71,6 +73,24 @@ import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
 assert a["tokens"] == b["tokens"], (a["tokens"], b["tokens"])
 PYEOF
+
+# 2b. the NumPy oracle's own reader (tests/oracle/released.py, from the
+# format description, not from the C) gives the same tensors, byte for byte
+if "$py" -c 'import numpy' 2>/dev/null; then
+  "$py" tests/oracle/released.py "$ck" --plan "$tmp/imported.yaml" --out "$tmp/oracle-read.safetensors" \
+    || fail "tests/oracle/released.py could not read the checkpoint"
+  "$py" - "$tmp/oracle-read.safetensors" "$tmp/dq.safetensors" <<'PYEOF' || fail "the oracle's reader and cedar's differ"
+import sys
+sys.path.insert(0, "tests/oracle")
+import st as ST
+a, b = ST.SafeTensors(sys.argv[1]), ST.SafeTensors(sys.argv[2])
+assert set(a.names) == set(b.names), set(a.names) ^ set(b.names)
+bad = [n for n in a.names if a[n].tobytes() != b[n].tobytes()]
+assert not bad, bad[:5]
+PYEOF
+else
+  echo "note: numpy missing for $py; the oracle's reader is not compared"
+fi
 
 # 3. plan import round trip
 expect_exit 0 plan config "$tmp/imported.yaml" -o "$tmp/config2.json"
