@@ -218,7 +218,7 @@ static void test_config(void) {
   plan_free(&p);
 
   /* a short name that disagrees with the official one; a missing field */
-  char bad[sizeof cfg_nested + 64];
+  char bad[sizeof cfg_nested + 512];
   snprintf(bad, sizeof bad, "%.*s,\"dim\":512}}", (int)strlen(cfg_nested) - 2, cfg_nested);
   EXPECT(ckpt_config_parse("bad", bad, strlen(bad), &a, err, sizeof err) != 0 && strstr(err, "hidden_size") &&
              strstr(err, "dim"), "disagreeing spellings: %s", err);
