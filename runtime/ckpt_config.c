@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "base/check.h"
+#include "ops/engram.h"
 
 #define CONFIG_MAX_BYTES (16u << 20)
 
@@ -370,7 +371,7 @@ int ckpt_config_plan_yaml(const struct ckpt_config *c, const char *name, char **
     for (int i = 0; i < c->dspark_targets.n; i++) fprintf(f, "%s%" PRId64, i ? ", " : "", c->dspark_targets.v[i]);
     fprintf(f, "]\n");
   } else {
-    fprintf(f, "  dspark: {blocks: 0}\n");
+    fprintf(f, "  dspark: {blocks: 0, target_layers: []}\n");
   }
   if (c->vit_layers > 0) {
     fprintf(f, "  vision:\n    layers: %" PRId64 "\n    hidden: %" PRId64 "\n    heads: %" PRId64 "\n    patch: %" PRId64
@@ -418,5 +419,18 @@ int ckpt_config_plan(const struct ckpt_config *c, const char *name, struct plan 
   }
   plan_diags_free(&d);
   free(yaml);
+  /* engram_num_embeddings must be the rows the primes give (the tables' shapes) */
+  struct op_engram_tables et;
+  if (!rc && c->engram_rows.n &&
+      !op_engram_tables_init(&et, c->engram_layers.n, p->model.engram_n_orders, p->model.engram_heads,
+                             p->model.engram_table_base)) {
+    for (int i = 0; i < c->engram_rows.n && !rc; i++)
+      if (et.rows[i] != c->engram_rows.v[i])
+        rc = (snprintf(err, err_len, "engram_num_embeddings[%d] = %" PRId64 ", but engram_vocab_size %" PRId64
+                       " with %d heads x %d orders gives %" PRId64 " rows", i, c->engram_rows.v[i], c->engram_vocab,
+                       p->model.engram_heads, p->model.engram_n_orders, (int64_t)et.rows[i]), CEDAR_EINVAL);
+    op_engram_tables_free(&et);
+    if (rc) plan_free(p);
+  }
   return rc;
 }

@@ -136,11 +136,20 @@ void ckpt_fp8_quant(uint8_t *q, uint8_t *s, const float *x, int64_t rows, int64_
     }
 }
 
+/* The decoders go through tables built per call (256 + 256 entries: nothing
+ * next to a tensor), the same values as op_e4m3_decode / op_e8m0_decode. */
 void ckpt_fp8_dequant(float *x, const uint8_t *q, const uint8_t *s, int64_t rows, int64_t cols) {
+  float e4[256], e8[256];
+  for (int i = 0; i < 256; i++) e4[i] = op_e4m3_decode((uint8_t)i), e8[i] = op_e8m0_decode((uint8_t)i);
   int64_t tc = tiles(cols);
   for (int64_t r = 0; r < rows; r++) {
-    const uint8_t *sr = s + (r / CKPT_BLOCK) * tc;
-    for (int64_t c = 0; c < cols; c++) x[r * cols + c] = op_e4m3_decode(q[r * cols + c]) * op_e8m0_decode(sr[c / CKPT_BLOCK]);
+    const uint8_t *sr = s + (r / CKPT_BLOCK) * tc, *qr = q + r * cols;
+    float *xr = x + r * cols;
+    for (int64_t c0 = 0; c0 < cols; c0 += CKPT_BLOCK) {
+      float sc = e8[sr[c0 / CKPT_BLOCK]];
+      int64_t e = c0 + CKPT_BLOCK < cols ? c0 + CKPT_BLOCK : cols;
+      for (int64_t c = c0; c < e; c++) xr[c] = e4[qr[c]] * sc;
+    }
   }
 }
 
@@ -161,10 +170,15 @@ void ckpt_fp4_quant(uint8_t *q, uint8_t *s, const float *x, int64_t rows, int64_
 }
 
 void ckpt_fp4_dequant(float *x, const uint8_t *q, const uint8_t *s, int64_t rows, int64_t cols) {
+  float e2[16], e8[256];
+  for (int i = 0; i < 16; i++) e2[i] = op_e2m1_decode((uint8_t)i);
+  for (int i = 0; i < 256; i++) e8[i] = op_e8m0_decode((uint8_t)i);
   int64_t g = cols / CKPT_BLOCK;
   for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < cols; c++) {
-      uint8_t b = q[r * (cols / 2) + c / 2];
-      x[r * cols + c] = op_e2m1_decode(c % 2 ? (uint8_t)(b >> 4) : (uint8_t)(b & 15)) * op_e8m0_decode(s[r * g + c / CKPT_BLOCK]);
+    for (int64_t k = 0; k < g; k++) {
+      float sc = e8[s[r * g + k]];
+      const uint8_t *b = q + r * (cols / 2) + k * (CKPT_BLOCK / 2);
+      float *o = x + r * cols + k * CKPT_BLOCK;
+      for (int j = 0; j < CKPT_BLOCK / 2; j++) o[2 * j] = e2[b[j] & 15] * sc, o[2 * j + 1] = e2[b[j] >> 4] * sc;
     }
 }

@@ -233,7 +233,6 @@ int ckpt_record_hashes(const char *dir, size_t *added, char *err, size_t len) {
     return weights_hash_record(path, added, err, len);
   }
   /* the shard names come from a checked load (ckpt_load), so they are plain names */
-  struct weights_problems pr = {0};
   FILE *f = fopen(path, "rb");
   if (!f) return snprintf(err, len, "%s: cannot open", path), CEDAR_EIO;
   char *text = cedar_xmalloc((size_t)st.st_size + 1);
@@ -243,21 +242,19 @@ int ckpt_record_hashes(const char *dir, size_t *added, char *err, size_t len) {
   free(text);
   const cJSON *wm = cJSON_GetObjectItemCaseSensitive(idx, "weight_map"), *it;
   int rc = cJSON_IsObject(wm) ? 0 : (snprintf(err, len, "%s: no weight_map", path), CEDAR_EFORMAT);
-  char done[64][64];
-  size_t n_done = 0;
+  /* each shard once (a second pass over a shard would add nothing anyway) */
+  cJSON *done = cJSON_CreateObject();
   cJSON_ArrayForEach(it, wm) {
-    if (rc || !cJSON_IsString(it) || strchr(it->valuestring, '/')) continue;
-    bool seen = false;
-    for (size_t i = 0; i < n_done && !seen; i++) seen = !strcmp(done[i], it->valuestring);
-    if (seen) continue;
-    if (n_done < 64) snprintf(done[n_done++], sizeof done[0], "%s", it->valuestring);
+    if (rc || !cJSON_IsString(it) || strchr(it->valuestring, '/') || cJSON_GetObjectItemCaseSensitive(done, it->valuestring))
+      continue;
+    cJSON_AddTrueToObject(done, it->valuestring);
     char shard[4096];
     size_t a = 0;
     snprintf(shard, sizeof shard, "%s/%s", dir, it->valuestring);
     rc = weights_hash_record(shard, &a, err, len);
     *added += a;
   }
+  cJSON_Delete(done);
   cJSON_Delete(idx);
-  weights_problems_free(&pr);
   return rc;
 }
