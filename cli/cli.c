@@ -33,9 +33,24 @@ const char *cli_default_plan(void) {
 }
 
 int cmd_version(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  printf("cedar %s\n", CEDAR_VERSION);
+  bool json = false;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--json")) {
+      json = true;
+    } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      printf("usage: cedar version [--json]\nPrint the cedar version (--json: {\"version\": ...}).\n");
+      return 0;
+    } else {
+      return cli_usage_error("version", "unknown option '%s'", argv[i]);
+    }
+  }
+  if (json) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "version", CEDAR_VERSION);
+    cli_print_json(j);
+  } else {
+    printf("cedar %s\n", CEDAR_VERSION);
+  }
   return 0;
 }
 

@@ -1,15 +1,19 @@
 /* cmd_graph.c: `cedar graph show|dot`, the graph a plan compiles to
  * (scheduler/graph.h) for a prefill of N tokens or one decode step.
  *
- *   cedar graph show [--plan P] [--prompt-len N | --decode POS] [--chunk C] [--replay R] [--verbose]
- *   cedar graph dot  [same options] [--out FILE]
+ *   cedar graph show [--plan P] [--prompt-len N | --decode POS] [--chunk C] [--replay R] [--verbose] [--json]
+ *   cedar graph dot  [same options] [-o|--out FILE] [--json]
  *
- * Tested by tests/cli/run.sh.
+ * --json: show prints the graph as one object (nodes with their waits);
+ * dot wraps the DOT text in {"plan", "dot"}.
+ * Tested by tests/cli/run.sh and tests/cli/bad_input.sh.
  */
 #include <errno.h>
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cJSON.h>
 
 #include "cli/cli.h"
 #include "scheduler/graph.h"
@@ -18,23 +22,28 @@ struct gopts {
   const char *plan, *out;
   int64_t prompt_len, decode_pos, replay, hit;
   int chunk;
-  bool decode, verbose, swa_hit;
+  bool decode, verbose, swa_hit, swa_miss, json;
 };
 
 static const char show_usage[] =
     "usage: cedar graph show [--plan P] [--prompt-len N | --decode POS] [--chunk C] [--replay R]\n"
-    "                        [--hit C [--swa-hit]] [--verbose]\n"
+    "                        [--hit C [--swa-miss | --swa-hit]] [--verbose] [--json]\n"
     "List the graph plan P (default %s) compiles to: the cold prefill of N tokens (default 1024;\n"
     "CED or dense by serving.ced) or one decode step at position POS. Each node with its tile,\n"
     "flags and the nodes it waits for; --verbose adds every data access.\n"
-    "  --hit C      a prefix hit: the global entries of [0, C) are cached (C a multiple of every\n"
-    "               source's ratio); the encoder replays [C - replay.encoder, C) with global\n"
-    "               writes off (SPEC 6.5 path b)\n"
-    "  --swa-hit    with --hit: the encoder snapshot at C is restored instead (path a)\n";
+    "  --hit C      a prefix hit: the global entries of [0, C) are cached; by default (or\n"
+    "               --swa-miss) the encoder replays [C - replay.encoder, C) with global writes\n"
+    "               off (SPEC 6.5 path b), and C must be a multiple of every source's ratio\n"
+    "  --swa-hit    with --hit: the encoder snapshot at C is restored instead (path a; any C)\n"
+    "               (`cedar plan cost --hit C` takes the same flags and the same rule)\n"
+    "  --json       the graph as one JSON object: nodes (name, op, layer, tile, first\n"
+    "               position, positions, the nodes each waits for), edges, token-layers\n"
+    "N + the tokens a run generates may not pass the plan's positions (model.rope.csa).\n";
 static const char dot_usage[] =
     "usage: cedar graph dot [--plan P] [--prompt-len N | --decode POS] [--chunk C] [--replay R]\n"
-    "                       [--hit C [--swa-hit]] [--out FILE]\n"
-    "The same graph as Graphviz DOT (stdout, or FILE): one box per node, one arrow per edge.\n";
+    "                       [--hit C [--swa-miss | --swa-hit]] [-o|--out FILE] [--json]\n"
+    "The same graph as Graphviz DOT (stdout, or FILE): one box per node, one arrow per edge.\n"
+    "  --json       {\"plan\": name, \"dot\": the DOT text} instead of the bare text\n";
 
 static int parse(int argc, char **argv, const char *cmd, const char *usage, struct gopts *o) {
   static const struct option opts[] = {{"plan", required_argument, NULL, 'p'},
@@ -45,6 +54,8 @@ static int parse(int argc, char **argv, const char *cmd, const char *usage, stru
                                        {"verbose", no_argument, NULL, 'v'},
                                        {"hit", required_argument, NULL, 'H'},
                                        {"swa-hit", no_argument, NULL, 'S'},
+                                       {"swa-miss", no_argument, NULL, 'M'},
+                                       {"json", no_argument, NULL, 'j'},
                                        {"out", required_argument, NULL, 'o'},
                                        {"help", no_argument, NULL, 'h'},
                                        {0, 0, 0, 0}};
@@ -55,7 +66,7 @@ static int parse(int argc, char **argv, const char *cmd, const char *usage, stru
   int64_t v;
   optind = 1;
   opterr = 0;
-  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
     switch (c) {
     case 'p': o->plan = optarg; break;
     case 'n':
@@ -77,6 +88,8 @@ static int parse(int argc, char **argv, const char *cmd, const char *usage, stru
       if (!cli_parse_int(optarg, 0, INT32_MAX, &o->hit)) return cli_usage_error(cmd, "--hit takes C >= 0");
       break;
     case 'S': o->swa_hit = true; break;
+    case 'M': o->swa_miss = true; break;
+    case 'j': o->json = true; break;
     case 'o':
       if (!strcmp(cmd, "graph show")) return cli_usage_error(cmd, "--out is for `cedar graph dot`");
       o->out = optarg;
@@ -87,13 +100,24 @@ static int parse(int argc, char **argv, const char *cmd, const char *usage, stru
   }
   if (optind < argc) return cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
   if (o->swa_hit && !o->hit) return cli_usage_error(cmd, "--swa-hit needs --hit C");
+  if (o->swa_miss && !o->hit) return cli_usage_error(cmd, "--swa-miss needs --hit C");
+  if (o->swa_miss && o->swa_hit) return cli_usage_error(cmd, "give one of --swa-miss (the default) and --swa-hit");
+  if (o->out && cli_check_out(cmd, "--out", o->out)) return 1;
   if (o->decode && o->hit) return cli_usage_error(cmd, "--hit is for a prefill, not --decode");
   return -1;
 }
 
 static int build(const struct gopts *o, const char *cmd, struct plan *p, struct graph *g) {
   if (cli_load_plan("graph", o->plan, p)) return 1;
-  char err[256];
+  char err[512];
+  int64_t last = o->decode ? o->decode_pos + 1 : o->prompt_len;
+  if (last > plan_max_positions(p)) {
+    fprintf(stderr, "cedar %s: %s %lld: plan %s holds at most %lld positions (model.rope.csa)\n", cmd,
+            o->decode ? "--decode" : "--prompt-len", (long long)(o->decode ? o->decode_pos : o->prompt_len), p->name,
+            (long long)plan_max_positions(p));
+    plan_free(p);
+    return 1;
+  }
   struct graph_opts go = {.chunk = o->chunk, .replay = o->replay, .hit = o->hit, .swa_hit = o->swa_hit};
   int rc = o->decode ? graph_build_decode(g, p, o->decode_pos, err, sizeof err)
                      : graph_build_prefill(g, p, o->prompt_len, &go, err, sizeof err);
@@ -105,6 +129,37 @@ static int build(const struct gopts *o, const char *cmd, struct plan *p, struct 
   return 0;
 }
 
+/* The graph as JSON (`graph show --json`). */
+static cJSON *graph_json(const struct graph *g) {
+  cJSON *j = cJSON_CreateObject();
+  cJSON_AddStringToObject(j, "plan", g->plan->name);
+  cJSON_AddNumberToObject(j, "prompt", (double)g->n_prompt);
+  cJSON_AddNumberToObject(j, "chunk", g->chunk);
+  cJSON_AddNumberToObject(j, "decoder_replay", (double)g->replay);
+  cJSON_AddNumberToObject(j, "hit", (double)g->hit);
+  cJSON_AddNumberToObject(j, "encoder_start", (double)g->encoder_start);
+  cJSON_AddNumberToObject(j, "token_layers", (double)g->token_layers);
+  cJSON_AddNumberToObject(j, "transfer_nodes", g->n_transfer);
+  int64_t edges = 0;
+  cJSON *nodes = cJSON_AddArrayToObject(j, "nodes");
+  for (int k = 0; k < g->n_node; k++) {
+    const struct graph_node *nd = &g->node[k];
+    cJSON *n = cJSON_CreateObject();
+    cJSON_AddStringToObject(n, "name", nd->name);
+    cJSON_AddStringToObject(n, "op", graph_op_name(nd->op));
+    cJSON_AddNumberToObject(n, "layer", nd->layer);
+    cJSON_AddNumberToObject(n, "tile", nd->chunk);
+    cJSON_AddNumberToObject(n, "first", (double)nd->a);
+    cJSON_AddNumberToObject(n, "positions", nd->n);
+    cJSON *d = cJSON_AddArrayToObject(n, "waits_for");
+    for (int e = 0; e < nd->n_dep; e++) cJSON_AddItemToArray(d, cJSON_CreateNumber(nd->dep[e]));
+    edges += nd->n_dep;
+    cJSON_AddItemToArray(nodes, n);
+  }
+  cJSON_AddNumberToObject(j, "edges", (double)edges);
+  return j;
+}
+
 static int graph_show(int argc, char **argv) {
   struct gopts o;
   int rc = parse(argc, argv, "graph show", show_usage, &o);
@@ -112,7 +167,10 @@ static int graph_show(int argc, char **argv) {
   struct plan p;
   struct graph g;
   if (build(&o, "graph show", &p, &g)) return 1;
-  graph_print(&g, stdout, o.verbose);
+  if (o.json)
+    cli_print_json(graph_json(&g));
+  else
+    graph_print(&g, stdout, o.verbose);
   graph_free(&g);
   plan_free(&p);
   return 0;
@@ -125,14 +183,32 @@ static int graph_dot_cmd(int argc, char **argv) {
   struct plan p;
   struct graph g;
   if (build(&o, "graph dot", &p, &g)) return 1;
-  FILE *f = o.out ? fopen(o.out, "w") : stdout;
+  char *text = NULL;
+  size_t text_len = 0;
+  FILE *f = o.json ? open_memstream(&text, &text_len) : o.out ? fopen(o.out, "w") : stdout;
   if (!f) {
     fprintf(stderr, "cedar graph dot: cannot write %s: %s\n", o.out, strerror(errno));
     rc = 1;
   } else {
     graph_dot(&g, f);
     rc = 0;
-    if (o.out && fclose(f)) {
+    if (o.json) {
+      fclose(f);
+      cJSON *j = cJSON_CreateObject();
+      cJSON_AddStringToObject(j, "plan", p.name);
+      cJSON_AddStringToObject(j, "dot", text);
+      free(text);
+      f = o.out ? fopen(o.out, "w") : stdout;
+      char *s = cJSON_Print(j);
+      cJSON_Delete(j);
+      if (f) fprintf(f, "%s\n", s);
+      cJSON_free(s);
+      if (!f) {
+        fprintf(stderr, "cedar graph dot: cannot write %s: %s\n", o.out, strerror(errno));
+        rc = 1;
+      }
+    }
+    if (rc == 0 && o.out && fclose(f)) {
       fprintf(stderr, "cedar graph dot: writing %s failed: %s\n", o.out, strerror(errno));
       rc = 1;
     }

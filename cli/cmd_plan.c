@@ -32,7 +32,8 @@ int cmd_plan(int argc, char **argv) {
 /* Parse --json/--help (and -o for dot); returns -1 to continue, else an exit status. */
 static int parse_common(int argc, char **argv, const char *cmd, const char *usage, bool *json, const char **out) {
   static const struct option opts[] = {
-      {"json", no_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'}, {"output", required_argument, NULL, 'o'}, {0}};
+      {"json", no_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'}, {"output", required_argument, NULL, 'o'},
+      {"out", required_argument, NULL, 'o'}, {0}};
   optind = 1;
   int c;
   while ((c = getopt_long(argc, argv, out ? "ho:" : "h", opts, NULL)) != -1) {
@@ -229,7 +230,7 @@ int cmd_plan_show(int argc, char **argv) {
 
 int cmd_plan_dot(int argc, char **argv) {
   static const char usage[] =
-      "usage: cedar plan dot [-o OUT.dot] [--json] [FILE]\n"
+      "usage: cedar plan dot [-o|--out OUT.dot] [--json] [FILE]\n"
       "Write the layer and bus ownership graph as Graphviz DOT (to stdout, or OUT.dot);\n"
       "render it with `dot -Tsvg`. With --json, print {\"dot\": \"...\"} instead.\n";
   bool json = false;
@@ -237,6 +238,7 @@ int cmd_plan_dot(int argc, char **argv) {
   int rc = parse_common(argc, argv, "plan dot", usage, &json, &out);
   if (rc >= 0) return rc;
   struct plan p;
+  if (out && cli_check_out("plan dot", "--out", out)) return 1;
   if ((rc = load_one(argc, argv, "plan dot", &p)) >= 0) return rc;
   char *buf = NULL;
   size_t len = 0;

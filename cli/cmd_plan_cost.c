@@ -371,18 +371,19 @@ static cJSON *json_ratios(const struct plan_cost *a, const struct plan_cost *b) 
 struct cost_args {
   struct plan_cost_query q;
   bool json;
+  int swa_given; /* 1: --swa-miss, 2: --swa-hit */
   const char *file[2];
   int n_files;
 };
 
 static void usage(FILE *f, bool diff) {
   if (diff)
-    fprintf(f, "usage: cedar plan diff A B [--tokens N] [--prompt N] [--hit C] [--swa-miss] [--json]\n"
+    fprintf(f, "usage: cedar plan diff A B [--tokens N] [--prompt N] [--hit C [--swa-miss | --swa-hit]] [--json]\n"
                "\n"
                "The accounting of 'cedar plan cost' for plans A and B side by side, with a B/A\n"
                "column (JSON: {\"a\": ..., \"b\": ..., \"b_over_a\": ...}).\n");
   else
-    fprintf(f, "usage: cedar plan cost [FILE] [--tokens N] [--prompt N] [--hit C] [--swa-miss] [--json]\n"
+    fprintf(f, "usage: cedar plan cost [FILE] [--tokens N] [--prompt N] [--hit C [--swa-miss | --swa-hit]] [--json]\n"
                "\n"
                "Accounting from the plan alone (SPEC 4.5, 4.6, 6.1-6.6): global KV entries and bytes\n"
                "per source and in total, SWA and compressor-tail bytes per request, token-layers of a\n"
@@ -396,7 +397,10 @@ static void usage(FILE *f, bool diff) {
           "  --tokens N   context length for global KV and the decode indexer (default %d)\n"
           "  --prompt N   prompt length n of the cold prefill and the prefix hit (default %d)\n"
           "  --hit C      also account a prefix hit: the first C of n tokens are cached (0 <= C <= n)\n"
-          "  --swa-miss   the hit found no SWA snapshot at C: replay [max(0, C - replay.encoder), C)\n"
+          "  --swa-miss   the hit found no SWA snapshot at C (path b, the default, as `cedar graph show\n"
+          "               --hit`): replay [max(0, C - replay.encoder), C); C must end on a whole group\n"
+          "               of every source's ratio (the tail of a partial group is only in a snapshot)\n"
+          "  --swa-hit    the snapshot at C is restored (path a): no replay, any C\n"
           "  --json       print one JSON object instead of tables\n"
           "  -h, --help   show this help\n"
           "\n"
@@ -425,14 +429,15 @@ static int parse_count(const char *cmd, const char *flag, const char *s, int64_t
   return 0;
 }
 
-enum { OPT_TOKENS = 256, OPT_PROMPT, OPT_HIT, OPT_SWA_MISS, OPT_JSON };
+enum { OPT_TOKENS = 256, OPT_PROMPT, OPT_HIT, OPT_SWA_MISS, OPT_SWA_HIT, OPT_JSON };
 
 static int parse_option(const char *cmd, int opt, struct cost_args *a) {
   switch (opt) {
   case OPT_TOKENS: return parse_count(cmd, "--tokens", optarg, &a->q.tokens);
   case OPT_PROMPT: return parse_count(cmd, "--prompt", optarg, &a->q.prompt);
   case OPT_HIT: a->q.has_hit = true; return parse_count(cmd, "--hit", optarg, &a->q.hit);
-  case OPT_SWA_MISS: a->q.swa_miss = true; return 0;
+  case OPT_SWA_MISS: a->swa_given |= 1; return 0;
+  case OPT_SWA_HIT: a->swa_given |= 2; return 0;
   case OPT_JSON: a->json = true; return 0;
   default: return 2;
   }
@@ -443,6 +448,7 @@ static int parse_args(const char *cmd, bool diff, int argc, char **argv, struct 
   static const struct option longopts[] = {
       {"tokens", required_argument, NULL, OPT_TOKENS}, {"prompt", required_argument, NULL, OPT_PROMPT},
       {"hit", required_argument, NULL, OPT_HIT},       {"swa-miss", no_argument, NULL, OPT_SWA_MISS},
+      {"swa-hit", no_argument, NULL, OPT_SWA_HIT},
       {"json", no_argument, NULL, OPT_JSON},           {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   memset(a, 0, sizeof *a);
@@ -466,6 +472,11 @@ static int parse_args(const char *cmd, bool diff, int argc, char **argv, struct 
     return cli_usage_error(cmd, diff ? "expected two plan files, A and B" : "expected at most one plan file");
   for (int i = 0; i < a->n_files; i++) a->file[i] = argv[optind + i];
   if (!diff && a->n_files == 0) a->file[a->n_files++] = cli_default_plan();
+  /* path (b), the snapshot missing, unless --swa-hit: as `cedar graph show --hit` */
+  if (a->swa_given == 3) return cli_usage_error(cmd, "give one of --swa-miss (the default) and --swa-hit");
+  if (a->swa_given && !a->q.has_hit)
+    return cli_usage_error(cmd, "%s needs --hit C (it describes a prefix hit)", a->swa_given == 1 ? "--swa-miss" : "--swa-hit");
+  a->q.swa_miss = a->q.has_hit && a->swa_given != 2;
   char msg[256];
   if (plan_cost_query_check(&a->q, msg, sizeof msg)) return cli_usage_error(cmd, "%s", msg);
   return 0;

@@ -32,7 +32,7 @@
 static const char usage[] =
     "usage: cedar serve-sim --requests FILE [--plan P] [--weights W | --model DIR | --seed S] [--no-cache] [--no-swa-pool]\n"
     "                       [--cache-dir D] [--cache-bytes N] [--executor direct|starpu] [--json]\n"
-    "       cedar serve-sim gen [--sessions S] [--turns T] [--first N] [--turn-len N] [--max-new M] [--seed S]\n"
+    "       cedar serve-sim gen [--sessions S] [--turns T] [--first N] [--turn-len N] [--max-new M] [--seed S] [--json]\n"
     "Replay JSON-lines requests through one runtime with the prefix cache of plan P (default %s):\n"
     "global KV blocks shared across requests, encoder-SWA snapshots at the end of every request,\n"
     "and with --cache-dir a disk tier that survives restarts. Per request it prints the prompt,\n"
@@ -47,12 +47,20 @@ static const char usage[] =
     "  --no-cache       no prefix cache (every request cold): the baseline\n"
     "  --no-swa-pool    global blocks only (every hit replays the encoder window: SPEC 6.5 path b)\n"
     "  --cache-dir D    disk tier directory (block files, checked; see docs/runtime.md)\n"
-    "  --cache-bytes N  memory tier capacity in bytes (default serving.cache.host_cache_bytes; 0 = no limit)\n"
+    "  --cache-bytes N  memory tier capacity in bytes, suffixes K, M, G, T (powers of 1024; default\n"
+    "                   serving.cache.host_bytes; 0 = no limit)\n"
     "  --executor E     direct (default: one thread, requests one after the other) or starpu\n"
-    "  --json           one JSON object per request instead of the table\n"
+    "  --json           one JSON object per request instead of the table, then one line\n"
+    "                   {\"totals\": {...}, \"cache\": {...}} with the closing lines' figures\n"
     "`gen` writes a multi-turn chat workload: S sessions (default 4) of T turns (default 10), a\n"
     "first prompt of N tokens (default 512), T-1 follow-ups of --turn-len tokens (default 32),\n"
-    "--max-new tokens generated per turn (default 16), interleaved turn by turn across sessions.\n";
+    "--max-new tokens generated per turn (default 16), interleaved turn by turn across sessions;\n"
+    "its output is JSON lines with or without --json.\n"
+    "Request lines are checked as they are read: \"id\" and \"session\" strings; one of \"tokens\" (ids\n"
+    "in [0, vocab)) or \"new_len\" (1..16777216); \"max_new\" (1..1048576, default 16, as `cedar run`);\n"
+    "\"turn\" and \"seed\" (whole numbers >= 0); no other key. A bad line fails alone, naming its\n"
+    "number; the session's history plus the line's tokens and max_new must fit the plan's positions.\n"
+    "FILE is a regular file of at most 256 MiB (or - for stdin), lines at most 16 MiB.\n";
 
 /* ---- gen --------------------------------------------------------------- */
 
@@ -60,6 +68,7 @@ static int gen(int argc, char **argv) {
   static const struct option opts[] = {{"sessions", required_argument, NULL, 's'}, {"turns", required_argument, NULL, 't'},
                                        {"first", required_argument, NULL, 'f'},    {"turn-len", required_argument, NULL, 'l'},
                                        {"max-new", required_argument, NULL, 'm'},  {"seed", required_argument, NULL, 'S'},
+                                       {"json", no_argument, NULL, 'j'},
                                        {"help", no_argument, NULL, 'h'},           {0, 0, 0, 0}};
   int64_t sessions = 4, turns = 10, first = 512, turn_len = 32, max_new = 16, seed = 0;
   int c;
@@ -72,6 +81,7 @@ static int gen(int argc, char **argv) {
       printf(usage, CEDAR_DEFAULT_PLAN);
       return 0;
     }
+    if (c == 'j') continue; /* gen's output is JSON lines already */
     if (!dst || !cli_parse_int(optarg, c == 'S' ? 0 : 1, 1L << 24, dst))
       return cli_usage_error("serve-sim gen", "bad option or value: '%s'", argv[optind - 1]);
   }
@@ -265,6 +275,37 @@ static void print_row(const char *id, const struct session *s, int64_t n, const 
          h->bytes_restored, h->bytes_from_disk, 1e3 * g->ttft_s);
 }
 
+/* The last JSON line of `serve-sim --json`: {"totals": {...}, "cache": {...}}
+ * (cache absent with --no-cache), the table's closing lines as data. */
+static void print_totals_json(const struct totals *tt, const struct pc_cache *cache) {
+  cJSON *j = cJSON_CreateObject();
+  cJSON *t = cJSON_AddObjectToObject(j, "totals");
+  cJSON_AddNumberToObject(t, "requests", (double)tt->requests);
+  cJSON_AddNumberToObject(t, "prompt_tokens", (double)tt->prompt);
+  cJSON_AddNumberToObject(t, "hit_tokens", (double)tt->hit);
+  cJSON_AddNumberToObject(t, "token_layers", (double)tt->token_layers);
+  cJSON_AddNumberToObject(t, "mean_ttft_s", tt->requests ? tt->ttft / (double)tt->requests : 0.0);
+  if (cache) {
+    const struct pc_stats *st = &cache->stats;
+    cJSON *c = cJSON_AddObjectToObject(j, "cache");
+    cJSON_AddNumberToObject(c, "blocks", (double)cache->count);
+    cJSON_AddNumberToObject(c, "bytes", (double)cache->bytes);
+    cJSON_AddNumberToObject(c, "inserted", (double)st->inserted);
+    cJSON_AddNumberToObject(c, "evicted", (double)st->evicted);
+    cJSON_AddNumberToObject(c, "hit_blocks", (double)st->hit_blocks);
+    cJSON_AddNumberToObject(c, "missed_blocks", (double)st->miss_blocks);
+    cJSON_AddNumberToObject(c, "disk_blocks", (double)st->disk_blocks);
+    cJSON_AddNumberToObject(c, "snapshots", cache->n_snap);
+    cJSON_AddNumberToObject(c, "snapshot_bytes", (double)cache->snap_bytes);
+    cJSON_AddNumberToObject(c, "snapshot_hits", (double)st->snap_hits);
+    cJSON_AddNumberToObject(c, "snapshot_misses", (double)st->snap_misses);
+  }
+  char *txt = cJSON_PrintUnformatted(j);
+  printf("%s\n", txt);
+  free(txt);
+  cJSON_Delete(j);
+}
+
 static int parse(int argc, char **argv, struct sopts *o) {
   static const struct option opts[] = {
       {"requests", required_argument, NULL, 'r'}, {"plan", required_argument, NULL, 'p'},
@@ -409,6 +450,7 @@ static int drive(const struct sopts *o, struct rt_engine *e, FILE *in) {
            " token-layers, mean TTFT %.1f ms\n",
            tt.requests, tt.prompt, tt.hit, 100.0 * (double)tt.hit / (double)tt.prompt, tt.token_layers,
            1e3 * tt.ttft / (double)tt.requests);
+  if (o->json) print_totals_json(&tt, cache);
   if (cache && !o->json) {
     const struct pc_stats *st = &cache->stats;
     printf("cache: %" PRId64 " blocks held (%" PRId64 " B), %" PRId64 " inserted, %" PRId64 " evicted, %" PRId64

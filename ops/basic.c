@@ -12,6 +12,7 @@
 #include "base/check.h"
 
 void openblas_set_num_threads(int n);
+int openblas_get_num_threads(void);
 
 void op_blas_init(void) { openblas_set_num_threads(1); }
 
@@ -20,6 +21,7 @@ void op_blas_init(void) { openblas_set_num_threads(1); }
  * caller. */
 void *blas_memory_alloc(int procpos);
 void blas_memory_free(void *buffer);
+int blas_thread_shutdown_(void); /* stops the pool's threads (OpenBLAS calls it before fork) */
 
 int op_blas_reserve(int callers, char *err, size_t err_len) {
   struct rlimit rl;
@@ -27,18 +29,27 @@ int op_blas_reserve(int callers, char *err, size_t err_len) {
   /* the address space must hold the buffers plus OP_BLAS_HEADROOM for the
    * run's own first allocations; a PROT_NONE mapping counts against the
    * limit as the buffers will, and costs no memory */
-  size_t need = (size_t)callers * OP_BLAS_BUFFER_BYTES + OP_BLAS_HEADROOM;
+  int pool = openblas_get_num_threads(); /* the caller plus pool - 1 threads started at load, a buffer each */
+  size_t bufs = (size_t)callers + (size_t)(pool > 1 ? pool - 1 : 0);
+  size_t need = bufs * OP_BLAS_BUFFER_BYTES + OP_BLAS_HEADROOM;
   void *probe = mmap(NULL, need, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (probe == MAP_FAILED) {
     snprintf(err, err_len,
              "the address-space limit (ulimit -v %llu KiB) leaves less than the %zu MiB OpenBLAS's work buffers "
-             "need (%d x %d MiB, %d MiB headroom); OpenBLAS retries a failed buffer forever, so cedar stops here: "
+             "need (%zu x %d MiB, %d MiB headroom); OpenBLAS retries a failed buffer forever, so cedar stops here: "
              "raise the limit (ulimit -v) or remove it",
-             (unsigned long long)rl.rlim_cur / 1024, need >> 20, callers, OP_BLAS_BUFFER_BYTES >> 20,
+             (unsigned long long)rl.rlim_cur / 1024, need >> 20, bufs, OP_BLAS_BUFFER_BYTES >> 20,
              OP_BLAS_HEADROOM >> 20);
     return -1;
   }
   munmap(probe, need);
+  /* The pool's threads map their buffers as they start, maybe not yet: stop
+   * them (the join waits until each has its buffer, which now fits, and
+   * gives it back to the pool). cedar runs BLAS on one thread (op_blas_init),
+   * so they would only have held memory; a later call does not restart them
+   * at one thread. */
+  openblas_set_num_threads(1);
+  blas_thread_shutdown_();
   /* take `callers` buffers at once (each maps one), then give them back to
    * the pool: later calls find them mapped and never mmap again */
   void *held[64];

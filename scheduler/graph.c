@@ -576,12 +576,7 @@ static int prefill_opts(const struct plan *p, int64_t n, const struct graph_opts
     snprintf(err, err_len, "a prefix hit of %lld tokens does not fit a prompt of %lld", (long long)*hit, (long long)n);
     return CEDAR_EINVAL;
   }
-  for (int l = 0; l < p->n_layers && !(o && o->swa_hit); l++) /* a snapshot carries the tails */
-    if (plan_is_kv_source(&p->layer[l]) && *hit % p->layer[l].ratio) {
-      snprintf(err, err_len, "a prefix hit of %lld tokens ends inside a ratio-%d group of layer %d: hits are aligned "
-               "down to a multiple of every source's ratio", (long long)*hit, p->layer[l].ratio, l);
-      return CEDAR_EINVAL;
-    }
+  if (plan_hit_check(p, *hit, o && o->swa_hit, err, err_len)) return CEDAR_EINVAL;
   *replay = o && o->replay >= 0 ? o->replay : p->serving.replay_decoder; /* resolved by plan_load */
   int64_t er = o && o->has_replay_encoder ? o->replay_encoder : p->serving.replay_encoder;
   *e0 = *hit == 0 || (o && o->swa_hit) ? *hit : (*hit > er ? *hit - er : 0);

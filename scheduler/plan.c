@@ -188,3 +188,23 @@ int64_t plan_max_positions(const struct plan *p) {
   double n = r->yarn ? r->yarn_factor * (double)r->yarn_original_len : (double)r->yarn_original_len;
   return n >= 1 && n < 9e15 ? (int64_t)n : 1;
 }
+
+int plan_hit_check(const struct plan *p, int64_t hit, bool snapshot, char *err, size_t err_len) {
+  if (snapshot) return 0;
+  int64_t lcm = 1;
+  int bad = -1;
+  for (int l = 0; l < p->n_layers; l++) {
+    int r = p->layer[l].ratio;
+    if (!plan_is_kv_source(&p->layer[l]) || r < 1) continue;
+    if (bad < 0 && hit % r) bad = l;
+    int64_t a = lcm, b = r;
+    while (b) { int64_t t = a % b; a = b; b = t; }
+    lcm = lcm / a * r;
+  }
+  if (bad < 0) return 0;
+  snprintf(err, err_len, "a prefix hit of %lld tokens ends inside a ratio-%d group of layer %d: without the "
+           "encoder-SWA snapshot at the hit (path b) a hit is a multiple of every source's ratio (give --hit %lld, "
+           "or --swa-hit for path a, whose snapshot carries the group's tail)",
+           (long long)hit, p->layer[bad].ratio, bad, (long long)(hit - hit % lcm));
+  return CEDAR_EINVAL;
+}

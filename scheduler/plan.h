@@ -213,6 +213,14 @@ double plan_softmax_scale(const struct plan *p);
  * context RoPE is set up for, yarn_factor x yarn_original_len of the CSA
  * RoPE block when it has YaRN (1M for V4.1), else its yarn_original_len. */
 int64_t plan_max_positions(const struct plan *p);
+/* Whether a prefix hit of `hit` cached positions can resume (SPEC 6.5), the
+ * one rule `cedar plan cost`, `cedar graph show` and the compiler share:
+ * with the encoder-SWA snapshot at hit (path a, snapshot = true) any hit;
+ * without it (path b) the hit must end on a whole group of every KV
+ * source's ratio, because the tail of a partial group lives only in a
+ * snapshot (encoder replay rebuilds the SWA window, not compressor tails).
+ * Returns 0, or CEDAR_EINVAL with a message naming the layer. */
+int plan_hit_check(const struct plan *p, int64_t hit, bool snapshot, char *err, size_t err_len);
 
 /* Bytes of one stored vector of `width` values in format f (payload + scales). */
 int64_t plan_format_bytes(const struct plan_format *f, int width);

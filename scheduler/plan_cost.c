@@ -322,6 +322,7 @@ int plan_cost_compute(const struct plan *p, const struct plan_cost_query *q,
   memset(out, 0, sizeof *out);
   out->q = *q;
   int rc = plan_cost_query_check(q, out->error, sizeof out->error);
+  if (rc == CEDAR_OK && q->has_hit) rc = plan_hit_check(p, q->hit, !q->swa_miss, out->error, sizeof out->error);
   if (rc == CEDAR_OK) rc = check_wiring(p, out);
   if (rc == CEDAR_OK) rc = check_magnitude(p, q, out);
   if (rc != CEDAR_OK) return rc;
