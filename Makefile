@@ -37,13 +37,15 @@ TEST_ENV = HWLOC_COMPONENTS=-pci \
 
 # Packages, Debian 12. build: compilers, CMake, the libraries DESIGN.md names;
 # fuzz: clang 14 with its libFuzzer/sanitizer runtimes; tests: numpy oracle,
-# graphviz for DOT checks. Optional (install-deps tries, never fails on
-# them): chromium, nodejs/npm and speedscope to load traces in a consumer.
+# graphviz for DOT checks; gnuplot-nox for `cedar report` / `cedar explore`
+# plots. Optional (install-deps tries, never fails on them): chromium,
+# nodejs/npm, speedscope to load traces in a consumer and playwright-core to
+# drive `cedar view`'s page (tests/cli/view_browser.sh).
 DEPS = build-essential cmake pkg-config \
        libyaml-dev libstarpu-dev libhwloc-dev libopenblas-dev libcjson-dev libxxhash-dev \
        openmpi-bin libopenmpi-dev \
        clang libclang-rt-14-dev \
-       python3 python3-numpy graphviz
+       python3 python3-numpy graphviz gnuplot-nox
 
 # Fuzz targets: tests/fuzz/fuzz_<name>.c -> build-fuzz/tests/fuzz_<name>.
 FUZZERS = $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
@@ -100,6 +102,8 @@ install-deps:
 	  echo "install-deps: npm not installed; tests/cli/trace.sh will skip its consumer check"
 	command -v speedscope >/dev/null || npm install -g -q speedscope@1.25.0 || \
 	  echo "install-deps: speedscope not installed; tests/cli/trace.sh will skip its consumer check"
+	[ -f "$$(npm root -g 2>/dev/null)/playwright-core/package.json" ] || npm install -g -q playwright-core@1.65.1 || \
+	  echo "install-deps: playwright-core not installed; tests/cli/view_browser.sh will skip"
 
 clean:
 	rm -rf build build-asan build-fuzz

@@ -559,6 +559,9 @@ int cmd_explore(int argc, char **argv) {
       cJSON_Delete(j);
       print_table(v, n, &o);
       if (o.out && !rc) printf("wrote %s/explore.json, %s/pareto.png and the variant plans in %s/\n", o.out, o.out, dir);
+      bool refused = false;
+      for (int i = 0; i < n; i++) refused |= !v[i].valid;
+      if (!o.out && refused) printf("(the variant files were temporary: --out DIR keeps them)\n");
     }
   }
   if (tmpdir) nftw(dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);

@@ -83,7 +83,7 @@
   var nChunkRows = Math.min(chunkRowEnd.length, 6);
 
   /* ---- geometry ----------------------------------------------------------- */
-  var LABEL = 170, ROW = 18, AXIS = 22, CROW = 14, PAD = 6;
+  var LABEL = 170, ROW = 22, AXIS = 22, CROW = 14, PAD = 6;
   var chunkTop = AXIS, lanesTop = AXIS + (nChunkRows ? nChunkRows * CROW + PAD : 0);
   var laneY = [], y = lanesTop;
   for (l = 0; l < LANES.length; l++) {

@@ -12,7 +12,8 @@
 #  3. the critical path is right: a chain of the DOT's edges whose weight
 #     (each node's duration in the first prefill) is the largest of any
 #     path, recomputed here in Python, and its slices are the ones marked;
-#  4. bad input is refused with a clear message and exit 1 (junk, no
+#  4. two ranks: lanes grouped by rank, a transfer's flow between them;
+#  5. bad input is refused with a clear message and exit 1 (junk, no
 #     traceEvents, an event without ts, overlapping slices, an unpaired
 #     flow, a missing file, a DOT that is not cedar's, a cyclic graph, a
 #     plan that does not load), and usage errors exit 2.
@@ -202,4 +203,28 @@ cat > "$tmp/other.json" <<'EOF'
 EOF
 "$cedar" view "$tmp/other.json" -o "$tmp/other.html" > "$tmp/o" || fail "a B/E trace with nesting is refused"
 grep -q "3 tasks on 2 lanes, 1 cross-lane edges" "$tmp/o" || fail "the B/E trace: $(cat "$tmp/o")"
+# Two ranks: lanes group by args.rank (rank 0's first, whatever the pids), and a
+# transfer task's flow joins the ranks.
+cat > "$tmp/ranks.json" <<'EOF'
+{"traceEvents": [
+ {"name": "thread_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "decode CPU 0"}},
+ {"name": "thread_name", "ph": "M", "pid": 2, "tid": 0, "args": {"name": "prefill CPU 0"}},
+ {"name": "L0.attn c0 r0", "ph": "X", "pid": 2, "tid": 0, "ts": 0, "dur": 5, "args": {"layer": 0, "mode": "full", "op": "attn", "rank": 0, "pos": 0, "n": 8}},
+ {"name": "transfer c0 r0", "ph": "X", "pid": 2, "tid": 0, "ts": 6, "dur": 2, "args": {"op": "transfer", "mode": "-", "rank": 0}},
+ {"name": "xfer", "ph": "s", "pid": 2, "tid": 0, "ts": 6, "id": 1},
+ {"name": "L0.attn d r0", "ph": "X", "pid": 1, "tid": 0, "ts": 9, "dur": 3, "args": {"layer": 0, "mode": "full", "op": "attn", "rank": 1}},
+ {"name": "xfer", "ph": "f", "bp": "e", "pid": 1, "tid": 0, "ts": 9, "id": 1}]}
+EOF
+"$cedar" view "$tmp/ranks.json" -o "$tmp/ranks.html" > /dev/null || fail "a two-rank trace is refused"
+"$py" - "$tmp/ranks.html" <<'EOF' || fail "the two-rank page (above)"
+import json, re, sys
+d = json.loads(re.search(r'<script id="cedar-data" type="application/json">(.*?)</script>', open(sys.argv[1]).read(), re.S)[1])
+lanes = [(l["rank"], l["name"]) for l in d["lanes"]]
+if lanes != [(0, "prefill CPU 0"), (1, "decode CPU 0")]:
+    sys.exit(f"lanes {lanes}: not grouped by rank")
+ev, sym = d["ev"], d["sym"]
+a, b = d["flows"]
+if sym[ev["op"][a]] != "transfer" or ev["lane"][b] != 1:
+    sys.exit("the transfer's flow does not run from the transfer to rank 1")
+EOF
 echo "view.sh: all checks passed"

@@ -11,8 +11,10 @@
  * of that mode zoomed into view is drawn in that mode's colour (read back
  * from the canvas); hovering a task with the real mouse shows its layer,
  * chunk, positions, bytes and time; the graph's critical path is marked.
- * Prints one JSON line: {"load_ms": ..., "checked": [...]}. Exit 1 on a
- * failed check.
+ * Prints one JSON line: {"load_ms": wall time from navigation to the first
+ * draw, "timing_ms": its steps, "cpu": the renderer's CPU time (Chromium's
+ * thread ticks) over the same span, "checked": [...]}: reported, never
+ * asserted. Exit 1 on a failed check.
  */
 'use strict';
 const [pwDir, chromium, pagePath, expectPath, shotPath] = process.argv.slice(2);
@@ -33,8 +35,17 @@ function fail(msg) {
     const page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
     page.on('console', (m) => { if (m.type() === 'error') errors.push('console: ' + m.text()); });
     page.on('pageerror', (e) => errors.push('exception: ' + e.message));
+    /* CPU time of the page's renderer (thread ticks), beside the wall time: on a
+     * shared machine the wall time mostly measures the other processes. */
+    const cdp = await page.context().newCDPSession(page);
+    await cdp.send('Performance.enable', { timeDomain: 'threadTicks' });
+    const metrics = async () => Object.fromEntries((await cdp.send('Performance.getMetrics')).metrics.map((m) => [m.name, m.value]));
+    const m0 = await metrics();
     await page.goto('file://' + pagePath, { waitUntil: 'load', timeout: 60000 });
     await page.waitForFunction(() => window.cedarView && window.cedarView.ready, null, { timeout: 60000 });
+    const m1 = await metrics();
+    const cpu = { renderer_cpu_ms: Math.round(1e3 * (m1.ProcessTime - (m0.ProcessTime || 0))),
+      main_thread_tasks_ms: Math.round(1e3 * (m1.TaskDuration - (m0.TaskDuration || 0))) };
     const info = await page.evaluate(() => ({
       loadMs: cedarView.loadMs, timing: cedarView.timing, n: cedarView.nEvents, lanes: cedarView.lanes.map((l) => l.name),
       legend: cedarView.legend.map((k) => k.key), graph: cedarView.graph
@@ -102,7 +113,7 @@ function fail(msg) {
     checked.push('no console errors');
     const tm = {};
     for (const k in info.timing) tm[k] = Math.round(info.timing[k]);
-    console.log(JSON.stringify({ load_ms: Math.round(info.loadMs), timing_ms: tm, checked }));
+    console.log(JSON.stringify({ load_ms: Math.round(info.loadMs), timing_ms: tm, cpu, checked }));
   } finally {
     await browser.close();
   }
