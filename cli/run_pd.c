@@ -30,9 +30,14 @@ void run_pd_text(FILE *f, const struct plan *p) {
   fprintf(f, "  the plan's package %s:", agrees(s) ? "agrees" : "DISAGREES");
   for (int c = 0; c < RT_PD_META; c++) fprintf(f, "%s %s %" PRId64 " B", c ? ";" : "", rt_pd_class_name(c), s->expected[c]);
   fprintf(f, "\n  prefill %.3f s; transfer %.3f s (first send to last arrival); KV sent before the prefill ended "
-          "%.0f%% (%" PRId64 " B); handoff after the prefill %.2f ms; ready barrier %.3f ms\n",
-          s->prefill_s, s->transfer_s, 100 * s->overlap, s->kv_bytes_before_end, 1e3 * s->handoff_s, 1e3 * s->ready_s);
-  fprintf(f, "  y1 sampled on P (inside TTFT), consumed on D by the first decode step (the handoff is outside TTFT)\n");
+          "%.0f%% (%" PRId64 " B); handoff after the prefill %.2f ms%s; ready barrier %.3f ms\n",
+          s->prefill_s, s->transfer_s, 100 * s->overlap, s->kv_bytes_before_end, 1e3 * s->handoff_s,
+          s->replay_on_d ? " (D's replay included)" : "", 1e3 * s->ready_s);
+  if (s->replay_on_d)
+    fprintf(f, "  decoder replay on D: y1 sampled and delivered by D (the handoff and the replay are inside TTFT)\n");
+  else
+    fprintf(f, "  decoder replay on P: y1 sampled on P (inside TTFT), consumed on D by the first decode step (the "
+            "handoff is outside TTFT, inside the first ITL)\n");
 }
 
 void run_pd_json(struct cJSON *j, const struct plan *p) {
@@ -58,5 +63,6 @@ void run_pd_json(struct cJSON *j, const struct plan *p) {
   cJSON_AddNumberToObject(t, "kv_bytes_before_prefill_end", (double)s->kv_bytes_before_end);
   cJSON_AddNumberToObject(t, "handoff_s", s->handoff_s);
   cJSON_AddNumberToObject(t, "ready_s", s->ready_s);
-  cJSON_AddStringToObject(t, "y1", "sampled on P, consumed on D");
+  cJSON_AddStringToObject(t, "replay", s->replay_on_d ? "decode" : "prefill");
+  cJSON_AddStringToObject(t, "y1", s->replay_on_d ? "sampled and consumed on D" : "sampled on P, consumed on D");
 }

@@ -9,7 +9,8 @@
 #     every tensor (prefill and decode logits, tokens, every source's Main
 #     KV and Indexer K, tail positions, every ring's entries and positions);
 #     with several chunks (KV streamed chunk by chunk), an odd prompt (a
-#     tail in the package), on the StarPU and the direct executor;
+#     tail in the package), on the StarPU and the direct executor, with the
+#     decoder replay on P and on D (serving.placement.replay: decode);
 #  3. --json has a "transfer" object (via starpu-mpi, agrees, KV bytes);
 #  4. mpirun -np 1 is refused naming both numbers (needs 2, gave 1).
 # Every mpirun runs under `timeout`, so a hang fails the test instead of
@@ -75,6 +76,16 @@ assert t["bytes"]["global_kv"] == t["plan_bytes"]["global_kv"] > 0, t
 assert 0 <= t["overlap"] <= 1 and t["transfer_s"] >= 0, t
 assert len(j["tokens"]) == 3, j["tokens"]
 PY
+
+# 2: the decoder replay on D (SPEC 7.6): P ships the kept encoder outputs, D replays and samples y1
+printf 'extends: %s/plans/v41-mini-pd.yaml\nname: v41-mini-pd-replay-d\nserving:\n  placement:\n    replay: decode\n' \
+  "$PWD" > "$tmp/replay-d.yaml"
+mpi -np 2 "$cedar" run --plan "$tmp/replay-d.yaml" "${common[@]}" --dump "$tmp/pdd.st" > "$tmp/pdd.txt" 2> "$tmp/pdd.err" \
+  || { cat "$tmp/pdd.err" >&2; fail "mpirun, replay on D"; }
+grep -q "decoder replay on D: y1 sampled and delivered by D" "$tmp/pdd.txt" || { cat "$tmp/pdd.txt"; fail "replay on D: no y1 line"; }
+grep -q "decoder SWA 0 B" "$tmp/pdd.txt" || fail "replay on D shipped decoder rings"
+grep -q "the plan's package agrees" "$tmp/pdd.txt" || { cat "$tmp/pdd.txt"; fail "replay on D: bytes disagree"; }
+cmp_dumps "$tmp/pdd.st" "$tmp/one.st" || fail "P/D with the replay on D differs from one process"
 
 # 4: more ranks than mpirun gave
 rc=0
