@@ -6,6 +6,7 @@
 #include <inttypes.h>
 
 #include "runtime/pd.h"
+#include "scheduler/plan_cost_pd.h"
 
 /* The classes the plan knows agree with what moved (META is framing: no plan figure). */
 static bool agrees(const struct rt_pd_stats *s) {
@@ -65,4 +66,31 @@ void run_pd_json(struct cJSON *j, const struct plan *p) {
   cJSON_AddNumberToObject(t, "ready_s", s->ready_s);
   cJSON_AddStringToObject(t, "replay", s->replay_on_d ? "decode" : "prefill");
   cJSON_AddStringToObject(t, "y1", s->replay_on_d ? "sampled and consumed on D" : "sampled on P, consumed on D");
+}
+
+void plan_cost_pd_print(FILE *f, const struct plan *p, int64_t n) {
+  struct plan_pd_package k;
+  if (plan_cost_pd_package(p, n, &k) || !k.split) return;
+  fprintf(f, "\nP->D state package after a %" PRId64 "-token prompt (prefill on rank %d, decode on rank %d; decoder "
+          "replay on %s)\n", n, p->serving.prefill_rank, p->serving.decode_rank, k.replay_on_decode ? "D" : "P");
+  fprintf(f, "  %-46s %22" PRId64 "\n", "global KV (Main KV + Indexer K), B", k.kv);
+  fprintf(f, "  %-46s %22" PRId64 "\n", "encoder SWA rings, B", k.swa_enc);
+  fprintf(f, "  %-46s %22" PRId64 "\n", "decoder SWA rings, B", k.swa_dec);
+  fprintf(f, "  %-46s %22" PRId64 "\n", "compressor tails, B", k.tails);
+  fprintf(f, "  %-46s %22" PRId64 "\n", "kept encoder outputs (fp32), B", k.xe);
+  fprintf(f, "  %-46s %22" PRId64 "\n", "total (metadata not counted), B", k.total);
+}
+
+void plan_cost_pd_json(struct cJSON *j, const struct plan *p, int64_t n) {
+  struct plan_pd_package k;
+  if (plan_cost_pd_package(p, n, &k) || !k.split) return;
+  cJSON *o = cJSON_AddObjectToObject(j, "pd_package");
+  cJSON_AddStringToObject(o, "replay", k.replay_on_decode ? "decode" : "prefill");
+  cJSON_AddNumberToObject(o, "prompt", (double)n);
+  cJSON_AddNumberToObject(o, "global_kv", (double)k.kv);
+  cJSON_AddNumberToObject(o, "swa_encoder", (double)k.swa_enc);
+  cJSON_AddNumberToObject(o, "swa_decoder", (double)k.swa_dec);
+  cJSON_AddNumberToObject(o, "tails", (double)k.tails);
+  cJSON_AddNumberToObject(o, "encoder_outputs", (double)k.xe);
+  cJSON_AddNumberToObject(o, "total", (double)k.total);
 }

@@ -14,7 +14,7 @@
 #include "base/check.h"
 #include "ops/sample.h"
 #include "runtime/pd_internal.h"
-#include "scheduler/plan_cost.h"
+#include "scheduler/plan_cost_pd.h"
 
 #define META_MAGIC 0x4d504443u /* "CDPM" */
 
@@ -52,25 +52,15 @@ enum rt_pd_role rt_pd_role_of(const struct plan *p) {
 static size_t xe_row_bytes(const struct plan *p) { return sizeof(float) * (size_t)p->model.hc_streams * p->model.hidden; }
 
 void rt_pd_expected_bytes(const struct plan *p, int64_t n, int64_t replay, int64_t out[RT_PD_CLASS_COUNT]) {
-  struct plan_cost pc;
-  struct plan_cost_query q;
-  plan_cost_query_init(&q);
-  q.tokens = n;
-  q.prompt = n;
-  memset(out, 0, sizeof(int64_t) * RT_PD_CLASS_COUNT);
-  if (plan_cost_compute(p, &q, &pc)) return;
-  out[RT_PD_KV] = pc.bytes;
-  int64_t ring = pc.swa_payload_per_layer + pc.swa_scale_bytes / (p->n_layers ? p->n_layers : 1);
-  for (int l = 0; l < p->n_layers; l++) {
-    bool dec = p->layer[l].region == PLAN_DECODER && p->serving.ced;
-    if (dec && p->serving.pd_replay == PLAN_REPLAY_ON_DECODE) continue; /* D rebuilds them */
-    out[dec ? RT_PD_SWA_DEC : RT_PD_SWA_ENC] += ring;
-  }
-  out[RT_PD_TAIL] = pc.tail_bytes;
   (void)replay;
-  bool ced = false;
-  for (int l = 0; l < p->n_layers; l++) ced |= p->serving.ced && p->layer[l].region == PLAN_DECODER;
-  out[RT_PD_XE] = ced ? (int64_t)p->serving.replay_decoder * (int64_t)xe_row_bytes(p) : 0;
+  struct plan_pd_package k;
+  memset(out, 0, sizeof(int64_t) * RT_PD_CLASS_COUNT);
+  if (plan_cost_pd_package(p, n, &k)) return;
+  out[RT_PD_KV] = k.kv;
+  out[RT_PD_SWA_ENC] = k.swa_enc;
+  out[RT_PD_SWA_DEC] = k.swa_dec;
+  out[RT_PD_TAIL] = k.tails;
+  out[RT_PD_XE] = k.xe;
   out[RT_PD_META] = -1;
 }
 

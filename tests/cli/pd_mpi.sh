@@ -11,7 +11,8 @@
 #     with several chunks (KV streamed chunk by chunk), an odd prompt (a
 #     tail in the package), on the StarPU and the direct executor, with the
 #     decoder replay on P and on D (serving.placement.replay: decode);
-#  3. --json has a "transfer" object (via starpu-mpi, agrees, KV bytes);
+#  3. --json has a "transfer" object (via starpu-mpi, agrees, KV bytes),
+#     its bytes by class equal `cedar plan cost --json`'s pd_package;
 #  4. mpirun -np 1 is refused naming both numbers (needs 2, gave 1).
 # Every mpirun runs under `timeout`, so a hang fails the test instead of
 # blocking CI. Skips (77) where mpirun is missing or cedar was built
@@ -67,9 +68,13 @@ mpi -np 2 "$cedar" run --plan plans/v41-mini-pd.yaml --prompt-len 48 --chunk 16 
   --json --dump "$tmp/pdj.st" > "$tmp/pd.json" 2> "$tmp/pdj.err" || { cat "$tmp/pdj.err" >&2; fail "mpirun --json"; }
 "$cedar" run --plan plans/v41-mini.yaml --prompt-len 48 --chunk 16 --max-new 3 --executor direct --dump "$tmp/onej.st" > /dev/null
 cmp_dumps "$tmp/pdj.st" "$tmp/onej.st" || fail "P/D (direct) differs from one process"
-"$py" - "$tmp/pd.json" <<'PY' || fail "--json transfer object"
+"$cedar" plan cost plans/v41-mini-pd.yaml --prompt 48 --json > "$tmp/cost.json"
+"$py" - "$tmp/pd.json" "$tmp/cost.json" <<'PY' || fail "--json transfer object"
 import json, sys
 j = json.load(open(sys.argv[1]))
+k = json.load(open(sys.argv[2]))["pd_package"]
+for c in ("global_kv", "swa_encoder", "swa_decoder", "tails", "encoder_outputs"):
+    assert j["transfer"]["bytes"][c] == k[c], (c, j["transfer"]["bytes"][c], k[c])
 t = j["transfer"]
 assert t["via"] == "starpu-mpi" and t["agrees"] is True, t
 assert t["bytes"]["global_kv"] == t["plan_bytes"]["global_kv"] > 0, t
