@@ -72,5 +72,8 @@ int pd_mpi_recv(void *buf, size_t bytes, int src, int tag, struct pd_msg_state *
 /* Release the messages' handles and stop StarPU-MPI; false when a message
  * was still in flight (then StarPU-MPI stays up). */
 bool pd_mpi_stop(void);
+/* After a failed transfer with messages still posted: log why and end the
+ * MPI job (MPI_Abort), since neither side could shut StarPU-MPI down. */
+void pd_mpi_abort(const char *why);
 
 #endif

@@ -345,6 +345,8 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
   memset(res, 0, sizeof(*res));
   memset(st, 0, sizeof(*st));
   enum rt_pd_role role = rt_pd_role_of(p);
+  const char *tf = getenv("CEDAR_PD_TEST_FAULT"); /* tests/cli/pd_mpi.sh: P holds the last KV message back */
+  if (tf && !strcmp(tf, "hold-kv")) rt_pd_set_fault(RT_PD_FAULT_INFLIGHT);
   if (n < 1 || o->max_new < 1) {
     snprintf(err, err_len, "a request needs a prompt of at least one token and --max-new of at least 1");
     return CEDAR_EINVAL;
@@ -419,13 +421,20 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
     }
     bool stopped = pd_mpi_stop();
     if (stopped) free(lg); /* in flight: StarPU-MPI may still read it */
+    if (!stopped) {
+      rt_request_free(&rp);
+      pd_mpi_abort(err);
+    }
     figures(R, st, pd_now());
     st->handoff_s = 0;
     if (!rc) rc = 1;
     goto out;
   } else {
     rc = receive(R, r, st, p->serving.prefill_rank, err, err_len);
-    pd_mpi_stop();
+    if (!pd_mpi_stop()) { /* a receive still posted after the deadline: free the request, end the job */
+      rt_request_free(r);
+      pd_mpi_abort(err);
+    }
     if (rc) goto out;
   }
   /* D: the record, the barrier, the decode */
