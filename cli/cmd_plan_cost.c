@@ -23,6 +23,7 @@
 #include "cli/cli.h"
 #include "scheduler/plan.h"
 #include "scheduler/plan_cost.h"
+#include "cli/run_pd.h"
 
 /* ---- the figures, once ---------------------------------------------------- */
 
@@ -504,8 +505,14 @@ int cmd_plan_cost(int argc, char **argv) {
   struct plan_cost *c = cedar_xcalloc(1, sizeof *c);
   rc = load_and_cost(cmd, a.file[0], &a.q, p, c);
   if (!rc) {
-    if (a.json) cli_print_json(json_cost(p, c));
-    else print_cost(stdout, p, c);
+    if (a.json) {
+      cJSON *j = json_cost(p, c);
+      plan_cost_pd_json(j, p, c->q.prompt);
+      cli_print_json(j);
+    } else {
+      print_cost(stdout, p, c);
+      plan_cost_pd_print(stdout, p, c->q.prompt);
+    }
   }
   plan_free(p);
   free(p);

@@ -6,6 +6,7 @@
 #include <inttypes.h>
 
 #include "runtime/pd.h"
+#include "scheduler/plan_cost_pd.h"
 
 /* The classes the plan knows agree with what moved (META is framing: no plan figure). */
 static bool agrees(const struct rt_pd_stats *s) {
@@ -30,9 +31,14 @@ void run_pd_text(FILE *f, const struct plan *p) {
   fprintf(f, "  the plan's package %s:", agrees(s) ? "agrees" : "DISAGREES");
   for (int c = 0; c < RT_PD_META; c++) fprintf(f, "%s %s %" PRId64 " B", c ? ";" : "", rt_pd_class_name(c), s->expected[c]);
   fprintf(f, "\n  prefill %.3f s; transfer %.3f s (first send to last arrival); KV sent before the prefill ended "
-          "%.0f%% (%" PRId64 " B); handoff after the prefill %.2f ms; ready barrier %.3f ms\n",
-          s->prefill_s, s->transfer_s, 100 * s->overlap, s->kv_bytes_before_end, 1e3 * s->handoff_s, 1e3 * s->ready_s);
-  fprintf(f, "  y1 sampled on P (inside TTFT), consumed on D by the first decode step (the handoff is outside TTFT)\n");
+          "%.0f%% (%" PRId64 " B); handoff after the prefill %.2f ms%s; ready barrier %.3f ms\n",
+          s->prefill_s, s->transfer_s, 100 * s->overlap, s->kv_bytes_before_end, 1e3 * s->handoff_s,
+          s->replay_on_d ? " (D's replay included)" : "", 1e3 * s->ready_s);
+  if (s->replay_on_d)
+    fprintf(f, "  decoder replay on D: y1 sampled and delivered by D (the handoff and the replay are inside TTFT)\n");
+  else
+    fprintf(f, "  decoder replay on P: y1 sampled on P (inside TTFT), consumed on D by the first decode step (the "
+            "handoff is outside TTFT, inside the first ITL)\n");
 }
 
 void run_pd_json(struct cJSON *j, const struct plan *p) {
@@ -58,5 +64,33 @@ void run_pd_json(struct cJSON *j, const struct plan *p) {
   cJSON_AddNumberToObject(t, "kv_bytes_before_prefill_end", (double)s->kv_bytes_before_end);
   cJSON_AddNumberToObject(t, "handoff_s", s->handoff_s);
   cJSON_AddNumberToObject(t, "ready_s", s->ready_s);
-  cJSON_AddStringToObject(t, "y1", "sampled on P, consumed on D");
+  cJSON_AddStringToObject(t, "replay", s->replay_on_d ? "decode" : "prefill");
+  cJSON_AddStringToObject(t, "y1", s->replay_on_d ? "sampled and consumed on D" : "sampled on P, consumed on D");
+}
+
+void plan_cost_pd_print(FILE *f, const struct plan *p, int64_t n) {
+  struct plan_pd_package k;
+  if (plan_cost_pd_package(p, n, &k) || !k.split) return;
+  fprintf(f, "\nP->D state package after a %" PRId64 "-token prompt (prefill on rank %d, decode on rank %d; decoder "
+          "replay on %s)\n", n, p->serving.prefill_rank, p->serving.decode_rank, k.replay_on_decode ? "D" : "P");
+  fprintf(f, "  %-46s %22" PRId64 "\n", "global KV (Main KV + Indexer K), B", k.kv);
+  fprintf(f, "  %-46s %22" PRId64 "\n", "encoder SWA rings, B", k.swa_enc);
+  fprintf(f, "  %-46s %22" PRId64 "\n", "decoder SWA rings, B", k.swa_dec);
+  fprintf(f, "  %-46s %22" PRId64 "\n", "compressor tails, B", k.tails);
+  fprintf(f, "  %-46s %22" PRId64 "\n", "kept encoder outputs (fp32), B", k.xe);
+  fprintf(f, "  %-46s %22" PRId64 "\n", "total (metadata not counted), B", k.total);
+}
+
+void plan_cost_pd_json(struct cJSON *j, const struct plan *p, int64_t n) {
+  struct plan_pd_package k;
+  if (plan_cost_pd_package(p, n, &k) || !k.split) return;
+  cJSON *o = cJSON_AddObjectToObject(j, "pd_package");
+  cJSON_AddStringToObject(o, "replay", k.replay_on_decode ? "decode" : "prefill");
+  cJSON_AddNumberToObject(o, "prompt", (double)n);
+  cJSON_AddNumberToObject(o, "global_kv", (double)k.kv);
+  cJSON_AddNumberToObject(o, "swa_encoder", (double)k.swa_enc);
+  cJSON_AddNumberToObject(o, "swa_decoder", (double)k.swa_dec);
+  cJSON_AddNumberToObject(o, "tails", (double)k.tails);
+  cJSON_AddNumberToObject(o, "encoder_outputs", (double)k.xe);
+  cJSON_AddNumberToObject(o, "total", (double)k.total);
 }

@@ -14,7 +14,7 @@
 #include "base/check.h"
 #include "ops/sample.h"
 #include "runtime/pd_internal.h"
-#include "scheduler/plan_cost.h"
+#include "scheduler/plan_cost_pd.h"
 
 #define META_MAGIC 0x4d504443u /* "CDPM" */
 
@@ -52,23 +52,15 @@ enum rt_pd_role rt_pd_role_of(const struct plan *p) {
 static size_t xe_row_bytes(const struct plan *p) { return sizeof(float) * (size_t)p->model.hc_streams * p->model.hidden; }
 
 void rt_pd_expected_bytes(const struct plan *p, int64_t n, int64_t replay, int64_t out[RT_PD_CLASS_COUNT]) {
-  struct plan_cost pc;
-  struct plan_cost_query q;
-  plan_cost_query_init(&q);
-  q.tokens = n;
-  q.prompt = n;
+  (void)replay;
+  struct plan_pd_package k;
   memset(out, 0, sizeof(int64_t) * RT_PD_CLASS_COUNT);
-  if (plan_cost_compute(p, &q, &pc)) return;
-  out[RT_PD_KV] = pc.bytes;
-  int64_t ring = pc.swa_payload_per_layer + pc.swa_scale_bytes / (p->n_layers ? p->n_layers : 1);
-  for (int l = 0; l < p->n_layers; l++)
-    out[p->layer[l].region == PLAN_DECODER && p->serving.ced ? RT_PD_SWA_DEC : RT_PD_SWA_ENC] += ring;
-  out[RT_PD_TAIL] = pc.tail_bytes;
-  int64_t R = replay < n ? replay : n;
-  (void)R;
-  bool ced = false;
-  for (int l = 0; l < p->n_layers; l++) ced |= p->serving.ced && p->layer[l].region == PLAN_DECODER;
-  out[RT_PD_XE] = ced ? (int64_t)p->serving.replay_decoder * (int64_t)xe_row_bytes(p) : 0;
+  if (plan_cost_pd_package(p, n, &k)) return;
+  out[RT_PD_KV] = k.kv;
+  out[RT_PD_SWA_ENC] = k.swa_enc;
+  out[RT_PD_SWA_DEC] = k.swa_dec;
+  out[RT_PD_TAIL] = k.tails;
+  out[RT_PD_XE] = k.xe;
   out[RT_PD_META] = -1;
 }
 
@@ -253,7 +245,13 @@ int rt_pd_transfer_node(const struct rt_node_ctx *c) {
   int64_t len = pd_msg_bytes(L->g, c->nd, c->r);
   if (!L->buf[k]) L->buf[k] = cedar_xmalloc((size_t)len);
   pack(L->g, k, c->r, L->buf[k]);
-  if (L->role == RT_PD_PREFILL) return pd_mpi_send(L->buf[k], (size_t)len, L->dest, k + 1, &L->ms[k]);
+  if (L->role == RT_PD_PREFILL) {
+    if (pd_fault == RT_PD_FAULT_INFLIGHT && k == L->last_kv) { /* a test: this message never leaves P */
+      atomic_store(&L->ms[k].done, 1);
+      return 0;
+    }
+    return pd_mpi_send(L->buf[k], (size_t)len, L->dest, k + 1, &L->ms[k]);
+  }
   pthread_mutex_lock(&L->mu);
   struct msg_hdr h;
   memcpy(&h, L->buf[k], sizeof h);
@@ -339,6 +337,11 @@ void pd_meta_seal(struct rt_pd_meta *m) { m->self_check = XXH3_64bits(m, offseto
 
 int rt_pd_ready(const struct plan *p, const struct rt_pd_meta *m, const struct rt_request *r,
                 const struct rt_pd_rx *rx, char *err, size_t err_len) {
+  return pd_ready_check(p, m, r, rx, true, err, err_len);
+}
+
+int pd_ready_check(const struct plan *p, const struct rt_pd_meta *m, const struct rt_request *r,
+                   const struct rt_pd_rx *rx, bool all, char *err, size_t err_len) {
 #define REFUSE(...)                                                              \
   do {                                                                           \
     int o_ = snprintf(err, err_len, "ready barrier: D refuses to decode: ");     \
@@ -369,10 +372,12 @@ int rt_pd_ready(const struct plan *p, const struct rt_pd_meta *m, const struct r
              "%lld", l, (long long)r->seq[l].n_entries, (long long)m->n_entries[l], (long long)m->n_pos,
              (long long)want);
   }
-  /* 2: every ring at the same boundary */
+  if (!all) return 0; /* what D's own replay needs is there */
+  /* 2: every ring at the same boundary (rings P did not ship, D rebuilt) */
   for (int l = 0; l < p->n_layers; l++) {
     int64_t e = ring_end(&r->ring[l]);
-    if (e != m->n_pos - 1 || e != m->ring_end[l] || r->ring[l].entry_bytes != (size_t)m->swa_entry_bytes)
+    if (e != m->n_pos - 1 || (m->ring_end[l] >= 0 && e != m->ring_end[l]) ||
+        r->ring[l].entry_bytes != (size_t)m->swa_entry_bytes)
       REFUSE("condition 2 (SWA boundary): layer %d's ring ends at position %lld, the processed boundary is %lld",
              l, (long long)e, (long long)m->n_pos - 1);
   }
@@ -388,11 +393,15 @@ int rt_pd_ready(const struct plan *p, const struct rt_pd_meta *m, const struct r
              (long long)r->tail[l].pos0, (long long)m->n_pos, (long long)r->seq[l].n_entries, want,
              (long long)(m->n_pos - want));
   }
-  /* 4: the sampled-but-unconsumed token */
-  if (m->y1 < 0 || m->y1 >= p->model.vocab || m->y1_sampler != 0 || m->y1_consumer != 1 || m->y1_pos != m->n_pos ||
-      r->n_tokens != m->n_pos || r->pending != m->y1)
+  /* 4: the sampled-but-unconsumed token: P sampled it and sent it, or D
+   * sampled it after its own replay; either way exactly one, not consumed */
+  bool by_p = m->y1_sampler == 0, by_d = m->y1_sampler == 1;
+  bool ok4 = m->y1_consumer == 1 && m->y1_pos == m->n_pos && r->n_tokens == m->n_pos && r->pending >= 0 &&
+             r->pending < p->model.vocab &&
+             ((by_p && m->y1 == r->pending) || (by_d && m->y1 == -1));
+  if (!ok4)
     REFUSE("condition 4 (sampled-but-unconsumed token): y1 = %d sampled by %s for %s at position %lld, but D's "
-           "history holds %lld ids and its pending token is %d: ambiguous", m->y1, m->y1_sampler ? "D" : "P",
+           "history holds %lld ids and its pending token is %d: ambiguous", m->y1, by_p ? "P" : by_d ? "D" : "?",
            m->y1_consumer ? "D" : "P", (long long)m->y1_pos, (long long)r->n_tokens, r->pending);
   for (int i = 0; i < 3 && i < r->n_tokens; i++)
     if (m->last_ids[i] != r->tokens[r->n_tokens - (r->n_tokens < 3 ? r->n_tokens : 3) + i])

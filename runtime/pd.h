@@ -68,6 +68,7 @@ const char *rt_pd_class_name(enum rt_pd_class c);
 
 struct rt_pd_stats {
   bool mpi;                         /* moved through StarPU-MPI (else local copies) */
+  bool replay_on_d;                 /* D replayed the decoder and sampled y1 (SPEC 7.6) */
   int64_t bytes[RT_PD_CLASS_COUNT]; /* payload bytes by class */
   int64_t expected[RT_PD_CLASS_COUNT]; /* what the plan says (rt_pd_expected_bytes); -1 for META */
   int64_t messages;
@@ -75,7 +76,7 @@ struct rt_pd_stats {
   double overlap;                   /* kv_bytes_before_end / KV bytes */
   double prefill_s;                 /* P's prefill graph */
   double transfer_s;                /* P's first send to the last message's arrival on D */
-  double handoff_s;                 /* prefill end to D ready (the part the prefill did not hide) */
+  double handoff_s;                 /* P's prefill end to D ready (what the prefill did not hide; D's replay included) */
   double ready_s;                   /* the barrier check */
 };
 
@@ -124,6 +125,7 @@ struct rt_pd_meta {
   int64_t out_rows;                  /* prefill logits rows that follow */
   double ttft_s, prefill_s, t_end;   /* P's clock: prefill graph end */
   double t_first_send;               /* P's clock: the first transfer posted (one host: one CLOCK_MONOTONIC) */
+  double t_start;                    /* P's clock: the request began (TTFT when D delivers y1) */
   struct rt_exec_stats prefill;
   int32_t prefill_nodes, prefill_edges;
   int64_t replay;

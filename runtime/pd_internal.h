@@ -51,6 +51,10 @@ int pd_apply(const struct graph *g, int k, const uint8_t *buf, int64_t len, stru
              struct rt_pd_stats *st, struct rt_pd_rx *rx, char *err, size_t err_len);
 void pd_meta_fill(struct rt_pd_meta *m, const struct rt_request *r, int64_t n, int32_t y1, uint64_t rng);
 void pd_meta_seal(struct rt_pd_meta *m);
+/* rt_pd_ready; with all false only what precedes D's own replay: the
+ * record, the version, condition 5 and condition 1. */
+int pd_ready_check(const struct plan *p, const struct rt_pd_meta *m, const struct rt_request *r,
+                   const struct rt_pd_rx *rx, bool all, char *err, size_t err_len);
 
 /* One message's completion, written by StarPU-MPI's progress thread. */
 struct pd_msg_state {
@@ -68,5 +72,8 @@ int pd_mpi_recv(void *buf, size_t bytes, int src, int tag, struct pd_msg_state *
 /* Release the messages' handles and stop StarPU-MPI; false when a message
  * was still in flight (then StarPU-MPI stays up). */
 bool pd_mpi_stop(void);
+/* After a failed transfer with messages still posted: log why and end the
+ * MPI job (MPI_Abort), since neither side could shut StarPU-MPI down. */
+void pd_mpi_abort(const char *why);
 
 #endif

@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "base/check.h"
+#include "base/log.h"
 #include "runtime/pd.h"
 #include "runtime/pd_internal.h"
 
@@ -140,6 +141,13 @@ int pd_mpi_recv(void *buf, size_t bytes, int src, int tag, struct pd_msg_state *
   return post(buf, bytes, src, tag, s, false);
 }
 
+void pd_mpi_abort(const char *why) {
+  LOG_ERROR("%s", why);
+  LOG_ERROR("rank %d: a P/D message is still posted and StarPU-MPI cannot cancel it: ending the job (MPI_Abort)",
+            world_rank);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
 /* Unregister every completed message's handle; the caller owns the
  * buffers. A message still in flight keeps its handle (a failed request:
  * StarPU-MPI's shutdown is then skipped, the process exits). */
@@ -184,5 +192,6 @@ int pd_mpi_recv(void *buf, size_t bytes, int src, int tag, struct pd_msg_state *
   return CEDAR_EUNSUPPORTED;
 }
 bool pd_mpi_stop(void) { return true; }
+void pd_mpi_abort(const char *why) { (void)why; }
 
 #endif

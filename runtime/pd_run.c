@@ -74,19 +74,36 @@ struct run {
   int *xfer;       /* transfer node indices, then the record and the logits (n_node, n_node + 1) */
   int n_xfer;
   double t0;
+  uint64_t rng;                   /* D's sampler state */
+  bool replay_d;                  /* serving.placement.replay: decode */
+  struct rt_exec_stats dstats;    /* D's replay graph */
+  int d_nodes, d_edges;
+  int64_t d_rows;
+  double ttft_d;                  /* TTFT when D delivers y1 */
 };
 
 static void fill_result(struct run *R, struct rt_gen_result *res) {
   res->prefill = R->m.prefill;
-  res->prefill_nodes = R->m.prefill_nodes;
-  res->prefill_edges = R->m.prefill_edges;
+  res->prefill_nodes = R->m.prefill_nodes + R->d_nodes;
+  res->prefill_edges = R->m.prefill_edges + R->d_edges;
   res->replay = R->m.replay;
-  res->prefill_rows = R->m.out_rows;
+  res->prefill_rows = R->replay_d ? R->d_rows : R->m.out_rows;
+  if (R->replay_d) { /* P's graph and D's replay, one prefill */
+    struct rt_exec_stats *a = &res->prefill;
+    const struct rt_exec_stats *b = &R->dstats;
+    a->nodes += b->nodes;
+    a->token_layers += b->token_layers;
+    a->seconds += b->seconds;
+    for (int i = 0; i < GRAPH_OP_COUNT; i++) a->op_seconds[i] += b->op_seconds[i], a->op_nodes[i] += b->op_nodes[i];
+    for (int i = 0; i < RT_FAM_COUNT; i++) a->family_seconds[i] += b->family_seconds[i];
+    if (b->act_peak_bytes > a->act_peak_bytes) a->act_peak_bytes = b->act_peak_bytes;
+    if (b->scratch_peak_bytes > a->scratch_peak_bytes) a->scratch_peak_bytes = b->scratch_peak_bytes;
+  }
   res->prefill_logits = R->logits;
   res->prefill_pos = R->pos;
   R->logits = NULL;
   R->pos = NULL;
-  res->ttft_s = R->m.ttft_s;
+  res->ttft_s = R->replay_d ? R->ttft_d : R->m.ttft_s;
 }
 
 /* P: prefill (TRANSFER nodes ship as they run), sample y1, make the record.
@@ -117,17 +134,22 @@ static int run_prefill(struct run *R, struct rt_kv_pool *pools, struct rt_reques
   }
   if (rc) return rc;
   rp->n_pos = R->n;
-  float *prob = cedar_xmalloc(sizeof(float) * (size_t)V);
-  int32_t *order = cedar_xmalloc(sizeof(int32_t) * (size_t)V);
   uint64_t rng = R->o->seed;
-  int32_t y1 = op_sample(prob, order, R->logits + (size_t)(R->g.out_rows - 1) * V, V, R->o->temperature,
-                         R->o->top_p, &rng);
-  free(prob);
-  free(order);
+  int32_t y1 = -1;
+  if (R->g.out_rows > 0) { /* replay on P: P samples y1 */
+    float *prob = cedar_xmalloc(sizeof(float) * (size_t)V);
+    int32_t *order = cedar_xmalloc(sizeof(int32_t) * (size_t)V);
+    y1 = op_sample(prob, order, R->logits + (size_t)(R->g.out_rows - 1) * V, V, R->o->temperature, R->o->top_p,
+                   &rng);
+    free(prob);
+    free(order);
+  }
   double ttft = pd_now() - t0;
   struct rt_exec_stats ps = R->m.prefill;
   pd_meta_fill(&R->m, rp, R->n, y1, rng);
   R->m.prefill = ps;
+  if (y1 < 0) R->m.y1_sampler = 1; /* D samples after its replay */
+  R->m.t_start = t0;
   R->m.n_messages = R->g.n_transfer;
   for (int i = 0; i < R->n_xfer; i++) {
     struct msg_hdr h;
@@ -196,6 +218,39 @@ static void inject(struct run *R, struct rt_request *rd) {
   if (pd_fault == RT_PD_FAULT_Y1) rt_request_push_token(rd, rd->pending);
 }
 
+/* D with serving.placement.replay: decode: the decoder's bounded replay
+ * from the kept encoder outputs P shipped (a prefix-hit graph whose whole
+ * prompt is "cached": hit = n with the encoder state restored), then y1. */
+static int replay_on_d(struct run *R, struct rt_request *r, char *err, size_t err_len) {
+  const struct rt_gen_opts *o = R->o;
+  const int V = R->M->p->model.vocab;
+  struct graph g;
+  struct graph_opts go = {.chunk = o->chunk, .replay = o->replay, .all_logits = o->all_logits, .hit = R->n,
+                          .swa_hit = true, .at_decode = true};
+  int rc = graph_build_prefill(&g, R->M->p, R->n, &go, err, err_len);
+  if (rc) return rc;
+  free(R->logits);
+  free(R->pos);
+  R->logits = cedar_xmalloc(sizeof(float) * (size_t)g.out_rows * V);
+  R->pos = cedar_xmalloc(sizeof(int64_t) * (size_t)g.out_rows);
+  struct rt_exec_out out = {R->logits, R->pos};
+  rc = run_graph(&g, R->M, r, &out, &R->dstats, o, true, err, err_len);
+  R->d_nodes = g.n_node;
+  for (int k = 0; k < g.n_node; k++) R->d_edges += g.node[k].n_dep;
+  R->d_rows = g.out_rows;
+  if (!rc) {
+    float *prob = cedar_xmalloc(sizeof(float) * (size_t)V);
+    int32_t *order = cedar_xmalloc(sizeof(int32_t) * (size_t)V);
+    r->pending = op_sample(prob, order, R->logits + (size_t)(g.out_rows - 1) * V, V, o->temperature, o->top_p,
+                           &R->rng);
+    free(prob);
+    free(order);
+    R->ttft_d = pd_now() - R->m.t_start; /* D delivers y1: the handoff is inside TTFT */
+  }
+  graph_free(&g);
+  return rc;
+}
+
 /* D: consume y1 and decode, as generate.c's loop does. */
 static int run_decode(struct run *R, struct rt_request *r, struct rt_gen_result *res, char *err, size_t err_len) {
   const struct plan *p = R->M->p;
@@ -205,7 +260,7 @@ static int run_decode(struct run *R, struct rt_request *r, struct rt_gen_result 
   res->decode_logits = cedar_xmalloc(sizeof(float) * (size_t)V * (size_t)(o->max_new > 1 ? o->max_new - 1 : 1));
   float *prob = cedar_xmalloc(sizeof(float) * (size_t)V);
   int32_t *order = cedar_xmalloc(sizeof(int32_t) * (size_t)V);
-  uint64_t rng = R->m.rng;
+  uint64_t rng = R->rng;
   res->tokens[res->n_tokens++] = r->pending;
   double steady = 0;
   int rc = 0;
@@ -242,7 +297,7 @@ static int receive(struct run *R, struct rt_request *rd, struct rt_pd_stats *st,
   const struct graph *g = &R->g;
   int V = R->M->p->model.vocab;
   int64_t lg_bytes = R->g.out_rows * ((int64_t)V * 4 + 8);
-  uint8_t *lg = cedar_xmalloc((size_t)lg_bytes);
+  uint8_t *lg = cedar_xmalloc((size_t)lg_bytes + 1);
   int rc = 0;
   for (int i = 0; i < R->n_xfer && !rc; i++) {
     int k = R->xfer[i];
@@ -251,7 +306,8 @@ static int receive(struct run *R, struct rt_request *rd, struct rt_pd_stats *st,
     rc = pd_mpi_recv(R->L.buf[k], (size_t)len, src, k + 1, &R->L.ms[k]);
   }
   if (!rc) rc = pd_mpi_recv(&R->m, sizeof R->m, src, g->n_node + 1, &R->L.ms[g->n_node]);
-  if (!rc) rc = pd_mpi_recv(lg, (size_t)lg_bytes, src, g->n_node + 2, &R->L.ms[g->n_node + 1]);
+  if (!rc && lg_bytes > 0) rc = pd_mpi_recv(lg, (size_t)lg_bytes, src, g->n_node + 2, &R->L.ms[g->n_node + 1]);
+  if (lg_bytes == 0) atomic_store(&R->L.ms[g->n_node + 1].done, 1); /* replay on D: P sends no logits */
   if (rc) {
     snprintf(err, err_len, "posting the receives through StarPU-MPI failed");
     free(lg);
@@ -289,6 +345,8 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
   memset(res, 0, sizeof(*res));
   memset(st, 0, sizeof(*st));
   enum rt_pd_role role = rt_pd_role_of(p);
+  const char *tf = getenv("CEDAR_PD_TEST_FAULT"); /* tests/cli/pd_mpi.sh: P holds the last KV message back */
+  if (tf && !strcmp(tf, "hold-kv")) rt_pd_set_fault(RT_PD_FAULT_INFLIGHT);
   if (n < 1 || o->max_new < 1) {
     snprintf(err, err_len, "a request needs a prompt of at least one token and --max-new of at least 1");
     return CEDAR_EINVAL;
@@ -344,11 +402,13 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
     rc = run_prefill(R, pools, &rp, st, prompt, err, err_len);
     if (rc) goto out; /* D's deadline fails its side */
     int64_t rows = R->g.out_rows, V = p->model.vocab;
-    uint8_t *lg = cedar_xmalloc((size_t)(rows * (V * 4 + 8)));
+    uint8_t *lg = cedar_xmalloc((size_t)(rows * (V * 4 + 8)) + 1);
     memcpy(lg, R->logits, (size_t)(rows * V * 4));
     memcpy(lg + rows * V * 4, R->pos, (size_t)rows * 8);
     rc = pd_mpi_send(&R->m, sizeof R->m, R->L.dest, R->g.n_node + 1, &R->L.ms[R->g.n_node]);
-    if (!rc) rc = pd_mpi_send(lg, (size_t)(rows * (V * 4 + 8)), R->L.dest, R->g.n_node + 2, &R->L.ms[R->g.n_node + 1]);
+    if (!rc && rows > 0)
+      rc = pd_mpi_send(lg, (size_t)(rows * (V * 4 + 8)), R->L.dest, R->g.n_node + 2, &R->L.ms[R->g.n_node + 1]);
+    if (rows == 0) atomic_store(&R->L.ms[R->g.n_node + 1].done, 1); /* replay on D: no logits to send */
     int all[R->n_xfer + 2];
     memcpy(all, R->xfer, sizeof(int) * (size_t)R->n_xfer);
     all[R->n_xfer] = R->g.n_node;
@@ -361,18 +421,36 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
     }
     bool stopped = pd_mpi_stop();
     if (stopped) free(lg); /* in flight: StarPU-MPI may still read it */
+    if (!stopped) {
+      rt_request_free(&rp);
+      pd_mpi_abort(err);
+    }
     figures(R, st, pd_now());
     st->handoff_s = 0;
     if (!rc) rc = 1;
     goto out;
   } else {
     rc = receive(R, r, st, p->serving.prefill_rank, err, err_len);
-    pd_mpi_stop();
+    if (!pd_mpi_stop()) { /* a receive still posted after the deadline: free the request, end the job */
+      rt_request_free(r);
+      pd_mpi_abort(err);
+    }
     if (rc) goto out;
   }
   /* D: the record, the barrier, the decode */
   r->n_pos = R->m.n_pos;
   r->pending = R->m.y1;
+  R->rng = R->m.rng;
+  R->replay_d = R->m.y1_sampler == 1;
+  st->replay_on_d = R->replay_d;
+  if (R->replay_d) { /* the package first, then D's replay on it (SPEC 7.3: replays complete before decode) */
+    rc = pd_ready_check(p, &R->m, r, &R->rx, false, err, err_len);
+    if (!rc) rc = replay_on_d(R, r, err, err_len);
+    if (rc) {
+      figures(R, st, pd_now());
+      goto out;
+    }
+  }
   if (role == RT_PD_LOCAL) {
     rt_request_free(&rp);
     rt_kv_pools_free(pools_p, p->n_layers);

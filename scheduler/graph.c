@@ -405,9 +405,11 @@ static void emit_kv_stream(struct ctx *c, struct tile *t) {
 static void emit_state_handoff(struct ctx *c, struct tile *t) {
   if (!needs_transfer(c)) return;
   int dst;
+  bool dec_on_d = c->p->serving.pd_replay == PLAN_REPLAY_ON_DECODE;
   for (int l = 0; l < c->p->n_layers; l++) {
     dst = -1;
-    emit_transfer(c, t, c->id.ring[l], &dst);
+    if (!(dec_on_d && c->ced && l >= c->first_dec)) /* D rebuilds the decoder rings by its replay */
+      emit_transfer(c, t, c->id.ring[l], &dst);
     if (c->id.tail[l] < 0) continue;
     dst = -1;
     emit_transfer(c, t, c->id.tail[l], &dst);
@@ -592,7 +594,14 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
   if (rc) return rc;
   struct ctx c;
   ctx_init(&c, g, p, p->serving.ced ? GRAPH_PREFILL_CED : GRAPH_PREFILL_DENSE);
+  if (o && o->at_decode) { /* D's own flow: one home, no transfers */
+    g->place = g->peer;
+    for (int d = 0; d < g->n_data; d++) g->data[d].home = g->place;
+  }
   bool dense = !c.ced || c.first_dec == p->n_layers;
+  /* P/D with the replay on D: P's prefill ends with the encoder and the
+   * decoder-global projection; D replays (at_decode) */
+  bool replay_on_d = !dense && p->serving.pd_replay == PLAN_REPLAY_ON_DECODE && needs_transfer(&c);
   g->n_prompt = n;
   g->chunk = chunk;
   g->hit = hit;
@@ -626,7 +635,7 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
     int len = (int)(n - a < chunk ? n - a : chunk);
     emit_prefix_tile(&c, &xs, "c", k, a, len, e0, hi, dense, true, all, a + len == n);
   }
-  if (!dense) {
+  if (!dense && !replay_on_d) {
     /* The decoder's bounded replay of [n - R, n), chunked like the prompt.
      * Rows before e0 (a prefix hit with its encoder SWA restored) come from
      * the encoder outputs kept with the cache entry. */

@@ -31,6 +31,10 @@
  * decoder KV sources projected from the encoder output chunk by chunk,
  * then the decoder's bounded replay of the last min(N, replay) positions),
  * dense prefill (every chunk through every layer), and one decode step.
+ * Prefill and decode on different homes (SPEC 7): the prefill streams each
+ * KV source's new entries after every tile and hands the state over at
+ * the end; with serving.placement.replay: decode it stops before the
+ * decoder replay, which D runs (graph_opts.at_decode).
  *
  * Not here: executing nodes (runtime/exec.h), state (runtime/state.h).
  * Test: tests/test_graph.c (ctest -R graph).
@@ -184,6 +188,8 @@ struct graph_opts {
                         otherwise the encoder replays [hit - replay_encoder, hit) with global writes off */
   bool has_replay_encoder;  /* else serving.replay.encoder (the window by default) */
   int64_t replay_encoder;
+  bool at_decode;    /* build the flow at serving.placement.decode, with no transfers: D's decoder replay
+                        after a P/D handoff (serving.placement.replay: decode; with hit = n, swa_hit) */
 };
 
 /* Build the graph of one flow for one request: prefill of n tokens (CED or

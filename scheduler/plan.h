@@ -148,6 +148,10 @@ struct plan_serving {
   int max_batch;
   int prefill_rank, decode_rank;
   enum { PLAN_DEV_CPU = 0, PLAN_DEV_CUDA } prefill_device, decode_device;
+  /* P/D (SPEC 7.6): where the decoder's bounded replay runs when prefill and
+   * decode are on different homes; P ships the decoder rings, or D rebuilds
+   * them from the kept encoder outputs P ships. */
+  enum { PLAN_REPLAY_ON_PREFILL = 0, PLAN_REPLAY_ON_DECODE } pd_replay;
   int prefill_device_id, decode_device_id;
   /* Where each placement value was written (file NULL: the default), for
    * runtime/backend.h's refusals. */

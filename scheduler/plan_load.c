@@ -56,6 +56,7 @@ static const char *const rope_pos_names[] = {"first", "last", NULL};
 static const char *const nibble_names[] = {"high_first", "low_first", NULL};
 static const char *const device_names[] = {"cpu", "cuda", NULL};
 static const char *const engram_mult_names[] = {"numpy", "splitmix64", NULL};
+static const char *const replay_place_names[] = {"prefill", "decode", NULL};
 
 /* Sections whose struct is reused take offsets relative to that struct. */
 #define R(member) offsetof(struct op_rope_params, member)
@@ -241,6 +242,7 @@ static const struct field decode_place_fields[] = {
 static const struct field placement_fields[] = {
     SECTION("prefill", 0, prefill_place_fields),
     SECTION("decode", 0, decode_place_fields),
+    ENUM("replay", S(pd_replay), replay_place_names),
     END,
 };
 

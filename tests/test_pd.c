@@ -1,6 +1,8 @@
 /* test_pd.c: prefill and decode on different homes, both roles in one
  * process (runtime/pd.h; the same graph and messages mpirun runs, the
- * transfers applied as local copies).
+ * transfers applied as local copies), with the decoder replay on P (P
+ * ships the decoder rings and y1) and on D (P ships the kept encoder
+ * outputs; D replays and samples y1), SPEC 7.6.
  *
  *  - equivalence: for several prompt lengths (odd and even, shorter and
  *    longer than the window and the replay) and chunk sizes, on the direct
@@ -28,6 +30,7 @@
 #include "tests/model_fixture.h"
 
 #define PD_PLAN "tests/plans/pd-tiny-40.yaml" /* tiny-40 with P on rank 0, D on rank 1 */
+#define PD_PLAN_D "tests/plans/pd-tiny-40-replay-d.yaml" /* the same, the decoder replay on D */
 
 static bool same_bytes(const void *a, const void *b, size_t n) { return memcmp(a, b, n) == 0; }
 
@@ -140,26 +143,33 @@ static void expect_refusal(struct fx *pd, enum rt_pd_fault f, int64_t n, const c
 }
 
 int main(void) {
-  struct fx pd, one;
-  if (!fx_open(&pd, PD_PLAN) || !fx_open(&one, PLAN_T40)) return h_report("pd");
+  struct fx pd, pdd, one;
+  if (!fx_open(&pd, PD_PLAN) || !fx_open(&pdd, PD_PLAN_D) || !fx_open(&one, PLAN_T40)) return h_report("pd");
   EXPECT(rt_pd_split(pd.p) && !rt_pd_split(one.p), "the P/D plan splits, tiny-40 does not");
   EXPECT(rt_pd_role_of(pd.p) == RT_PD_LOCAL, "without mpirun both roles run here");
+  EXPECT(pdd.p->serving.pd_replay == PLAN_REPLAY_ON_DECODE, "replay: decode not loaded");
   check_equivalence(&pd, &one, RT_EXEC_DIRECT);
+  check_equivalence(&pdd, &one, RT_EXEC_DIRECT);
   /* the StarPU executor: transfer tasks run on workers, beside the next tile */
   if (rt_starpu_init(&(struct rt_starpu_opts){.workers = 2, .sched = "lws"}, err, sizeof err) == 0) {
     check_equivalence(&pd, &one, RT_EXEC_STARPU);
+    check_equivalence(&pdd, &one, RT_EXEC_STARPU);
     rt_starpu_shutdown();
   } else {
     EXPECT(false, "StarPU: %s", err);
   }
-  expect_refusal(&pd, RT_PD_FAULT_DROP_TAIL, 37, "condition 3 (compressor tail)", "a missing tail");
-  expect_refusal(&pd, RT_PD_FAULT_DROP_TAIL, 36, "condition 3 (compressor tail)", "a missing tail, even boundary");
-  expect_refusal(&pd, RT_PD_FAULT_SWA_SHIFT, 37, "condition 2 (SWA boundary)", "an SWA boundary mismatch");
-  expect_refusal(&pd, RT_PD_FAULT_INFLIGHT, 37, "still in flight", "a page in flight");
-  expect_refusal(&pd, RT_PD_FAULT_VERSION, 37, "state version mismatch", "a version mismatch");
-  expect_refusal(&pd, RT_PD_FAULT_Y1, 37, "condition 4 (sampled-but-unconsumed token)", "an ambiguous y1");
-  expect_refusal(&pd, RT_PD_FAULT_CORRUPT, 37, "fails its checksum", "a corrupt KV message");
+  for (int i = 0; i < 2; i++) {
+    struct fx *f = i ? &pdd : &pd;
+    expect_refusal(f, RT_PD_FAULT_DROP_TAIL, 37, "condition 3 (compressor tail)", "a missing tail");
+    expect_refusal(f, RT_PD_FAULT_DROP_TAIL, 36, "condition 3 (compressor tail)", "a missing tail, even boundary");
+    expect_refusal(f, RT_PD_FAULT_SWA_SHIFT, 37, "condition 2 (SWA boundary)", "an SWA boundary mismatch");
+    expect_refusal(f, RT_PD_FAULT_INFLIGHT, 37, "still in flight", "a page in flight");
+    expect_refusal(f, RT_PD_FAULT_VERSION, 37, "state version mismatch", "a version mismatch");
+    expect_refusal(f, RT_PD_FAULT_Y1, 37, "condition 4 (sampled-but-unconsumed token)", "an ambiguous y1");
+    expect_refusal(f, RT_PD_FAULT_CORRUPT, 37, "fails its checksum", "a corrupt KV message");
+  }
   fx_close(&pd);
+  fx_close(&pdd);
   fx_close(&one);
   return h_report("pd");
 }

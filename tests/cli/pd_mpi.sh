@@ -9,9 +9,15 @@
 #     every tensor (prefill and decode logits, tokens, every source's Main
 #     KV and Indexer K, tail positions, every ring's entries and positions);
 #     with several chunks (KV streamed chunk by chunk), an odd prompt (a
-#     tail in the package), on the StarPU and the direct executor;
-#  3. --json has a "transfer" object (via starpu-mpi, agrees, KV bytes);
-#  4. mpirun -np 1 is refused naming both numbers (needs 2, gave 1).
+#     tail in the package), on the StarPU and the direct executor, with the
+#     decoder replay on P and on D (serving.placement.replay: decode);
+#  3. --json has a "transfer" object (via starpu-mpi, agrees, KV bytes),
+#     its bytes by class equal `cedar plan cost --json`'s pd_package;
+#  4. mpirun -np 1 is refused naming both numbers (needs 2, gave 1);
+#  5. a KV message P never sends (the test hook CEDAR_PD_TEST_FAULT=hold-kv):
+#     D fails the request within CEDAR_PD_DEADLINE_S naming the message and
+#     ends the job (exit 1), never hangs;
+#  6. P (three times) or D killed at a random point: the job ends, no hang.
 # Every mpirun runs under `timeout`, so a hang fails the test instead of
 # blocking CI. Skips (77) where mpirun is missing or cedar was built
 # without StarPU-MPI, saying which.
@@ -66,9 +72,13 @@ mpi -np 2 "$cedar" run --plan plans/v41-mini-pd.yaml --prompt-len 48 --chunk 16 
   --json --dump "$tmp/pdj.st" > "$tmp/pd.json" 2> "$tmp/pdj.err" || { cat "$tmp/pdj.err" >&2; fail "mpirun --json"; }
 "$cedar" run --plan plans/v41-mini.yaml --prompt-len 48 --chunk 16 --max-new 3 --executor direct --dump "$tmp/onej.st" > /dev/null
 cmp_dumps "$tmp/pdj.st" "$tmp/onej.st" || fail "P/D (direct) differs from one process"
-"$py" - "$tmp/pd.json" <<'PY' || fail "--json transfer object"
+"$cedar" plan cost plans/v41-mini-pd.yaml --prompt 48 --json > "$tmp/cost.json"
+"$py" - "$tmp/pd.json" "$tmp/cost.json" <<'PY' || fail "--json transfer object"
 import json, sys
 j = json.load(open(sys.argv[1]))
+k = json.load(open(sys.argv[2]))["pd_package"]
+for c in ("global_kv", "swa_encoder", "swa_decoder", "tails", "encoder_outputs"):
+    assert j["transfer"]["bytes"][c] == k[c], (c, j["transfer"]["bytes"][c], k[c])
 t = j["transfer"]
 assert t["via"] == "starpu-mpi" and t["agrees"] is True, t
 assert t["bytes"]["global_kv"] == t["plan_bytes"]["global_kv"] > 0, t
@@ -76,9 +86,42 @@ assert 0 <= t["overlap"] <= 1 and t["transfer_s"] >= 0, t
 assert len(j["tokens"]) == 3, j["tokens"]
 PY
 
+# 2: the decoder replay on D (SPEC 7.6): P ships the kept encoder outputs, D replays and samples y1
+printf 'extends: %s/plans/v41-mini-pd.yaml\nname: v41-mini-pd-replay-d\nserving:\n  placement:\n    replay: decode\n' \
+  "$PWD" > "$tmp/replay-d.yaml"
+mpi -np 2 "$cedar" run --plan "$tmp/replay-d.yaml" "${common[@]}" --dump "$tmp/pdd.st" > "$tmp/pdd.txt" 2> "$tmp/pdd.err" \
+  || { cat "$tmp/pdd.err" >&2; fail "mpirun, replay on D"; }
+grep -q "decoder replay on D: y1 sampled and delivered by D" "$tmp/pdd.txt" || { cat "$tmp/pdd.txt"; fail "replay on D: no y1 line"; }
+grep -q "decoder SWA 0 B" "$tmp/pdd.txt" || fail "replay on D shipped decoder rings"
+grep -q "the plan's package agrees" "$tmp/pdd.txt" || { cat "$tmp/pdd.txt"; fail "replay on D: bytes disagree"; }
+cmp_dumps "$tmp/pdd.st" "$tmp/one.st" || fail "P/D with the replay on D differs from one process"
+
 # 4: more ranks than mpirun gave
 rc=0
 mpi -np 1 "$cedar" run --plan plans/v41-mini-pd.yaml --prompt-len 8 --max-new 1 > /dev/null 2> "$tmp/np1.err" || rc=$?
 [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "mpirun -np 1: exit $rc, want a refusal"
 grep -q "needs 2 ranks, but mpirun gave 1" "$tmp/np1.err" || { cat "$tmp/np1.err" >&2; fail "np 1: message"; }
+# 5: a message that never arrives: D fails the request within the deadline
+#    naming it, then ends the job (StarPU-MPI cannot cancel a posted receive)
+rc=0; t0=$(date +%s)
+CEDAR_PD_DEADLINE_S=5 mpi -x CEDAR_PD_DEADLINE_S -x CEDAR_PD_TEST_FAULT=hold-kv -np 2 "$cedar" run \
+  --plan plans/v41-mini-pd.yaml "${common[@]}" > /dev/null 2> "$tmp/hold.err" || rc=$?
+dt=$(( $(date +%s) - t0 ))
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || { cat "$tmp/hold.err" >&2; fail "held message: exit $rc (hang or success)"; }
+grep -q "did not complete within 5 s.*first missing: xfer L20.kv" "$tmp/hold.err" || { cat "$tmp/hold.err" >&2; fail "held message: no deadline message"; }
+echo "held KV message: refused after ${dt} s (exit $rc)"
+
+# 6: a rank killed at a random point: the job ends (Open MPI), nobody hangs
+for who in 0 0 0 1; do
+  rm -f "$tmp"/pid.*
+  rc=0
+  ( mpi -np 2 bash -c 'echo $$ > '"$tmp"'/pid.$OMPI_COMM_WORLD_RANK; exec "$0" "$@"' "$cedar" run \
+      --plan plans/v41-mini-pd.yaml "${common[@]}" > /dev/null 2>&1 ) &
+  job=$!
+  sleep $(( 3 + RANDOM % 7 ))
+  [ -f "$tmp/pid.$who" ] && kill -9 "$(cat "$tmp/pid.$who")" 2> /dev/null || true
+  t0=$(date +%s); wait "$job" || rc=$?
+  [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || [ "$(( $(date +%s) - t0 ))" -lt 60 ] || fail "rank $who killed: the job hung"
+  echo "rank $who killed: the job ended in $(( $(date +%s) - t0 )) s (exit $rc)"
+done
 echo "pd_mpi: ok"

@@ -1,0 +1,37 @@
+/* plan_cost_pd.c: the P->D state package from the plan alone
+ * (plan_cost_pd.h). */
+#include "scheduler/plan_cost_pd.h"
+
+#include <string.h>
+
+#include "base/check.h"
+#include "scheduler/plan_cost.h"
+
+int plan_cost_pd_package(const struct plan *p, int64_t n, struct plan_pd_package *out) {
+  memset(out, 0, sizeof(*out));
+  const struct plan_serving *s = &p->serving;
+  out->split = s->prefill_rank != s->decode_rank || s->prefill_device != s->decode_device ||
+               (s->prefill_device == PLAN_DEV_CUDA && s->prefill_device_id != s->decode_device_id);
+  out->replay_on_decode = s->pd_replay == PLAN_REPLAY_ON_DECODE;
+  struct plan_cost pc;
+  struct plan_cost_query q;
+  plan_cost_query_init(&q);
+  q.tokens = n;
+  q.prompt = n;
+  if (plan_cost_compute(p, &q, &pc)) return CEDAR_EINVAL;
+  out->kv = pc.bytes;
+  int64_t ring = p->n_layers ? (pc.swa_payload_bytes + pc.swa_scale_bytes) / p->n_layers : 0;
+  bool ced = false;
+  for (int l = 0; l < p->n_layers; l++) {
+    bool dec = s->ced && p->layer[l].region == PLAN_DECODER;
+    ced |= dec;
+    if (!dec)
+      out->swa_enc += ring;
+    else if (!out->replay_on_decode) /* else D rebuilds them */
+      out->swa_dec += ring;
+  }
+  out->tails = pc.tail_bytes;
+  out->xe = ced ? (int64_t)s->replay_decoder * p->model.hc_streams * p->model.hidden * (int64_t)sizeof(float) : 0;
+  out->total = out->kv + out->swa_enc + out->swa_dec + out->tails + out->xe;
+  return 0;
+}
