@@ -214,7 +214,9 @@ static void test_config(void) {
   EXPECT_EQ(p.layer[3].kv_src, 2, "L3 kv");
   EXPECT_EQ(p.layer[1].region, PLAN_ENCODER, "L1 encoder");
   EXPECT_EQ(p.layer[2].region, PLAN_DECODER, "the decoder starts at the first ratio-1 layer");
-  EXPECT(p.model.idx_k_norm && !p.model.q_head_norm && !p.model.hc_learned_merge, "vendor semantics");
+  EXPECT(p.model.idx_k_norm && !p.model.q_head_norm && p.model.hc_pairing == PLAN_PAIRING_V41 &&
+             p.model.hc_merge == PLAN_MERGE_CARRIED,
+         "vendor semantics");
   plan_free(&p);
 
   /* a short name that disagrees with the official one; a missing field */
