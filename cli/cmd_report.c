@@ -95,7 +95,9 @@ static int parse(int argc, char **argv, struct ropts *o) {
     case 'o': o->out = optarg; break;
     case 't':
       o->n_tokens = study_parse_list(optarg, o->tokens, MAX_TOKENS);
-      if (o->n_tokens < 1 || o->tokens[o->n_tokens - 1] > PLAN_COST_MAX_TOKENS)
+      for (int t = 0; t < o->n_tokens; t++)
+        if (o->tokens[t] > PLAN_COST_MAX_TOKENS) o->n_tokens = -1;
+      if (o->n_tokens < 1)
         return cli_usage_error("report", "--tokens %s: give up to %d positive counts, comma-separated", optarg,
                                MAX_TOKENS);
       break;

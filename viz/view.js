@@ -330,7 +330,7 @@
     var n = G.name.length, levels = 0, count = [];
     for (var k = 0; k < n; k++) { levels = Math.max(levels, G.level[k] + 1); count[G.level[k]] = (count[G.level[k]] || 0) + 1; }
     var maxc = Math.max.apply(null, count.filter(function (x) { return x; }));
-    GX = Math.max(10, Math.min(46, 30000 / levels)); GY = Math.max(6, Math.min(18, 2400 / maxc));
+    GX = Math.max(2, Math.min(46, 30000 / levels)); GY = Math.max(3, Math.min(18, 2400 / maxc)); /* canvases stop at 32767 px */
     var W = levels * GX + 20, H = maxc * GY + 20, at = [];
     gcanvas.width = Math.round(W * dpr); gcanvas.height = Math.round(H * dpr);
     gcanvas.style.width = W + 'px'; gcanvas.style.height = H + 'px';

@@ -94,9 +94,9 @@ ev, sym = d["ev"], d["sym"]
 if ev["n"] != len(xs) or any(len(ev[k]) != len(xs) for k in ("ts", "dur", "lane", "layer", "pos", "len", "bytes", "name")):
     bad(f"page has {ev['n']} events, trace {len(xs)} slices")
 threads = {e["tid"]: e["args"]["name"] for e in trace if e["ph"] == "M" and e["name"] == "thread_name"}
-used = sorted({e["tid"] for e in xs})
-if [l["name"] for l in d["lanes"]] != [threads[t] for t in used]:
-    bad(f"lanes {[l['name'] for l in d['lanes']]}, trace threads {[threads[t] for t in used]}")
+# a lane per named thread (a worker that ran nothing keeps its empty lane), in tid order
+if [l["name"] for l in d["lanes"]] != [threads[t] for t in sorted(threads)]:
+    bad(f"lanes {[l['name'] for l in d['lanes']]}, trace threads {[threads[t] for t in sorted(threads)]}")
 t0 = min(e["ts"] for e in xs)
 want = sorted((e["name"], round(e["ts"] - t0, 3), e["args"]["layer"], e["args"]["chunk"], e["args"]["pos"],
                e["args"]["n"], e["args"]["bytes"], e["args"]["mode"], threads[e["tid"]]) for e in xs)
