@@ -76,7 +76,11 @@ static const char usage[] =
     "  --trace FILE      write every task that ran (prefill and decode steps) as Chrome Trace\n"
     "                    Event JSON: one track per worker (opens in Perfetto and speedscope)\n"
     "  --dot FILE        write the prefill graph that ran as Graphviz DOT\n"
-    "A prefill longer than a second shows a progress bar on stderr when stderr is a terminal.\n";
+    "A prefill longer than a second shows a progress bar on stderr when stderr is a terminal.\n"
+    "A plan whose serving.placement puts prefill and decode on different ranks (plans/v41-mini-pd.yaml)\n"
+    "runs under `mpirun -np 2` through StarPU-MPI (the decode rank prints the report, --dump, --trace\n"
+    "and --dot, plus the transfer figures; CEDAR_PD_DEADLINE_S bounds the transfer, default 60), or\n"
+    "without mpirun as both roles in this process (docs/runtime.md).\n";
 
 struct ropts {
   const char *plan, *weights, *prompt, *tokens, *dump, *sched, *trace, *dot, *model;
@@ -589,6 +593,10 @@ int cmd_run(int argc, char **argv) {
   weights_problems_free(&pr);
   if (rc) goto out;
   const struct plan *p = &e.plan;
+  if (o.exact && rt_pd_role_of(p) >= RT_PD_PREFILL) {
+    fprintf(stderr, "cedar run: --exact-replay runs in one process; run it without mpirun\n");
+    goto out;
+  }
   int32_t *prompt = q.ids;
   int64_t n = q.n;
   if (sink_open(&sk, &o, p, err, sizeof err)) {
@@ -609,7 +617,9 @@ int cmd_run(int argc, char **argv) {
                            .on_graph = o.trace || o.dot ? on_graph : NULL,
                            .graph_user = &sk};
   int grc = rt_engine_generate(&e, &r, prompt, n, &go, &res, err, sizeof err);
-  if (grc == 1) { /* a P/D rank other than D's: the decode rank reports */
+  if (grc == 1) { /* a P/D rank other than D's: the decode rank reports (and writes --trace) */
+    sink_close(&sk, &o, false);
+    memset(&sk, 0, sizeof sk);
     status = 0;
     goto out;
   }

@@ -155,8 +155,9 @@ int rt_pd_ready(const struct plan *p, const struct rt_pd_meta *m, const struct r
  * pools (D's in LOCAL mode: P takes pools of its own). r is D's request
  * (initialised here; on RT_PD_PREFILL left zeroed). Returns 0, 1 when
  * this rank has no report to print (P under mpirun), or a negative
- * cedar_status with err. st: the transfer figures. The P->D deadline is
- * CEDAR_PD_DEADLINE_S seconds (default 60). */
+ * cedar_status with err. st: the transfer figures. Under mpirun a transfer
+ * fails when no message completes for CEDAR_PD_DEADLINE_S seconds (default
+ * 60); messages still posted then end the job (pd_mpi.c). */
 int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
                    int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, struct rt_pd_stats *st,
                    char *err, size_t err_len);

@@ -39,9 +39,13 @@ static int run_graph(const struct graph *g, const struct rt_model *M, struct rt_
   return rc;
 }
 
-/* Wait until every message in ms[idx[..]] completed, or the deadline. */
-static bool wait_all(const struct graph *g, struct pd_msg_state *ms, const int *idx, int n_idx, double until,
+/* Wait until every message in ms[idx[..]] completed, or until none has
+ * completed for dl seconds (the deadline restarts at every arrival: a long
+ * prefill streams its messages, a dead or stuck peer stops them). */
+static bool wait_all(const struct graph *g, struct pd_msg_state *ms, const int *idx, int n_idx, double dl,
                      struct rt_pd_rx *rx) {
+  double until = pd_now() + dl;
+  int seen = 0;
   for (;;) {
     int done = 0, miss = -1;
     for (int i = 0; i < n_idx; i++) {
@@ -52,6 +56,10 @@ static bool wait_all(const struct graph *g, struct pd_msg_state *ms, const int *
     }
     if (rx) rx->arrived = done;
     if (done == n_idx) return true;
+    if (done > seen) {
+      seen = done;
+      until = pd_now() + dl;
+    }
     if (pd_now() > until) {
       if (rx && miss >= 0)
         snprintf(rx->first_missing, sizeof rx->first_missing, "%s", miss < g->n_node ? g->node[miss].name : "the record");
@@ -318,8 +326,8 @@ static int receive(struct run *R, struct rt_request *rd, struct rt_pd_stats *st,
   all[R->n_xfer] = g->n_node;
   all[R->n_xfer + 1] = g->n_node + 1;
   double dl = deadline_s();
-  if (!wait_all(g, R->L.ms, all, R->n_xfer + 2, pd_now() + dl, &R->rx)) {
-    snprintf(err, err_len, "the P->D transfer did not complete within %.0f s (CEDAR_PD_DEADLINE_S): %lld of %d "
+  if (!wait_all(g, R->L.ms, all, R->n_xfer + 2, dl, &R->rx)) {
+    snprintf(err, err_len, "the P->D transfer stalled: no message for %.0f s (CEDAR_PD_DEADLINE_S): %lld of %d "
              "messages arrived, first missing: %s; this request is dropped and its pages freed", dl,
              (long long)R->rx.arrived, R->n_xfer + 2, R->rx.first_missing);
     free(lg);
@@ -400,7 +408,11 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
     if (rc) goto out;
   } else if (role == RT_PD_PREFILL) {
     rc = run_prefill(R, pools, &rp, st, prompt, err, err_len);
-    if (rc) goto out; /* D's deadline fails its side */
+    if (rc) { /* D would wait for its deadline: end the job now */
+      rt_request_free(&rp);
+      pd_mpi_abort(err);
+      goto out;
+    }
     int64_t rows = R->g.out_rows, V = p->model.vocab;
     uint8_t *lg = cedar_xmalloc((size_t)(rows * (V * 4 + 8)) + 1);
     memcpy(lg, R->logits, (size_t)(rows * V * 4));
@@ -414,8 +426,9 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
     all[R->n_xfer] = R->g.n_node;
     all[R->n_xfer + 1] = R->g.n_node + 1;
     double dl = deadline_s();
-    if (!rc && !wait_all(&R->g, R->L.ms, all, R->n_xfer + 2, pd_now() + dl, &R->rx)) {
-      snprintf(err, err_len, "the decode rank did not take the package within %.0f s (CEDAR_PD_DEADLINE_S); the "
+    if (!rc && !wait_all(&R->g, R->L.ms, all, R->n_xfer + 2, dl, &R->rx)) {
+      snprintf(err, err_len, "the decode rank stopped taking the package: no message done for %.0f s "
+               "(CEDAR_PD_DEADLINE_S); the "
                "request is freed on P", dl);
       rc = CEDAR_EIO;
     }
@@ -463,6 +476,11 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
   double t_ready = pd_now();
   st->ready_s = t_ready - t_r;
   figures(R, st, t_ready);
+  if (!rc && !R->replay_d && R->m.out_rows != R->g.out_rows) {
+    snprintf(err, err_len, "the package record announces %lld logits rows, the prefill graph makes %lld; refused",
+             (long long)R->m.out_rows, (long long)R->g.out_rows);
+    rc = CEDAR_EINVAL;
+  }
   if (rc) goto out;
   fill_result(R, res);
   rc = run_decode(R, r, res, err, err_len);
