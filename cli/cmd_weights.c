@@ -274,8 +274,8 @@ static int weights_list_cmd(int argc, char **argv) {
 }
 
 static const struct cli_sub weights_cmds[] = {
-    {"init", weights_init_cmd, "make seeded synthetic weights for a plan and write them as safetensors"},
-    {"check", weights_check_cmd, "check a safetensors file against a plan; exit 0 when it is valid"},
+    {"init", weights_init_cmd, "make seeded synthetic weights for a plan and write them as safetensors (or a released-layout checkpoint)"},
+    {"check", weights_check_cmd, "check a safetensors file or a released checkpoint directory against a plan; exit 0 when it is valid"},
     {"list", weights_list_cmd, "the tensors a plan needs: names, dtypes, shapes, bytes and the total"},
 };
 
