@@ -428,7 +428,11 @@ static void test_refusals(const struct plan *p) {
   struct plan q;
   struct weights_problems pr = {0};
   EXPECT(ckpt_plan(ref_dir, "plans/v41-mini.yaml", &q, &pr, err, sizeof err) != 0, "v41-mini accepted for ckpt-small");
-  EXPECT(contains(&pr, "model.n_layers", "checkpoint 6") && contains(&pr, "model.mhc.merge", NULL) &&
+  EXPECT(contains(&pr, "model.n_layers", "checkpoint 6"), "mismatches not named: %s", err);
+  weights_problems_free(&pr);
+  EXPECT(ckpt_plan(ref_dir, "tests/plans/ckpt-small-v4.yaml", &q, &pr, err, sizeof err) != 0,
+         "V4 options accepted for ckpt-small");
+  EXPECT(contains(&pr, "model.mhc.pairing", NULL) && contains(&pr, "model.mhc.merge", NULL) &&
              contains(&pr, "model.indexer.k_norm", NULL),
          "mismatches not named: %s", err);
   weights_problems_free(&pr);
