@@ -34,7 +34,7 @@ static const char usage[] =
     "                 plans side by side (`cedar plan cost --tokens N` for each N)\n"
     "  prefix_hit.png token-layers and new global bytes of a cold prefill of n = --prompt tokens\n"
     "                 (default 4096) and of a prefix hit of n/2 tokens with and without an SWA\n"
-    "                 snapshot (`cedar plan cost --prompt n --hit n/2 [--swa-miss]`)\n"
+    "                 snapshot (`cedar plan cost --prompt n --hit n/2 --swa-hit|--swa-miss`)\n"
     "  time.png       measured prefill (TTFT) and steady decode step time\n"
     "  drift.png      the drift of the bounded decoder replay against --exact-replay (relative\n"
     "                 RMS of the last prompt position's logits)\n"

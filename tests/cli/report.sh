@@ -6,7 +6,7 @@
 #     memory figure (by state class, at each N) equals what `cedar plan
 #     cost --tokens N --json` says for that plan (global = Main-KV +
 #     Indexer-K, SWA, tails), and every prefix-hit case equals `cedar plan
-#     cost --prompt n [--hit c [--swa-miss]] --json`; the page embeds each
+#     cost --prompt n [--hit c --swa-hit|--swa-miss] --json`; the page embeds each
 #     plot and names each plan;
 #  2. with runs: a small plan is measured (prefill and decode time, drift
 #     from --exact-replay, the run's state equal to plan cost's, the encoder
@@ -38,7 +38,7 @@ done
 [ ! -e "$tmp/r/time.png" ] || fail "time.png without measuring"
 for p in $plans; do
   for n in 1024 65536 1000000; do "$cedar" plan cost "$p" --tokens "$n" --prompt 4096 --json > "$tmp/cost_$(basename "$p")_$n.json"; done
-  "$cedar" plan cost "$p" --prompt 4096 --hit 2048 --json > "$tmp/hit_$(basename "$p").json"
+  "$cedar" plan cost "$p" --prompt 4096 --hit 2048 --swa-hit --json > "$tmp/hit_$(basename "$p").json"
   "$cedar" plan cost "$p" --prompt 4096 --hit 2048 --swa-miss --json > "$tmp/miss_$(basename "$p").json"
 done
 "$py" - "$tmp" <<'PY' || fail "report.json against plan cost (above)"
