@@ -58,6 +58,8 @@ static const struct bad_case cases[] = {
     {"region_order", "bad/region_order.yaml", 5, 21, "encoder layer after decoder layer"},
     {"ced_no_decoder", "plans/v41-flash.yaml", 129, 8, "CED prefill needs both"},
     {"rope_dim", "bad/rope_dim.yaml", 5, 15, "rope_dim = 33 does not fit"},
+    {"mhc_merge_v41", "bad/mhc_merge_v41.yaml", 5, 12, "merge: learned contradicts pairing: v41"},
+    {"mhc_carried_v4", "plans/v41-flash.yaml", 67, 12, "merge: carried needs pairing: v41"},
     {"engram_width", "bad/engram_width.yaml", 5, 15, "head_dim = 48 cannot be stored as Engram rows"},
     {"format_block", "bad/format_block.yaml", 4, 20, "block = 24 does not divide"},
     {"page_odd", "bad/page_odd.yaml", 5, 18, "page_tokens = 63 is odd"},

@@ -550,12 +550,9 @@ def tiny_ced_short_prompt_equals_dense():
     w = close(rc.logits, rd.logits, 1e-12, 'CED vs dense')
     for t in (1, 2, 3, 4):
         w = max(w, close(c.decode(t), d.decode(t), 1e-12, 'decode CED vs dense'))
-    # the alternative single-pass reading breaks this equality
-    a = oracle(TINY, decoder_pre='previous_sublayer')
-    ra = a.prefill(toks)
-    diff = np.max(np.abs(ra.logits - rc.logits))
-    assert diff > 1e-6, 'decoder_pre option has no effect?'
-    return 'max rel diff %.2g; previous_sublayer reading differs by %.2g' % (w, diff)
+    # the vendor pairing is what makes this hold: with it the decoder global is
+    # projected from exactly L_dec's own attention input, carried pre included
+    return 'max rel diff %.2g' % w
 
 
 @test
@@ -624,7 +621,10 @@ def tiny_topk_and_pool_invariants():
                 want = {s for s in range(p + 1) if s // B in blocks}
                 assert set(ent) == want, 'pool = whole blocks clipped at p'
                 top = fw.topk[l][i]
-                assert set(top[top >= 0]) <= set(ent), "the builder's Top-K lies in its pool"
+                if o.pin:   # Appendix V #12: the newest block is in; it may displace a Top-K block
+                    assert p // B in blocks, 'the newest visible block is pinned'
+                else:
+                    assert set(top[top >= 0]) <= set(ent), "the builder's Top-K lies in its pool"
             # the pool engages: some query's pool misses a visible entry
             assert any(pm[i].sum() < pos[i] + 1 for i in range(len(pos))) or p1 <= TB * B
     # reuse layers read their source's Top-K (per forward, per query)
