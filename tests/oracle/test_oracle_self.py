@@ -76,6 +76,7 @@ TINY_DENSE = 'tests/oracle/plans/tiny-dense.yaml'
 TINY40 = 'tests/oracle/plans/tiny-40.yaml'
 TINY_DENSE40 = 'tests/oracle/plans/tiny-dense-40.yaml'
 TINY_TWO = 'tests/oracle/plans/tiny-two-dec.yaml'
+TINY_V4 = 'tests/oracle/plans/tiny-v4.yaml'
 MINI = 'plans/v41-mini.yaml'
 
 
@@ -551,8 +552,15 @@ def tiny_ced_short_prompt_equals_dense():
     for t in (1, 2, 3, 4):
         w = max(w, close(c.decode(t), d.decode(t), 1e-12, 'decode CED vs dense'))
     # the vendor pairing is what makes this hold: with it the decoder global is
-    # projected from exactly L_dec's own attention input, carried pre included
-    return 'max rel diff %.2g' % w
+    # projected from exactly L_dec's own attention input, carried pre included;
+    # SPEC's v4 pairing (own pre everywhere, head.hc) holds it too, and differs
+    v, vd = oracle(TINY_V4), oracle(TINY_V4)
+    vd.plan.serving['ced'] = False
+    rv, rvd = v.prefill(toks), vd.prefill(toks, chunk=5)
+    w = max(w, close(rv.logits, rvd.logits, 1e-12, 'v4: CED vs dense'))
+    diff = np.max(np.abs(rv.logits - rc.logits))
+    assert diff > 1e-6, 'pairing v4 gives the logits of v41: the option is ignored'
+    return 'max rel diff %.2g; pairing v4 differs by %.2g' % (w, diff)
 
 
 @test
