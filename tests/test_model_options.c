@@ -16,6 +16,8 @@
 #include <limits.h>
 #include <unistd.h>
 
+#include "ops/basic.h"
+#include "ops/mhc.h"
 #include "tests/model_fixture.h"
 
 #define N_PROMPT 60 /* tiny: 60 decoder entries in 30 blocks of 2, a pool of 6 blocks, top-k 6 */
@@ -65,7 +67,29 @@ static bool run(const char *path, float *out, int V, const char *has, const char
   return ok;
 }
 
+/* Appendix V #19: norm_eps 1e-20 (a normal float; rsqrt of it is 1e10) keeps
+ * zero rows finite: RMSNorm of a zero row is 0, the mHC coefficients of a
+ * zero state are those of zero mixes. */
+static void test_eps_zero_rows(void) {
+  enum { D = 64, HC = 4 };
+  const float eps = 1e-20f;
+  float x[D] = {0}, y[D], g[D];
+  for (int i = 0; i < D; i++) g[i] = 1.0f;
+  op_rmsnorm(y, x, g, 1, D, eps);
+  bool zero = true;
+  for (int i = 0; i < D; i++) zero &= y[i] == 0.0f;
+  EXPECT(zero, "RMSNorm of a zero row with eps 1e-20 is not 0");
+  float X[HC * D] = {0}, fn[(2 + HC) * HC * HC * D], scale[3] = {1, 1, 1}, base[(2 + HC) * HC] = {0};
+  for (size_t i = 0; i < sizeof fn / sizeof *fn; i++) fn[i] = (float)((i % 7) - 3) * 0.01f;
+  float pre[HC], post[HC], C[HC * HC], dots[(2 + HC) * HC], ss[1];
+  struct op_mhc_cfg c = {HC, D, 20, 1e-6f, eps};
+  op_mhc_coeffs(pre, post, C, dots, ss, X, fn, scale, base, 1, &c);
+  h_finite(pre, HC, "mHC pre of a zero state");
+  h_finite(C, HC * HC, "mHC C of a zero state");
+}
+
 int main(void) {
+  test_eps_zero_rows();
   char root[PATH_MAX], dir[] = "/tmp/cedar_model_options_XXXXXX";
   CEDAR_ASSERT(getcwd(root, sizeof root) && mkdtemp(dir));
   struct plan p;
