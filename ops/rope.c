@@ -81,17 +81,21 @@ const struct op_rope_params op_rope_params_csa = OP_ROPE_PARAMS_INIT(OP_ROPE_THE
 const struct op_rope_params op_rope_params_swa = OP_ROPE_PARAMS_INIT(OP_ROPE_THETA_SWA, false);
 
 int op_rope_init_params(struct op_rope *r, int dim, int rope_dim, bool last, const struct op_rope_params *p) {
-  return op_rope_init(r, dim, rope_dim, last, p->theta, p->yarn, p->yarn_factor, p->yarn_original_len,
-                      p->yarn_beta_fast, p->yarn_beta_slow);
+  int rc = op_rope_init(r, dim, rope_dim, last, p->theta, p->yarn, p->yarn_factor, p->yarn_original_len,
+                        p->yarn_beta_fast, p->yarn_beta_slow);
+  if (!rc) r->angle_f32 = p->angle_f32;
+  return rc;
 }
 
 /* cos and sin of pos * freq[j] for the rope_dim / 2 pairs. SPEC 3.1
  * precision note: pos * freq in double, so the angle keeps ~1e-10 rad at pos
- * 1e6 where float would lose ~0.06 rad. sin(-t) is -sin(t) exactly, so the
+ * 1e6 where float would lose ~0.06 rad. With angle_f32 the angle is the
+ * vendor's fp32 product (float)pos * (float)freq (Appendix V #8), then cos
+ * and sin of that float in double. sin(-t) is -sin(t) exactly, so the
  * inverse is the transpose bit for bit. */
 static void row_angles(float *cs, float *sn, const struct op_rope *r, int64_t pos, int sign) {
   for (int j = 0; j < r->rope_dim / 2; j++) {
-    double t = (double)pos * r->freq[j];
+    double t = r->angle_f32 ? (double)((float)pos * (float)r->freq[j]) : (double)pos * r->freq[j];
     cs[j] = (float)cos(t);
     sn[j] = (float)(sign < 0 ? -sin(t) : sin(t));
   }
@@ -145,7 +149,8 @@ void op_rope_rotate(float *x, const struct op_rope *r, const struct op_rope_angl
 }
 
 bool op_rope_same_angles(const struct op_rope *a, const struct op_rope *b) {
-  return a->rope_dim == b->rope_dim && !memcmp(a->freq, b->freq, (size_t)(a->rope_dim / 2) * sizeof a->freq[0]);
+  return a->rope_dim == b->rope_dim && a->angle_f32 == b->angle_f32 &&
+         !memcmp(a->freq, b->freq, (size_t)(a->rope_dim / 2) * sizeof a->freq[0]);
 }
 
 void op_rope_apply_two(float *x, const struct op_rope *rx, float *y, const struct op_rope *ry, int64_t pos) {

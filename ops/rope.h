@@ -42,6 +42,8 @@ struct op_rope_params {
   int64_t yarn_original_len; /* the pre-training context length */
   double yarn_beta_fast, yarn_beta_slow; /* the correction range, in turns */
   bool yarn_mscale;          /* a plan key only, never applied (SPEC 1.1: disabled) */
+  bool angle_f32;            /* angle = fp32 (float)pos * (float)freq, the vendor's (Appendix V #8);
+                                false: pos * freq in double (SPEC 3.1's precision note) */
 };
 
 /* SPEC defaults [R-cfg], the vendor's values: CSA2 (ratio-1 and ratio-2)
@@ -59,7 +61,7 @@ struct op_rope_params {
 #define OP_ROPE_PARAMS_INIT(theta_, yarn_)                                                                  \
   {.theta = (theta_), .yarn = (yarn_), .yarn_factor = OP_ROPE_YARN_FACTOR,                                  \
    .yarn_original_len = OP_ROPE_YARN_ORIGINAL_LEN, .yarn_beta_fast = OP_ROPE_YARN_BETA_FAST,                \
-   .yarn_beta_slow = OP_ROPE_YARN_BETA_SLOW, .yarn_mscale = false}
+   .yarn_beta_slow = OP_ROPE_YARN_BETA_SLOW, .yarn_mscale = false, .angle_f32 = true}
 extern const struct op_rope_params op_rope_params_csa; /* OP_ROPE_PARAMS_INIT(OP_ROPE_THETA_CSA, true) */
 extern const struct op_rope_params op_rope_params_swa; /* OP_ROPE_PARAMS_INIT(OP_ROPE_THETA_SWA, false) */
 
@@ -86,6 +88,7 @@ struct op_rope {
   double yarn_factor, yarn_beta_fast, yarn_beta_slow;
   int64_t yarn_original_len;
   double freq[512]; /* rope_dim/2 inverse frequencies, filled by op_rope_init */
+  bool angle_f32;   /* fp32 angles (op_rope_params.angle_f32); op_rope_init sets false */
 };
 
 /* Fill r->freq from the parameters; returns 0, or -1 (r untouched) when
@@ -98,7 +101,8 @@ struct op_rope {
 int op_rope_init(struct op_rope *r, int dim, int rope_dim, bool last, double theta, bool yarn, double factor,
                  int64_t original_len, double beta_fast, double beta_slow);
 /* The same with the parameters from one struct (the plan's, or
- * op_rope_params_csa/_swa); p->yarn_mscale is ignored, as above. */
+ * op_rope_params_csa/_swa, whose angles are fp32 as the vendor's);
+ * p->yarn_mscale is ignored, as above. */
 int op_rope_init_params(struct op_rope *r, int dim, int rope_dim, bool last, const struct op_rope_params *p);
 
 /* Rotate rows in place. x: (n, heads, dim) with row stride ld (>= heads*dim);

@@ -52,6 +52,7 @@ static const char *const rule_names[] = {"ceil", "ocp", "rne", "roundup", "auto"
 static const char *const score_names[] = {"sqrtsoftplus", "softmax", "sigmoid", NULL};
 static const char *const merge_names[] = {"carried", "learned", "sum", NULL};
 static const char *const pairing_names[] = {"v41", "v4", NULL};
+static const char *const angle_names[] = {"f64", "f32", NULL};
 static const char *const rope_pos_names[] = {"first", "last", NULL};
 static const char *const nibble_names[] = {"high_first", "low_first", NULL};
 static const char *const device_names[] = {"cpu", "cuda", NULL};
@@ -68,6 +69,7 @@ static const struct field rope_fields[] = {
     DBL("yarn_beta_fast", R(yarn_beta_fast), 0, 1e6),
     DBL("yarn_beta_slow", R(yarn_beta_slow), 0, 1e6),
     BOOL("yarn_mscale", R(yarn_mscale)),
+    BENUM("angle", R(angle_f32), angle_names),
     END,
 };
 

@@ -605,8 +605,31 @@ static void test_every_lane_alike(uint64_t *seed) {
   src_free(&s);
 }
 
+/* candidates.pin_newest (Appendix V #12): the newest visible block is kept
+ * even when it ranks last, in place of the block that ranked last among the
+ * kept ones; without the pin the pool is the plain top by block max. Scores:
+ * block b of 2 entries has max 10 - b, so the newest ranks last. */
+static void test_pool_pin(void) {
+  enum { B = 2, NB = 7, TOP = 3 };
+  float sc[NB * B - 1], bs[NB];
+  for (int b = 0; b < NB; b++)
+    for (int j = 0; j < B && b * B + j < NB * B - 1; j++) sc[b * B + j] = (float)(10 - b) - 0.5f * (float)j;
+  int64_t n_vis = NB * B - 1; /* the newest block is partial */
+  int32_t plain[TOP], pinned[TOP];
+  EXPECT(op_pool_select(plain, bs, sc, n_vis, B, TOP, false) == TOP, "unpinned pool size");
+  EXPECT(plain[0] == 0 && plain[1] == 1 && plain[2] == 2, "unpinned: blocks %d %d %d, want 0 1 2", plain[0], plain[1],
+         plain[2]);
+  EXPECT(op_pool_select(pinned, bs, sc, n_vis, B, TOP, true) == TOP, "pinned pool size");
+  EXPECT(pinned[0] == 0 && pinned[1] == 1 && pinned[2] == NB - 1, "pinned: blocks %d %d %d, want 0 1 %d", pinned[0],
+         pinned[1], pinned[2], NB - 1);
+  EXPECT(isinf(bs[NB - 1]) && bs[NB - 1] > 0, "pinned block score %g, want +inf", bs[NB - 1]);
+  int32_t one[1];
+  EXPECT(op_pool_select(one, bs, sc, 1, B, 1, true) == 1 && one[0] == 0, "one visible entry: its block");
+}
+
 int main(void) {
   op_blas_init();
+  test_pool_pin();
   uint64_t seed = 0x1DE8A11CEull;
   /* name, n_entries, ratio, idx_w, idx_block, heads, page_entries, nibble, k, pool block, top blocks, S */
   const struct cfg cases[] = {

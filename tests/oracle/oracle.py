@@ -97,15 +97,22 @@ def rope_freqs(p, rope_dim):
         smooth = 1.0 - ramp
         factor = float(p['yarn_factor'])
         freqs = freqs / factor * (1.0 - smooth) + freqs * smooth
+    if p.get('angle', 'f64') == 'f32':      # Appendix V #8 (plans default to f32: plan.py): the vendor's fp32 t*freq products
+        return freqs.astype(np.float32)
     return freqs
 
 
 def rope(x, pos, freqs, rope_dim, where='last', inverse=False):
     """Rotate adjacent pairs of the last (or first) rope_dim channels of x
-    (..., width) by pos * freq; pos has x's first axis.  Angles in float64."""
+    (..., width) by pos * freq; pos has x's first axis.  Angles in float64,
+    except for a float32 table (rope_freqs with `angle: f32`): then the angle
+    is the float32 product float32(pos) * freq, and cos/sin are float64 of it."""
     x = np.array(x, dtype=np.float64, copy=True)
     sl = slice(x.shape[-1] - rope_dim, None) if where == 'last' else slice(0, rope_dim)
-    ang = np.asarray(pos, np.float64)[:, None] * freqs[None, :]
+    if freqs.dtype == np.float32:
+        ang = (np.asarray(pos).astype(np.float32)[:, None] * freqs[None, :]).astype(np.float64)
+    else:
+        ang = np.asarray(pos, np.float64)[:, None] * freqs[None, :]
     if inverse:
         ang = -ang
     shape = (ang.shape[0],) + (1,) * (x.ndim - 2) + (ang.shape[1],)
@@ -187,9 +194,10 @@ def weight_shapes(plan):
     R, I = mo['routed_experts'], mo['inter_dim']
     S = mo['shared_experts'] * mo['shared_inter_dim']
     mm = (2 + hc) * hc
-    w = {'embed': ('F32', (V, d)), 'norm': ('F32', (d,)), 'lm_head': ('F32', (V, d)),
-         'head.hc.fn': ('F32', (hc, hc * d)), 'head.hc.scale': ('F32', (1,)),
-         'head.hc.base': ('F32', (hc,))}
+    w = {'embed': ('F32', (V, d)), 'norm': ('F32', (d,)), 'lm_head': ('F32', (V, d))}
+    if m['mhc'].get('merge', 'carried') == 'learned':      # V4's hc_head; V4.1 has none (Appendix V #4)
+        w.update({'head.hc.fn': ('F32', (hc, hc * d)), 'head.hc.scale': ('F32', (1,)),
+                  'head.hc.base': ('F32', (hc,))})
     eg = [L['at'] for L in plan.layers if L['engram']]
     primes = engram_primes(m, eg)
     for L in plan.layers:
@@ -288,23 +296,16 @@ class PrefillResult:
 
 class Oracle:
     """Options (readings where docs/model.md leaves a choice; README.md):
-    decoder_pre: 'encoder_final' (default) -- the first decoder layer's
-        attention H_pre comes from the state entering it (X^(E)), as at layer
-        0; 'previous_sublayer' -- from the state that entered the last encoder
-        FFN sublayer (the single-pass chain runs on).
     hash_mod: 'unsigned' (default) -- the 64-bit XOR hash is an unsigned
         integer mod the prime; 'signed_floor' -- int64, floor modulo.
     query_block: queries per attention/indexer block (memory only)."""
 
-    def __init__(self, plan_path, weights_path, decoder_pre='encoder_final', hash_mod='unsigned',
-                 query_block=256, keep_buses=False):
+    def __init__(self, plan_path, weights_path, hash_mod='unsigned', query_block=256, keep_buses=False):
         self.plan = P.Plan(plan_path)
         self.w = Weights(weights_path, self.plan)
-        if decoder_pre not in ('encoder_final', 'previous_sublayer'):
-            raise ValueError(decoder_pre)
         if hash_mod not in ('unsigned', 'signed_floor'):
             raise ValueError(hash_mod)
-        self.decoder_pre, self.hash_mod = decoder_pre, hash_mod
+        self.hash_mod = hash_mod
         self.qb, self.keep_buses = int(query_block), keep_buses
         m = self.plan.model
         self.m = m
@@ -325,8 +326,16 @@ class Oracle:
         self.nib = self.fmt.get('nibble', 'low_first')
         if self.nib not in ('low_first', 'high_first'):
             raise ValueError('formats.nibble %r' % self.nib)
-        if m['mhc'].get('merge', 'learned') not in ('learned', 'sum'):
-            raise ValueError('model.mhc.merge %r' % m['mhc'].get('merge'))
+        # Appendix V #1-#4: pairing v41 carries each sublayer's own pre to the
+        # next (one-hot start, head from the last FFN's); v4: own pre, head.hc
+        self.pairing = m['mhc'].get('pairing', 'v41')
+        self.merge = m['mhc'].get('merge', 'carried')
+        if (self.pairing, self.merge) not in (('v41', 'carried'), ('v4', 'learned'), ('v4', 'sum')):
+            raise ValueError('model.mhc pairing %r with merge %r' % (self.pairing, self.merge))
+        self.q_head_norm = bool(at.get('q_head_norm', False))      # Appendix V #6
+        self.k_norm = bool(ix.get('k_norm', True))                 # #11
+        self.q_mxfp4 = bool(ix.get('q_mxfp4', True))               # #11
+        self.pin = bool(m['candidates'].get('pin_newest', True))   # #12
         self.freqs = {'swa': rope_freqs(m['rope']['swa'], self.rd),
                       'csa': rope_freqs(m['rope']['csa'], self.rd)}
         self.ifreqs = {'swa': rope_freqs(m['rope']['swa'], self.rdI),
@@ -402,21 +411,32 @@ class Oracle:
             C = C / (C.sum(axis=-2, keepdims=True) + self.hc_eps)
         return post, C
 
-    def _sublayer(self, X, prev, pfx, norm_name, fn):
-        """One mHC-wrapped sublayer; returns (X', state that entered it)."""
-        pre_state = prev if self.m['mhc'].get('single_pass', True) else X
-        pre = self._hc_pre(pre_state, pfx)
+    def _sublayer(self, X, P, pfx, norm_name, fn):
+        """One mHC-wrapped sublayer on state X with carried pre P (nP, hc).
+        Its own pre, post and C come from its own fn on X (Appendix V 1-5);
+        pairing v41 mixes with P, v4 with its own.  Returns (X', own pre):
+        the pre the next sublayer (or the head) mixes with under v41."""
+        own = self._hc_pre(X, pfx)
         post, C = self._hc_post_res(X, pfx)
+        pre = P if self.pairing == 'v41' else own
         u = np.matmul(pre[:, None, :], X)[:, 0]
         y = fn(rms(u, self.w(norm_name), self.eps))
         Xn = post[:, :, None] * y[:, None, :] + np.matmul(C.transpose(0, 2, 1), X)
-        return Xn, X
+        return Xn, own
 
-    def _a_enc(self, l, XE):
-        """docs/model.md 3.1: a decoder KV source's input under CED, from X^(E)
-        standing for both single-pass states."""
-        pre = self._hc_pre(XE, 'layers.%d.hc_attn' % l)
-        return rms(np.matmul(pre[:, None, :], XE)[:, 0], self.lw(l, 'attn_norm'), self.eps)
+    def _a_in(self, l, X, P):
+        """Layer l's attention input from the state entering it and the pre it
+        carries in (v41) or its own (v4): what a decoder KV source compresses
+        under CED (Appendix V #10; for the first decoder layer exactly its own
+        attention input, for a later one (alt plans) the same rule on X^(E))."""
+        pre = P if self.pairing == 'v41' else self._hc_pre(X, 'layers.%d.hc_attn' % l)
+        return rms(np.matmul(pre[:, None, :], X)[:, 0], self.lw(l, 'attn_norm'), self.eps)
+
+    def _onehot(self, n):
+        """Appendix V #2: layer 0's attention mixes stream 0 only."""
+        P = np.zeros((n, self.hc))
+        P[:, 0] = 1.0
+        return P
 
     # ------------------------------------------------------------ Engram (s5)
     def _engram(self, l, X, pos):
@@ -519,7 +539,7 @@ class Oracle:
         epos = ps[:ng * r:r]                                   # r j: the group's first token
         kind = self._rope_kind(l)
         kI = c @ self.lw(l, 'attn.indexer.wk').T
-        if self.m['indexer'].get('k_norm'):
+        if self.k_norm:
             kI = rms(kI, self.lw(l, 'attn.indexer.k_norm'), self.eps)
         kI = rope(kI, epos, self.ifreqs[kind], self.rdI, self.ipos)
         kb, kv = F.store(kI, self.fmt['indexer_k'], self.nib)
@@ -555,6 +575,10 @@ class Oracle:
         Vb = np.pad(vis, ((0, 0), (0, pad)))
         bs = S.reshape(nP, nb, B).max(axis=2)
         bvis = Vb.reshape(nP, nb, B).any(axis=2)
+        if self.pin:       # Appendix V #12: the newest visible block := +inf
+            nv = vis.sum(axis=1)
+            rows = np.nonzero(nv > 0)[0]
+            bs[rows, (nv[rows] - 1) // B] = np.inf
         sel = topk_lower_index(bs, bvis, nb_top)
         bm = mask_from_indices(sel, nb)
         return vis & np.repeat(bm, B, axis=1)[:, :E]
@@ -568,7 +592,7 @@ class Oracle:
         H, dh = self.H, self.dh
         cq = rms(a @ self.lw(l, 'attn.wq_a').T, self.lw(l, 'attn.q_norm'), self.eps)
         q = (cq @ self.lw(l, 'attn.wq_b').T).reshape(nP, H, dh)
-        if self.m['attention'].get('q_head_norm', True):
+        if self.q_head_norm:                                     # V4's; V4.1 has none (#6)
             q = q / np.sqrt(np.mean(q * q, axis=-1, keepdims=True) + self.eps)
         q = rope(q, pos, self.freqs[kind], self.rd, 'last')
         kS = rope(rms(a @ self.lw(l, 'attn.wkv').T, self.lw(l, 'attn.kv_norm'), self.eps),
@@ -590,6 +614,8 @@ class Oracle:
             if mode in ('full', 'reindex'):
                 qI = rope((cq @ self.lw(l, 'attn.indexer.wq_b').T).reshape(nP, self.HI, self.dI),
                           pos, self.ifreqs[kind], self.rdI, self.ipos)
+                if self.q_mxfp4:   # #11: qI through MXFP4 (E2M1, E8M0 per block) and back
+                    qI = F.store(qI.reshape(-1, self.dI), self.fmt['indexer_k'], self.nib)[1].reshape(qI.shape)
                 wI = (a @ self.lw(l, 'attn.indexer.weights_proj').T) * (self.HI * self.dI) ** -0.5
                 scores = self.index_scores(qI, wI, self.src[src]['ik'])
                 vis = self._visible(src, pos)
@@ -653,21 +679,22 @@ class Oracle:
         return z @ self.lw(l, 'attn.wo_b').T
 
     # ------------------------------------------------------------ layers
-    def _run_layers(self, X, prev, pos, layers, fw):
+    def _run_layers(self, X, P, pos, layers, fw):
+        """Layers in order on (X, carried pre P); returns the final (X, P)."""
         for l in layers:
             if self.plan.layers[l]['engram']:
                 X = self._engram(l, X, pos)
-            if l == 0 or (l == self.first_dec and self.decoder_pre == 'encoder_final'):
-                prev = X
-            X, prev = self._sublayer(X, prev, 'layers.%d.hc_attn' % l, 'layers.%d.attn_norm' % l,
-                                     lambda a, l=l: self._attention(l, a, pos, fw))
-            X, prev = self._sublayer(X, prev, 'layers.%d.hc_ffn' % l, 'layers.%d.ffn_norm' % l,
-                                     lambda x, l=l: self._moe(l, x))
+            X, P = self._sublayer(X, P, 'layers.%d.hc_attn' % l, 'layers.%d.attn_norm' % l,
+                                  lambda a, l=l: self._attention(l, a, pos, fw))
+            X, P = self._sublayer(X, P, 'layers.%d.hc_ffn' % l, 'layers.%d.ffn_norm' % l,
+                                  lambda x, l=l: self._moe(l, x))
             self.token_layers[l] += len(pos)
-        return X, prev
+        return X, P
 
-    def _logits(self, X):
-        if self.m['mhc'].get('merge', 'learned') == 'sum':
+    def _logits(self, X, P):
+        if self.merge == 'carried':      # Appendix V #4: the last FFN's own pre, no hc_head
+            h = np.matmul(P[:, None, :], X)[:, 0]
+        elif self.merge == 'sum':
             h = X.sum(axis=1)
         else:
             hc = self.hc
@@ -689,10 +716,10 @@ class Oracle:
         self.log.append(fw)
         return fw
 
-    def _dec_sources_append(self, XE, prevE, pos):
+    def _dec_sources_append(self, XE, PE, pos):
         for l in self.dec:
             if self.plan.layers[l]['mode'] == 'full':
-                self._append_entries(l, self._a_enc(l, XE), pos)
+                self._append_entries(l, self._a_in(l, XE, PE), pos)
 
     # ------------------------------------------------------------ flows (SPEC 6)
     def prefill(self, tokens, chunk=None, replay_chunk=None):
@@ -719,20 +746,20 @@ class Oracle:
                 self.tokens.extend(toks[c0:pos[-1] + 1])
                 fw = self._fw('dense', pos, 0, lambda l: True)
                 X0 = self._embed(toks[c0:pos[-1] + 1])
-                X, _ = self._run_layers(X0, X0, pos, range(self.n_layers), fw)
-                outs.append(self._logits(X))
+                X, P = self._run_layers(X0, self._onehot(len(pos)), pos, range(self.n_layers), fw)
+                outs.append(self._logits(X, P))
                 self.n = int(pos[-1]) + 1
             return PrefillResult(np.concatenate(outs), np.arange(N))
         XE = np.zeros((N, self.hc, self.d))
-        PE = np.zeros((N, self.hc, self.d))
+        PE = np.zeros((N, self.hc))              # the pre X^(E) carries into the decoder (Appendix V 1-5)
         for c0 in range(0, N, chunk):
             pos = np.arange(c0, min(N, c0 + chunk))
             self.tokens.extend(toks[c0:pos[-1] + 1])
             fw = self._fw('encoder', pos, 0, lambda l: True)
             X0 = self._embed(toks[c0:pos[-1] + 1])
-            X, prev = self._run_layers(X0, X0, pos, self.enc, fw)
-            XE[pos], PE[pos] = X, prev
-            self._dec_sources_append(X, prev, pos)        # decoder global: once per position
+            X, P = self._run_layers(X0, self._onehot(len(pos)), pos, self.enc, fw)
+            XE[pos], PE[pos] = X, P
+            self._dec_sources_append(X, P, pos)            # decoder global: once per position
             self.n = int(pos[-1]) + 1
         R = min(N, self.plan.replay_decoder())
         r0 = N - R
@@ -743,8 +770,8 @@ class Oracle:
         for c0 in range(r0, N, rc):
             pos = np.arange(c0, min(N, c0 + rc))
             fw = self._fw('replay', pos, r0, lambda l: False)
-            X, _ = self._run_layers(XE[pos], PE[pos], pos, self.dec, fw)
-            outs.append(self._logits(X))
+            X, P = self._run_layers(XE[pos], PE[pos], pos, self.dec, fw)
+            outs.append(self._logits(X, P))
         self.replay_start = r0
         return PrefillResult(np.concatenate(outs), np.arange(r0, N))
 
@@ -758,14 +785,14 @@ class Oracle:
         X0 = self._embed([t])
         if self.plan.ced:
             fw = self._fw('decode', pos, 0, lambda l: self.plan.layers[l]['region'] == 'encoder')
-            X, prev = self._run_layers(X0, X0, pos, self.enc, fw)
-            self._dec_sources_append(X, prev, pos)
-            X, _ = self._run_layers(X, prev, pos, self.dec, fw)
+            X, P = self._run_layers(X0, self._onehot(1), pos, self.enc, fw)
+            self._dec_sources_append(X, P, pos)
+            X, P = self._run_layers(X, P, pos, self.dec, fw)
         else:
             fw = self._fw('decode', pos, 0, lambda l: True)
-            X, _ = self._run_layers(X0, X0, pos, range(self.n_layers), fw)
+            X, P = self._run_layers(X0, self._onehot(1), pos, range(self.n_layers), fw)
         self.n += 1
-        return self._logits(X)[0]
+        return self._logits(X, P)[0]
 
     @staticmethod
     def greedy(logits):
@@ -812,12 +839,11 @@ def main(argv=None):
     ap.add_argument('--steps', type=int, default=0, help='greedy decode steps after the prefill')
     ap.add_argument('--chunk', type=int, default=0, help='prefill chunk (default: the plan\'s)')
     ap.add_argument('--out', help='write logits and caches to this safetensors file')
-    ap.add_argument('--decoder-pre', default='encoder_final', choices=('encoder_final', 'previous_sublayer'))
     ap.add_argument('--hash-mod', default='unsigned', choices=('unsigned', 'signed_floor'))
     a = ap.parse_args(argv)
     txt = open(a.prompt[1:]).read() if a.prompt.startswith('@') else a.prompt
     toks = [int(t) for t in txt.replace('\n', ',').split(',') if t.strip()]
-    o = Oracle(a.plan, a.weights, decoder_pre=a.decoder_pre, hash_mod=a.hash_mod)
+    o = Oracle(a.plan, a.weights, hash_mod=a.hash_mod)
     r = o.prefill(toks, chunk=a.chunk or None)
     y = o.greedy(r.last)
     out, dl = [y], []

@@ -272,21 +272,21 @@ def load_yaml(path):
 
 DEFAULTS = {
     'model': {
-        'n_layers': 40, 'hidden': 5120, 'vocab': 129280, 'norm_eps': 1e-6,
+        'n_layers': 40, 'hidden': 5120, 'vocab': 129280, 'norm_eps': 1e-20,
         'attention': {'heads': 64, 'head_dim': 512, 'rope_dim': 64, 'q_rank': 1280,
-                      'q_head_norm': True, 'o_groups': 8, 'o_rank': 1024,
+                      'q_head_norm': False, 'o_groups': 8, 'o_rank': 1024,
                       'softmax_scale': 0.0, 'sink': True},
         'rope': {'swa': {'theta': 10000.0, 'yarn': False},
                  'csa': {'theta': 160000.0, 'yarn': True}},
         'indexer': {'heads': 32, 'head_dim': 128, 'rope_dim': 64, 'rope_position': 'last',
-                    'k_norm': False, 'topk': 512},
+                    'k_norm': True, 'q_mxfp4': True, 'topk': 512},
         'swa': {'window': 128},
-        'candidates': {'block': 8, 'top_blocks': 2048},
+        'candidates': {'block': 8, 'top_blocks': 2048, 'pin_newest': True},
         'moe': {'routed_experts': 384, 'shared_experts': 1, 'active_experts': 6,
                 'inter_dim': 2304, 'shared_inter_dim': 2304, 'score': 'sqrtsoftplus',
                 'norm_topk': True, 'route_scale': 1.5, 'swiglu_limit': 10.0},
-        'mhc': {'streams': 4, 'sinkhorn_iters': 20, 'eps': 1e-6, 'single_pass': True,
-                'merge': 'learned'},
+        'mhc': {'streams': 4, 'sinkhorn_iters': 20, 'eps': 1e-6, 'pairing': 'v41',
+                'merge': 'carried'},
         'engram': {'orders': [2, 3, 4], 'heads': 8, 'head_dim': 256, 'table_base': 16000000,
                    'compressed_vocab': 99092, 'pad_id': 2, 'seed': 0},
     },
@@ -305,7 +305,8 @@ DEFAULTS = {
                 'prefill_chunk': 512},
 }
 ROPE_DEFAULTS = {'yarn_factor': 16.0, 'yarn_original_len': 65536, 'yarn_beta_fast': 32.0,
-                 'yarn_beta_slow': 1.0, 'yarn_mscale': False}
+                 'yarn_beta_slow': 1.0, 'yarn_mscale': False,
+                 'angle': 'f32'}
 
 LAYER_KEYS = ('at', 'region', 'mode', 'ratio', 'kv', 'topk', 'candidates', 'pool', 'engram')
 MODES = ('swa_only', 'full', 'reindex', 'reuse')
