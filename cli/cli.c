@@ -90,10 +90,8 @@ int cli_load_plan(const char *cmd, const char *path, struct plan *p) {
   if (!path) path = cli_default_plan();
   struct plan_diags d = {0};
   int rc = plan_load(path, p, &d);
-  if (rc) {
-    plan_diags_print(&d, stderr);
-    fprintf(stderr, "cedar %s: %s: the plan did not load\n", cmd, path);
-  }
+  plan_diags_print(&d, stderr); /* the errors, or the warnings of a plan that loaded */
+  if (rc) fprintf(stderr, "cedar %s: %s: the plan did not load\n", cmd, path);
   plan_diags_free(&d);
   return rc ? 1 : 0;
 }

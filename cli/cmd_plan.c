@@ -50,9 +50,10 @@ static int parse_common(int argc, char **argv, const char *cmd, const char *usag
   return -1;
 }
 
-static cJSON *diags_json(const struct plan_diags *d) {
+static cJSON *diags_json(const struct plan_diags *d, bool warnings) {
   cJSON *arr = cJSON_CreateArray();
   for (size_t i = 0; i < d->n; i++) {
+    if (d->d[i].warning != warnings) continue;
     cJSON *e = cJSON_CreateObject();
     cJSON_AddStringToObject(e, "file", d->d[i].mark.file ? d->d[i].mark.file : "");
     cJSON_AddNumberToObject(e, "line", d->d[i].mark.line);
@@ -89,7 +90,8 @@ int cmd_plan_check(int argc, char **argv) {
       cJSON *o = cJSON_CreateObject();
       cJSON_AddStringToObject(o, "file", argv[i]);
       cJSON_AddBoolToObject(o, "valid", lrc == 0 && prc == 0);
-      cJSON *errs = diags_json(&d);
+      cJSON *errs = diags_json(&d, false);
+      cJSON_AddItemToObject(o, "warnings", diags_json(&d, true));
       if (prc) {
         cJSON *e = cJSON_CreateObject();
         cJSON_AddStringToObject(e, "file", at.file ? at.file : argv[i]);
@@ -105,6 +107,7 @@ int cmd_plan_check(int argc, char **argv) {
     } else if (prc) {
       fprintf(stderr, "%s%s%s\n", at.file ? "" : argv[i], at.file ? "" : ": ", perr);
     } else {
+      plan_diags_print(&d, stderr); /* warnings */
       printf("%s: ok (%s, %d layers)\n", argv[i], p.name, p.n_layers);
     }
     if (!lrc) plan_free(&p);

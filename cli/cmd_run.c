@@ -589,6 +589,7 @@ int cmd_run(int argc, char **argv) {
   struct sink sk = {0};
   rc = rt_engine_open(&e, &eo, err, sizeof err);
   if (rc) open_failed(&e, &o, &diags, &pr, err);
+  else plan_diags_print(&diags, stderr); /* the plan's warnings */
   plan_diags_free(&diags);
   weights_problems_free(&pr);
   if (rc) goto out;

@@ -574,13 +574,15 @@ void op_fp8_unpack(float *out, const uint8_t *in, int W, int block,
  * f32 elements) run kv_pack_slow, which divides and calls the element codecs
  * per value: they are for study and comparison, not for speed. */
 
-float op_bf16_round(float x) {
-  uint32_t u = float_bits(x);
-  if ((u & F32_ABS_MASK) > F32_INF_BITS)
-    return bits_float((u | 0x00400000u) & 0xFFFF0000u); /* NaN: quiet, never rounded into Inf */
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return bits_float(u & 0xFFFF0000u);
+/* Branch-free, so the row loop in op_kv_pack vectorizes: a NaN is made
+ * quiet and truncated (never rounded into Inf), the rest rounds to nearest
+ * even on bit 16 (a carry runs into the exponent, up to Inf). */
+static inline uint32_t bf16_round_bits(uint32_t u) {
+  uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  return (u & F32_ABS_MASK) > F32_INF_BITS ? (u | 0x00400000u) & 0xFFFF0000u : r;
 }
+
+float op_bf16_round(float x) { return bits_float(bf16_round_bits(float_bits(x))); }
 
 static float kv_qmax(enum op_kv_elem e) { return e == OP_KV_E2M1 ? 6.0f : 448.0f; }
 static size_t kv_scale_width(enum op_kv_scale s) {
@@ -700,7 +702,7 @@ void op_kv_pack(const struct op_kv_format *f, uint8_t *out, const float *x, int 
   float small[1024], *r = NULL;
   if (f->bf16 && f->elem != OP_KV_BF16) { /* bf16 elements round anyway */
     r = W <= 1024 ? small : cedar_xmalloc((size_t)W * sizeof *r);
-    for (int i = 0; i < W; i++) r[i] = op_bf16_round(x[i]);
+    for (int i = 0; i < W; i++) r[i] = bits_float(bf16_round_bits(float_bits(x[i])));
     x = r;
   }
   const int shift = f->nibble == OP_NIBBLE_EVEN_LOW ? 0 : 4;

@@ -175,6 +175,7 @@ struct plan {
  * plus an optional hint. Loading reports every error it can, not just the
  * first. */
 struct plan_diag {
+  bool warning;          /* a warning: the plan still loads (plan__warn) */
   struct plan_mark mark; /* mark.file points to `file`, owned by the diag */
   char *file;
   char *msg;

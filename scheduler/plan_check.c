@@ -125,7 +125,7 @@ static void check_format(struct plan_ctx *ctx, const char *name, struct plan_for
   struct op_kv_format of = plan_kv_format(&m, f);
   const char *why = op_kv_check(&of, width);
   if (!why) return;
-  snprintf(path, sizeof path, "formats.%s", name);
+  snprintf(path, sizeof path, "formats.%s.scale", name); /* element and scale disagree: blame the scale */
   at = mark_of(ctx, path);
   char hint[160];
   snprintf(hint, sizeof hint, "change formats.%s: %s", name, why);
@@ -302,10 +302,14 @@ static void check_candidates(struct plan_ctx *ctx, struct plan *p) {
   const struct plan_model *m = &p->model;
   bool used = false;
   for (int i = 0; i < p->n_layers; i++) used |= p->layer[i].cand != PLAN_CAND_NONE;
+  /* Legal in the vendor model (Appendix V #13: Top-K pads with -1), so a
+   * warning: a layer reading the pool then selects fewer than topk entries. */
   if (used && (int64_t)m->cand_top_blocks * m->cand_block - (m->cand_block - 1) < m->topk)
-    ERR(ctx, mark_of(ctx, "model.candidates.top_blocks"), "grow candidates.top_blocks or shrink indexer.topk",
-        "a pool of %d blocks of %d may hold fewer than topk = %d entries (SPEC R.5 needs top_blocks*block - (block-1) >= topk)",
-        m->cand_top_blocks, m->cand_block, m->topk);
+    plan__warn(ctx, mark_of(ctx, "model.candidates.top_blocks"),
+               "grow candidates.top_blocks or shrink indexer.topk to select topk entries from the pool",
+               "a pool of %d blocks of %d may hold fewer than topk = %d entries: its readers' Top-K lists are padded "
+               "with -1 (top_blocks*block - (block-1) < topk)",
+               m->cand_top_blocks, m->cand_block, m->topk);
 }
 
 /* The mHC pairing and the head collapse go together (docs/plans.md, model.mhc). */

@@ -31,6 +31,9 @@ struct plan_ctx {
 
 void plan__error(struct plan_ctx *ctx, struct plan_mark mark, const char *hint,
                  const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* A warning: recorded like an error, but the plan still loads. */
+void plan__warn(struct plan_ctx *ctx, struct plan_mark mark, const char *hint, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 const char *plan__intern(struct plan_ctx *ctx, const char *s);
 
 /* Parse and resolve `extends` (files) or parse one string (no file). */

@@ -48,34 +48,48 @@ static char *vformat(const char *fmt, va_list ap) {
   return s;
 }
 
-void plan__error(struct plan_ctx *ctx, struct plan_mark mark, const char *hint,
-                 const char *fmt, ...) {
+static void add_diag(struct plan_ctx *ctx, bool warning, struct plan_mark mark, const char *hint, const char *fmt,
+                     va_list ap) {
   struct plan_diags *d = ctx->diags;
   if (d->n == d->cap) {
     d->cap = d->cap ? 2 * d->cap : 8;
     d->d = cedar_xrealloc(d->d, d->cap * sizeof *d->d);
   }
-  va_list ap;
-  va_start(ap, fmt);
   struct plan_diag *e = &d->d[d->n++];
+  e->warning = warning;
   e->file = mark.file ? cedar_xstrdup(mark.file) : NULL;
   e->mark = mark;
   e->mark.file = e->file;
   e->msg = vformat(fmt, ap);
   e->hint = hint ? cedar_xstrdup(hint) : NULL;
+  ctx->n_errors += !warning;
+}
+
+void plan__error(struct plan_ctx *ctx, struct plan_mark mark, const char *hint,
+                 const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  add_diag(ctx, false, mark, hint, fmt, ap);
   va_end(ap);
-  ctx->n_errors++;
+}
+
+void plan__warn(struct plan_ctx *ctx, struct plan_mark mark, const char *hint, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  add_diag(ctx, true, mark, hint, fmt, ap);
+  va_end(ap);
 }
 
 void plan_diags_print(const struct plan_diags *diags, FILE *f) {
   for (size_t i = 0; i < diags->n; i++) {
     const struct plan_diag *e = &diags->d[i];
+    const char *kind = e->warning ? "warning" : "error";
     if (e->mark.file && e->mark.line <= 0)
-      fprintf(f, "%s: error: %s\n", e->mark.file, e->msg);
+      fprintf(f, "%s: %s: %s\n", e->mark.file, kind, e->msg);
     else if (e->mark.file)
-      fprintf(f, "%s:%d:%d: error: %s\n", e->mark.file, e->mark.line, e->mark.col, e->msg);
+      fprintf(f, "%s:%d:%d: %s: %s\n", e->mark.file, e->mark.line, e->mark.col, kind, e->msg);
     else
-      fprintf(f, "error: %s\n", e->msg);
+      fprintf(f, "%s: %s\n", kind, e->msg);
     if (e->hint) fprintf(f, "  hint: %s\n", e->hint);
   }
 }

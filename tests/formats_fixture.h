@@ -169,19 +169,36 @@ static inline void fenced_free(uint8_t *p) { free(p - GUARD); }
 
 /* ---- block formats: one table-driven harness --------------------------- */
 
-enum fmt { F_MAIN, F_MX_CEIL, F_MX_OCP, F_FP8_F32, F_FP8_E8M0 };
-static const char *const fmt_name[] = {"main-fp4", "mxfp4-ceil", "mxfp4-ocp",
-                                       "swa-fp8-f32", "swa-fp8-e8m0"};
+/* The SPEC formats, then the vendor's V4.1 rules (Appendix V #21) through
+ * op_kv_pack: Main KV with RNE scales (floor 2^-9), MXFP4 with the 2^-126
+ * floor, SWA E8M0 with vLLM's 1e-4 floor and PyPTO's 1e-4/448. */
+enum fmt { F_MAIN, F_MX_CEIL, F_MX_OCP, F_FP8_F32, F_FP8_E8M0, F_MAIN_RNE, F_MX_FLOOR, F_FP8_VLLM, F_FP8_PYP };
+static const char *const fmt_name[] = {"main-fp4", "mxfp4-ceil", "mxfp4-ocp", "swa-fp8-f32", "swa-fp8-e8m0",
+                                       "main-fp4-rne", "mxfp4-floor", "swa-fp8-vllm", "swa-fp8-pyp"};
+#define FLOOR_PYP (1e-4f / 448.0f)
 
-static inline int is_fp8(enum fmt f) { return f == F_FP8_F32 || f == F_FP8_E8M0; }
+static inline int is_fp8(enum fmt f) { return f == F_FP8_F32 || f == F_FP8_E8M0 || f == F_FP8_VLLM || f == F_FP8_PYP; }
+static inline int is_vendor(enum fmt f) { return f >= F_MAIN_RNE; }
 static inline enum op_scale_kind fp8_kind(enum fmt f) {
   return f == F_FP8_F32 ? OP_SCALE_FP32 : OP_SCALE_E8M0;
+}
+/* The op_kv_format of a vendor-rule fmt. */
+static inline struct op_kv_format vendor_format(enum fmt f, int block, enum op_nibble_order o) {
+  struct op_kv_format k = {OP_KV_E2M1, OP_KV_SCALE_E4M3, block, OP_KV_RNE, 0x1p-9f, o, false};
+  if (f == F_MX_FLOOR) k.scale = OP_KV_SCALE_E8M0, k.rule = OP_KV_CEIL, k.floor = 0x1p-126f;
+  if (f == F_FP8_VLLM || f == F_FP8_PYP)
+    k.elem = OP_KV_E4M3, k.scale = OP_KV_SCALE_E8M0, k.rule = OP_KV_CEIL, k.floor = f == F_FP8_VLLM ? 1e-4f : FLOOR_PYP;
+  return k;
 }
 static inline enum op_mx_rule mx_rule(enum fmt f) {
   return f == F_MX_OCP ? OP_MX_OCP : OP_MX_CEIL;
 }
 
 static inline size_t fmt_bytes(enum fmt f, int W, int block) {
+  if (is_vendor(f)) {
+    struct op_kv_format k = vendor_format(f, block, OP_NIBBLE_EVEN_LOW);
+    return op_kv_bytes(&k, W);
+  }
   if (f == F_MAIN)
     return op_fp4_bytes(W, block);
   return is_fp8(f) ? op_fp8_bytes(W, block, fp8_kind(f)) : op_mxfp4_bytes(W, block);
@@ -189,7 +206,10 @@ static inline size_t fmt_bytes(enum fmt f, int W, int block) {
 
 static inline void fmt_pack(enum fmt f, uint8_t *out, const float *x, int W, int block,
                             enum op_nibble_order o) {
-  if (f == F_MAIN)
+  struct op_kv_format k = vendor_format(f, block, o);
+  if (is_vendor(f))
+    op_kv_pack(&k, out, x, W);
+  else if (f == F_MAIN)
     op_fp4_pack(out, x, W, block, o);
   else if (is_fp8(f))
     op_fp8_pack(out, x, W, block, fp8_kind(f));
@@ -199,7 +219,10 @@ static inline void fmt_pack(enum fmt f, uint8_t *out, const float *x, int W, int
 
 static inline void fmt_unpack(enum fmt f, float *y, const uint8_t *in, int W, int block,
                               enum op_nibble_order o) {
-  if (f == F_MAIN)
+  struct op_kv_format k = vendor_format(f, block, o);
+  if (is_vendor(f))
+    op_kv_unpack(&k, y, in, W);
+  else if (f == F_MAIN)
     op_fp4_unpack(y, in, W, block, o);
   else if (is_fp8(f))
     op_fp8_unpack(y, in, W, block, fp8_kind(f));

@@ -52,6 +52,14 @@ static double ref_scale(enum fmt f, double amax) {
     return ldexp(1.0, ref_e8m0_ceil(amax, 448.0) - 127);
   case F_FP8_F32:
     return amax == 0 ? 0 : fmax((float)amax / 448.0f, FLT_MIN);
+  case F_MAIN_RNE: /* Appendix V #21: RNE_E4M3(clamp(amax/6, 2^-9, 448)) */
+    return ref_e4m3(ref_nearest(fmin(fmax(amax / 6, 0x1p-9), 448), ref_e4m3, 0x7E, 0x80));
+  case F_MX_FLOOR: /* 2^ceil(log2(max(amax, 6 2^-126) / 6)) */
+    return ldexp(1.0, ref_e8m0_ceil(fmax(amax, 6 * 0x1p-126), 6.0) - 127);
+  case F_FP8_VLLM: /* 2^ceil(log2(max(amax/448, 1e-4))) */
+    return ldexp(1.0, ref_e8m0_ceil(fmax(amax / 448, (double)1e-4f) * 448, 448.0) - 127);
+  case F_FP8_PYP:
+    return ldexp(1.0, ref_e8m0_ceil(fmax(amax / 448, (double)FLOOR_PYP) * 448, 448.0) - 127);
   }
   return NAN;
 }

@@ -50,9 +50,19 @@ static void ref_e2m1_block(uint8_t *p, const float *x, int n, float s,
   }
 }
 
-/* Main KV and MXFP4 (mx < 0: Main KV, else the MX rule). */
-static void ref_e2m1_pack(uint8_t *out, const float *x, int W, int block, int mx,
-                          enum op_nibble_order o) {
+/* The E8M0 code of a floor: 127 + the smallest k >= -127 with 2^k >= floor
+ * (0 without a floor), by scanning powers of two in float64. */
+static int ref_floor_code(double floor) {
+  int k = -127;
+  while (floor > 0 && ldexp(1.0, k) < floor) k++;
+  return k + 127;
+}
+
+/* Main KV and MXFP4 (mx < 0: Main KV, else the MX rule); vendor: Main KV
+ * with RNE_E4M3(clamp(amax / 6, 2^-9, 448)), or MXFP4 ceil raised to the
+ * floor 2^-126 (Appendix V #21). */
+static void ref_e2m1_pack_v(uint8_t *out, const float *x, int W, int block, int mx,
+                            enum op_nibble_order o, int vendor) {
   for (int b = 0; b < W / block; b++) {
     const float *xb = x + b * block;
     uint8_t *pb = out + b * block / 2, *sc = out + W / 2 + b;
@@ -64,7 +74,15 @@ static void ref_e2m1_pack(uint8_t *out, const float *x, int W, int block, int mx
     }
     if (mx >= 0) {
       *sc = op_e8m0_scale(amax, 6.0f, (enum op_mx_rule)mx);
+      if (vendor && *sc < ref_floor_code(0x1p-126))
+        *sc = (uint8_t)ref_floor_code(0x1p-126);
       ref_e2m1_block(pb, xb, block, op_e8m0_decode(*sc), o);
+      continue;
+    }
+    if (vendor) {
+      float v = amax / 6.0f;
+      *sc = op_e4m3_encode(v < 0x1p-9f ? 0x1p-9f : v > 448.0f ? 448.0f : v);
+      ref_e2m1_block(pb, xb, block, op_e4m3_decode(*sc), o);
       continue;
     }
     *sc = amax == 0.0f ? 0x00 : op_e4m3_roundup(amax / 6.0f);
@@ -74,8 +92,9 @@ static void ref_e2m1_pack(uint8_t *out, const float *x, int W, int block, int mx
   }
 }
 
-static void ref_fp8_pack(uint8_t *out, const float *x, int W, int block,
-                         enum op_scale_kind kind) {
+/* SWA; floor > 0 raises the E8M0 code to ref_floor_code(floor). */
+static void ref_fp8_pack_v(uint8_t *out, const float *x, int W, int block,
+                           enum op_scale_kind kind, double floor) {
   for (int b = 0; b < W / block; b++) {
     const float *xb = x + b * block;
     uint8_t *pb = out + b * block;
@@ -83,6 +102,8 @@ static void ref_fp8_pack(uint8_t *out, const float *x, int W, int block,
     int finite = ref_block_amax(xb, block, &amax);
     if (kind == OP_SCALE_E8M0) {
       out[W + b] = finite ? op_e8m0_scale(amax, 448.0f, OP_MX_CEIL) : 0xFF;
+      if (finite && out[W + b] < ref_floor_code(floor))
+        out[W + b] = (uint8_t)ref_floor_code(floor);
       s = op_e8m0_decode(out[W + b]);
     } else {
       s = amax / 448.0f;
@@ -100,9 +121,9 @@ static void ref_fp8_pack(uint8_t *out, const float *x, int W, int block,
 static void ref_pack(enum fmt f, uint8_t *out, const float *x, int W, int block,
                      enum op_nibble_order o) {
   if (is_fp8(f))
-    ref_fp8_pack(out, x, W, block, fp8_kind(f));
+    ref_fp8_pack_v(out, x, W, block, fp8_kind(f), f == F_FP8_VLLM ? 1e-4f : f == F_FP8_PYP ? FLOOR_PYP : 0.0);
   else
-    ref_e2m1_pack(out, x, W, block, f == F_MAIN ? -1 : (int)mx_rule(f), o);
+    ref_e2m1_pack_v(out, x, W, block, f == F_MAIN || f == F_MAIN_RNE ? -1 : (int)mx_rule(f), o, is_vendor(f));
 }
 
 /* Packs x with the packer (into a fenced buffer) and the reference and
@@ -211,6 +232,14 @@ static void test_fast_paths_element_sweep(void) {
       v[i] = copysignf(6.0f, v[i]);
   sweep_values(F_MAIN, v, n, 6.0f, 16);
   sweep_values(F_MX_CEIL, v, n / 8, -6.0f, 32);
+  sweep_values(F_MAIN_RNE, v, n / 4, -6.0f, 16); /* vendor rules: the same element paths */
+  sweep_values(F_MX_FLOOR, v, n / 8, 6.0f, 32);
+  free(v);
+  v = sweep_set(135, e4m3_full, 1, &n);
+  for (size_t i = 0; i < n; i++)
+    if (fabsf(v[i]) > 448.0f)
+      v[i] = copysignf(448.0f, v[i]);
+  sweep_values(F_FP8_VLLM, v, n / 8, 448.0f, 32);
   free(v);
 }
 
@@ -220,9 +249,10 @@ static void test_fast_paths_element_sweep(void) {
  * neighbours for every E4M3 value g) and random; the rest of the block
  * random fractions of amax, 2^-40 and up. */
 static void test_fast_paths_scale_sweep(void) {
-  static const enum fmt fs[] = {F_MAIN, F_MX_CEIL, F_MX_OCP, F_FP8_F32, F_FP8_E8M0};
+  static const enum fmt fs[] = {F_MAIN,     F_MX_CEIL,  F_MX_OCP,   F_FP8_F32, F_FP8_E8M0,
+                                F_MAIN_RNE, F_MX_FLOOR, F_FP8_VLLM, F_FP8_PYP};
   enum { W = 512, BLOCK = 16 };
-  float amax[4096], x[W];
+  float amax[8192], x[W];
   int n = 0;
   for (uint32_t e = 0; e < 255; e++) {
     static const uint32_t mant[] = {0, 1, 0x3FFFFF, 0x400000, 0x400001, 0x5FFFFF, 0x600000,
@@ -237,6 +267,19 @@ static void test_fast_paths_scale_sweep(void) {
     amax[n++] = g6;
     amax[n++] = nextafterf(g6, 0.0f);
     amax[n++] = nextafterf(g6, INFINITY);
+    /* RNE ties of amax / 6 (vendor Main KV): 6 times a midpoint of the grid */
+    float m6 = (float)((ref_e4m3(c - 1) + ref_e4m3(c)) / 2 * 6);
+    amax[n++] = m6;
+    amax[n++] = nextafterf(m6, 0.0f);
+    amax[n++] = nextafterf(m6, INFINITY);
+  }
+  /* around the floors: 6 2^-9, 448 1e-4, 1e-4 and 6 2^-126 */
+  static const float floors[] = {6 * 0x1p-9f, 448 * 1e-4f, 1e-4f, 6 * 0x1p-126f, 0x1p-13f * 448, 0x1p-22f * 448};
+  for (size_t k = 0; k < sizeof floors / sizeof floors[0]; k++) {
+    amax[n++] = floors[k];
+    amax[n++] = nextafterf(floors[k], 0.0f);
+    amax[n++] = nextafterf(floors[k], INFINITY);
+    amax[n++] = floors[k] / 3;
   }
   for (size_t k = 0; k < sizeof fs / sizeof fs[0]; k++)
     for (int a0 = 0; a0 < n; a0 += W / BLOCK) {
@@ -277,13 +320,21 @@ static void test_fast_paths_ties(void) {
     tie_sweep(F_FP8_E8M0, ldexp(1.0, e));
   for (int t = 0; t < 300; t++)
     tie_sweep(F_FP8_F32, fabs(rng_float(-126, 120)));
+  for (int c = 1; c <= 0x7E; c++) /* vendor rules: every scale they can choose */
+    tie_sweep(F_MAIN_RNE, ref_e4m3(c));
+  for (int e = -126; e <= 125; e++)
+    tie_sweep(F_MX_FLOOR, ldexp(1.0, e));
+  for (int e = -22; e <= 119; e++) {
+    tie_sweep(F_FP8_PYP, ldexp(1.0, e));
+    if (e >= -13) tie_sweep(F_FP8_VLLM, ldexp(1.0, e));
+  }
 }
 
 /* A scale of format f, random: any E4M3 value (Main KV), a power of two
  * 2^-127 .. 2^119 (E8M0), a float near 2^-30 .. 2^30 (FP32). Element 0 of
  * a block set to qmax * s makes the packer choose s itself (E4M3, E8M0). */
 static double random_scale(enum fmt f) {
-  if (f == F_MAIN)
+  if (f == F_MAIN || f == F_MAIN_RNE)
     return ref_e4m3(1 + (int)(rng_next() % 0x7E));
   if (f == F_FP8_F32)
     return fabs(rng_float(-30, 30));
@@ -344,6 +395,9 @@ static void test_fast_paths_random_blocks(void) {
       {F_FP8_F32, 21, 7, 2000}, {F_FP8_F32, 1, 1, 2000},   {F_FP8_F32, 200, 100, 500},
       {F_FP8_E8M0, 128, 32, 500}, {F_FP8_E8M0, 512, 32, 200}, {F_FP8_E8M0, 99, 33, 1000},
       {F_FP8_E8M0, 3, 3, 2000}, {F_FP8_E8M0, 4096, 4096, 20},
+      {F_MAIN_RNE, 512, 16, 400}, {F_MAIN_RNE, 48, 16, 1000}, {F_MAIN_RNE, 6, 2, 2000},
+      {F_MX_FLOOR, 128, 32, 500}, {F_MX_FLOOR, 48, 16, 1000}, {F_FP8_VLLM, 512, 32, 300},
+      {F_FP8_VLLM, 99, 33, 1000}, {F_FP8_PYP, 512, 32, 300}, {F_FP8_PYP, 3, 3, 2000},
   };
   static float x[4096];
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)

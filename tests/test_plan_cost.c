@@ -64,9 +64,9 @@ static void build_plan(struct plan *p, int n_layers, int n_enc, int n_swa, const
   m->n_layers = n_layers, m->hidden = 5120, m->heads = 64, m->head_dim = 512;
   m->idx_heads = 32, m->idx_head_dim = 128, m->topk = 512, m->window = 128;
   m->cand_block = 8, m->cand_top_blocks = 2048;
-  m->main_kv = (struct plan_format){PLAN_E2M1, PLAN_SCALE_E4M3, 16, PLAN_RULE_CEIL};
-  m->indexer_k = (struct plan_format){PLAN_E2M1, PLAN_SCALE_E8M0, 32, PLAN_RULE_CEIL};
-  m->swa = (struct plan_format){PLAN_E4M3, PLAN_SCALE_F32, 512, PLAN_RULE_CEIL};
+  m->main_kv = (struct plan_format){PLAN_E2M1, PLAN_SCALE_E4M3, 16, PLAN_RULE_AUTO, -1, false};
+  m->indexer_k = (struct plan_format){PLAN_E2M1, PLAN_SCALE_E8M0, 32, PLAN_RULE_AUTO, -1, false};
+  m->swa = (struct plan_format){PLAN_E4M3, PLAN_SCALE_E8M0, 32, PLAN_RULE_AUTO, -1, false}; /* Appendix V #21 */
   p->serving.ced = true;
   p->serving.replay_encoder = p->serving.replay_decoder = 128;
   p->n_layers = n_layers;
@@ -116,10 +116,10 @@ static struct plan_cost *cost_of(const struct plan *p, int64_t tokens, int64_t p
 /* ---- SPEC figures --------------------------------------------------------- */
 
 static void test_formats(void) {
-  struct plan_format main_kv = {PLAN_E2M1, PLAN_SCALE_E4M3, 16, PLAN_RULE_CEIL};
-  struct plan_format idx = {PLAN_E2M1, PLAN_SCALE_E8M0, 32, PLAN_RULE_CEIL};
-  struct plan_format swa = {PLAN_E4M3, PLAN_SCALE_F32, 512, PLAN_RULE_CEIL};
-  struct plan_format bf16 = {PLAN_BF16, PLAN_SCALE_NONE, 0, PLAN_RULE_CEIL};
+  struct plan_format main_kv = {PLAN_E2M1, PLAN_SCALE_E4M3, 16, PLAN_RULE_AUTO, -1, false};
+  struct plan_format idx = {PLAN_E2M1, PLAN_SCALE_E8M0, 32, PLAN_RULE_AUTO, -1, false};
+  struct plan_format swa = {PLAN_E4M3, PLAN_SCALE_F32, 512, PLAN_RULE_AUTO, -1, false};
+  struct plan_format bf16 = {PLAN_BF16, PLAN_SCALE_NONE, 0, PLAN_RULE_AUTO, -1, false};
   EXPECT_I64(plan_format_bytes(&main_kv, 512), 288); /* SPEC 4.2 */
   EXPECT_I64(plan_format_payload_bytes(&main_kv, 512), 256);
   EXPECT_I64(plan_format_bytes(&idx, 128), 68); /* SPEC 4.3 */
@@ -128,7 +128,7 @@ static void test_formats(void) {
   EXPECT_I64(plan_format_bytes(&swa, 513), 513 + 8); /* a short last block still has a scale */
   EXPECT_I64(plan_format_bytes(&bf16, 512), 1024);
   EXPECT_I64(plan_format_payload_bytes(&main_kv, 7), 4); /* an odd nibble count rounds up */
-  struct plan_format f32 = {PLAN_F32, PLAN_SCALE_NONE, 0, PLAN_RULE_CEIL};
+  struct plan_format f32 = {PLAN_F32, PLAN_SCALE_NONE, 0, PLAN_RULE_AUTO, -1, false};
   EXPECT_I64(plan_format_bytes(&f32, 3), 12);
 }
 
@@ -160,7 +160,7 @@ static void expect_flash_defaults(const struct plan *p) {
   EXPECT_REAL(c->baseline_bytes_per_token, 18 * 178 + 20 * 356);
   EXPECT_I64(c->swa_payload_per_layer, 65536);
   EXPECT_I64(c->swa_payload_bytes, 2621440);
-  EXPECT_I64(c->swa_scale_bytes, 40 * 128 * 4);
+  EXPECT_I64(c->swa_scale_bytes, 40 * 128 * 16); /* Appendix V #21: one E8M0 scale per 32 (528-B entries) */
   EXPECT_I64(c->tail_bytes, 12288);
   EXPECT_I64(c->n_tail_sources, 3);
   EXPECT_I64(c->cold.token_layers, 23040);

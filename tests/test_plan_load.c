@@ -100,9 +100,13 @@ static void check_flash(void) {
                  (int64_t)op_mxfp4_bytes(m->idx_head_dim, m->indexer_k.block) &&
              plan_format_bytes(&m->indexer_k, m->idx_head_dim) == 68,
          "indexer K entry bytes");
-  EXPECT(plan_format_bytes(&m->swa, m->head_dim) ==
-             (int64_t)op_fp8_bytes(m->head_dim, m->swa.block, OP_SCALE_FP32),
-         "SWA entry bytes");
+  EXPECT(plan_format_bytes(&m->swa, m->head_dim) == (int64_t)op_fp8_bytes(m->head_dim, m->swa.block, OP_SCALE_E8M0) &&
+             plan_format_bytes(&m->swa, m->head_dim) == 528,
+         "SWA entry bytes"); /* Appendix V #21: E4M3 + one E8M0 scale per 32 */
+  struct op_kv_format mf = plan_kv_format(m, &m->main_kv), sf = plan_kv_format(m, &m->swa);
+  EXPECT(mf.rule == OP_KV_RNE && mf.floor == 0x1p-9f && mf.bf16 && sf.rule == OP_KV_CEIL && sf.floor == 1e-4f && sf.bf16 &&
+             op_kv_bytes(&sf, m->head_dim) == 528,
+         "the vendor's rules and floors resolved (Appendix V #21)");
   /* SPEC 8.1.3-4 on the bus table. */
   struct plan_bus *bus = calloc(200, sizeof *bus);
   int n = plan_buses(&p, bus, 200);

@@ -50,18 +50,20 @@ static const struct bad_case cases[] = {
     {"cand_no_source", "small.yaml", 13, 67, "no layer before it in the decoder builds one"},
     {"cand_read_not_reindex", "bad/cand_read_not_reindex.yaml", 4, 25, "needs mode reindex"},
     {"cand_build_not_full", "bad/cand_build_not_full.yaml", 4, 25, "needs mode full"},
-    {"pool_too_small", "bad/pool_too_small.yaml", 4, 38, "may hold fewer than topk"},
     {"ratio_unstorable", "bad/ratio_unstorable.yaml", 4, 22, "compress ratio 3 cannot be stored"},
     {"ratio_mismatch", "bad/ratio_mismatch.yaml", 4, 20, "ratio 1 differs from its KV source"},
     {"swa_only_ratio", "bad/swa_only_ratio.yaml", 4, 20, "swa_only has no compress ratio"},
     {"csa_no_ratio", "bad/csa_no_ratio.yaml", 5, 5, "needs a compress ratio"},
     {"region_order", "bad/region_order.yaml", 5, 21, "encoder layer after decoder layer"},
-    {"ced_no_decoder", "plans/v41-flash.yaml", 131, 8, "CED prefill needs both"},
+    {"ced_no_decoder", "plans/v41-flash.yaml", 139, 8, "CED prefill needs both"},
     {"rope_dim", "bad/rope_dim.yaml", 5, 15, "rope_dim = 33 does not fit"},
     {"mhc_merge_v41", "bad/mhc_merge_v41.yaml", 5, 12, "merge: learned contradicts pairing: v41"},
     {"mhc_carried_v4", "plans/v41-flash.yaml", 67, 12, "merge: carried needs pairing: v41"},
     {"engram_width", "bad/engram_width.yaml", 5, 15, "head_dim = 48 cannot be stored as Engram rows"},
     {"format_block", "bad/format_block.yaml", 4, 20, "block = 24 does not divide"},
+    {"format_scaled", "bad/format_scaled.yaml", 4, 31, "cannot store 128-wide vectors"},
+    {"format_rule", "bad/format_rule.yaml", 4, 27, "an e8m0 scale is not chosen by the e4m3 rule"},
+    {"format_floor", "bad/format_floor.yaml", 4, 45, "scale_floor set for a scale without a floor"},
     {"page_odd", "bad/page_odd.yaml", 5, 18, "page_tokens = 63 is odd"},
     {"extends_missing", "bad/extends_missing.yaml", 2, 10, "cannot open plan"},
     {"extends_cycle_a", "bad/extends_cycle_b.yaml", 2, 10, "`extends` cycle"},
@@ -117,6 +119,20 @@ static char *slurp(const char *path, size_t *len) {
 
 /* Loading damaged text must fail cleanly (or succeed) without crashing;
  * a failing load must say why. */
+/* A pool that may hold fewer than topk entries is legal (Appendix V #13:
+ * Top-K pads with -1): the plan loads, with one warning at top_blocks. */
+static void pool_small_warns(void) {
+  struct plan p;
+  struct plan_diags d = {0};
+  int rc = plan_load("tests/plans/pool_small.yaml", &p, &d);
+  EXPECT(rc == 0, "pool_small.yaml: refused, but a small pool is legal");
+  EXPECT(d.n == 1 && d.d[0].warning && d.d[0].mark.line == 5 && d.d[0].mark.col == 38 &&
+             strstr(d.d[0].msg, "padded with -1") && d.d[0].hint,
+         "pool_small.yaml: want one warning at 5:38 saying the Top-K lists are padded");
+  if (rc == 0) plan_free(&p);
+  plan_diags_free(&d);
+}
+
 static void load_damaged(const char *text, size_t len) {
   struct plan p;
   struct plan_diags d = {0};
@@ -149,6 +165,7 @@ static void robustness(const char *path, uint64_t seed) {
 
 int main(void) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i]);
+  pool_small_warns();
   static const char *plans[] = {"plans/v41-flash.yaml", "plans/v41-mini.yaml", "plans/dense-40.yaml",
                                 "tests/plans/small.yaml"};
   for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) robustness(plans[i], 42 + i);

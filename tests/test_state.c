@@ -364,7 +364,7 @@ static void test_bytes(const char *path, bool flash) {
     struct rt_state_bytes b;
     rt_request_bytes(&req, &b);
     EXPECT_EQ(b.kv_entry_bytes, 356 * (3 * (4097 / 2) + 4097), "SPEC 8.7 #33 at n = 4097");
-    EXPECT_EQ(b.swa_bytes, 40 * 128 * 516, "flash rings: 40 x 128 x (512 payload + 4 scale)");
+    EXPECT_EQ(b.swa_bytes, 40 * 128 * 528, "flash rings: 40 x 128 x (512 payload + 16 E8M0 scales)");
   }
   rt_request_free(&req);
   rt_kv_pools_free(pools, plan.n_layers);
