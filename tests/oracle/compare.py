@@ -578,7 +578,7 @@ def self_test(plan_path, weights, oracle_path, work, full=False, log=print):
          lambda d: d.__setitem__('L20.indexer_k', np.roll(d['L20.indexer_k'], 1, 0))),
         ('L5 ring positions + 1', False, lambda d: d['L5.swa_pos'].__iadd__(1)),
         ('no decode.logits', False, lambda d: d.pop('decode.logits')),
-        ('Engram hash as signed int64', False, {'steps': S, 'opts': {'hash_mod': 'signed_floor'}}),
+        ('Engram multipliers from splitmix64', False, {'steps': S, 'opts': {'multipliers': 'splitmix64'}}),
 
         ('decoder_pre = previous_sublayer', None, {'steps': S, 'opts': {'decoder_pre': 'previous_sublayer'}}),
         ('norm_eps 1e-5 instead of 1e-6', None, {'steps': S, 'tweak': ('eps', 1e-5)}),
