@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/check.h"
 #include "runtime/engram_map.h"
@@ -105,7 +106,9 @@ static void check_npm(void) {
   EXPECT(order && seen == d, "ids numbered by first appearance");
   check_engine_use(t, map, n);
   /* Python's unicodedata, from the same decoded bytes */
-  FILE *f = fopen("/tmp/cedar_engram_map.txt", "w");
+  char dump[64], cmd[4096];
+  snprintf(dump, sizeof dump, "/tmp/cedar_engram_map_%d.txt", (int)getpid()); /* one per process: ctest -j */
+  FILE *f = fopen(dump, "w");
   for (int i = 0; f && i < n; i++) {
     size_t l;
     const uint8_t *b = tok_id_bytes(t, i, &l);
@@ -119,7 +122,7 @@ static void check_npm(void) {
       "/usr/bin/python3 -c '\n"
       "import unicodedata, re\n"
       "keys = {}; bad = 0; n = 0\n"
-      "for line in open(\"/tmp/cedar_engram_map.txt\"):\n"
+      "for line in open(\"%s\"):\n"
       "    a, b, c = line.split(\" \")\n"
       "    text = bytes.fromhex(a).decode(\"utf-8\", \"replace\")\n"
       "    if \"\\ufffd\" in text: k = bytes.fromhex(b).decode(\"utf-8\")\n"
@@ -131,7 +134,8 @@ static void check_npm(void) {
       "    bad += keys.setdefault(k, len(keys)) != int(c); n += 1\n"
       "print(n, len(keys), bad)\n"
       "' 2>&1";
-  FILE *p = popen(py, "r");
+  snprintf(cmd, sizeof cmd, py, dump);
+  FILE *p = popen(cmd, "r");
   int pn = -1, pd = -1, pbad = -1;
   if (p && fscanf(p, "%d %d %d", &pn, &pd, &pbad) == 3) {
     EXPECT(pn == n && pd == d && pbad == 0, "Python's unicodedata: %d ids, %d keys, %d ids mapped differently", pn,
@@ -141,7 +145,7 @@ static void check_npm(void) {
     printf("SKIP part: python3 did not run the cross-check\n");
   }
   if (p) pclose(p);
-  remove("/tmp/cedar_engram_map.txt");
+  remove(dump);
   free(map);
   tok_free(t);
 }
