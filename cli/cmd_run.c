@@ -43,7 +43,7 @@ static const char default_prompt[] =
 static const char usage[] =
     "usage: cedar run [--plan P] [--weights W | --model DIR | --seed S] [--prompt TEXT | --tokens 1,2,3 | --prompt-len N]\n"
     "                 [--max-new N] [--chunk C] [--replay R] [--temperature T] [--top-p P]\n"
-    "                 [--exact-replay] [--dump FILE] [--json]\n"
+    "                 [--exact-replay] [--dump FILE] [--json] [--tokenizer PATH]\n"
     "                 [--executor direct|starpu] [--sched NAME] [--workers N] [--trace FILE] [--dot FILE]\n"
     "Run one request through plan P (default %s): prefill the prompt through the graph the\n"
     "plan compiles to (CED: encoder chunks, decoder-global projection, bounded decoder replay;\n"
@@ -56,6 +56,9 @@ static const char usage[] =
     "                    `cedar weights init` makes them; also seeds sampling\n"
     "  --prompt TEXT     tokenized byte by byte (ids 0-255; no real tokenizer is loaded yet)\n"
     "  --tokens LIST     comma-separated token ids\n"
+    "  --tokenizer PATH  a tokenizer.json: the Engram token map comes from it (Appendix V #18) when\n"
+    "                    its key count is model.engram.compressed_vocab (else id mod compressed_vocab,\n"
+    "                    with a warning); the report names the map in use\n"
     "  --prompt-len N    the built-in text repeated to N tokens (byte tokens)\n"
     "                    (default: the built-in text, %zu tokens)\n"
     "  --max-new N       tokens to generate (default 16); the first comes from the prefill\n"
@@ -84,6 +87,7 @@ static const char usage[] =
 
 struct ropts {
   const char *plan, *weights, *prompt, *tokens, *dump, *sched, *trace, *dot, *model;
+  const char *tokenizer, *engram_map; /* --tokenizer; where the Engram token map came from (for the report) */
   enum rt_executor executor;
   int workers;
   int64_t prompt_len;
@@ -115,7 +119,8 @@ static int parse(int argc, char **argv, struct ropts *o) {
       {"executor", required_argument, NULL, 'E'},    {"sched", required_argument, NULL, 'S'},
       {"workers", required_argument, NULL, 'W'},     {"trace", required_argument, NULL, 'A'},
       {"dot", required_argument, NULL, 'G'},         {"help", no_argument, NULL, 'h'},
-      {"model", required_argument, NULL, 'M'},       {0, 0, 0, 0}};
+      {"model", required_argument, NULL, 'M'},       {"tokenizer", required_argument, NULL, 'K'},
+      {0, 0, 0, 0}};
   memset(o, 0, sizeof(*o));
   o->max_new = 16;
   o->replay = -1;
@@ -130,6 +135,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
     case 'p': o->plan = optarg; break;
     case 'w': o->weights = optarg; break;
     case 'M': o->model = optarg; break;
+    case 'K': o->tokenizer = optarg; break;
     case 's':
       if (!cli_parse_int(optarg, 0, INT64_MAX, &v)) return cli_usage_error("run", "--seed takes an integer >= 0");
       o->seed = (uint64_t)v;
@@ -325,6 +331,7 @@ static void report_text(const struct plan *p, const struct ropts *o, const struc
   char ex[96];
   executor_desc(o, ex, sizeof ex);
   printf(" (fingerprint %s); executor %s; kernels at %s\n", fp, ex, op_isa_name(op_isa()));
+  if (o->engram_map) printf("engram token map: %s\n", o->engram_map);
   printf("prompt %" PRId64 " tokens; generated %d:", n, res->n_tokens);
   for (int i = 0; i < res->n_tokens; i++) printf(" %d", res->tokens[i]);
   printf("\nTTFT %.3f s", res->ttft_s);
@@ -384,6 +391,7 @@ static void report_json(const struct plan *p, const struct ropts *o, const struc
   cJSON_AddStringToObject(j, "flow", res->replay ? "ced" : "dense");
   cJSON_AddStringToObject(j, "weights_fingerprint", fp);
   cJSON_AddNumberToObject(j, "prompt_tokens", (double)n);
+  if (o->engram_map) cJSON_AddStringToObject(j, "engram_map", o->engram_map);
   cJSON *t = cJSON_AddArrayToObject(j, "tokens");
   for (int i = 0; i < res->n_tokens; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(res->tokens[i]));
   cJSON_AddNumberToObject(j, "ttft_s", res->ttft_s);
@@ -570,6 +578,7 @@ int cmd_run(int argc, char **argv) {
   struct rt_engine_opts eo = {.plan = o.plan ? o.plan : o.model ? NULL : cli_default_plan(),
                               .weights = o.weights,
                               .model = o.model,
+                              .tokenizer = o.tokenizer,
                               .seed = o.seed,
                               .exec = {.executor = o.executor,
                                        .workers = o.workers,
@@ -654,6 +663,7 @@ int cmd_run(int argc, char **argv) {
   }
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
+  o.engram_map = e.model.cmap ? e.model.cmap_source : NULL;
   if (o.json)
     report_json(p, &o, &e.weights, n, &res, &b, &pc, drp, ru.ru_maxrss);
   else

@@ -106,7 +106,7 @@ int cmd_tokenize(int argc, char **argv) {
   const char *src = text ? text : argv[optind];
   rc = tok_encode(t, src, text ? len : strlen(src), &ids, &n, &cap);
   if (rc) {
-    fprintf(stderr, "cedar tokenize: out of memory\n");
+    fprintf(stderr, "cedar tokenize: %s\n", rc == CEDAR_EINVAL ? "the text is longer than 512 MiB" : "out of memory");
   } else if (a.json) {
     cJSON *root = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(root, "ids");
     for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));

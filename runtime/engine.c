@@ -16,6 +16,8 @@
 #include "base/check.h"
 #include "runtime/backend.h"
 #include "runtime/pd.h"
+#include "runtime/engram_map.h"
+#include "runtime/tokenizer.h"
 
 /* ---- the steps of an open ------------------------------------------------ */
 
@@ -49,6 +51,8 @@ static int open_weights(struct rt_engine *e, char *err, size_t len) {
 
 static int open_model(struct rt_engine *e, char *err, size_t len) {
   int rc = rt_model_init(&e->model, &e->plan, &e->weights, err, len);
+  if (!rc && e->opts.tokenizer && !(e->tok = tok_load(e->opts.tokenizer, err, len))) rc = CEDAR_EINVAL;
+  if (!rc && e->tok) rc = rt_model_use_tokenizer(&e->model, e->tok, e->opts.released, err, len);
   if (rc) return rc;
   e->pools = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*e->pools));
   return rt_kv_pools_init(e->pools, &e->plan, err, len);
@@ -172,6 +176,7 @@ void rt_engine_close(struct rt_engine *e) {
   if (e->pools) rt_kv_pools_free(e->pools, e->plan.n_layers);
   free(e->pools);
   rt_model_free(&e->model);
+  tok_free(e->tok);
   weights_free(&e->weights);
   plan_free(&e->plan);
   char name[sizeof e->name];

@@ -71,6 +71,12 @@ struct rt_engine_opts {
   uint64_t synth_max_bytes;  /* synthetic weights refused above this; 0: WEIGHTS_DEFAULT_MAX_BYTES */
   struct rt_engine_exec exec;
   struct rt_engine_cache cache;
+  /* A tokenizer.json, or NULL: the Engram token map comes from it
+   * (runtime/engram_map.h) when its size fits the plan; a released
+   * checkpoint (released true) must fit. Without one the map is id mod
+   * compressed_vocab, and model.cmap_source says which. */
+  const char *tokenizer;
+  bool released;
   /* Where the details of a failed step go, when not NULL (the caller frees
    * them): every diagnostic of a plan that did not load, every problem of a
    * weights file that does not match the plan. */
@@ -101,6 +107,7 @@ struct rt_engine {
   struct plan plan;
   struct weights weights;
   struct rt_model model;        /* model.p == &plan */
+  struct tokenizer *tok;        /* opts.tokenizer loaded, or NULL */
   struct rt_kv_pool *pools;     /* (PLAN_MAX_LAYERS) by source layer */
   struct pc_cache *cache;       /* or NULL */
   struct dt_tier *disk;         /* or NULL; cache->disk when set */

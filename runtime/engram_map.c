@@ -9,6 +9,8 @@
 #include <xxhash.h>
 
 #include "base/check.h"
+#include "base/log.h"
+#include "runtime/model.h"
 #include "runtime/tokenizer.h"
 
 /* Unicode's White_Space property (PropList.txt): what Rust's str::trim and
@@ -155,4 +157,25 @@ int rt_engram_map_build(const struct tokenizer *t, int32_t **map, int *n_ids, in
   }
   *map = m, *n_ids = n, *n_distinct = s.n;
   return 0;
+}
+
+int rt_model_use_tokenizer(struct rt_model *M, const struct tokenizer *t, int released, char *err, size_t err_len) {
+  if (!M->cmap) return 0; /* no Engram layer */
+  int32_t *map = NULL;
+  int n = 0, d = 0, rc = rt_engram_map_build(t, &map, &n, &d, err, err_len);
+  if (rc) return rc;
+  int want = M->p->model.engram_compressed_vocab;
+  if (d == want) {
+    rc = rt_model_set_cmap(M, map, n, d, "the tokenizer's normalized token map (Appendix V #18)", err, err_len);
+  } else if (released) {
+    snprintf(err, err_len, "the tokenizer's Engram token map has %d keys but the checkpoint's "
+             "engram_compressed_vocab_size is %d: use the checkpoint's own tokenizer.json", d, want);
+    rc = CEDAR_EINVAL;
+  } else {
+    LOG_WARN("the tokenizer's Engram token map has %d keys, model.engram.compressed_vocab is %d: keeping "
+             "id mod compressed_vocab", d, want);
+    M->cmap_source = "id mod compressed_vocab (the tokenizer's map does not fit this plan)";
+  }
+  free(map);
+  return rc;
 }

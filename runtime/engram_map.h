@@ -38,4 +38,12 @@ char *rt_engram_key(const uint8_t *bytes, size_t n, const char *raw, size_t *len
 int rt_engram_map_build(const struct tokenizer *t, int32_t **map, int *n_ids, int *n_distinct, char *err,
                         size_t err_len);
 
+/* The engine's call: build t's map and give it to M (rt_model_set_cmap)
+ * when its size is model.engram.compressed_vocab. A different size is an
+ * error (CEDAR_EINVAL, err says both sizes) for a released checkpoint
+ * (released true); otherwise M keeps id mod compressed_vocab and a warning
+ * says so. No Engram layer: nothing to do. Returns 0 or a cedar_status. */
+struct rt_model;
+int rt_model_use_tokenizer(struct rt_model *M, const struct tokenizer *t, int released, char *err, size_t err_len);
+
 #endif

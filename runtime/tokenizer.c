@@ -226,6 +226,7 @@ static int longest_added(const struct tokenizer *t, const uint8_t *s, size_t len
 }
 
 int tok_encode(struct tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n, size_t *cap) {
+  if (len > TOK_MAX_TEXT) return CEDAR_EINVAL; /* positions are int32 (the merge heap) after up to 3x repair */
   t->clean_len = 0;
   if (tok_utf8_repair((const uint8_t *)text, len, &t->clean, &t->clean_len, &t->clean_cap)) return CEDAR_ENOMEM;
   const uint8_t *s = (const uint8_t *)t->clean;

@@ -57,9 +57,11 @@ int tok_is_special(const struct tokenizer *t, int id);
  * or NULL for an id with no token. */
 const char *tok_token_string(const struct tokenizer *t, int id);
 
-/* Encode len bytes of text (any bytes) into ids, no BOS/EOS added. *ids is
- * a malloc'ed array of *n ids (realloc'ed from the caller's, may start
- * NULL with *cap 0). Returns 0, or CEDAR_ENOMEM. */
+/* Encode len bytes of text (any bytes, at most TOK_MAX_TEXT) into ids, no
+ * BOS/EOS added. *ids is a malloc'ed array of *n ids (realloc'ed from the
+ * caller's, may start NULL with *cap 0). Returns 0, CEDAR_EINVAL (text
+ * longer than TOK_MAX_TEXT) or CEDAR_ENOMEM. */
+#define TOK_MAX_TEXT ((size_t)1 << 29)
 int tok_encode(struct tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n, size_t *cap);
 
 /* The bytes of one id as the decoder gives them (not necessarily UTF-8 on

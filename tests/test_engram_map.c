@@ -9,14 +9,21 @@
  *     give 99045 keys (issue 13), ids by first appearance, and the whole map
  *     equal to one computed by Python's unicodedata (NFKC, NFD, category
  *     Mn, str.lower, re.sub, str.strip) from the ids' decoded bytes and
- *     token strings, which this test dumps (skipped without python3).
+ *     token strings, which this test dumps (skipped without python3);
+ *   - rt_model_use_tokenizer (the engine's call): the map taken when its
+ *     size is compressed_vocab, refused for a released checkpoint of
+ *     another size, id mod compressed_vocab kept (and said) otherwise.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "base/check.h"
 #include "runtime/engram_map.h"
+#include "runtime/model.h"
 #include "runtime/tokenizer.h"
+#include "scheduler/plan.h"
 #include "tests/harness.h"
 
 static void key_is(const char *text, const char *raw, const char *want) {
@@ -44,6 +51,38 @@ static void check_keys(void) {
   key_is("\xef\xbf\xbd", "\xc3\xaf\xc2\xbf\xc2\xbd", "\xc3\xaf\xc2\xbf\xc2\xbd"); /* U+FFFD itself -> raw */
 }
 
+/* rt_model_use_tokenizer on a model with only the fields it reads: the map
+ * is taken when its size is compressed_vocab (ids past the tokenizer take
+ * the pad's key), refused for a released checkpoint otherwise, and kept as
+ * id mod compressed_vocab with a note for a plan of another size. */
+static void reset_model(struct rt_model *M, struct plan *p, int cvocab) {
+  p->model.vocab = 129280, p->model.engram_compressed_vocab = cvocab, p->model.engram_pad_id = 2;
+  M->p = p;
+  for (int i = 0; i < 129280; i++) M->cmap[i] = i % cvocab;
+  M->cmap_source = "modulo";
+}
+
+static void check_engine_use(const struct tokenizer *t, const int32_t *map, int n) {
+  static struct plan p;
+  struct rt_model M = {0};
+  M.cmap = malloc(sizeof(int32_t) * 129280);
+  char err[512] = "";
+  reset_model(&M, &p, 99045);
+  EXPECT(rt_model_use_tokenizer(&M, t, 1, err, sizeof err) == 0, "the map fits: %s", err);
+  int same = 1;
+  for (int i = 0; i < 129280; i++) same &= M.cmap[i] == (i < n ? map[i] : map[2]);
+  EXPECT(same, "the model's map is the tokenizer's (padding ids take the pad's key)");
+  EXPECT(strstr(M.cmap_source, "tokenizer") != NULL, "the source names the tokenizer: %s", M.cmap_source);
+  reset_model(&M, &p, 99092); /* the release's size: this tokenizer is not V4.1's own */
+  EXPECT(rt_model_use_tokenizer(&M, t, 1, err, sizeof err) == CEDAR_EINVAL && strstr(err, "99045") &&
+             strstr(err, "99092"),
+         "a released checkpoint refuses a map of another size: %s", err);
+  EXPECT(rt_model_use_tokenizer(&M, t, 0, err, sizeof err) == 0 && M.cmap[100000] == 100000 % 99092 &&
+             strstr(M.cmap_source, "id mod"),
+         "a synthetic plan keeps id mod compressed_vocab and says so");
+  free(M.cmap);
+}
+
 static void check_npm(void) {
   const char *path = tok_default_path();
   if (!path) {
@@ -65,8 +104,11 @@ static void check_npm(void) {
     else order &= map[i] >= 0 && map[i] < seen;
   }
   EXPECT(order && seen == d, "ids numbered by first appearance");
+  check_engine_use(t, map, n);
   /* Python's unicodedata, from the same decoded bytes */
-  FILE *f = fopen("/tmp/cedar_engram_map.txt", "w");
+  char dump[64], cmd[4096];
+  snprintf(dump, sizeof dump, "/tmp/cedar_engram_map_%d.txt", (int)getpid()); /* one per process: ctest -j */
+  FILE *f = fopen(dump, "w");
   for (int i = 0; f && i < n; i++) {
     size_t l;
     const uint8_t *b = tok_id_bytes(t, i, &l);
@@ -80,7 +122,7 @@ static void check_npm(void) {
       "/usr/bin/python3 -c '\n"
       "import unicodedata, re\n"
       "keys = {}; bad = 0; n = 0\n"
-      "for line in open(\"/tmp/cedar_engram_map.txt\"):\n"
+      "for line in open(\"%s\"):\n"
       "    a, b, c = line.split(\" \")\n"
       "    text = bytes.fromhex(a).decode(\"utf-8\", \"replace\")\n"
       "    if \"\\ufffd\" in text: k = bytes.fromhex(b).decode(\"utf-8\")\n"
@@ -92,7 +134,8 @@ static void check_npm(void) {
       "    bad += keys.setdefault(k, len(keys)) != int(c); n += 1\n"
       "print(n, len(keys), bad)\n"
       "' 2>&1";
-  FILE *p = popen(py, "r");
+  snprintf(cmd, sizeof cmd, py, dump);
+  FILE *p = popen(cmd, "r");
   int pn = -1, pd = -1, pbad = -1;
   if (p && fscanf(p, "%d %d %d", &pn, &pd, &pbad) == 3) {
     EXPECT(pn == n && pd == d && pbad == 0, "Python's unicodedata: %d ids, %d keys, %d ids mapped differently", pn,
@@ -102,7 +145,7 @@ static void check_npm(void) {
     printf("SKIP part: python3 did not run the cross-check\n");
   }
   if (p) pclose(p);
-  remove("/tmp/cedar_engram_map.txt");
+  remove(dump);
   free(map);
   tok_free(t);
 }

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ops/engram.h"
 #include "ops/np_random.h"
@@ -35,11 +36,14 @@ int main(void) {
            "  for l in range(%d):\n"
            "    print(*(np.random.default_rng(10007*l).integers(0,(I//vc)//2,size=4,dtype=np.int64)*2+1))\n",
            N_LAYERS);
-  FILE *f = fopen("/tmp/cedar_np_random_check.py", "w");
+  char path[64], cmd[128];
+  snprintf(path, sizeof path, "/tmp/cedar_np_random_%d.py", (int)getpid()); /* one per process: ctest -j */
+  snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s 2>/dev/null", path);
+  FILE *f = fopen(path, "w");
   if (!f) return fprintf(stderr, "cannot write the numpy script\n"), 1;
   fputs(script, f);
   fclose(f);
-  FILE *p = popen("/usr/bin/python3 /tmp/cedar_np_random_check.py 2>/dev/null", "r");
+  FILE *p = popen(cmd, "r");
   if (!p) return fprintf(stderr, "SKIP: no python3\n"), 77;
   static const uint64_t seeds[N_SEEDS] = {0, 1, 10007, 140098, (1ull << 40) + 3};
   int lines = 0;
@@ -67,7 +71,7 @@ int main(void) {
       lines++;
     }
   int rc = pclose(p);
-  remove("/tmp/cedar_np_random_check.py");
+  remove(path);
   if (lines == 0) return fprintf(stderr, "SKIP: python3 with numpy not available (rc %d)\n", rc), 77;
   EXPECT(lines == 2 * N_SEEDS + N_VC * N_LAYERS, "read %d of %d numpy lines", lines, 2 * N_SEEDS + N_VC * N_LAYERS);
   printf("np_random: %d numpy lines compared\n", lines);

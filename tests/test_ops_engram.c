@@ -207,11 +207,10 @@ static void check_multipliers(void) {
   EXPECT(memcmp(m, m2, sizeof m) != 0, "layers 1 and 14 get different multipliers");
 }
 
-/* Python's a % p for p > 0, from floor division written out. */
+/* Python's a % p for p > 0, in 128-bit arithmetic (no overflow at INT64_MIN). */
 static int64_t pymod(int64_t a, int64_t p) {
-  int64_t q = a / p;
-  if ((a % p != 0) && (a < 0)) q -= 1;
-  return a - q * p;
+  __int128 r = (__int128)a % p;
+  return (int64_t)(r < 0 ? r + p : r);
 }
 
 /* The vendor's signed arithmetic (Appendix V #18, issue 13's held-out check):

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/check.h"
 #include "runtime/tokenizer.h"
@@ -94,8 +95,10 @@ static void expect_ids(struct tokenizer *t, const char *text, size_t len, const 
 }
 
 static void check_small(void) {
-  char err[512];
-  struct tokenizer *t = tok_load(write_small("/tmp/cedar_tok_small.json", NULL), err, sizeof err);
+  char err[512], small[64], bad[64];
+  snprintf(small, sizeof small, "/tmp/cedar_tok_small_%d.json", (int)getpid()); /* one per process: ctest -j */
+  snprintf(bad, sizeof bad, "/tmp/cedar_tok_bad_%d.json", (int)getpid());
+  struct tokenizer *t = tok_load(write_small(small, NULL), err, sizeof err);
   EXPECT(t != NULL, "small tokenizer loads: %s", t ? "" : err);
   if (!t) return;
   EXPECT(tok_n_ids(t) == 264, "ids %d", tok_n_ids(t));
@@ -134,17 +137,17 @@ static void check_small(void) {
                 {"decoder", "decoder: type Metaspace"},
                 {"lstrip", "lstrip true"}};
   for (size_t i = 0; i < sizeof refuse / sizeof refuse[0]; i++) {
-    t = tok_load(write_small("/tmp/cedar_tok_small.json", refuse[i].patch), err, sizeof err);
+    t = tok_load(write_small(small, refuse[i].patch), err, sizeof err);
     EXPECT(!t && strstr(err, refuse[i].want), "refuse %s: got '%s'", refuse[i].patch, t ? "(loaded)" : err);
     tok_free(t);
   }
-  remove("/tmp/cedar_tok_small.json");
+  remove(small);
   EXPECT(!tok_load("/nonexistent/tokenizer.json", err, sizeof err) && strstr(err, "cannot open"), "missing file");
-  FILE *f = fopen("/tmp/cedar_tok_bad.json", "w");
+  FILE *f = fopen(bad, "w");
   fputs("{\"model\": [", f);
   fclose(f);
-  EXPECT(!tok_load("/tmp/cedar_tok_bad.json", err, sizeof err) && strstr(err, "not valid JSON"), "bad JSON: %s", err);
-  remove("/tmp/cedar_tok_bad.json");
+  EXPECT(!tok_load(bad, err, sizeof err) && strstr(err, "not valid JSON"), "bad JSON: %s", err);
+  remove(bad);
 }
 
 static void check_repair(void) {

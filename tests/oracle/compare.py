@@ -578,7 +578,7 @@ def self_test(plan_path, weights, oracle_path, work, full=False, log=print):
          lambda d: d.__setitem__('L20.indexer_k', np.roll(d['L20.indexer_k'], 1, 0))),
         ('L5 ring positions + 1', False, lambda d: d['L5.swa_pos'].__iadd__(1)),
         ('no decode.logits', False, lambda d: d.pop('decode.logits')),
-        ('Engram hash as signed int64', False, {'steps': S, 'opts': {'hash_mod': 'signed_floor'}}),
+        ('Engram multipliers from splitmix64', False, {'steps': S, 'opts': {'multipliers': 'splitmix64'}}),
 
         ('no qI MXFP4 round trip', None, {'steps': S, 'tweak': ('q_mxfp4', False)}),
         ('newest pool block not pinned', None, {'steps': S, 'tweak': ('pin', False)}),

@@ -140,9 +140,27 @@ def splitmix64_stream(seed, n):
     return out
 
 
-def engram_multipliers(seed, layer, n):
-    """docs/model.md s5: multipliers splitmix64(seed + 10007 l), made odd."""
+def engram_multipliers_splitmix64(seed, layer, n):
+    """cedar's older scheme (plan `multipliers: splitmix64`): splitmix64(seed + 10007 l), made odd."""
     return [m | 1 for m in splitmix64_stream(seed + 10007 * layer, n)]
+
+
+def engram_multipliers(layer, n, compressed_vocab):
+    """Appendix V #18, the vendor's: numpy's own default_rng(10007 l) (PCG64
+    seeded through SeedSequence), integers(0, (INT64_MAX // Vc) // 2, n,
+    int64) * 2 + 1 with Vc the compressed vocabulary. Returned as uint64 bit
+    patterns (all are positive here)."""
+    hi = (np.iinfo(np.int64).max // int(compressed_vocab)) // 2
+    m = np.random.default_rng(10007 * layer).integers(0, hi, size=n, dtype=np.int64) * 2 + 1
+    return [int(x) & MASK64 for x in m]
+
+
+def engram_row(h, prime, hash_mod):
+    """One hash (uint64 bits of the int64 XOR) to a row: Appendix V #18's int64
+    floor modulo ('signed_floor', Python's %), or the older uint64 modulo."""
+    if hash_mod == 'unsigned':
+        return h % np.uint64(prime)
+    return np.mod(h.view(np.int64), np.int64(prime)).astype(np.uint64)
 
 
 def is_prime(n):
@@ -296,11 +314,14 @@ class PrefillResult:
 
 class Oracle:
     """Options (readings where docs/model.md leaves a choice; README.md):
-    hash_mod: 'unsigned' (default) -- the 64-bit XOR hash is an unsigned
-        integer mod the prime; 'signed_floor' -- int64, floor modulo.
+    hash_mod: 'signed_floor' (default, Appendix V #18) -- the XOR hash is an
+        int64, floor modulo the prime; 'unsigned' -- uint64 modulo (older).
+    multipliers: None (the plan's model.engram.multipliers, default 'numpy')
+        or 'numpy' / 'splitmix64' to override it.
     query_block: queries per attention/indexer block (memory only)."""
 
-    def __init__(self, plan_path, weights_path, hash_mod='unsigned', query_block=256, keep_buses=False):
+    def __init__(self, plan_path, weights_path, hash_mod='signed_floor', query_block=256, keep_buses=False,
+                 multipliers=None):
         self.plan = P.Plan(plan_path)
         self.w = Weights(weights_path, self.plan)
         if hash_mod not in ('unsigned', 'signed_floor'):
@@ -347,7 +368,13 @@ class Oracle:
         eg = [L['at'] for L in self.plan.layers if L['engram']]
         self.primes = engram_primes(m, eg)
         e = m['engram']
-        self.mult = {l: engram_multipliers(int(e['seed']), l, max(e['orders'])) for l in eg}
+        scheme = multipliers or e.get('multipliers', 'numpy')
+        if scheme not in ('numpy', 'splitmix64'):
+            raise ValueError('model.engram.multipliers %r' % scheme)
+        if scheme == 'numpy':
+            self.mult = {l: engram_multipliers(l, max(e['orders']), e['compressed_vocab']) for l in eg}
+        else:
+            self.mult = {l: engram_multipliers_splitmix64(int(e.get('seed', 0)), l, max(e['orders'])) for l in eg}
         self.reset()
 
     # ------------------------------------------------------------ state
@@ -443,6 +470,7 @@ class Oracle:
         e = self.m['engram']
         hd, cv, pad = e['head_dim'], int(e['compressed_vocab']), int(e['pad_id'])
         toks = np.array(self.tokens, dtype=np.int64) % cv          # compressed ids (synthetic cmap)
+        pad = pad % cv                                             # pad = map[engram_pad_token_id]
         mult = [np.uint64(m) for m in self.mult[l]]
         table = self.w('layers.%d.engram.table' % l)
         rows_all = []
@@ -454,10 +482,7 @@ class Oracle:
                 h ^= t * mult[k]
             off = sum(sum(x) for x in self.primes[l][:oi])
             for hi, prime in enumerate(self.primes[l][oi]):
-                if self.hash_mod == 'unsigned':
-                    z = h % np.uint64(prime)
-                else:
-                    z = np.mod(h.view(np.int64), np.int64(prime)).astype(np.uint64)
+                z = engram_row(h, prime, self.hash_mod)
                 rows_all.append(z.astype(np.int64) + off)
                 off += prime
         R = np.stack(rows_all, axis=1)                                  # (nP, orders*heads)
@@ -839,7 +864,7 @@ def main(argv=None):
     ap.add_argument('--steps', type=int, default=0, help='greedy decode steps after the prefill')
     ap.add_argument('--chunk', type=int, default=0, help='prefill chunk (default: the plan\'s)')
     ap.add_argument('--out', help='write logits and caches to this safetensors file')
-    ap.add_argument('--hash-mod', default='unsigned', choices=('unsigned', 'signed_floor'))
+    ap.add_argument('--hash-mod', default='signed_floor', choices=('unsigned', 'signed_floor'))
     a = ap.parse_args(argv)
     txt = open(a.prompt[1:]).read() if a.prompt.startswith('@') else a.prompt
     toks = [int(t) for t in txt.replace('\n', ',').split(',') if t.strip()]

@@ -288,7 +288,7 @@ DEFAULTS = {
         'mhc': {'streams': 4, 'sinkhorn_iters': 20, 'eps': 1e-6, 'pairing': 'v41',
                 'merge': 'carried'},
         'engram': {'orders': [2, 3, 4], 'heads': 8, 'head_dim': 256, 'table_base': 16000000,
-                   'compressed_vocab': 99092, 'pad_id': 2, 'seed': 0},
+                   'compressed_vocab': 99092, 'pad_id': 2, 'multipliers': 'numpy', 'seed': 0},
     },
     'formats': {
         # Appendix V #21 (docs/formats.md): rules 'auto' and floors None are

@@ -432,8 +432,16 @@ def engram_prime_rule_and_multipliers():
     assert (384006168 + 384016682) * 256 == 196613849600
     # SplitMix64 reference vector (seed 0): 0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4
     assert O.splitmix64_stream(0, 2) == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4]
-    m = O.engram_multipliers(0, 14, 4)
+    m = O.engram_multipliers_splitmix64(0, 14, 4)
     assert all(x & 1 for x in m) and m == [x | 1 for x in O.splitmix64_stream(10007 * 14, 4)]
+    # Appendix V #18: numpy default_rng(10007 l) over the compressed vocabulary
+    m = O.engram_multipliers(14, 4, 99092)
+    assert m == [67716810739261, 51510806800915, 30921347202721, 82619226485591], m
+    assert all(x & 1 and x < (2**63 - 1) // 99092 for x in O.engram_multipliers(1, 4, 99092))
+    # the held-out signed check: multipliers [-1, 3], ids [5, pad 2], prime 16000057
+    h = np.array([(5 * (2**64 - 1) ^ 2 * 3) & O.MASK64], np.uint64)
+    assert int(O.engram_row(h, 16000057, 'signed_floor')[0]) == 16000054
+    assert int(O.engram_row(h, 16000057, 'unsigned')[0]) == 9903347
     mini = P.Plan(path(MINI))
     pm = O.engram_primes(mini.model, [1, 14])
     assert pm[1] == [[1009, 1013], [1019, 1021], [1031, 1033]] and pm[14][0] == [1039, 1049]
@@ -685,7 +693,7 @@ def tiny_op_level_rules():
     v2 = e2 / np.linalg.norm(e2, axis=-1, keepdims=True)
     assert np.allclose(v1, v2, atol=1e-12), 'same rows -> same injected value direction'
     o.reset()
-    s = oracle(TINY, hash_mod='signed_floor')
+    s = oracle(TINY, hash_mod='unsigned', multipliers='splitmix64')
     a, b = o.prefill(prompt(10, 97)), s.prefill(prompt(10, 97))
     assert np.isfinite(b.logits).all() and a.logits.shape == b.logits.shape
 
