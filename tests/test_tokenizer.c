@@ -95,9 +95,9 @@ static void expect_ids(struct tokenizer *t, const char *text, size_t len, const 
 }
 
 static void check_small(void) {
-  char err[512], small[64], bad[64];
+  char err[512], small[64], bad_json[64];
   snprintf(small, sizeof small, "/tmp/cedar_tok_small_%d.json", (int)getpid()); /* one per process: ctest -j */
-  snprintf(bad, sizeof bad, "/tmp/cedar_tok_bad_%d.json", (int)getpid());
+  snprintf(bad_json, sizeof bad_json, "/tmp/cedar_tok_bad_%d.json", (int)getpid());
   struct tokenizer *t = tok_load(write_small(small, NULL), err, sizeof err);
   EXPECT(t != NULL, "small tokenizer loads: %s", t ? "" : err);
   if (!t) return;
@@ -143,11 +143,11 @@ static void check_small(void) {
   }
   remove(small);
   EXPECT(!tok_load("/nonexistent/tokenizer.json", err, sizeof err) && strstr(err, "cannot open"), "missing file");
-  FILE *f = fopen(bad, "w");
+  FILE *f = fopen(bad_json, "w");
   fputs("{\"model\": [", f);
   fclose(f);
-  EXPECT(!tok_load(bad, err, sizeof err) && strstr(err, "not valid JSON"), "bad JSON: %s", err);
-  remove(bad);
+  EXPECT(!tok_load(bad_json, err, sizeof err) && strstr(err, "not valid JSON"), "bad JSON: %s", err);
+  remove(bad_json);
 }
 
 static void check_repair(void) {
