@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #include "base/check.h"
 #include "runtime/backend.h"
 #include "runtime/pd.h"
@@ -49,10 +51,25 @@ static int open_weights(struct rt_engine *e, char *err, size_t len) {
   return weights_synth(&e->weights, &e->plan, o->seed, max, err, len);
 }
 
+/* The tokenizer whose Engram token map the model takes: the one given, else
+ * a released checkpoint's own DIR/tokenizer.json when it has one. A map from
+ * a checkpoint's tokenizer (or any tokenizer given with --model) must fit
+ * its config's compressed vocabulary. */
+static int open_tokenizer(struct rt_engine *e, char *err, size_t len) {
+  const char *path = e->opts.tokenizer;
+  char own[4096];
+  if (!path && e->opts.model) {
+    int n = snprintf(own, sizeof own, "%s/tokenizer.json", e->opts.model);
+    if (n > 0 && (size_t)n < sizeof own && access(own, F_OK) == 0) path = own;
+  }
+  if (!path) return 0;
+  if (!(e->tok = tok_load(path, err, len))) return CEDAR_EINVAL;
+  return rt_model_use_tokenizer(&e->model, e->tok, e->opts.released || e->opts.model, err, len);
+}
+
 static int open_model(struct rt_engine *e, char *err, size_t len) {
   int rc = rt_model_init(&e->model, &e->plan, &e->weights, err, len);
-  if (!rc && e->opts.tokenizer && !(e->tok = tok_load(e->opts.tokenizer, err, len))) rc = CEDAR_EINVAL;
-  if (!rc && e->tok) rc = rt_model_use_tokenizer(&e->model, e->tok, e->opts.released, err, len);
+  if (!rc) rc = open_tokenizer(e, err, len);
   if (rc) return rc;
   e->pools = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*e->pools));
   return rt_kv_pools_init(e->pools, &e->plan, err, len);
