@@ -51,12 +51,14 @@ static const char usage[] =
     "                    `cedar weights init` makes them; also seeds sampling\n"
     "  --prompt TEXT     tokenized byte by byte (ids 0-255; no real tokenizer is loaded yet)\n"
     "  --tokens LIST     comma-separated token ids\n"
-    "  --prompt-len N    the built-in text repeated to N tokens (byte tokens)\n"
+    "  --prompt-len N    the built-in text repeated to N tokens (byte tokens); the prompt plus\n"
+    "                    --max-new may not pass the plan's positions (model.rope.csa: 1M for V4.1)\n"
     "                    (default: the built-in text, %zu tokens)\n"
     "  --max-new N       tokens to generate (default 16); the first comes from the prefill\n"
     "  --chunk C         prefill chunk in tokens (default serving.prefill_chunk)\n"
     "  --replay R        decoder replay length (default serving.replay.decoder)\n"
-    "  --temperature T   0 = greedy (default); with --top-p P in (0, 1]\n"
+    "  --temperature T   0 = greedy (default); T > 0 samples, with --top-p P in (0, 1]\n"
+    "                    (--top-p without T > 0 is refused)\n"
     "  --exact-replay    also prefill with the decoder replaying every prompt position and\n"
     "                    report the drift of bounded replay against it\n"
     "  --dump FILE       write logits of every prefill position that ran through every layer,\n"
@@ -113,6 +115,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
   o->top_p = 1.0f;
   o->executor = RT_EXEC_STARPU;
   int c, given = 0;
+  bool top_p_given = false;
   int64_t v;
   optind = 1;
   opterr = 0;
@@ -148,6 +151,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
     case 'P':
       if (!parse_f(optarg, &o->top_p) || !(o->top_p > 0 && o->top_p <= 1))
         return cli_usage_error("run", "--top-p takes P in (0, 1]");
+      top_p_given = true;
       break;
     case 'x': o->exact = true; break;
     case 'd': o->dump = optarg; break;
@@ -170,6 +174,8 @@ static int parse(int argc, char **argv, struct ropts *o) {
   if (optind < argc) return cli_usage_error("run", "unexpected argument '%s'", argv[optind]);
   if (given > 1) return cli_usage_error("run", "give one of --prompt, --tokens, --prompt-len");
   if (o->weights && o->seed) return cli_usage_error("run", "--seed makes synthetic weights; drop it with --weights");
+  if (top_p_given && o->temperature == 0)
+    return cli_usage_error("run", "--top-p needs --temperature T > 0 (greedy decoding, the default, has no nucleus)");
   if (o->executor == RT_EXEC_DIRECT && (o->sched || o->workers || o->trace))
     return cli_usage_error("run", "--sched, --workers and --trace need --executor starpu (the direct executor runs "
                                   "on one thread and records no task times)");
@@ -184,8 +190,11 @@ static int make_prompt(const struct ropts *o, int vocab, int32_t **out, int64_t 
     for (const char *s = o->tokens; *s; s++) cap += *s == ',';
     *out = cedar_xmalloc(sizeof(int32_t) * (size_t)cap);
     *n = 0;
-    char *copy = cedar_xstrdup(o->tokens), *save = NULL;
-    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    char *copy = cedar_xstrdup(o->tokens);
+    /* every item between commas is an id: "1,,2" and "1," are refused (strtok would skip the empty ones) */
+    for (char *t = copy, *next; t; t = next) {
+      next = strchr(t, ',');
+      if (next) *next++ = 0;
       int64_t v;
       if (!cli_parse_int(t, 0, vocab - 1, &v)) {
         snprintf(err, len, "--tokens: '%s' (item %lld) is not a token id in [0, %d)", t, (long long)*n + 1, vocab);
@@ -252,7 +261,21 @@ struct prompt {
 
 static int prompt_on_plan(void *user, const struct plan *p, char *err, size_t len) {
   struct prompt *q = user;
-  return make_prompt(q->o, p->model.vocab, &q->ids, &q->n, err, len);
+  /* the prompt and the tokens to generate must fit the positions the plan's RoPE covers (checked before the
+   * prompt is made: --prompt-len 2e9 would otherwise allocate gigabytes first) */
+  int64_t n = q->o->prompt_len ? q->o->prompt_len : 0, max = plan_max_positions(p);
+  if (n + q->o->max_new > max) {
+    snprintf(err, len, "--prompt-len %lld plus --max-new %d is more than the %lld positions plan %s holds "
+             "(model.rope.csa)", (long long)n, q->o->max_new, (long long)max, p->name);
+    return CEDAR_EINVAL;
+  }
+  int rc = make_prompt(q->o, p->model.vocab, &q->ids, &q->n, err, len);
+  if (!rc && q->n + q->o->max_new > max) {
+    snprintf(err, len, "a prompt of %lld tokens plus --max-new %d is more than the %lld positions plan %s holds "
+             "(model.rope.csa)", (long long)q->n, q->o->max_new, (long long)max, p->name);
+    return CEDAR_EINVAL;
+  }
+  return rc;
 }
 
 /* Each step's failure worded as `cedar run` always has. */
