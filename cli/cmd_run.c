@@ -1,6 +1,6 @@
 /* cmd_run.c: `cedar run`, the main job: a prompt in, tokens out, through the
- * graph compiled from the plan, on the StarPU executor (default) or the
- * direct one (runtime/engine.h opens plan, weights, model, pools and the
+ * graph compiled from the plan, on the direct executor (default) or the
+ * StarPU one (runtime/engine.h opens plan, weights, model, pools and the
  * executor; runtime/generate.h runs the request).
  *
  * Prints the generated ids, TTFT, first and steady ITL, token-layers, bytes
@@ -64,14 +64,16 @@ static const char usage[] =
     "  --dump FILE       write logits of every prefill position that ran through every layer,\n"
     "                    decode logits, tokens and caches as safetensors\n"
     "  --json            print the report as one JSON object\n"
-    "  --executor E      starpu (default): one StarPU task per graph node on CPU workers, in\n"
-    "                    parallel where the graph's edges allow; direct: one thread, graph\n"
-    "                    order. Both give the same bits.\n"
+    "  --executor E      direct (default): one thread, graph order, no per-task cost (a single\n"
+    "                    request decodes fastest on it: docs/runtime.md); starpu: one StarPU task\n"
+    "                    per graph node on CPU workers, in parallel where the graph's edges\n"
+    "                    allow. Both give the same bits.\n"
     "  --sched NAME      StarPU scheduling policy (eager, lws, dmda, prio, ...; default\n"
-    "                    STARPU_SCHED, else StarPU's own)\n"
-    "  --workers N       StarPU CPU workers (default STARPU_NCPU, else one per core)\n"
+    "                    STARPU_SCHED, else StarPU's own); selects --executor starpu\n"
+    "  --workers N       StarPU CPU workers (default STARPU_NCPU, else one per core); selects starpu\n"
     "  --trace FILE      write every task that ran (prefill and decode steps) as Chrome Trace\n"
-    "                    Event JSON: one track per worker (opens in Perfetto and speedscope)\n"
+    "                    Event JSON: one track per worker (opens in Perfetto and speedscope);\n"
+    "                    selects --executor starpu\n"
     "  --dot FILE        write the prefill graph that ran as Graphviz DOT\n"
     "A prefill longer than a second shows a progress bar on stderr when stderr is a terminal.\n";
 
@@ -113,7 +115,8 @@ static int parse(int argc, char **argv, struct ropts *o) {
   o->max_new = 16;
   o->replay = -1;
   o->top_p = 1.0f;
-  o->executor = RT_EXEC_STARPU;
+  o->executor = RT_EXEC_DIRECT; /* a single request decodes fastest on it (docs/runtime.md, "Which executor") */
+  bool executor_given = false;
   int c, given = 0;
   bool top_p_given = false;
   int64_t v;
@@ -159,6 +162,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
     case 'E':
       if (!rt_executor_parse(optarg, &o->executor))
         return cli_usage_error("run", "--executor takes direct or starpu (got '%s')", optarg);
+      executor_given = true;
       break;
     case 'S': o->sched = optarg; break;
     case 'W':
@@ -176,6 +180,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
   if (o->weights && o->seed) return cli_usage_error("run", "--seed makes synthetic weights; drop it with --weights");
   if (top_p_given && o->temperature == 0)
     return cli_usage_error("run", "--top-p needs --temperature T > 0 (greedy decoding, the default, has no nucleus)");
+  if (!executor_given && (o->sched || o->workers || o->trace)) o->executor = RT_EXEC_STARPU; /* they are StarPU's */
   if (o->executor == RT_EXEC_DIRECT && (o->sched || o->workers || o->trace))
     return cli_usage_error("run", "--sched, --workers and --trace need --executor starpu (the direct executor runs "
                                   "on one thread and records no task times)");
