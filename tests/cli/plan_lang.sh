@@ -48,7 +48,7 @@ printf 'extends: %s\nname: ov\nlayer_overrides:\n  - {at: 2, mode: swa_only, rat
 "$cedar" plan show "$tmp/ov2.yaml" > "$tmp/show" 2>&1 || { cat "$tmp/show" >&2; fail "ratio: null does not unset"; }
 grep -Eq '^L2 +encoder +swa_only' "$tmp/show" || fail "layer 2 is not swa_only after the override"
 printf 'extends: %s\nname: ov\nlayer_overrides:\n  - {at: 2, ratio: 0}\n' "$base" > "$tmp/ov3.yaml"
-expect 1 "ov3.yaml:4:17: error" -- "$cedar" plan check "$tmp/ov3.yaml"
+expect 1 "ov3.yaml:4:20: error: .ratio. = 0 is out of range" -- "$cedar" plan check "$tmp/ov3.yaml"
 
 # ---- row 13 -----------------------------------------------------------------
 printf 'extends: %s\n' "$base" > "$tmp/child-plan.yaml"
@@ -59,9 +59,9 @@ $py -c "import json,sys; assert json.load(open(sys.argv[1]))['plan'] == 'child-p
 
 # ---- row 14 -----------------------------------------------------------------
 flash=plans/v41-flash.yaml
-expect 2 "ends inside a ratio-2 group of layer 2.*give --hit 0" -- "$cedar" plan cost $flash --prompt 100 --hit 33
-expect 1 "ends inside a ratio-2 group of layer 2.*give --hit 0" -- "$cedar" graph show --plan $flash --prompt-len 100 --hit 33
-expect 2 "ends inside a ratio-2 group" -- "$cedar" plan cost $flash --prompt 100 --hit 33 --swa-miss
+expect 1 "ends inside a ratio-2 group of layer 2.*give --hit 32" -- "$cedar" plan cost $flash --prompt 100 --hit 33
+expect 1 "ends inside a ratio-2 group of layer 2.*give --hit 32" -- "$cedar" graph show --plan $flash --prompt-len 100 --hit 33
+expect 1 "ends inside a ratio-2 group" -- "$cedar" plan cost $flash --prompt 100 --hit 33 --swa-miss
 expect 1 "ends inside a ratio-2 group" -- "$cedar" graph show --plan $flash --prompt-len 100 --hit 33 --swa-miss
 "$cedar" plan cost $flash --prompt 100 --hit 33 --swa-hit > /dev/null || fail "plan cost --swa-hit"
 "$cedar" graph show --plan $flash --prompt-len 100 --hit 33 --swa-hit > /dev/null || fail "graph show --swa-hit"
@@ -94,8 +94,10 @@ printf 'extends: %s\n' "$base" > /dev/null
 "$cedar" weights init --plan $tiny --seed 1 --out "$tmp/w.st" > /dev/null
 expect 2 "--out .* is the --in file" -- "$cedar" op rmsnorm --in "$tmp/w.st" --out "$tmp/w.st"
 printf '{"id": "a", "session": "s", "tokens": [1, 2], "max_new": 1}\n' > "$tmp/req.jsonl"
-"$cedar" serve-sim --plan $tiny --requests "$tmp/req.jsonl" --cache-bytes 1K --executor direct > /dev/null \
-  || fail "--cache-bytes 1K"
+expect 1 "a prefix cache of 1024 bytes cannot hold one block" -- \
+  "$cedar" serve-sim --plan $tiny --requests "$tmp/req.jsonl" --cache-bytes 1K --executor direct
+"$cedar" serve-sim --plan $tiny --requests "$tmp/req.jsonl" --cache-bytes 1M --executor direct > /dev/null \
+  || fail "--cache-bytes 1M"
 # a fingerprint edited in place (same length), tensors untouched
 $py - "$tmp/w.st" <<'PY'
 import sys
