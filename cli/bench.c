@@ -275,8 +275,10 @@ void bench_print_table(FILE *f, const struct bench_meta *m, const struct bench_p
   cpu_model(cpu, sizeof cpu);
   fprintf(f, "plan %s (%s): chunk rows n=%d positions, S=%d queries for indexer_scan, reindex, sparse_attn\n",
           m->plan_name, m->plan_file, m->chunk, m->scan_chunk);
-  fprintf(f, "machine: %ld CPUs online, %s; BLAS on 1 thread; cedar's kernels at %s (CEDAR_ISA)\n",
-          sysconf(_SC_NPROCESSORS_ONLN), cpu, op_isa_name(op_isa()));
+  char core[128];
+  bench_blas_core(core, sizeof core);
+  fprintf(f, "machine: %ld CPUs online, %s; BLAS %s on 1 thread; cedar's kernels at %s (CEDAR_ISA)\n",
+          sysconf(_SC_NPROCESSORS_ONLN), cpu, core, op_isa_name(op_isa()));
   fprintf(f, "peak sgemm %dx%dx%d: %.1f GFLOP/s (best %.2f ms)\n", p->gemm_n, p->gemm_n, p->gemm_n,
           p->gemm_flops * 1e-9, p->gemm_s * 1e3);
   fprintf(f, "peak memcpy %zu MiB: %.1f GB/s counting read + write (best %.2f ms)\n", p->copy_bytes >> 20,
@@ -349,9 +351,25 @@ cJSON *bench_json(const struct bench_meta *m, const struct bench_peaks *p, const
   cJSON_AddNumberToObject(mach, "nproc", (double)sysconf(_SC_NPROCESSORS_ONLN));
   cJSON_AddStringToObject(mach, "cpu", cpu);
   cJSON_AddStringToObject(mach, "isa", op_isa_name(op_isa()));
+  bench_blas_json(mach);
   cJSON_AddItemToObject(o, "peaks", json_peaks(p));
   cJSON *notes = cJSON_AddArrayToObject(o, "bounds"), *ops = cJSON_AddArrayToObject(o, "ops");
   for (int i = 0; m->notes[i]; i++) cJSON_AddItemToArray(notes, cJSON_CreateString(m->notes[i]));
   for (int i = 0; i < n; i++) cJSON_AddItemToArray(ops, json_row(p, &rows[i]));
   return o;
+}
+
+void bench_blas_core(char *buf, size_t len) {
+  const char *env = getenv("OPENBLAS_CORETYPE");
+  snprintf(buf, len, "OpenBLAS core %s (OPENBLAS_CORETYPE%s%s)", openblas_get_corename(), env ? "=" : " unset",
+           env ? env : "");
+}
+
+void bench_blas_json(cJSON *machine) {
+  const char *env = getenv("OPENBLAS_CORETYPE");
+  cJSON_AddStringToObject(machine, "blas_core", openblas_get_corename());
+  if (env)
+    cJSON_AddStringToObject(machine, "openblas_coretype", env);
+  else
+    cJSON_AddNullToObject(machine, "openblas_coretype");
 }

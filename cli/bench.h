@@ -129,4 +129,13 @@ void bench_kv_init(struct bench_kv *k, int64_t n, int page_entries, int main_w, 
                    int idx_w, struct op_kv_format idx_fmt, uint64_t *rng);
 void bench_kv_free(struct bench_kv *k);
 
+/* The BLAS core in use, for every benchmark's header (issue 18): what
+ * OpenBLAS reports (openblas_get_corename) and OPENBLAS_CORETYPE, which
+ * forces a core (on some machines one that halves sgemm):
+ * "OpenBLAS core Haswell (OPENBLAS_CORETYPE unset)". The JSON form adds
+ * blas_core and openblas_coretype (null when unset) to a machine object. */
+void bench_blas_core(char *buf, size_t len);
+struct cJSON;
+void bench_blas_json(struct cJSON *machine);
+
 #endif

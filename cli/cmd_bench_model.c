@@ -24,6 +24,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli/bench.h"
 #include "ops/basic.h"
 #include "ops/isa.h"
 #include "base/check.h"
@@ -327,9 +328,11 @@ static void print_compare_text(const struct result *r, int n_plans, const struct
 }
 
 static void print_text(const struct result *r, int n_plans, const struct bench *B) {
+  char core[128];
+  bench_blas_core(core, sizeof core);
   printf("cold prefill of %" PRId64 " tokens, then %" PRId64 " decode steps%s%s; minimum of %d interleaved run%s; "
-         "kernels at %s (CEDAR_ISA)\n\n", B->n, B->steps, B->sched ? "; StarPU policy " : "", B->sched ? B->sched : "",
-         B->repeat, B->repeat > 1 ? "s" : "", op_isa_name(op_isa()));
+         "kernels at %s (CEDAR_ISA); BLAS %s\n\n", B->n, B->steps, B->sched ? "; StarPU policy " : "",
+         B->sched ? B->sched : "", B->repeat, B->repeat > 1 ? "s" : "", op_isa_name(op_isa()), core);
   printf("%-16s %-10s %10s %14s %10s %10s %12s %12s\n", "plan", "executor", "prefill s", "token-layers", "time/1st",
          "tl/1st", "decode tok/s", "ITL ms");
   const struct rt_gen_result *first = &r[0].res[0];
@@ -396,6 +399,7 @@ static void print_json(const struct result *r, int n_plans, const struct bench *
   cJSON *j = cJSON_CreateObject();
   cJSON_AddNumberToObject(j, "prompt_len", (double)B->n);
   cJSON_AddNumberToObject(j, "decode_steps", (double)B->steps);
+  bench_blas_json(cJSON_AddObjectToObject(j, "machine"));
   cJSON *ce = cJSON_AddObjectToObject(j, "ceiling");
   cJSON_AddNumberToObject(ce, "one_thread_s", B->ceiling_t1);
   cJSON_AddNumberToObject(ce, "two_threads_s", B->ceiling_t2);

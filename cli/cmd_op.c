@@ -14,6 +14,7 @@
 #include <cJSON.h>
 #include <errno.h>
 #include <getopt.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,6 +221,11 @@ int cmd_op(int argc, char **argv) {
     return help ? 0 : 2;
   }
   if (!in || !out) return cli_usage_error("op", "%s needs --in and --out", d->name);
+  struct stat si, so;
+  if (!stat(in, &si) && !stat(out, &so) && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+    return cli_usage_error("op", "--out %s is the --in file: the outputs would replace the inputs; name another file",
+                           out);
+  if (cli_check_out("op", "--out", out)) return 1;
   rc = run_op(d, &c, in, out, json);
   ctx_free(&c);
   return rc;

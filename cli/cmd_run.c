@@ -1,6 +1,6 @@
 /* cmd_run.c: `cedar run`, the main job: a prompt in, tokens out, through the
- * graph compiled from the plan, on the StarPU executor (default) or the
- * direct one (runtime/engine.h opens plan, weights, model, pools and the
+ * graph compiled from the plan, on the direct executor (default) or the
+ * StarPU one (runtime/engine.h opens plan, weights, model, pools and the
  * executor; runtime/generate.h runs the request).
  *
  * Prints the generated ids, TTFT, first and steady ITL, token-layers, bytes
@@ -54,30 +54,36 @@ static const char usage[] =
     "                    checked against it; its tensors are the weights\n"
     "  --seed S          without --weights: synthetic weights from seed S (default 0), as\n"
     "                    `cedar weights init` makes them; also seeds sampling\n"
-    "  --prompt TEXT     tokenized byte by byte (ids 0-255; no real tokenizer is loaded yet)\n"
+    "  --prompt TEXT     tokenized byte by byte (ids 0-255; the DeepSeek tokenizer is not wired into\n"
+    "                    run yet: `cedar tokenize TEXT` prints its ids for --tokens)\n"
     "  --tokens LIST     comma-separated token ids\n"
     "  --tokenizer PATH  a tokenizer.json: the Engram token map comes from it (Appendix V #18) when\n"
     "                    its key count is model.engram.compressed_vocab (else id mod compressed_vocab,\n"
-    "                    with a warning); the report names the map in use\n"
-    "  --prompt-len N    the built-in text repeated to N tokens (byte tokens)\n"
+    "                    with a warning; with --model a mismatch is an error, and DIR/tokenizer.json\n"
+    "                    is the default); the report names the map in use\n"
+    "  --prompt-len N    the built-in text repeated to N tokens (byte tokens); the prompt plus\n"
+    "                    --max-new may not pass the plan's positions (model.rope.csa: 1M for V4.1)\n"
     "                    (default: the built-in text, %zu tokens)\n"
     "  --max-new N       tokens to generate (default 16); the first comes from the prefill\n"
     "  --chunk C         prefill chunk in tokens (default serving.prefill_chunk)\n"
     "  --replay R        decoder replay length (default serving.replay.decoder)\n"
-    "  --temperature T   0 = greedy (default); with --top-p P in (0, 1]\n"
+    "  --temperature T   0 = greedy (default); T > 0 samples, with --top-p P in (0, 1]\n"
+    "                    (--top-p without T > 0 is refused)\n"
     "  --exact-replay    also prefill with the decoder replaying every prompt position and\n"
     "                    report the drift of bounded replay against it\n"
     "  --dump FILE       write logits of every prefill position that ran through every layer,\n"
     "                    decode logits, tokens and caches as safetensors\n"
     "  --json            print the report as one JSON object\n"
-    "  --executor E      starpu (default): one StarPU task per graph node on CPU workers, in\n"
-    "                    parallel where the graph's edges allow; direct: one thread, graph\n"
-    "                    order. Both give the same bits.\n"
+    "  --executor E      direct (default): one thread, graph order, no per-task cost (a single\n"
+    "                    request decodes fastest on it: docs/runtime.md); starpu: one StarPU task\n"
+    "                    per graph node on CPU workers, in parallel where the graph's edges\n"
+    "                    allow. Both give the same bits.\n"
     "  --sched NAME      StarPU scheduling policy (eager, lws, dmda, prio, ...; default\n"
-    "                    STARPU_SCHED, else StarPU's own)\n"
-    "  --workers N       StarPU CPU workers (default STARPU_NCPU, else one per core)\n"
+    "                    STARPU_SCHED, else StarPU's own); selects --executor starpu\n"
+    "  --workers N       StarPU CPU workers (default STARPU_NCPU, else one per core); selects starpu\n"
     "  --trace FILE      write every task that ran (prefill and decode steps) as Chrome Trace\n"
-    "                    Event JSON: one track per worker (opens in Perfetto and speedscope)\n"
+    "                    Event JSON: one track per worker (opens in Perfetto and speedscope);\n"
+    "                    selects --executor starpu\n"
     "  --dot FILE        write the prefill graph that ran as Graphviz DOT\n"
     "A prefill longer than a second shows a progress bar on stderr when stderr is a terminal.\n"
     "A plan whose serving.placement puts prefill and decode on different ranks (plans/v41-mini-pd.yaml)\n"
@@ -125,8 +131,10 @@ static int parse(int argc, char **argv, struct ropts *o) {
   o->max_new = 16;
   o->replay = -1;
   o->top_p = 1.0f;
-  o->executor = RT_EXEC_STARPU;
+  o->executor = RT_EXEC_DIRECT; /* a single request decodes fastest on it (docs/runtime.md, "Which executor") */
+  bool executor_given = false;
   int c, given = 0;
+  bool top_p_given = false;
   int64_t v;
   optind = 1;
   opterr = 0;
@@ -164,6 +172,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
     case 'P':
       if (!parse_f(optarg, &o->top_p) || !(o->top_p > 0 && o->top_p <= 1))
         return cli_usage_error("run", "--top-p takes P in (0, 1]");
+      top_p_given = true;
       break;
     case 'x': o->exact = true; break;
     case 'd': o->dump = optarg; break;
@@ -171,6 +180,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
     case 'E':
       if (!rt_executor_parse(optarg, &o->executor))
         return cli_usage_error("run", "--executor takes direct or starpu (got '%s')", optarg);
+      executor_given = true;
       break;
     case 'S': o->sched = optarg; break;
     case 'W':
@@ -188,6 +198,9 @@ static int parse(int argc, char **argv, struct ropts *o) {
   if (o->weights && o->seed) return cli_usage_error("run", "--seed makes synthetic weights; drop it with --weights");
   if (o->model && (o->weights || o->seed))
     return cli_usage_error("run", "--model DIR is the weights; drop --weights and --seed");
+  if (top_p_given && o->temperature == 0)
+    return cli_usage_error("run", "--top-p needs --temperature T > 0 (greedy decoding, the default, has no nucleus)");
+  if (!executor_given && (o->sched || o->workers || o->trace)) o->executor = RT_EXEC_STARPU; /* they are StarPU's */
   if (o->executor == RT_EXEC_DIRECT && (o->sched || o->workers || o->trace))
     return cli_usage_error("run", "--sched, --workers and --trace need --executor starpu (the direct executor runs "
                                   "on one thread and records no task times)");
@@ -202,8 +215,11 @@ static int make_prompt(const struct ropts *o, int vocab, int32_t **out, int64_t 
     for (const char *s = o->tokens; *s; s++) cap += *s == ',';
     *out = cedar_xmalloc(sizeof(int32_t) * (size_t)cap);
     *n = 0;
-    char *copy = cedar_xstrdup(o->tokens), *save = NULL;
-    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    char *copy = cedar_xstrdup(o->tokens);
+    /* every item between commas is an id: "1,,2" and "1," are refused (strtok would skip the empty ones) */
+    for (char *t = copy, *next; t; t = next) {
+      next = strchr(t, ',');
+      if (next) *next++ = 0;
       int64_t v;
       if (!cli_parse_int(t, 0, vocab - 1, &v)) {
         snprintf(err, len, "--tokens: '%s' (item %lld) is not a token id in [0, %d)", t, (long long)*n + 1, vocab);
@@ -270,7 +286,21 @@ struct prompt {
 
 static int prompt_on_plan(void *user, const struct plan *p, char *err, size_t len) {
   struct prompt *q = user;
-  return make_prompt(q->o, p->model.vocab, &q->ids, &q->n, err, len);
+  /* the prompt and the tokens to generate must fit the positions the plan's RoPE covers (checked before the
+   * prompt is made: --prompt-len 2e9 would otherwise allocate gigabytes first) */
+  int64_t n = q->o->prompt_len ? q->o->prompt_len : 0, max = plan_max_positions(p);
+  if (n + q->o->max_new > max) {
+    snprintf(err, len, "--prompt-len %lld plus --max-new %d is more than the %lld positions plan %s holds "
+             "(model.rope.csa)", (long long)n, q->o->max_new, (long long)max, p->name);
+    return CEDAR_EINVAL;
+  }
+  int rc = make_prompt(q->o, p->model.vocab, &q->ids, &q->n, err, len);
+  if (!rc && q->n + q->o->max_new > max) {
+    snprintf(err, len, "a prompt of %lld tokens plus --max-new %d is more than the %lld positions plan %s holds "
+             "(model.rope.csa)", (long long)q->n, q->o->max_new, (long long)max, p->name);
+    return CEDAR_EINVAL;
+  }
+  return rc;
 }
 
 /* Each step's failure worded as `cedar run` always has. */

@@ -32,7 +32,7 @@ struct wopts {
 };
 
 static const char init_usage[] =
-    "usage: cedar weights init [--plan P] --seed S --out W.safetensors [--max-bytes N] [--json]\n"
+    "usage: cedar weights init [--plan P] --seed S -o|--out W.safetensors [--max-bytes N] [--json]\n"
     "Make deterministic synthetic weights for plan P (default %s) from seed S and write them\n"
     "atomically as safetensors with cedar.plan, cedar.fingerprint and cedar.seed metadata.\n"
     "  --max-bytes N  refuse plans whose weights exceed N bytes (suffixes K, M, G, T: powers of 1024;\n"
@@ -72,7 +72,7 @@ static int parse(int argc, char **argv, const char *cmd, const char *usage, bool
   opterr = 0;
   int c;
   char *end;
-  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
     if (!is_init && (c == 's' || c == 'o' || c == 'm' || c == 'L' || c == 'B' || c == 'D'))
       return cli_usage_error(cmd, "%s is an option of `cedar weights init` only", argv[optind - 1]);
     if (is_init && c == 'H') return cli_usage_error(cmd, "--hash is an option of `cedar weights check` only");

@@ -445,6 +445,13 @@ static int sparse_attn_run(const struct op_desc *self, struct op_io *io) {
   struct attn_call c = {0};
   int rc = attn_queries(self, io, &c);
   if (!rc) rc = attn_global(self, io, &c);
+  /* the kernel skips an index past the committed entries (the model's
+   * uncommitted tail); from a caller's tensors such an index is a mistake */
+  for (int64_t i = 0; !rc && c.topk && i < (int64_t)c.S * c.pr.topk; i++)
+    if (c.topk[i] < -1 || c.topk[i] >= c.kv.n_entries)
+      rc = op_io_fail(io, "sparse_attn: topk[%lld][%lld] = %d is neither -1 (none) nor an entry index in [0, %lld)",
+                      (long long)(i / c.pr.topk), (long long)(i % c.pr.topk), (int)c.topk[i],
+                      (long long)c.kv.n_entries);
   if (!rc) rc = attn_ring(self, io, &c);
   if (!rc) rc = attn_scalars(self, io, &c);
   if (rc) return rc;

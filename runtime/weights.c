@@ -437,7 +437,7 @@ static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape) {
 }
 
 static void check_fingerprint(const struct weights_list *l, const st_file_t *f, struct weights_problems *pr,
-                              size_t *count) {
+                              size_t *count, bool tensors_match) {
   char want[17];
   weights_fingerprint_hex(l->fingerprint, want);
   const char *got = st_meta_get(f, "cedar.fingerprint"), *plan = st_meta_get(f, "cedar.plan");
@@ -447,15 +447,18 @@ static void check_fingerprint(const struct weights_list *l, const st_file_t *f, 
             l->plan_name, want);
   else if (strcmp(got, want))
     problem(pr, count,
-            "cedar.fingerprint %s (weights made for plan '%s') does not match plan '%s', which needs %s: "
-            "the dimensions differ; make weights for this plan with `cedar weights init --plan ...`",
-            got, plan ? plan : "?", l->plan_name, want);
+            "cedar.fingerprint %s (weights made for plan '%s') does not match plan '%s', which needs %s: %s",
+            got, plan ? plan : "?", l->plan_name, want,
+            tensors_match ? "every tensor's name, dtype and shape match the plan, so the plan's other settings or "
+                            "the metadata itself differ; remake the weights with `cedar weights init --plan ...`"
+                          : "the dimensions differ; make weights for this plan with `cedar weights init --plan ...`");
 }
 
-size_t weights_check_file(const struct weights_list *l, const st_file_t *f, struct weights_problems *pr) {
+/* Every tensor against the plan (pr NULL: only count the problems). */
+static void check_tensors(const struct weights_list *l, const st_file_t *f, struct weights_problems *pr,
+                          size_t *count_out) {
   size_t count = 0;
   char want[96], got[96];
-  check_fingerprint(l, f, pr, &count);
   for (size_t i = 0; i < l->n; i++) {
     const struct weights_spec *s = &l->t[i];
     const struct st_tensor *t = st_find(f, s->name);
@@ -485,6 +488,14 @@ size_t weights_check_file(const struct weights_list *l, const st_file_t *f, stru
     if (rec && (weights_hash_hex(hex, t->data, t->nbytes), strcmp(rec, hex)))
       problem(pr, &count, "%s: content hash %s, the file records %s: the tensor's data is damaged", t->name, hex, rec);
   }
+  *count_out += count;
+}
+
+size_t weights_check_file(const struct weights_list *l, const st_file_t *f, struct weights_problems *pr) {
+  size_t count = 0, tensor_problems = 0;
+  check_tensors(l, f, NULL, &tensor_problems); /* counted first: the fingerprint's message says whether they match */
+  check_fingerprint(l, f, pr, &count, tensor_problems == 0);
+  check_tensors(l, f, pr, &count);
   return count;
 }
 

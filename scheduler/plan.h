@@ -132,6 +132,9 @@ struct plan_layer {
   bool engram;
   /* Where each value was set (the layer entry, or the override that changed it). */
   struct plan_mark mark, mark_mode, mark_ratio, mark_kv, mark_topk, mark_cand, mark_region;
+  /* The last `layer_overrides` entry that changed the layer (file NULL: none):
+   * a rule the layer breaks after it is blamed there, where the change was made. */
+  struct plan_mark mark_override;
 };
 
 struct plan_serving {

@@ -14,9 +14,21 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "base/log.h"
 #include "scheduler/plan_internal.h"
 
 #define ERR(ctx, mark, hint, ...) plan__error(ctx, mark, hint, __VA_ARGS__)
+
+/* Where a rule a layer breaks is blamed: the value's own mark, unless a
+ * `layer_overrides` entry changed the layer after that value was set (the
+ * override made the combination, e.g. `mode: swa_only` over an inherited
+ * `ratio: 2`): then the override (issue 18 row 12). */
+static struct plan_mark lmark(const struct plan_layer *l, struct plan_mark m) {
+  const struct plan_mark *o = &l->mark_override;
+  if (!o->file) return m;
+  bool inside = m.file && !strcmp(m.file, o->file) && (m.line > o->line || (m.line == o->line && m.col >= o->col));
+  return inside ? m : *o;
+}
 
 static const char *rname(const struct plan_layer *l) { return plan_region_name(l->region); }
 
@@ -133,8 +145,30 @@ static void check_format(struct plan_ctx *ctx, const char *name, struct plan_for
       plan_elem_name(f->elem), plan_scale_name(f->scale), f->block, width);
 }
 
+/* The node at a.b.c of the merged plan, or NULL. */
+static const struct pnode *node_at(struct plan_ctx *ctx, const char *a, const char *b, const char *c) {
+  const struct pnode *n = ctx->root ? plan__map_get(ctx->root, a) : NULL;
+  n = n ? plan__map_get(n, b) : NULL;
+  return n ? plan__map_get(n, c) : NULL;
+}
+
+/* A replay length written in one file and a window changed in another (an
+ * extending plan): the replay no longer follows the window, which is seldom
+ * meant (issue 18 row 15), so say so on stderr. Values set side by side in
+ * one file are taken as meant (the oracle's plans replay past the window). */
+static void warn_replay(struct plan_ctx *ctx, const struct plan *p, const char *which, int replay) {
+  const struct pnode *r = node_at(ctx, "serving", "replay", which), *w = node_at(ctx, "model", "swa", "window");
+  if (!r || !w || replay == p->model.window || !r->mark.file || !w->mark.file || !strcmp(r->mark.file, w->mark.file))
+    return;
+  LOG_WARN("%s:%d:%d: serving.replay.%s is %d but model.swa.window is %d (%s:%d): the replay no longer follows the "
+           "window; set `replay: {%s: %d}` beside the window if it should", r->mark.file, r->mark.line, r->mark.col,
+           which, replay, p->model.window, w->mark.file, w->mark.line, which, p->model.window);
+}
+
 static void check_serving(struct plan_ctx *ctx, struct plan *p) {
   struct plan_serving *s = &p->serving;
+  warn_replay(ctx, p, "encoder", s->replay_encoder);
+  warn_replay(ctx, p, "decoder", s->replay_decoder);
   struct plan_mark at = mark_of(ctx, "serving.cache.page_tokens");
   if (s->replay_encoder < 0) s->replay_encoder = p->model.window;
   if (s->replay_decoder < 0) s->replay_decoder = p->model.window;
@@ -165,7 +199,7 @@ static void check_kv(struct plan_ctx *ctx, struct plan *p, struct plan_layer *l)
   if (l->mode == PLAN_SWA_ONLY) return;
   if (l->mode == PLAN_FULL) {
     if (l->kv_src >= 0 && l->kv_src != i)
-      ERR(ctx, l->mark_kv, "a full layer owns its KV: remove `kv:` or make the mode reuse/reindex",
+      ERR(ctx, lmark(l, l->mark_kv), "a full layer owns its KV: remove `kv:` or make the mode reuse/reindex",
           "layer %d: mode full builds its own KV source, but `kv: %d` names another layer", i, l->kv_src);
     l->kv_src = i;
     return;
@@ -173,7 +207,7 @@ static void check_kv(struct plan_ctx *ctx, struct plan *p, struct plan_layer *l)
   if (l->kv_src == -2) {
     l->kv_src = latest(p, 0, i, l->region, is_full, 0);
     if (l->kv_src < 0) {
-      ERR(ctx, l->mark_mode, "make an earlier layer of this region `mode: full`, or this one",
+      ERR(ctx, lmark(l, l->mark_mode), "make an earlier layer of this region `mode: full`, or this one",
           "layer %d: mode %s needs a KV source (a full layer) at or before it in the %s", i, plan_mode_name(l->mode),
           rname(l));
       return;
@@ -181,15 +215,15 @@ static void check_kv(struct plan_ctx *ctx, struct plan *p, struct plan_layer *l)
   }
   const struct plan_layer *s = &p->layer[l->kv_src];
   if (s->mode != PLAN_FULL)
-    ERR(ctx, l->mark_kv, "point `kv:` at a layer with `mode: full`",
+    ERR(ctx, lmark(l, l->mark_kv), "point `kv:` at a layer with `mode: full`",
         "layer %d: `kv: %d` is not a KV source: layer %d is %s, only full layers own KV", i, l->kv_src, l->kv_src,
         plan_mode_name(s->mode));
   else if (s->index > i || s->region != l->region)
-    ERR(ctx, l->mark_kv, "a layer reads a KV source at or before it in its own region",
+    ERR(ctx, lmark(l, l->mark_kv), "a layer reads a KV source at or before it in its own region",
         "layer %d (%s): `kv: %d` is %s", i, rname(l), l->kv_src,
         s->index > i ? "after it" : "in the other region");
   else if (s->ratio != l->ratio)
-    ERR(ctx, l->mark_ratio, "a layer reading a KV source uses the source's compress ratio",
+    ERR(ctx, lmark(l, l->mark_ratio), "a layer reading a KV source uses the source's compress ratio",
         "layer %d: ratio %d differs from its KV source layer %d (ratio %d)", i, l->ratio, s->index, s->ratio);
 }
 
@@ -198,7 +232,7 @@ static void check_topk(struct plan_ctx *ctx, struct plan *p, struct plan_layer *
   if (l->mode == PLAN_SWA_ONLY) return;
   if (plan_is_index_source(l)) {
     if (l->topk_src >= 0 && l->topk_src != i)
-      ERR(ctx, l->mark_topk, "full and reindex layers publish their own Top-K: remove `topk:` or use mode reuse",
+      ERR(ctx, lmark(l, l->mark_topk), "full and reindex layers publish their own Top-K: remove `topk:` or use mode reuse",
           "layer %d: mode %s computes its own Top-K, but `topk: %d` names another layer", i, plan_mode_name(l->mode),
           l->topk_src);
     l->topk_src = i;
@@ -208,22 +242,22 @@ static void check_topk(struct plan_ctx *ctx, struct plan *p, struct plan_layer *
   if (l->topk_src == -2) {
     l->topk_src = latest(p, 0, i - 1, l->region, is_index_of, l->kv_src);
     if (l->topk_src < 0)
-      ERR(ctx, l->mark_mode, "make an earlier layer reading the same KV source full or reindex",
+      ERR(ctx, lmark(l, l->mark_mode), "make an earlier layer reading the same KV source full or reindex",
           "layer %d: mode reuse needs an index source before it in the %s reading KV source %d", i, rname(l),
           l->kv_src);
     return;
   }
   const struct plan_layer *s = &p->layer[l->topk_src];
   if (!plan_is_index_source(s))
-    ERR(ctx, l->mark_topk, "point `topk:` at a full or reindex layer",
+    ERR(ctx, lmark(l, l->mark_topk), "point `topk:` at a full or reindex layer",
         "layer %d: `topk: %d` is not an index source (layer %d is %s)", i, l->topk_src, s->index,
         plan_mode_name(s->mode));
   else if (s->index >= i || s->region != l->region)
-    ERR(ctx, l->mark_topk, "a reuse layer reads the Top-K of an earlier layer of its own region",
+    ERR(ctx, lmark(l, l->mark_topk), "a reuse layer reads the Top-K of an earlier layer of its own region",
         "layer %d (%s): `topk: %d` is %s", i, rname(l), l->topk_src,
         s->index >= i ? "not before it" : "in the other region");
   else if (s->kv_src != l->kv_src)
-    ERR(ctx, l->mark_topk, "Top-K indices point into one KV source: read the Top-K of a layer with the same `kv`",
+    ERR(ctx, lmark(l, l->mark_topk), "Top-K indices point into one KV source: read the Top-K of a layer with the same `kv`",
         "layer %d reads KV source %d but `topk: %d` indexes KV source %d", i, l->kv_src, l->topk_src, s->kv_src);
 }
 
@@ -231,30 +265,30 @@ static void check_pool(struct plan_ctx *ctx, struct plan *p, struct plan_layer *
   int i = l->index;
   if (l->mode == PLAN_SWA_ONLY) return;
   if (l->cand == PLAN_CAND_BUILD && l->mode != PLAN_FULL)
-    ERR(ctx, l->mark_cand, "only a full layer scans every entry and can build the pool",
+    ERR(ctx, lmark(l, l->mark_cand), "only a full layer scans every entry and can build the pool",
         "layer %d: `candidates: build` needs mode full, not %s", i, plan_mode_name(l->mode));
   if (l->cand != PLAN_CAND_READ) {
     if (l->pool_src >= 0)
-      ERR(ctx, l->mark_cand, "add `candidates: read` or remove `pool:`", "layer %d sets `pool:` but does not read candidates", i);
+      ERR(ctx, lmark(l, l->mark_cand), "add `candidates: read` or remove `pool:`", "layer %d sets `pool:` but does not read candidates", i);
     l->pool_src = -1;
     return;
   }
   if (l->mode != PLAN_REINDEX) {
-    ERR(ctx, l->mark_cand, "only reindex layers search inside a candidate pool",
+    ERR(ctx, lmark(l, l->mark_cand), "only reindex layers search inside a candidate pool",
         "layer %d: `candidates: read` needs mode reindex, not %s", i, plan_mode_name(l->mode));
     return;
   }
   if (l->pool_src == -2) {
     l->pool_src = latest(p, 0, i - 1, l->region, is_builder_of, l->kv_src);
     if (l->pool_src < 0)
-      ERR(ctx, l->mark_cand, "set `candidates: build` on an earlier full layer of the same KV source",
+      ERR(ctx, lmark(l, l->mark_cand), "set `candidates: build` on an earlier full layer of the same KV source",
           "layer %d reads a candidate pool but no layer before it in the %s builds one for KV source %d", i,
           rname(l), l->kv_src);
     return;
   }
   const struct plan_layer *s = &p->layer[l->pool_src];
   if (s->cand != PLAN_CAND_BUILD || s->index >= i || s->region != l->region || s->kv_src != l->kv_src)
-    ERR(ctx, l->mark_cand, "point `pool:` at an earlier layer of this region with `candidates: build` and the same `kv`",
+    ERR(ctx, lmark(l, l->mark_cand), "point `pool:` at an earlier layer of this region with `candidates: build` and the same `kv`",
         "layer %d: `pool: %d` is not a candidate source for it", i, l->pool_src);
 }
 
@@ -262,22 +296,27 @@ static void check_layer_shape(struct plan_ctx *ctx, struct plan *p, struct plan_
   int i = l->index;
   if (l->mode == PLAN_SWA_ONLY) {
     if (l->ratio > 0)
-      ERR(ctx, l->mark_ratio, "remove `ratio:` (an SWA-only layer keeps no global memory)",
+      ERR(ctx, lmark(l, l->mark_ratio), "remove `ratio:` (an SWA-only layer keeps no global memory)",
           "layer %d: mode swa_only has no compress ratio", i);
     if (l->kv_src >= 0 || l->topk_src >= 0 || l->cand != PLAN_CAND_NONE)
-      ERR(ctx, l->mark, "remove kv/topk/candidates from SWA-only layers", "layer %d: mode swa_only reads no shared state", i);
+      ERR(ctx, lmark(l, l->mark), "remove kv/topk/candidates from SWA-only layers", "layer %d: mode swa_only reads no shared state", i);
     l->ratio = 0, l->kv_src = l->topk_src = l->pool_src = -1;
     return;
   }
   if (l->ratio < 0) {
-    ERR(ctx, l->mark, "add `ratio: 1` or `ratio: 2`", "layer %d: mode %s needs a compress ratio", i, plan_mode_name(l->mode));
+    ERR(ctx, lmark(l, l->mark), "add `ratio: 1` or `ratio: 2`", "layer %d: mode %s needs a compress ratio", i, plan_mode_name(l->mode));
     l->ratio = 1;
-  } else if ((p->serving.page_tokens % 2 == 0 && p->serving.page_tokens % l->ratio) || l->ratio > p->model.window) {
+  } else if (p->serving.page_tokens % 2 == 0 && p->serving.page_tokens % l->ratio) {
     char hint[160];
     snprintf(hint, sizeof hint, "use a ratio that divides serving.cache.page_tokens (%d) and is at most the window (%d)",
              p->serving.page_tokens, p->model.window);
-    ERR(ctx, l->mark_ratio, hint, "layer %d: compress ratio %d cannot be stored: a %d-token page would split a group",
+    ERR(ctx, lmark(l, l->mark_ratio), hint, "layer %d: compress ratio %d cannot be stored: a %d-token page would split a group",
         i, l->ratio, p->serving.page_tokens);
+  } else if (l->ratio > p->model.window) {
+    char hint[160];
+    snprintf(hint, sizeof hint, "use a ratio of at most model.window (%d), or widen the window", p->model.window);
+    ERR(ctx, lmark(l, l->mark_ratio), hint, "layer %d: compress ratio %d is larger than the sliding window of %d tokens: a "
+        "group would leave the window before it is complete", i, l->ratio, p->model.window);
   }
 }
 
@@ -288,7 +327,7 @@ static void check_regions(struct plan_ctx *ctx, struct plan *p) {
     if (l->region == PLAN_DECODER) n_dec++;
     else n_enc++;
     if (i && l->region == PLAN_ENCODER && p->layer[i - 1].region == PLAN_DECODER)
-      ERR(ctx, l->mark_region, "put every encoder layer before the first decoder layer",
+      ERR(ctx, lmark(l, l->mark_region), "put every encoder layer before the first decoder layer",
           "layer %d is an encoder layer after decoder layer %d", i, i - 1);
   }
   if (p->serving.ced && (!n_dec || !n_enc))

@@ -81,7 +81,14 @@ static int parse_at(struct plan_ctx *ctx, const struct pnode *v, int n_layers, i
   return n ? n : -1;
 }
 
-/* Apply one entry's fields (other than `at`) to layer l. */
+/* YAML null (`~`, `null`, or nothing after the colon), unquoted. */
+static bool is_null(const struct pnode *v) {
+  return v->kind == PN_SCALAR && v->plain && (!*v->str || !strcmp(v->str, "~") || !strcmp(v->str, "null"));
+}
+
+/* Apply one entry's fields (other than `at`) to layer l. A null value
+ * unsets an optional field (ratio, kv, topk, pool, candidates: back to
+ * unset or derived), so an override can take away what the base set. */
 static void apply_fields(struct plan_ctx *ctx, const struct pnode *entry, struct plan_layer *l, int n_layers) {
   for (size_t i = 0; i + 1 < entry->n; i += 2) {
     const char *k = entry->kids[i]->str;
@@ -89,6 +96,17 @@ static void apply_fields(struct plan_ctx *ctx, const struct pnode *entry, struct
     long long x;
     int e;
     if (!strcmp(k, "at")) continue;
+    if (is_null(v) && (!strcmp(k, "ratio") || !strcmp(k, "kv") || !strcmp(k, "topk") || !strcmp(k, "pool") ||
+                       !strcmp(k, "candidates"))) {
+      switch (k[0]) {
+      case 'r': l->ratio = -1, l->mark_ratio = v->mark; break;
+      case 'k': l->kv_src = -2, l->mark_kv = v->mark; break;
+      case 't': l->topk_src = -2, l->mark_topk = v->mark; break;
+      case 'p': l->pool_src = -2, l->mark_cand = v->mark; break;
+      default: l->cand = PLAN_CAND_NONE, l->mark_cand = v->mark; break;
+      }
+      continue;
+    }
     if (!strcmp(k, "region")) {
       if (plan__read_enum(ctx, v, k, region_names, &e)) l->region = e, l->mark_region = v->mark;
     } else if (!strcmp(k, "mode")) {
@@ -192,7 +210,10 @@ static void read_overrides(struct plan_ctx *ctx, const struct pnode *seq, struct
     }
     int m = parse_at(ctx, at, n, idx);
     for (int i = 0; i < m; i++)
-      if (defined[idx[i]]) apply_fields(ctx, entry, &p->layer[idx[i]], n);
+      if (defined[idx[i]]) {
+        apply_fields(ctx, entry, &p->layer[idx[i]], n);
+        p->layer[idx[i]].mark_override = entry->mark; /* the layer's rules now blame this entry */
+      }
   }
 }
 

@@ -3,7 +3,7 @@
  *
  * Merge rule: the extending file's mappings merge key by key into its base
  * (recursively); scalars and sequences replace; `layer_overrides` sequences
- * concatenate, base first. Paths in `extends` are relative to the file that
+ * concatenate, base first; `name` is never inherited. Paths in `extends` are relative to the file that
  * names them. Cycles and missing files are errors at the `extends` value.
  *
  * Not here: what keys mean (plan_load.c) or whether the plan makes sense
@@ -387,7 +387,12 @@ static struct pnode *resolve_extends(struct plan_ctx *ctx, const char *path, str
     plan__node_free(root);
     return NULL;
   }
+  /* `name` is the one key not inherited: a plan without one is named after
+   * its own file (docs/plans.md), not shown and run as its parent */
+  bool named = plan__map_get(root, "name") != NULL;
   merge_into(base, root);
+  struct pnode *inherited = named ? NULL : map_take(base, "name");
+  if (inherited) plan__node_free(inherited);
   return base;
 }
 

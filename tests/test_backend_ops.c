@@ -266,11 +266,11 @@ static void build_reindex(struct h_io *h) {
 
 enum { AS = 4, AH = 3, AD = 32, AK = 5, AN = 9, ASL = 6 };
 
-/* Four queries over nine FP4 entries (topk with holes and out-of-range ids,
- * which the op skips) and a six-slot FP8 ring with an empty slot, plus sinks. */
+/* Four queries over nine FP4 entries (topk with holes, -1; the op refuses
+ * ids past the entries) and a six-slot FP8 ring with an empty slot, plus sinks. */
 static void build_sparse_attn(struct h_io *h) {
   static const int64_t pos[AS] = {3, 10, 11, 40}, spos[ASL] = {8, 9, 10, -1, 6, 11};
-  static const int32_t topk[AS * AK] = {0, 1, -1, -1, -1, 2, 7, 8, 9, -1, 4, 3, 0, 100, -5, 8, 6, 5, 1, 2};
+  static const int32_t topk[AS * AK] = {0, 1, -1, -1, -1, 2, 7, 8, -1, -1, 4, 3, 0, -1, -1, 8, 6, 5, 1, 2};
   const size_t eb = op_fp4_bytes(AD, 16) + 10, sb = op_fp8_bytes(AD, 8, OP_SCALE_E8M0);
   uint8_t *entries = h_kept_zeros(AN * eb), *ring = h_kept_zeros(ASL * sb);
   float *g = frand(AN * AD, -2, 2), *s = frand(ASL * AD, -2, 2);

@@ -532,7 +532,8 @@ struct attn_data {
 
 static void attn_data(struct attn_data *D) {
   static const int64_t pos[AS] = {3, 10, 11, 40}, spos[ASL] = {8, 9, 10, -1, 6, 11};
-  static const int32_t topk[AS * AK] = {0, 1, -1, -1, -1, 2, 7, 8, 9, -1, 4, 3, 0, 100, -5, 8, 6, 5, 1, 2};
+  /* -1 = none; every other index names one of the AN entries (the op refuses others: check_sparse_attn) */
+  static const int32_t topk[AS * AK] = {0, 1, -1, -1, -1, 2, 7, 8, -1, -1, 4, 3, 0, -1, -1, 8, 6, 5, 1, 2};
   memcpy(D->pos, pos, sizeof pos), memcpy(D->spos, spos, sizeof spos), memcpy(D->topk, topk, sizeof topk);
   D->q = frand(AS * AH * AD, -0.5f, 0.5f);
   D->sink = frand(AH, -1, 1);
@@ -583,6 +584,14 @@ static void check_sparse_attn(void) {
   }
   struct h_io h;
   h_io_init(&h);
+  /* an index past the entries given, or below -1, is refused, not skipped (issue 18 row 15) */
+  D.topk[13] = AN;
+  attn_inputs(&h, &D, true, true, false);
+  refuses(&h, "sparse_attn", "topk[2][3] = 9 is neither -1 (none) nor an entry index in [0, 9)");
+  D.topk[13] = -5;
+  attn_inputs(&h, &D, true, true, false);
+  refuses(&h, "sparse_attn", "topk[2][3] = -5 is neither -1");
+  D.topk[13] = -1;
   attn_inputs(&h, &D, true, true, false);
   in_named(&h, "swa_pos")->shape[0] = ASL - 1;
   refuses(&h, "sparse_attn", "swa_pos has 5 positions but swa has 6 slots");

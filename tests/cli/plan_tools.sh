@@ -23,8 +23,10 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 assert r[0]["valid"] is True and r[0]["errors"] == []
 assert r[1]["valid"] is False
-e = r[1]["errors"][0]
-assert e["line"] == 4 and e["column"] == 17 and "not a KV source" in e["message"] and e["hint"]
+e = [x for x in r[1]["errors"] if "not a KV source" in x["message"]][0]
+assert e["line"] == 4 and e["column"] == 17 and e["hint"]
+# every error the override caused points into the override's line (issue 18 row 12)
+assert all(x["line"] == 4 for x in r[1]["errors"]), r[1]["errors"]
 PY
 rc=0; "$cedar" plan check > /dev/null 2>&1 || rc=$?
 [ "$rc" -eq 2 ] || fail "check with no file exited $rc, not 2"

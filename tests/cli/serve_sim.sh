@@ -50,7 +50,14 @@ done
 "$py" - "$tmp" <<'PY' || fail "the three paths"
 import json, sys
 d = sys.argv[1]
-run = {m: [json.loads(l) for l in open(f'{d}/{m}.json')] for m in ('a', 'b', 'cold')}
+lines = {m: [json.loads(l) for l in open(f'{d}/{m}.json')] for m in ('a', 'b', 'cold')}
+# the last line is the totals (issue 18 row 10): the table's closing figures as data
+for m, ls in lines.items():
+    t = ls[-1]['totals']
+    assert t['requests'] == 3 and t['prompt_tokens'] == sum(r['prompt'] for r in ls[:-1]), (m, t)
+    assert t['hit_tokens'] == sum(r['hit'] for r in ls[:-1]), (m, t)
+    assert ('cache' in ls[-1]) == (m != 'cold'), (m, ls[-1])
+run = {m: ls[:-1] for m, ls in lines.items()}
 for m, rows in run.items():
     assert len(rows) == 3, (m, len(rows))
 # turn 0 is the same cold request everywhere
@@ -84,7 +91,7 @@ EOF2
 "$py" - "$tmp" <<'PY' || fail "SPEC 6.6 counts"
 import json, sys
 d = sys.argv[1]
-cold, hit = [json.loads(l) for l in open(f'{d}/hit.json')]
+cold, hit = [json.loads(l) for l in open(f'{d}/hit.json')][:-1]
 assert hit['prompt'] == 4100 and hit['hit'] == 4096 and not hit['swa_hit'], hit
 assert hit['encoder_replay_start'] == 3968 and hit['encoder_replay'] == 128, hit
 assert hit['encoder_positions'] == 132, hit
@@ -120,7 +127,7 @@ ls "$cache"/*.blk > /dev/null 2>&1 || fail "disk: no block file written"
   > "$tmp/d2.json" || fail "disk: second run"
 "$py" - "$tmp" <<'PY' || fail "disk: a restart hits the disk tier"
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1] + '/d2.json')]
+rows = [json.loads(l) for l in open(sys.argv[1] + '/d2.json')][:-1]
 assert rows[0]['disk_blocks'] >= 1 and rows[0]['global_hit'] >= 256, rows[0]
 PY
 # a corrupted block: a miss with a warning, never used
