@@ -156,7 +156,7 @@ static int parse(int argc, char **argv, struct xopts *o) {
   opterr = 0;
   int c, rc;
   int64_t v;
-  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
     switch (c) {
     case 'v':
       if ((rc = add_vary(o, optarg))) return rc;

@@ -414,19 +414,11 @@ static void usage(FILE *f, bool diff) {
           PLAN_COST_DEFAULT_TOKENS, PLAN_COST_DEFAULT_PROMPT);
 }
 
-/* A non-negative decimal integer that fits in int64. */
+/* A count flag: digits only (no sign, no spaces), through the commands' one
+ * integer parser (cli_parse_int). */
 static int parse_count(const char *cmd, const char *flag, const char *s, int64_t *out) {
-  if (!s[0] || s[0] < '0' || s[0] > '9')
-    return cli_usage_error(cmd, "%s '%s': expected a non-negative integer", flag, s);
-  int64_t v = 0;
-  for (const char *c = s; *c; c++) {
-    if (*c < '0' || *c > '9')
-      return cli_usage_error(cmd, "%s '%s': expected a non-negative integer", flag, s);
-    if (v > (INT64_MAX - (*c - '0')) / 10)
-      return cli_usage_error(cmd, "%s '%s': too large", flag, s);
-    v = v * 10 + (*c - '0');
-  }
-  *out = v;
+  if (s[0] < '0' || s[0] > '9' || !cli_parse_int(s, 0, INT64_MAX, out))
+    return cli_usage_error(cmd, "%s '%s': expected an integer from 0 to 2^63 - 1", flag, s);
   return 0;
 }
 
