@@ -49,7 +49,8 @@ enum rt_pd_role rt_pd_role_of(const struct plan *p) {
 
 /* ---- what the plan says the package holds -------------------------------- */
 
-static size_t xe_row_bytes(const struct plan *p) { return sizeof(float) * (size_t)p->model.hc_streams * p->model.hidden; }
+/* One kept encoder output row: X^E and the pre it carries (rt_xe_row_floats). */
+static size_t xe_row_bytes(const struct plan *p) { return sizeof(float) * rt_xe_row_floats(&p->model); }
 
 void rt_pd_expected_bytes(const struct plan *p, int64_t n, int64_t replay, int64_t out[RT_PD_CLASS_COUNT]) {
   (void)replay;
