@@ -121,7 +121,22 @@ PYEOF
 # 4. mismatches, checks, damage, hashes
 expect_exit 1 run --model "$ck" --plan plans/v41-mini.yaml --prompt-len 20 --max-new 1 --executor direct
 grep -q 'model.n_layers: plan 40, checkpoint 6' "$tmp/err" || fail "n_layers mismatch not named"
+# SPEC's V4 study options against the vendor's checkpoint: each key named
+expect_exit 1 run --model "$ck" --plan tests/plans/ckpt-small-v4.yaml --prompt-len 20 --max-new 1 --executor direct
 grep -q 'model.indexer.k_norm: plan false, checkpoint true' "$tmp/err" || fail "k_norm mismatch not named"
+grep -q 'model.mhc.pairing: plan v4, checkpoint v41' "$tmp/err" || fail "mHC pairing mismatch not named"
+# the checkpoint's own tokenizer.json gives the Engram token map, and must fit
+# its config (the npm V3 tokenizer has 99045 keys, this checkpoint 512)
+tj=$("$cedar" tokenize --help | sed -n 's/.*npm cache this build found, \(.*tokenizer.json\)).*/\1/p')
+if [ -f "$tj" ]; then
+  cp -r "$ck" "$tmp/cktok" && cp "$tj" "$tmp/cktok/tokenizer.json"
+  expect_exit 1 run --model "$tmp/cktok" --tokens 1,2,3 --max-new 1 --executor direct
+  grep -q "has 99045 keys but the checkpoint's engram_compressed_vocab_size is 512" "$tmp/err" ||
+    fail "a checkpoint tokenizer unlike its config was not refused"
+  rm -rf "$tmp/cktok"
+else
+  echo "checkpoint.sh: no npm tokenizer.json (make install-deps): the checkpoint-tokenizer check skipped"
+fi
 expect_exit 0 weights check "$ck"
 grep -q 'ok for plan imported' "$tmp/out" || fail "weights check DIR"
 cp -r "$ck" "$tmp/bad"
@@ -156,8 +171,8 @@ expect_exit 0 weights check --plan "$tmp/imported.yaml" "$tmp/nohash.safetensors
 expect_exit 0 weights check --plan "$tmp/imported.yaml" --hash "$tmp/nohash.safetensors"
 grep -q 'recorded [1-9][0-9]* content hashes' "$tmp/err" || fail "--hash recorded nothing"
 expect_exit 2 weights init --layout bogus --plan "$plan" --seed 1 --out "$tmp/x"
-expect_exit 1 weights init --layout released --plan plans/v41-mini.yaml --seed 1 --out "$tmp/x"
-grep -q 'head.hc' "$tmp/err" || fail "v41-mini (merge: learned) should be refused naming head.hc"
+expect_exit 1 weights init --layout released --plan tests/plans/ckpt-small-v4.yaml --seed 1 --out "$tmp/x"
+grep -q 'head.hc' "$tmp/err" || fail "a plan with merge: learned should be refused naming head.hc"
 
 # 5. serve-sim and bench model
 expect_exit 0 serve-sim gen --sessions 1 --turns 2 --first 40 --turn-len 8 --max-new 2 --seed 1
