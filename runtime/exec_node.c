@@ -208,6 +208,7 @@ void rt_bind_node(const struct graph *g, struct rt_request *r, const struct grap
  * allocation that fails makes the node fail with RT_ENOMEM_SCRATCH (the op
  * groups hold only arena memory, which the executor's next reset frees). */
 static int run_guarded(rt_group_fn fn, struct rt_node_ctx *c, struct rt_arena *ar) {
+  if (!ar) return fn(c); /* a group that allocates no scratch (a transfer), called without an arena */
   jmp_buf jb;
   jmp_buf *prev = ar->on_oom;
   if (setjmp(jb)) {
