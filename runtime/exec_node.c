@@ -227,9 +227,9 @@ int rt_run_node(const struct graph *g, const struct rt_model *M, struct rt_reque
   const struct rt_backend *b = rt_backend_for(nd->place.dev);
   rt_group_fn fn = b ? b->run[nd->op] : NULL;
   if (!fn) return CEDAR_EUNSUPPORTED; /* refused earlier by rt_placement_check; an executor names the node */
-  struct rt_bound own;
+  struct rt_bound own = {0};
   if (!st) {
-    rt_bind_node(g, r, nd, &own);
+    if (r) rt_bind_node(g, r, nd, &own); /* no request (a transfer outside a P/D one): nothing to bind */
     st = &own;
   }
   struct rt_node_ctx c = {g, M, r, nd, buf, st, out, out_row, ar};

@@ -49,6 +49,12 @@ enum rt_pd_role rt_pd_role_of(const struct plan *p) {
 
 /* ---- what the plan says the package holds -------------------------------- */
 
+/* memcpy of n bytes where n may be 0 and then a pointer may be NULL (an
+ * empty tail, no kept rows): memcpy's arguments must be valid even then. */
+static void copy_bytes(void *dst, const void *src, size_t n) {
+  if (n) memcpy(dst, src, n);
+}
+
 /* One kept encoder output row: X^E and the pre it carries (rt_xe_row_floats). */
 static size_t xe_row_bytes(const struct plan *p) { return sizeof(float) * rt_xe_row_floats(&p->model); }
 
@@ -111,9 +117,9 @@ static void pack(const struct graph *g, int k, const struct rt_request *r, uint8
   }
   case GRAPH_ST_RING: {
     const struct rt_ring *q = &r->ring[d->layer];
-    memcpy(p, q->slot, (size_t)q->window * q->entry_bytes);
+    copy_bytes(p, q->slot, (size_t)q->window * q->entry_bytes);
     p += (size_t)q->window * q->entry_bytes;
-    memcpy(p, q->pos, sizeof(int64_t) * (size_t)q->window);
+    copy_bytes(p, q->pos, sizeof(int64_t) * (size_t)q->window);
     p += sizeof(int64_t) * (size_t)q->window;
     memcpy(p, &q->r0, 8);
     break;
@@ -123,20 +129,20 @@ static void pack(const struct graph *g, int k, const struct rt_request *r, uint8
     int64_t c = t->count;
     memcpy(p, &c, 8);
     memcpy(p + 8, &t->pos0, 8);
-    memcpy(p + 16, r->tail_buf[d->layer], (size_t)op_comp_tail_floats(t->ratio, t->d) * 4);
+    copy_bytes(p + 16, r->tail_buf[d->layer], (size_t)op_comp_tail_floats(t->ratio, t->d) * 4);
     break;
   }
   case GRAPH_ST_TOKENS: {
     int64_t c = g->n_prompt;
     CEDAR_ASSERT(r->n_tokens >= c);
     memcpy(p, &c, 8);
-    memcpy(p + 8, r->tokens, 4 * (size_t)c);
+    copy_bytes(p + 8, r->tokens, 4 * (size_t)c);
     break;
   }
   case GRAPH_ST_XE: {
     size_t row = xe_row_bytes(r->plan);
-    memcpy(p, r->xe, row * (size_t)r->xe_cap);
-    memcpy(p + row * (size_t)r->xe_cap, r->xe_pos, 8 * (size_t)r->xe_cap);
+    copy_bytes(p, r->xe, row * (size_t)r->xe_cap);
+    copy_bytes(p + row * (size_t)r->xe_cap, r->xe_pos, 8 * (size_t)r->xe_cap);
     break;
   }
   case GRAPH_ST_NONE: break;
@@ -187,8 +193,8 @@ int pd_apply(const struct graph *g, int k, const uint8_t *buf, int64_t len, stru
   case GRAPH_ST_RING: {
     struct rt_ring *q = &r->ring[d->layer];
     size_t eb = (size_t)q->window * q->entry_bytes;
-    memcpy(q->slot, p, eb);
-    memcpy(q->pos, p + eb, 8 * (size_t)q->window);
+    copy_bytes(q->slot, p, eb);
+    copy_bytes(q->pos, p + eb, 8 * (size_t)q->window);
     memcpy(&q->r0, p + eb + 8 * (size_t)q->window, 8);
     bool dec = pl->serving.ced && pl->layer[d->layer].region == PLAN_DECODER;
     st->bytes[dec ? RT_PD_SWA_DEC : RT_PD_SWA_ENC] += (int64_t)eb;
@@ -201,7 +207,7 @@ int pd_apply(const struct graph *g, int k, const uint8_t *buf, int64_t len, stru
     memcpy(&c, p, 8);
     memcpy(&t->pos0, p + 8, 8);
     t->count = (int)c;
-    memcpy(r->tail_buf[d->layer], p + 16, (size_t)(h.payload - 16));
+    copy_bytes(r->tail_buf[d->layer], p + 16, (size_t)(h.payload - 16));
     st->bytes[RT_PD_TAIL] += h.payload - 16;
     st->bytes[RT_PD_META] += 16;
     break;
@@ -210,15 +216,15 @@ int pd_apply(const struct graph *g, int k, const uint8_t *buf, int64_t len, stru
     int64_t c;
     memcpy(&c, p, 8);
     if (c > r->max_tokens) goto trunc;
-    memcpy(r->tokens, p + 8, 4 * (size_t)c);
+    copy_bytes(r->tokens, p + 8, 4 * (size_t)c);
     r->n_tokens = c;
     st->bytes[RT_PD_META] += h.payload;
     break;
   }
   case GRAPH_ST_XE: {
     size_t row = xe_row_bytes(pl);
-    memcpy(r->xe, p, row * (size_t)r->xe_cap);
-    memcpy(r->xe_pos, p + row * (size_t)r->xe_cap, 8 * (size_t)r->xe_cap);
+    copy_bytes(r->xe, p, row * (size_t)r->xe_cap);
+    copy_bytes(r->xe_pos, p + row * (size_t)r->xe_cap, 8 * (size_t)r->xe_cap);
     st->bytes[RT_PD_XE] += (int64_t)(row * (size_t)r->xe_cap);
     st->bytes[RT_PD_META] += 8 * (int64_t)r->xe_cap;
     break;
