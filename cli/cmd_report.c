@@ -18,6 +18,7 @@
 #include "base/check.h"
 #include "cli/cli.h"
 #include "cli/study.h"
+#include "viz/view.h"
 #include "scheduler/plan.h"
 #include "scheduler/plan_cost.h"
 
@@ -350,9 +351,9 @@ static int write_html(const struct entry *e, int n, const struct ropts *o, int n
         f);
   for (int i = 0; i < n; i++) {
     fputs(i ? ", " : "", f);
-    study_html(f, e[i].plan.name);
+    viz_html_text(f, e[i].plan.name);
     fputs(" (<code>", f);
-    study_html(f, e[i].path);
+    viz_html_text(f, e[i].path);
     fputs("</code>)", f);
   }
   fprintf(f, ". Every figure is in <a href=\"report.json\">report.json</a>.</p>\n");
@@ -366,7 +367,7 @@ static int write_html(const struct entry *e, int n, const struct ropts *o, int n
   fprintf(f, "<th>N</th><th>Main-KV</th><th>Indexer-K</th><th>SWA</th><th>tails</th><th>total</th><th>baseline</th></tr>\n");
   for (int i = 0; i < n; i++) {
     fputs("<tr><td>", f);
-    study_html(f, e[i].plan.name);
+    viz_html_text(f, e[i].plan.name);
     fprintf(f, "</td><td>%" PRId64 "</td>", o->tokens[last]);
     for (int k = 0; k < 6; k++) {
       fmt_bytes(b, sizeof b, (double)mem_col(&e[i].mem[last], k));
@@ -383,7 +384,7 @@ static int write_html(const struct entry *e, int n, const struct ropts *o, int n
   for (int i = 0; i < n; i++)
     for (int k = 0; k < N_CASES; k++) {
       fputs("<tr><td>", f);
-      study_html(f, e[i].plan.name);
+      viz_html_text(f, e[i].plan.name);
       fmt_bytes(b, sizeof b, (double)e[i].pre[k].new_bytes);
       fprintf(f, "</td><td>%s</td><td>%" PRId64 "</td><td>%" PRId64 "</td><td>%s</td></tr>\n", cases[k].name,
               e[i].pre[k].token_layers, e[i].pre[k].dense_token_layers, b);
@@ -402,16 +403,16 @@ static int write_html(const struct entry *e, int n, const struct ropts *o, int n
     for (int i = 0; i < n; i++) {
       const struct study_run *u = &e[i].run;
       fputs("<tr><td>", f);
-      study_html(f, e[i].plan.name);
+      viz_html_text(f, e[i].plan.name);
       if (!u->ok) {
         fputs("</td><td colspan=\"8\" style=\"text-align:left\">", f);
-        study_html(f, u->why);
+        viz_html_text(f, u->why);
       } else {
         fprintf(f, "</td><td>%.3f</td><td>%.2f</td><td>%.3g</td><td>%.3g</td><td>%s</td><td>%s</td><td>%s</td><td "
                    "style=\"text-align:left\"><code>",
                 u->prefill_s, 1e3 * u->itl_s, u->drift_rel_rms, u->drift_max_abs, u->same_top1 ? "same" : "differs",
                 u->entries_equal ? "equal" : "DIFFER", u->state_agrees ? "yes" : "NO");
-        study_html(f, u->cmd);
+        viz_html_text(f, u->cmd);
         fputs("</code>", f);
       }
       fputs("</td></tr>\n", f);

@@ -60,7 +60,5 @@ int study_mkdir(const char *dir, char *err, size_t err_len);
 FILE *study_open(const char *dir, const char *name, char *err, size_t err_len);
 /* Parse "A,B,C" of positive integers into out (at most max). Returns the count, or -1. */
 int study_parse_list(const char *s, int64_t *out, int max);
-/* HTML-escape s into f. */
-void study_html(FILE *f, const char *s);
 
 #endif

@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "scheduler/plan.h"
 
@@ -84,6 +85,8 @@ int viz_view_read_graph(struct viz_view *v, const char *path, char *err, size_t 
 int viz_view_write_html(const struct viz_view *v, const struct plan *p, const char *title, const char *path,
                         char *err, size_t err_len);
 void viz_view_free(struct viz_view *v);
+/* s into f as attribute- and text-safe HTML (& < > " escaped); also cedar report's page. */
+void viz_html_text(FILE *f, const char *s);
 
 /* The inlined assets (generated at build time from viz/view.js, viz/view.css). */
 extern const char viz_view_js[], viz_view_css[];

@@ -24,8 +24,7 @@ static void jstr(FILE *f, const char *s) {
   fputc('"', f);
 }
 
-/* Attribute- and text-safe HTML. */
-static void html(FILE *f, const char *s) {
+void viz_html_text(FILE *f, const char *s) {
   for (; *s; s++) {
     if (*s == '<') fputs("&lt;", f);
     else if (*s == '>') fputs("&gt;", f);
@@ -160,11 +159,11 @@ int viz_view_write_html(const struct viz_view *v, const struct plan *p, const ch
     return CEDAR_EIO;
   }
   fputs("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>cedar view: ", f);
-  html(f, title);
+  viz_html_text(f, title);
   fputs("</title>\n<style>\n", f);
   fputs(viz_view_css, f);
   fputs("</style></head>\n<body>\n<header><h1>cedar view: <span id=\"title\">", f);
-  html(f, title);
+  viz_html_text(f, title);
   fputs("</span></h1><div id=\"summary\"></div></header>\n"
         "<section id=\"timeline-section\"><h2>Timeline</h2>"
         "<div class=\"controls\"><label><input type=\"checkbox\" id=\"arrows\" checked> dependency and transfer "
