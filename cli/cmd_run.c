@@ -668,6 +668,7 @@ int cmd_run(int argc, char **argv) {
     fprintf(stderr, "cedar run: %s\n", err);
     goto out;
   }
+  if (sk.tracing) run_pd_trace(&sk.trace, p); /* under mpirun: P's rank and the transfers too */
   struct rt_state_bytes b;
   rt_request_bytes(&r, &b);
   struct plan_cost pc;
