@@ -156,7 +156,7 @@ int cmd_bench_pd(int argc, char **argv) {
   }
   int32_t *tok = cedar_xmalloc(sizeof(int32_t) * (size_t)o.n);
   for (int64_t i = 0; i < o.n; i++) tok[i] = (int32_t)((i * 7919 + 13) % p->model.vocab);
-  struct rt_gen_opts go = {.chunk = (int)o.chunk, .max_new = 1, .temperature = 0, .top_p = 1, .seed = 1,
+  struct rt_gen_opts go = {.chunk = (int)o.chunk, .replay = -1, .max_new = 1, .temperature = 0, .top_p = 1, .seed = 1,
                            .executor = RT_EXEC_STARPU};
   /* 1. the link */
   double bw1 = 0, bw8 = 0;
