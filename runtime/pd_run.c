@@ -462,7 +462,9 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
     return CEDAR_EINVAL;
   }
   if (o->cache) {
-    snprintf(err, err_len, "a P/D placement runs without the prefix cache (not built for it yet)");
+    snprintf(err, err_len, "a P/D placement (prefill and decode on different ranks) runs without the prefix cache: "
+             "a hit would need the cached pages on D and the encoder snapshot on P, which is not built; turn the "
+             "prefix cache off for this plan, or run it without serving.placement");
     return CEDAR_EUNSUPPORTED;
   }
   if (role == RT_PD_IDLE || role == RT_PD_NONE) {
