@@ -79,6 +79,11 @@ struct pd_msg_state {
 };
 
 double pd_now(void);
+/* Every rank of the world meets here before a request's messages (so a
+ * slow start on one rank is not counted against the transfer's deadline);
+ * false when the others did not come within dl seconds (the barrier stays
+ * posted: the caller ends the job). */
+bool pd_mpi_meet(double dl);
 /* Start StarPU-MPI (StarPU too when the executor is direct). */
 int pd_mpi_start(char *err, size_t err_len);
 /* Post a detached send / receive of bytes at buf; s->done turns 1 when it

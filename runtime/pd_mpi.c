@@ -87,6 +87,19 @@ static void wait_req(MPI_Request *q) {
   }
 }
 
+bool pd_mpi_meet(double dl) {
+  if (!mpi_inited) return true;
+  MPI_Request q;
+  MPI_Ibarrier(MPI_COMM_WORLD, &q);
+  double until = pd_now() + dl;
+  for (int done = 0;;) {
+    MPI_Test(&q, &done, MPI_STATUS_IGNORE);
+    if (done) return true;
+    if (pd_now() > until) return false;
+    nanosleep(&(struct timespec){0, 500000}, NULL);
+  }
+}
+
 int rt_pd_mpi_barrier(void) {
   if (!mpi_inited) return CEDAR_EUNSUPPORTED;
   MPI_Request q;
@@ -258,6 +271,23 @@ int pd_mpi_recv(void *buf, size_t bytes, int src, int tag, struct pd_msg_state *
   return CEDAR_EUNSUPPORTED;
 }
 bool pd_mpi_stop(void) { return true; }
+bool pd_mpi_meet(double dl) {
+  (void)dl;
+  return true;
+}
+bool pd_mpi_meet(double dl) {
+  if (!mpi_inited) return true;
+  MPI_Request q;
+  MPI_Ibarrier(MPI_COMM_WORLD, &q);
+  double until = pd_now() + dl;
+  for (int done = 0;;) {
+    MPI_Test(&q, &done, MPI_STATUS_IGNORE);
+    if (done) return true;
+    if (pd_now() > until) return false;
+    nanosleep(&(struct timespec){0, 500000}, NULL);
+  }
+}
+
 int rt_pd_mpi_barrier(void) { return CEDAR_EUNSUPPORTED; }
 int rt_pd_mpi_bandwidth(int a, int b, size_t bytes, int reps, double *bytes_per_s) {
   (void)a, (void)b, (void)bytes, (void)reps;

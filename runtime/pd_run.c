@@ -468,6 +468,7 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
     return CEDAR_EUNSUPPORTED;
   }
   if (role == RT_PD_IDLE || role == RT_PD_NONE) {
+    if (role == RT_PD_IDLE && !pd_mpi_meet(deadline_s())) pd_mpi_abort("the other ranks did not start the request");
     if (role == RT_PD_IDLE && !pd_mpi_start(err, err_len)) pd_mpi_stop();
     return 1;
   }
@@ -499,6 +500,11 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
   R->logits = cedar_xmalloc(sizeof(float) * (size_t)R->g.out_rows * p->model.vocab);
   R->pos = cedar_xmalloc(sizeof(int64_t) * (size_t)R->g.out_rows);
   R->rx.expected = R->n_xfer;
+  if (role != RT_PD_LOCAL && !pd_mpi_meet(deadline_s())) { /* both engines up before any deadline counts */
+    snprintf(err, err_len, "the %s rank did not start the request within %.0f s (CEDAR_PD_DEADLINE_S)",
+             role == RT_PD_PREFILL ? "decode" : "prefill", deadline_s());
+    pd_mpi_abort(err);
+  }
   if (role != RT_PD_LOCAL && (rc = pd_mpi_start(err, err_len))) goto out;
   R->mpi_on = role != RT_PD_LOCAL;
   if (role == RT_PD_LOCAL || role == RT_PD_DECODE) {

@@ -11,7 +11,7 @@
 #     p-dies:K: P SIGKILLs itself as it posts its K-th message, K uniform in
 #     1..messages + 1, the last being "before the record"): D fails the
 #     request with the stall message naming the first missing message
-#     within the deadline (CEDAR_PD_DEADLINE_S=3) plus a margin, says it
+#     within the deadline (CEDAR_PD_DEADLINE_S=10; the ranks meet before it counts) plus a margin, says it
 #     freed the request with no KV pages left in use, and exits 1 (MPI_Abort:
 #     StarPU-MPI cannot cancel a posted receive); never hangs, never exits 0.
 #     The runs go in batches of CEDAR_PD_BATCH (default 4) at once.
@@ -39,7 +39,7 @@ if ldd "$cedar" 2>/dev/null | grep libasan > /dev/null; then
   export LSAN_OPTIONS="suppressions=$PWD/tests/lsan-openmpi.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
   export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
 fi
-export CEDAR_PD_DEADLINE_S=3
+export CEDAR_PD_DEADLINE_S=10
 kills=${CEDAR_PD_KILLS:-10}
 batch=${CEDAR_PD_BATCH:-4}
 plan=tests/plans/pd-tiny-40.yaml
@@ -82,15 +82,15 @@ for ((j = 0; j < kills; j++)); do
   [ "$(cat "$d/rc.0" 2> /dev/null)" = 137 ] || { cat "$d/out" >&2; fail "run $j: P did not die (rc $(cat "$d/rc.0" 2> /dev/null))"; }
   rc1=$(cat "$d/rc.1" 2> /dev/null || echo none)
   [ "$rc1" != 0 ] && [ "$rc1" != none ] || { cat "$d/out" >&2; fail "run $j (P dies at message $k): D exit $rc1, want a failure"; }
-  grep -q "the P->D transfer stalled: no message for 3 s (CEDAR_PD_DEADLINE_S): [0-9]* of [0-9]* messages arrived, first missing: " "$d/out" ||
+  grep -q "the P->D transfer stalled: no message for 10 s (CEDAR_PD_DEADLINE_S): [0-9]* of [0-9]* messages arrived, first missing: " "$d/out" ||
     { cat "$d/out" >&2; fail "run $j (P dies at message $k): no stall message from D"; }
   grep -q "D freed the request: [0-9]* KV pages returned, 0 still in use" "$d/out" ||
     { cat "$d/out" >&2; fail "run $j: D did not say it freed the request"; }
   s=$(cat "$d/secs")
   [ "$s" -gt "$worst" ] && worst=$s
 done
-# a run is start-up + the prefill up to K + the deadline + MPI_Abort; 60 s bounds it on a loaded machine
-[ "$worst" -lt 60 ] || fail "a run with P killed took ${worst} s"
+# a run is start-up + the prefill up to K + the deadline + MPI_Abort; 90 s bounds it on a loaded machine
+[ "$worst" -lt 90 ] || fail "a run with P killed took ${worst} s"
 echo "P killed at a random message, $kills runs ($batch at once): D failed each within the deadline," \
   "freed the request, exited non-zero; slowest run ${worst} s, all in $(( $(date +%s) - t_all )) s"
 
@@ -102,7 +102,7 @@ for ((j = 0; j < 3; j++)); do
   [ ! -f "$d/timeout" ] || { cat "$d/out" >&2; fail "D killed: mpirun hit its timeout (a hang)"; }
   [ "$(cat "$d/rc.1" 2> /dev/null)" = 137 ] || { cat "$d/out" >&2; fail "D killed: D did not die"; }
   [ "$(cat "$d/rc.0" 2> /dev/null)" = 1 ] || { cat "$d/out" >&2; fail "D killed: P exit $(cat "$d/rc.0" 2> /dev/null), want 1"; }
-  grep -q "the decode rank stopped taking the package: nothing completed for 3 s.*P freed the request: [0-9]* KV pages returned, 0 still in use" "$d/out" ||
+  grep -q "the decode rank stopped taking the package: nothing completed for 10 s.*P freed the request: [0-9]* KV pages returned, 0 still in use" "$d/out" ||
     { cat "$d/out" >&2; fail "D killed: P did not notice and free the request"; }
 done
 echo "D killed at a random message, 3 runs: P noticed within the deadline, freed the request, exited 1"
