@@ -87,9 +87,10 @@ static const char usage[] =
     "  --dot FILE        write the prefill graph that ran as Graphviz DOT\n"
     "A prefill longer than a second shows a progress bar on stderr when stderr is a terminal.\n"
     "A plan whose serving.placement puts prefill and decode on different ranks (plans/v41-mini-pd.yaml)\n"
-    "runs under `mpirun -np 2` through StarPU-MPI (the decode rank prints the report, --dump, --trace\n"
-    "and --dot, plus the transfer figures; CEDAR_PD_DEADLINE_S bounds the transfer, default 60), or\n"
-    "without mpirun as both roles in this process (docs/runtime.md).\n";
+    "runs under `mpirun -np 2` through StarPU-MPI (the decode rank prints the report, --dump and --dot,\n"
+    "plus the transfer figures, and writes --trace with a process per rank and a flow per transfer;\n"
+    "CEDAR_PD_DEADLINE_S bounds every wait, default 60), or without mpirun as both roles in this\n"
+    "process (docs/runtime.md).\n";
 
 struct ropts {
   const char *plan, *weights, *prompt, *tokens, *dump, *sched, *trace, *dot, *model;
@@ -668,6 +669,7 @@ int cmd_run(int argc, char **argv) {
     fprintf(stderr, "cedar run: %s\n", err);
     goto out;
   }
+  if (sk.tracing) run_pd_trace(&sk.trace, p); /* under mpirun: P's rank and the transfers too */
   struct rt_state_bytes b;
   rt_request_bytes(&r, &b);
   struct plan_cost pc;

@@ -4,9 +4,13 @@
 
 #include <cJSON.h>
 #include <inttypes.h>
+#include <stdlib.h>
+
+#include "base/check.h"
 
 #include "runtime/pd.h"
 #include "scheduler/plan_cost_pd.h"
+#include "viz/trace.h"
 
 /* The classes the plan knows agree with what moved (META is framing: no plan figure). */
 static bool agrees(const struct rt_pd_stats *s) {
@@ -93,4 +97,63 @@ void plan_cost_pd_json(struct cJSON *j, const struct plan *p, int64_t n) {
   cJSON_AddNumberToObject(o, "tails", (double)k.tails);
   cJSON_AddNumberToObject(o, "encoder_outputs", (double)k.xe);
   cJSON_AddNumberToObject(o, "total", (double)k.total);
+}
+
+void run_pd_trace(struct viz_trace *t, const struct plan *p) {
+  const struct rt_pd_trace *x = rt_pd_last_trace();
+  if (!x) return;
+  (void)p;
+  const struct graph *g = x->g;
+  char name[96];
+  snprintf(name, sizeof name, "rank %d: decode (%.40s)", x->d_rank, t->process);
+  snprintf(t->process, sizeof t->process, "%s", name);
+  for (int i = 0; i < t->n_slice; i++) /* D's graphs so far: the process becomes D's rank */
+    if (t->slice[i].pid == t->pid) t->slice[i].pid = x->d_rank;
+  t->pid = x->d_rank;
+  snprintf(name, sizeof name, "rank %d: prefill", x->p_rank);
+  viz_trace_process(t, x->p_rank, name);
+  int tid0 = t->n_thread; /* P's workers after D's tracks, then D's receives */
+  for (int w = 0; w < x->p_workers; w++) {
+    snprintf(name, sizeof name, "rank %d CPU %d", x->p_rank, w);
+    viz_trace_thread_of(t, tid0 + w, x->p_rank, name);
+  }
+  int rx = tid0 + x->p_workers;
+  snprintf(name, sizeof name, "rank %d StarPU-MPI receives", x->d_rank);
+  viz_trace_thread_of(t, rx, x->d_rank, name);
+  struct viz_task_time *vt = cedar_xmalloc(sizeof(*vt) * (size_t)(g->n_node > 0 ? g->n_node : 1));
+  for (int k = 0; k < g->n_node; k++)
+    vt[k] = (struct viz_task_time){tid0 + x->p_times[k].worker, x->p_times[k].start_us, x->p_times[k].end_us};
+  int base = viz_trace_add_graph_at(t, g, vt, 0, x->p_rank);
+  free(vt);
+  /* the receives in arrival order: one short slice each (an arrival is an
+   * instant; 1 us, cut short so the track's slices never overlap) */
+  int n = 0;
+  int *ord = cedar_xmalloc(sizeof(int) * (size_t)(g->n_node > 0 ? g->n_node : 1));
+  for (int k = 0; k < g->n_node; k++)
+    if (g->node[k].op == GRAPH_TRANSFER) ord[n++] = k;
+  for (int i = 1; i < n; i++) /* insertion sort by arrival: a few hundred messages */
+    for (int j = i; j > 0 && x->arrive_us[ord[j]] < x->arrive_us[ord[j - 1]]; j--) {
+      int s = ord[j];
+      ord[j] = ord[j - 1];
+      ord[j - 1] = s;
+    }
+  double prev = 0;
+  for (int i = 0; i < n; i++) {
+    int k = ord[i];
+    const struct graph_node *nd = &g->node[k];
+    double ts = x->arrive_us[k], next = i + 1 < n ? x->arrive_us[ord[i + 1]] : ts + 1;
+    if (ts < t->slice[base + k].ts) ts = t->slice[base + k].ts; /* never before its send (one clock: never happens) */
+    if (ts < prev) ts = prev;
+    struct viz_slice s = {.tid = rx, .ts = ts, .dur = next - ts < 1 ? (next - ts) / 2 : 1, .op = "transfer",
+                          .mode = "recv", .phase = "transfer", .layer = nd->layer, .chunk = nd->chunk,
+                          .request = 0, .node = k, .rank = x->d_rank, .pos = nd->a, .n = nd->n,
+                          .pid = x->d_rank};
+    if (s.dur < 0) s.dur = 0;
+    prev = ts + s.dur;
+    snprintf(s.name, sizeof s.name, "recv %s", nd->name);
+    int idx = viz_trace_add_slice(t, &s);
+    viz_trace_add_flow(t, base + k, idx, "transfer");
+  }
+  free(ord);
+  rt_pd_trace_release();
 }

@@ -11,6 +11,7 @@
 #include "scheduler/plan.h"
 
 struct cJSON;
+struct viz_trace;
 
 void run_pd_text(FILE *f, const struct plan *p);
 void run_pd_json(struct cJSON *j, const struct plan *p);
@@ -19,5 +20,11 @@ void run_pd_json(struct cJSON *j, const struct plan *p);
  * different homes; nothing otherwise. */
 void plan_cost_pd_print(FILE *f, const struct plan *p, int64_t n);
 void plan_cost_pd_json(struct cJSON *j, const struct plan *p, int64_t n);
+/* `cedar run --trace` on the decode rank of a P/D run under mpirun: the
+ * trace becomes one process per rank (D's, which already holds D's graphs,
+ * and P's prefill graph from rt_pd_last_trace) with a flow per transfer
+ * from its send on P to its arrival on D. Nothing when the last request
+ * left no P part. */
+void run_pd_trace(struct viz_trace *t, const struct plan *p);
 
 #endif

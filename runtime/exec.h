@@ -103,6 +103,8 @@ bool rt_starpu_running(void);
 const char *rt_starpu_sched(void);
 int rt_starpu_workers(void);
 void rt_starpu_worker_name(int worker, char *buf, size_t len);
+/* Now, on the clock of struct rt_task_time (microseconds since rt_starpu_init); 0 when StarPU is not up. */
+double rt_starpu_now_us(void);
 
 /* When and where one node ran, in microseconds since rt_starpu_init. From
  * StarPU's per-task profiling when it is on (rt_starpu_opts.profile), else

@@ -288,6 +288,7 @@ void rt_starpu_shutdown(void) {
 bool rt_starpu_running(void) { return sp.up; }
 const char *rt_starpu_sched(void) { return sp.up ? sp.sched : ""; }
 int rt_starpu_workers(void) { return sp.up ? sp.n_workers : 0; }
+double rt_starpu_now_us(void) { return sp.up ? starpu_timing_now() - sp.epoch_us : 0; }
 
 void rt_starpu_worker_name(int worker, char *b, size_t len) {
   if (sp.up && worker >= 0 && worker < sp.n_workers)

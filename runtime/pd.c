@@ -4,6 +4,7 @@
 #include "runtime/pd.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +26,33 @@ const char *rt_pd_class_name(enum rt_pd_class c) {
 }
 
 enum rt_pd_fault pd_fault;
-void rt_pd_set_fault(enum rt_pd_fault f) { pd_fault = f; }
+int pd_fault_at;
+void rt_pd_set_fault(enum rt_pd_fault f) { rt_pd_set_fault_at(f, 0); }
+void rt_pd_set_fault_at(enum rt_pd_fault f, int k) {
+  pd_fault = f;
+  pd_fault_at = k;
+}
+
+int rt_pd_fault_parse(const char *s, char *err, size_t err_len) {
+  static const struct {
+    const char *name;
+    enum rt_pd_fault f;
+    bool k;
+  } tab[] = {{"hold-kv", RT_PD_FAULT_INFLIGHT, false}, {"corrupt", RT_PD_FAULT_CORRUPT, false},
+             {"truncate", RT_PD_FAULT_TRUNCATE, false},  {"p-dies:", RT_PD_FAULT_P_DIES, true},
+             {"d-dies:", RT_PD_FAULT_D_DIES, true}};
+  for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++) {
+    size_t n = strlen(tab[i].name);
+    if (tab[i].k ? strncmp(s, tab[i].name, n) : strcmp(s, tab[i].name)) continue;
+    char *end = NULL;
+    long k = tab[i].k ? strtol(s + n, &end, 10) : 0;
+    if (tab[i].k && (end == s + n || *end || k < 1 || k > 1000000)) break;
+    rt_pd_set_fault_at(tab[i].f, (int)k);
+    return 0;
+  }
+  snprintf(err, err_len, "CEDAR_PD_TEST_FAULT=%s: want hold-kv, corrupt, truncate, p-dies:K or d-dies:K (K >= 1)", s);
+  return CEDAR_EINVAL;
+}
 
 /* ---- roles --------------------------------------------------------------- */
 
@@ -257,6 +284,11 @@ int rt_pd_transfer_node(const struct rt_node_ctx *c) {
       atomic_store(&L->ms[k].done, 1);
       return 0;
     }
+    int nth = atomic_fetch_add(&L->posted, 1) + 1;
+    if (pd_fault == RT_PD_FAULT_P_DIES && nth == pd_fault_at) pd_die("P", nth);
+    bool first_kv = L->g->data[c->nd->xfer_src].state == GRAPH_ST_KV && !atomic_exchange(&L->kv_faulted, 1);
+    if (pd_fault == RT_PD_FAULT_CORRUPT && first_kv) L->buf[k][len - 1] ^= 0x40; /* after its checksum */
+    if (pd_fault == RT_PD_FAULT_TRUNCATE && first_kv) len = len / 2;            /* the tail never sent */
     return pd_mpi_send(L->buf[k], (size_t)len, L->dest, k + 1, &L->ms[k]);
   }
   pthread_mutex_lock(&L->mu);
@@ -283,6 +315,12 @@ int rt_pd_transfer_node(const struct rt_node_ctx *c) {
   free(L->buf[k]);
   L->buf[k] = NULL;
   return 0; /* a failed apply fails the request after the graph, with its own message */
+}
+
+void pd_die(const char *who, int nth) {
+  fprintf(stderr, "cedar: test fault: %s kills itself (SIGKILL) at message %d\n", who, nth);
+  fflush(stderr);
+  raise(SIGKILL);
 }
 
 /* ---- the package record -------------------------------------------------- */

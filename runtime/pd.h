@@ -89,6 +89,16 @@ void rt_pd_mpi_end(void);
 int rt_pd_world_size(void);
 int rt_pd_world_rank(void);
 bool rt_pd_mpi_built(void);
+/* For `cedar bench pd` (plain MPI on MPI_COMM_WORLD, outside a request):
+ * every rank waits here for the others, sleeping between polls (so a
+ * waiting rank leaves the cores to the one working); the one-way bandwidth
+ * in bytes/s from rank a to rank b with reps messages of `bytes` (the
+ * other ranks return at once; a's result is sent to b, both return it);
+ * and v[n] sent from rank `from` to rank `to` (in place on `to`). Return 0
+ * or CEDAR_EUNSUPPORTED without MPI. */
+int rt_pd_mpi_barrier(void);
+int rt_pd_mpi_bandwidth(int a, int b, size_t bytes, int reps, double *bytes_per_s);
+int rt_pd_mpi_share(double *v, int n, int from, int to);
 
 /* Prefill and decode on different homes. */
 bool rt_pd_split(const struct plan *p);
@@ -165,6 +175,22 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
 /* The last rt_pd_generate's figures in this process (for reports). */
 const struct rt_pd_stats *rt_pd_last_stats(void);
 
+/* What the decode rank knows of the prefill rank's part of the last request
+ * under mpirun with a trace asked for (rt_gen_opts.on_graph on the StarPU
+ * executor): P's prefill graph, when each of its nodes ran on P, and when
+ * each transfer message arrived on D, all on D's clock of struct
+ * rt_task_time (P converts its times to CLOCK_MONOTONIC, D back: one clock
+ * on one host). NULL when there is none. cli/run_pd.c makes it one trace. */
+struct rt_pd_trace {
+  const struct graph *g;
+  const struct rt_task_time *p_times; /* (g->n_node) worker: P's */
+  const double *arrive_us;            /* (g->n_node) transfers: arrival on D; others 0 */
+  const int64_t *msg_bytes;           /* (g->n_node) transfers: the message's bytes; others 0 */
+  int p_rank, d_rank, p_workers;
+};
+const struct rt_pd_trace *rt_pd_last_trace(void);
+void rt_pd_trace_release(void);
+
 /* Test hooks: what a P/D run does to the package before D's barrier
  * (negative tests of SPEC 8.9.45). */
 enum rt_pd_fault {
@@ -175,7 +201,16 @@ enum rt_pd_fault {
   RT_PD_FAULT_VERSION,        /* the record carries another state version */
   RT_PD_FAULT_Y1,             /* y1 both pending and already consumed */
   RT_PD_FAULT_CORRUPT,        /* one KV message's bytes flipped after its checksum */
+  RT_PD_FAULT_TRUNCATE,       /* under mpirun: P sends the first KV message cut to half its bytes */
+  RT_PD_FAULT_P_DIES,         /* under mpirun: P kills itself (SIGKILL) as it posts its K-th message */
+  RT_PD_FAULT_D_DIES,         /* under mpirun: D kills itself once K messages arrived */
 };
 void rt_pd_set_fault(enum rt_pd_fault f);
+/* rt_pd_set_fault with K for P_DIES / D_DIES. */
+void rt_pd_set_fault_at(enum rt_pd_fault f, int k);
+/* CEDAR_PD_TEST_FAULT's value (tests/cli/pd_faults.sh): hold-kv, corrupt,
+ * truncate, p-dies:K, d-dies:K. Returns 0, or CEDAR_EINVAL naming the
+ * values when s is none of them. */
+int rt_pd_fault_parse(const char *s, char *err, size_t err_len);
 
 #endif

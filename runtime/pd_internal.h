@@ -24,6 +24,17 @@ struct msg_hdr {
   uint64_t hdr_sum; /* XXH3 of the header up to here */
 };
 
+#define PD_ACK_MAGIC 0x4b414443u /* "CDAK" */
+
+/* D's answer to the package, sent after its barrier (or its refusal): P
+ * holds the request until it arrives (or the deadline passes). */
+struct pd_ack {
+  uint32_t magic;
+  int32_t status;   /* 0: accepted; else the negative cedar_status D failed with */
+  char msg[240];    /* D's error when refused */
+  uint64_t sum;     /* XXH3 of the ack up to here */
+};
+
 struct pd_link {
   enum rt_pd_role role;          /* LOCAL or PREFILL */
   const struct graph *g;
@@ -36,12 +47,17 @@ struct pd_link {
   pthread_mutex_t mu;            /* LOCAL: applies are serialised (KV in order per source by the edges) */
   int last_kv;                   /* the last KV transfer node (a test holds it back) */
   uint64_t chain_p;              /* LOCAL: XXH3 chain of the payload checksums as packed */
+  atomic_int posted;             /* PREFILL: messages posted so far (test faults) */
+  atomic_int kv_faulted;         /* PREFILL: the first KV message took its test fault */
   int rc;
   char err[256];
 };
 
 extern struct pd_link *pd_cur;      /* the P/D request running now (one per process) */
 extern enum rt_pd_fault pd_fault;   /* rt_pd_set_fault */
+extern int pd_fault_at;             /* its K (P_DIES, D_DIES) */
+/* A test fault: say so on stderr, then SIGKILL this process. */
+void pd_die(const char *who, int nth);
 
 /* The payload / message bytes of transfer node nd, from request r's shapes. */
 int64_t pd_payload_bytes(const struct graph *g, const struct graph_node *nd, const struct rt_request *r);
@@ -63,6 +79,11 @@ struct pd_msg_state {
 };
 
 double pd_now(void);
+/* Every rank of the world meets here before a request's messages (so a
+ * slow start on one rank is not counted against the transfer's deadline);
+ * false when the others did not come within dl seconds (the barrier stays
+ * posted: the caller ends the job). */
+bool pd_mpi_meet(double dl);
 /* Start StarPU-MPI (StarPU too when the executor is direct). */
 int pd_mpi_start(char *err, size_t err_len);
 /* Post a detached send / receive of bytes at buf; s->done turns 1 when it

@@ -76,6 +76,85 @@ void rt_pd_mpi_end(void) {
   mpi_inited = false;
 }
 
+/* ---- plain MPI for bench pd ---------------------------------------------- */
+
+static void wait_req(MPI_Request *q) {
+  int done = 0;
+  for (;;) {
+    MPI_Test(q, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    nanosleep(&(struct timespec){0, 200000}, NULL);
+  }
+}
+
+bool pd_mpi_meet(double dl) {
+  if (!mpi_inited) return true;
+  MPI_Request q;
+  MPI_Ibarrier(MPI_COMM_WORLD, &q);
+  double until = pd_now() + dl;
+  for (int done = 0;;) {
+    MPI_Test(&q, &done, MPI_STATUS_IGNORE);
+    if (done) return true;
+    if (pd_now() > until) return false;
+    nanosleep(&(struct timespec){0, 500000}, NULL);
+  }
+}
+
+int rt_pd_mpi_barrier(void) {
+  if (!mpi_inited) return CEDAR_EUNSUPPORTED;
+  MPI_Request q;
+  MPI_Ibarrier(MPI_COMM_WORLD, &q);
+  wait_req(&q);
+  return 0;
+}
+
+int rt_pd_mpi_bandwidth(int a, int b, size_t bytes, int reps, double *bytes_per_s) {
+  if (!mpi_inited) return CEDAR_EUNSUPPORTED;
+  *bytes_per_s = 0;
+  if (world_rank != a && world_rank != b) return 0;
+  char *buf = cedar_xcalloc(bytes ? bytes : 1, 1);
+  char ack = 0;
+  double bw = 0;
+  /* one warm-up message, then reps timed ones and b's one-byte answer */
+  for (int round = 0; round < 2; round++) {
+    int n = round ? reps : 1;
+    double t0 = pd_now();
+    for (int i = 0; i < n; i++) {
+      if (world_rank == a)
+        MPI_Send(buf, (int)bytes, MPI_BYTE, b, 7000 + round, MPI_COMM_WORLD);
+      else
+        MPI_Recv(buf, (int)bytes, MPI_BYTE, a, 7000 + round, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    }
+    if (world_rank == a)
+      MPI_Recv(&ack, 1, MPI_BYTE, b, 7100 + round, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    else
+      MPI_Send(&ack, 1, MPI_BYTE, a, 7100 + round, MPI_COMM_WORLD);
+    double dt = pd_now() - t0;
+    if (round) bw = dt > 0 ? (double)bytes * n / dt : 0;
+  }
+  free(buf);
+  if (world_rank == a)
+    MPI_Send(&bw, 1, MPI_DOUBLE, b, 7200, MPI_COMM_WORLD);
+  else
+    MPI_Recv(&bw, 1, MPI_DOUBLE, a, 7200, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  *bytes_per_s = bw;
+  return 0;
+}
+
+int rt_pd_mpi_share(double *v, int n, int from, int to) {
+  if (!mpi_inited) return CEDAR_EUNSUPPORTED;
+  if (from == to) return 0;
+  MPI_Request q;
+  if (world_rank == from) {
+    MPI_Isend(v, n, MPI_DOUBLE, to, 7300, MPI_COMM_WORLD, &q);
+    wait_req(&q);
+  } else if (world_rank == to) {
+    MPI_Irecv(v, n, MPI_DOUBLE, from, 7300, MPI_COMM_WORLD, &q);
+    wait_req(&q);
+  }
+  return 0;
+}
+
 /* ---- messages ------------------------------------------------------------ */
 
 struct msg {
@@ -192,6 +271,33 @@ int pd_mpi_recv(void *buf, size_t bytes, int src, int tag, struct pd_msg_state *
   return CEDAR_EUNSUPPORTED;
 }
 bool pd_mpi_stop(void) { return true; }
+bool pd_mpi_meet(double dl) {
+  (void)dl;
+  return true;
+}
+bool pd_mpi_meet(double dl) {
+  if (!mpi_inited) return true;
+  MPI_Request q;
+  MPI_Ibarrier(MPI_COMM_WORLD, &q);
+  double until = pd_now() + dl;
+  for (int done = 0;;) {
+    MPI_Test(&q, &done, MPI_STATUS_IGNORE);
+    if (done) return true;
+    if (pd_now() > until) return false;
+    nanosleep(&(struct timespec){0, 500000}, NULL);
+  }
+}
+
+int rt_pd_mpi_barrier(void) { return CEDAR_EUNSUPPORTED; }
+int rt_pd_mpi_bandwidth(int a, int b, size_t bytes, int reps, double *bytes_per_s) {
+  (void)a, (void)b, (void)bytes, (void)reps;
+  *bytes_per_s = 0;
+  return CEDAR_EUNSUPPORTED;
+}
+int rt_pd_mpi_share(double *v, int n, int from, int to) {
+  (void)v, (void)n, (void)from, (void)to;
+  return CEDAR_EUNSUPPORTED;
+}
 void pd_mpi_abort(const char *why) { (void)why; }
 
 #endif

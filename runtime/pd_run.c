@@ -3,6 +3,7 @@
  * StarPU-MPI (pd_mpi.c), with the deadline, the figures and the test
  * faults. */
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,9 @@
 
 /* ---- the driver ---------------------------------------------------------- */
 
+/* receive's "P went quiet past the deadline" (never leaves this file). */
+#define PD_STALLED (-100)
+
 static struct rt_pd_stats last;
 const struct rt_pd_stats *rt_pd_last_stats(void) { return &last; }
 
@@ -25,25 +29,52 @@ static double deadline_s(void) {
   return d > 0 ? d : 60;
 }
 
+/* keep: the nodes' times go there (P's part of a multi-rank trace). */
 static int run_graph(const struct graph *g, const struct rt_model *M, struct rt_request *r, struct rt_exec_out *out,
-                     struct rt_exec_stats *st, const struct rt_gen_opts *o, bool notify, char *err, size_t err_len) {
+                     struct rt_exec_stats *st, const struct rt_gen_opts *o, bool notify, struct rt_task_time *keep,
+                     char *err, size_t err_len) {
   if (o->executor == RT_EXEC_DIRECT) {
     int rc = rt_exec_direct(g, M, r, out, st, NULL, NULL, err, err_len);
     if (!rc && notify && o->on_graph) o->on_graph(o->graph_user, g, NULL);
     return rc;
   }
-  struct rt_task_time *times = notify && o->on_graph ? cedar_xcalloc((size_t)g->n_node + 1, sizeof(*times)) : NULL;
+  struct rt_task_time *times =
+      keep ? keep : notify && o->on_graph ? cedar_xcalloc((size_t)g->n_node + 1, sizeof(*times)) : NULL;
   int rc = rt_exec_starpu(g, M, r, out, st, times, NULL, NULL, err, err_len);
-  if (!rc && times) o->on_graph(o->graph_user, g, times);
-  free(times);
+  if (!rc && times && notify) o->on_graph(o->graph_user, g, times);
+  if (times != keep) free(times);
   return rc;
 }
+
+/* ---- P's part of a multi-rank trace (rt_pd_last_trace) -------------------- */
+
+static struct rt_pd_trace tr;
+static struct graph tr_g;
+static struct rt_task_time *tr_times;
+static double *tr_arrive;
+static int64_t *tr_bytes;
+
+const struct rt_pd_trace *rt_pd_last_trace(void) { return tr.g ? &tr : NULL; }
+
+void rt_pd_trace_release(void) {
+  if (tr.g) graph_free(&tr_g);
+  free(tr_times);
+  free(tr_arrive);
+  free(tr_bytes);
+  tr_times = NULL;
+  tr_arrive = NULL;
+  tr_bytes = NULL;
+  memset(&tr, 0, sizeof tr);
+}
+
+/* CLOCK_MONOTONIC microseconds minus rt_task_time's clock, now. */
+static double clock_offset_us(void) { return 1e6 * pd_now() - rt_starpu_now_us(); }
 
 /* Wait until every message in ms[idx[..]] completed, or until none has
  * completed for dl seconds (the deadline restarts at every arrival: a long
  * prefill streams its messages, a dead or stuck peer stops them). */
 static bool wait_all(const struct graph *g, struct pd_msg_state *ms, const int *idx, int n_idx, double dl,
-                     struct rt_pd_rx *rx) {
+                     struct rt_pd_rx *rx, int die_at) {
   double until = pd_now() + dl;
   int seen = 0;
   for (;;) {
@@ -55,14 +86,18 @@ static bool wait_all(const struct graph *g, struct pd_msg_state *ms, const int *
         miss = idx[i];
     }
     if (rx) rx->arrived = done;
+    if (die_at > 0 && done >= die_at) pd_die("D", done); /* a test: D dies mid-package */
     if (done == n_idx) return true;
     if (done > seen) {
       seen = done;
       until = pd_now() + dl;
     }
     if (pd_now() > until) {
+      static const char *const extra[] = {"the record", "the prefill logits", "D's acknowledgment",
+                                          "P's node times"};
       if (rx && miss >= 0)
-        snprintf(rx->first_missing, sizeof rx->first_missing, "%s", miss < g->n_node ? g->node[miss].name : "the record");
+        snprintf(rx->first_missing, sizeof rx->first_missing, "%s",
+                 miss < g->n_node ? g->node[miss].name : extra[miss - g->n_node]);
       return false;
     }
     nanosleep(&(struct timespec){0, 500000}, NULL);
@@ -88,7 +123,57 @@ struct run {
   int d_nodes, d_edges;
   int64_t d_rows;
   double ttft_d;                  /* TTFT when D delivers y1 */
+  struct pd_ack ack;              /* D's answer (P receives, D sends) */
+  bool trace;                     /* under mpirun with a trace: P sends its node times */
+  struct rt_task_time *ptimes;    /* P: (n_node) its nodes' times */
+  double *tmsg;                   /* (3 n_node): worker, start, end in CLOCK_MONOTONIC microseconds */
+  int64_t *mbytes;                /* D: (n_node) each transfer message's bytes */
+  bool acked;                     /* D: the answer went out */
+  bool mpi_on;                    /* StarPU-MPI started for this request */
 };
+
+/* KV pages the pools hold for any request. */
+static int64_t pages_in_use(const struct plan *p, struct rt_kv_pool *pools) {
+  int64_t n = 0;
+  for (int l = 0; l < p->n_layers; l++) n += pools[l].pages_in_use;
+  return n;
+}
+
+/* Free request r on pools and say so after err's message: the pages it
+ * returned and what the pools still hold. */
+static void free_and_say(const struct plan *p, struct rt_kv_pool *pools, struct rt_request *r, const char *who,
+                         char *err, size_t err_len) {
+  int64_t before = pages_in_use(p, pools);
+  rt_request_free(r);
+  int64_t after = pages_in_use(p, pools);
+  size_t n = strlen(err);
+  if (n + 1 < err_len)
+    snprintf(err + n, err_len - n, "; %s freed the request: %lld KV pages returned, %lld still in use", who,
+             (long long)(before - after), (long long)after);
+}
+
+/* D under mpirun: tell P whether the package was accepted (rc, err), wait
+ * for that to leave within the deadline, and stop StarPU-MPI. A message
+ * still posted then (P gone) frees r and ends the job. */
+static void d_answer(struct run *R, struct rt_kv_pool *pools, struct rt_request *r, int rc, const char *err) {
+  if (R->acked) return;
+  R->acked = true;
+  struct pd_ack *a = &R->ack;
+  memset(a, 0, sizeof *a);
+  a->magic = PD_ACK_MAGIC;
+  a->status = rc;
+  if (rc) snprintf(a->msg, sizeof a->msg, "%s", err);
+  a->sum = XXH3_64bits(a, offsetof(struct pd_ack, sum));
+  int k = R->g.n_node + 2;
+  bool ok = !pd_mpi_send(a, sizeof *a, R->M->p->serving.prefill_rank, k + 1, &R->L.ms[k]) &&
+            wait_all(&R->g, R->L.ms, &k, 1, deadline_s(), NULL, 0);
+  if (!pd_mpi_stop() || !ok) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", rc ? err : "D's acknowledgment did not leave within the deadline");
+    if (r->plan) free_and_say(R->M->p, pools, r, "D", why, sizeof why);
+    pd_mpi_abort(why);
+  }
+}
 
 static void fill_result(struct run *R, struct rt_gen_result *res) {
   res->prefill = R->m.prefill;
@@ -133,7 +218,16 @@ static int run_prefill(struct run *R, struct rt_kv_pool *pools, struct rt_reques
   pd_cur = &R->L;
   double t0 = pd_now();
   struct rt_exec_out out = {R->logits, R->pos};
-  rc = run_graph(&R->g, R->M, rp, &out, &R->m.prefill, R->o, R->L.role == RT_PD_LOCAL, err, err_len);
+  if (R->trace) R->ptimes = cedar_xcalloc((size_t)R->g.n_node + 1, sizeof(*R->ptimes));
+  rc = run_graph(&R->g, R->M, rp, &out, &R->m.prefill, R->o, R->L.role == RT_PD_LOCAL, R->ptimes, err, err_len);
+  if (!rc && R->trace) {
+    double off = clock_offset_us();
+    for (int k = 0; k < R->g.n_node; k++) {
+      R->tmsg[3 * k] = R->ptimes[k].worker;
+      R->tmsg[3 * k + 1] = R->ptimes[k].start_us + off;
+      R->tmsg[3 * k + 2] = R->ptimes[k].end_us + off;
+    }
+  }
   double t_end = pd_now();
   pd_cur = NULL;
   if (!rc && R->L.rc) {
@@ -242,7 +336,7 @@ static int replay_on_d(struct run *R, struct rt_request *r, char *err, size_t er
   R->logits = cedar_xmalloc(sizeof(float) * (size_t)g.out_rows * V);
   R->pos = cedar_xmalloc(sizeof(int64_t) * (size_t)g.out_rows);
   struct rt_exec_out out = {R->logits, R->pos};
-  rc = run_graph(&g, R->M, r, &out, &R->dstats, o, true, err, err_len);
+  rc = run_graph(&g, R->M, r, &out, &R->dstats, o, true, NULL, err, err_len);
   R->d_nodes = g.n_node;
   for (int k = 0; k < g.n_node; k++) R->d_edges += g.node[k].n_dep;
   R->d_rows = g.out_rows;
@@ -282,7 +376,7 @@ static int run_decode(struct run *R, struct rt_request *r, struct rt_gen_result 
     if (rc) break;
     res->decode_nodes = g.n_node;
     struct rt_exec_out out = {lg, NULL};
-    rc = run_graph(&g, R->M, r, &out, &res->decode, o, true, err, err_len);
+    rc = run_graph(&g, R->M, r, &out, &res->decode, o, true, NULL, err, err_len);
     graph_free(&g);
     if (rc) break;
     r->n_pos++;
@@ -306,32 +400,40 @@ static int receive(struct run *R, struct rt_request *rd, struct rt_pd_stats *st,
   int V = R->M->p->model.vocab;
   int64_t lg_bytes = R->g.out_rows * ((int64_t)V * 4 + 8);
   uint8_t *lg = cedar_xmalloc((size_t)lg_bytes + 1);
+  R->mbytes = cedar_xcalloc((size_t)g->n_node + 1, sizeof(*R->mbytes));
   int rc = 0;
   for (int i = 0; i < R->n_xfer && !rc; i++) {
     int k = R->xfer[i];
     int64_t len = pd_msg_bytes(g, &g->node[k], rd);
+    R->mbytes[k] = len;
     R->L.buf[k] = cedar_xmalloc((size_t)len);
     rc = pd_mpi_recv(R->L.buf[k], (size_t)len, src, k + 1, &R->L.ms[k]);
   }
   if (!rc) rc = pd_mpi_recv(&R->m, sizeof R->m, src, g->n_node + 1, &R->L.ms[g->n_node]);
   if (!rc && lg_bytes > 0) rc = pd_mpi_recv(lg, (size_t)lg_bytes, src, g->n_node + 2, &R->L.ms[g->n_node + 1]);
   if (lg_bytes == 0) atomic_store(&R->L.ms[g->n_node + 1].done, 1); /* replay on D: P sends no logits */
+  if (!rc && R->trace)
+    rc = pd_mpi_recv(R->tmsg, sizeof(double) * 3 * (size_t)g->n_node, src, g->n_node + 5, &R->L.ms[g->n_node + 3]);
+  else
+    atomic_store(&R->L.ms[g->n_node + 3].done, 1);
   if (rc) {
     snprintf(err, err_len, "posting the receives through StarPU-MPI failed");
     free(lg);
     return rc;
   }
-  int all[R->n_xfer + 2];
+  int all[R->n_xfer + 3];
   memcpy(all, R->xfer, sizeof(int) * (size_t)R->n_xfer);
   all[R->n_xfer] = g->n_node;
   all[R->n_xfer + 1] = g->n_node + 1;
+  all[R->n_xfer + 2] = g->n_node + 3;
   double dl = deadline_s();
-  if (!wait_all(g, R->L.ms, all, R->n_xfer + 2, dl, &R->rx)) {
+  if (!wait_all(g, R->L.ms, all, R->n_xfer + 3, dl, &R->rx, pd_fault == RT_PD_FAULT_D_DIES ? pd_fault_at : 0)) {
+    int fake = !R->trace + (lg_bytes == 0); /* marked done above: no such message */
     snprintf(err, err_len, "the P->D transfer stalled: no message for %.0f s (CEDAR_PD_DEADLINE_S): %lld of %d "
-             "messages arrived, first missing: %s; this request is dropped and its pages freed", dl,
-             (long long)R->rx.arrived, R->n_xfer + 2, R->rx.first_missing);
+             "messages arrived, first missing: %s; this request is dropped", dl, (long long)R->rx.arrived - fake,
+             R->n_xfer + 3 - fake, R->rx.first_missing);
     free(lg);
-    return CEDAR_EIO;
+    return PD_STALLED;
   }
   R->rx.arrived = R->n_xfer; /* the record and the logits are not transfer messages */
   for (int i = 0; i < R->n_xfer && !rc; i++) {
@@ -353,17 +455,20 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
   memset(res, 0, sizeof(*res));
   memset(st, 0, sizeof(*st));
   enum rt_pd_role role = rt_pd_role_of(p);
-  const char *tf = getenv("CEDAR_PD_TEST_FAULT"); /* tests/cli/pd_mpi.sh: P holds the last KV message back */
-  if (tf && !strcmp(tf, "hold-kv")) rt_pd_set_fault(RT_PD_FAULT_INFLIGHT);
+  const char *tf = getenv("CEDAR_PD_TEST_FAULT"); /* tests/cli/pd_mpi.sh, pd_faults.sh */
+  if (tf && rt_pd_fault_parse(tf, err, err_len)) return CEDAR_EINVAL;
   if (n < 1 || o->max_new < 1) {
     snprintf(err, err_len, "a request needs a prompt of at least one token and --max-new of at least 1");
     return CEDAR_EINVAL;
   }
   if (o->cache) {
-    snprintf(err, err_len, "a P/D placement runs without the prefix cache (not built for it yet)");
+    snprintf(err, err_len, "a P/D placement (prefill and decode on different ranks) runs without the prefix cache: "
+             "a hit would need the cached pages on D and the encoder snapshot on P, which is not built; turn the "
+             "prefix cache off for this plan, or run it without serving.placement");
     return CEDAR_EUNSUPPORTED;
   }
   if (role == RT_PD_IDLE || role == RT_PD_NONE) {
+    if (role == RT_PD_IDLE && !pd_mpi_meet(deadline_s())) pd_mpi_abort("the other ranks did not start the request");
     if (role == RT_PD_IDLE && !pd_mpi_start(err, err_len)) pd_mpi_stop();
     return 1;
   }
@@ -381,7 +486,10 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
   struct rt_request rp = {0};
   if (rc) goto out;
   R->L.buf = cedar_xcalloc((size_t)R->g.n_node, sizeof(uint8_t *));
-  R->L.ms = cedar_xcalloc((size_t)R->g.n_node + 2, sizeof(*R->L.ms));
+  /* + the record, the logits, D's answer, P's node times (a trace) */
+  R->L.ms = cedar_xcalloc((size_t)R->g.n_node + 4, sizeof(*R->L.ms));
+  R->trace = role != RT_PD_LOCAL && o->on_graph && o->executor != RT_EXEC_DIRECT;
+  if (R->trace) R->tmsg = cedar_xcalloc(3 * (size_t)R->g.n_node + 1, sizeof(double));
   R->xfer = cedar_xmalloc(sizeof(int) * (size_t)(R->g.n_transfer + 1));
   R->L.last_kv = -1;
   for (int k = 0; k < R->g.n_node; k++) {
@@ -392,7 +500,13 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
   R->logits = cedar_xmalloc(sizeof(float) * (size_t)R->g.out_rows * p->model.vocab);
   R->pos = cedar_xmalloc(sizeof(int64_t) * (size_t)R->g.out_rows);
   R->rx.expected = R->n_xfer;
+  if (role != RT_PD_LOCAL && !pd_mpi_meet(deadline_s())) { /* both engines up before any deadline counts */
+    snprintf(err, err_len, "the %s rank did not start the request within %.0f s (CEDAR_PD_DEADLINE_S)",
+             role == RT_PD_PREFILL ? "decode" : "prefill", deadline_s());
+    pd_mpi_abort(err);
+  }
   if (role != RT_PD_LOCAL && (rc = pd_mpi_start(err, err_len))) goto out;
+  R->mpi_on = role != RT_PD_LOCAL;
   if (role == RT_PD_LOCAL || role == RT_PD_DECODE) {
     rc = rt_request_init(r, 0, p, pools, n + o->max_new);
     if (rc) {
@@ -413,6 +527,7 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
       pd_mpi_abort(err);
       goto out;
     }
+    if (pd_fault == RT_PD_FAULT_P_DIES && pd_fault_at > R->n_xfer) pd_die("P", pd_fault_at); /* before the record */
     int64_t rows = R->g.out_rows, V = p->model.vocab;
     uint8_t *lg = cedar_xmalloc((size_t)(rows * (V * 4 + 8)) + 1);
     memcpy(lg, R->logits, (size_t)(rows * V * 4));
@@ -421,32 +536,51 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
     if (!rc && rows > 0)
       rc = pd_mpi_send(lg, (size_t)(rows * (V * 4 + 8)), R->L.dest, R->g.n_node + 2, &R->L.ms[R->g.n_node + 1]);
     if (rows == 0) atomic_store(&R->L.ms[R->g.n_node + 1].done, 1); /* replay on D: no logits to send */
-    int all[R->n_xfer + 2];
+    if (!rc && R->trace)
+      rc = pd_mpi_send(R->tmsg, sizeof(double) * 3 * (size_t)R->g.n_node, R->L.dest, R->g.n_node + 5,
+                       &R->L.ms[R->g.n_node + 3]);
+    else
+      atomic_store(&R->L.ms[R->g.n_node + 3].done, 1);
+    if (!rc) rc = pd_mpi_recv(&R->ack, sizeof R->ack, R->L.dest, R->g.n_node + 3, &R->L.ms[R->g.n_node + 2]);
+    int all[R->n_xfer + 4];
     memcpy(all, R->xfer, sizeof(int) * (size_t)R->n_xfer);
     all[R->n_xfer] = R->g.n_node;
     all[R->n_xfer + 1] = R->g.n_node + 1;
+    all[R->n_xfer + 2] = R->g.n_node + 2;
+    all[R->n_xfer + 3] = R->g.n_node + 3;
     double dl = deadline_s();
-    if (!rc && !wait_all(&R->g, R->L.ms, all, R->n_xfer + 2, dl, &R->rx)) {
-      snprintf(err, err_len, "the decode rank stopped taking the package: no message done for %.0f s "
-               "(CEDAR_PD_DEADLINE_S); the "
-               "request is freed on P", dl);
+    if (rc) {
+      snprintf(err, err_len, "posting the package through StarPU-MPI failed");
+    } else if (!wait_all(&R->g, R->L.ms, all, R->n_xfer + 4, dl, &R->rx, 0)) {
+      snprintf(err, err_len, "the decode rank stopped taking the package: nothing completed for %.0f s "
+               "(CEDAR_PD_DEADLINE_S), first missing: %s", dl, R->rx.first_missing);
+      rc = CEDAR_EIO;
+    } else if (R->ack.magic != PD_ACK_MAGIC || R->ack.sum != XXH3_64bits(&R->ack, offsetof(struct pd_ack, sum))) {
+      snprintf(err, err_len, "the decode rank's answer fails its checksum");
+      rc = CEDAR_EIO;
+    } else if (R->ack.status) {
+      R->ack.msg[sizeof R->ack.msg - 1] = 0;
+      snprintf(err, err_len, "the decode rank refused the package: %s", R->ack.msg);
       rc = CEDAR_EIO;
     }
+    figures(R, st, pd_now()); /* before rp goes: the message sizes come from its shapes */
+    st->handoff_s = 0;
+    if (rc) free_and_say(p, pools, &rp, "P", err, err_len); /* accepted: D holds the state now, P's goes too */
     bool stopped = pd_mpi_stop();
     if (stopped) free(lg); /* in flight: StarPU-MPI may still read it */
     if (!stopped) {
-      rt_request_free(&rp);
+      if (rp.plan) rt_request_free(&rp);
       pd_mpi_abort(err);
     }
-    figures(R, st, pd_now());
-    st->handoff_s = 0;
     if (!rc) rc = 1;
     goto out;
   } else {
     rc = receive(R, r, st, p->serving.prefill_rank, err, err_len);
-    if (!pd_mpi_stop()) { /* a receive still posted after the deadline: free the request, end the job */
-      rt_request_free(r);
-      pd_mpi_abort(err);
+    if (rc == PD_STALLED) { /* P is gone: a receive stays posted (StarPU-MPI cannot cancel it) */
+      rc = CEDAR_EIO;
+      R->acked = true; /* nobody to answer */
+      free_and_say(p, pools, r, "D", err, err_len);
+      if (!pd_mpi_stop()) pd_mpi_abort(err); /* ends the job: exit 1 */
     }
     if (rc) goto out;
   }
@@ -481,10 +615,31 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
              (long long)R->m.out_rows, (long long)R->g.out_rows);
     rc = CEDAR_EINVAL;
   }
+  if (role == RT_PD_DECODE) d_answer(R, pools, r, rc, err);
   if (rc) goto out;
   fill_result(R, res);
   rc = run_decode(R, r, res, err, err_len);
+  if (!rc && R->trace && role == RT_PD_DECODE) { /* P's part, on D's clock */
+    for (int k = 0; k < R->g.n_node; k++) free(R->L.buf[k]), R->L.buf[k] = NULL;
+    rt_pd_trace_release();
+    double off = clock_offset_us();
+    tr_times = cedar_xcalloc((size_t)R->g.n_node + 1, sizeof(*tr_times));
+    tr_arrive = cedar_xcalloc((size_t)R->g.n_node + 1, sizeof(*tr_arrive));
+    for (int k = 0; k < R->g.n_node; k++) {
+      tr_times[k] = (struct rt_task_time){(int)R->tmsg[3 * k], 0, R->tmsg[3 * k + 1] - off, R->tmsg[3 * k + 2] - off};
+      if (tr_times[k].worker > tr.p_workers - 1) tr.p_workers = tr_times[k].worker + 1;
+    }
+    tr_bytes = R->mbytes;
+    R->mbytes = NULL;
+    for (int i = 0; i < R->n_xfer; i++) tr_arrive[R->xfer[i]] = 1e6 * R->L.ms[R->xfer[i]].t_done - off;
+    tr_g = R->g;
+    memset(&R->g, 0, sizeof R->g); /* the trace owns it now */
+    tr = (struct rt_pd_trace){&tr_g,        tr_times, tr_arrive, tr_bytes, p->serving.prefill_rank, p->serving.decode_rank,
+                              tr.p_workers};
+  }
 out:
+  if (role == RT_PD_DECODE && R->mpi_on && !R->acked)
+    d_answer(R, pools, r, rc, err); /* refused before the barrier: P hears why */
   last = *st;
   if (rp.plan) rt_request_free(&rp);
   if (pools_p) {
@@ -497,6 +652,9 @@ out:
   free(R->xfer);
   free(R->logits);
   free(R->pos);
+  free(R->ptimes);
+  free(R->tmsg);
+  free(R->mbytes);
   pthread_mutex_destroy(&R->L.mu);
   graph_free(&R->g);
   free(R);

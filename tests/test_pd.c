@@ -16,7 +16,9 @@
  *  - the ready barrier (SPEC 7.3, 8.9.45): a missing tail, an SWA boundary
  *    mismatch, a page still in flight, a state version mismatch and an
  *    ambiguous y1 each make D refuse, naming the condition; a corrupt
- *    message fails its checksum; each time the request's pages return.
+ *    message fails its checksum; each time the request's pages return;
+ *  - a request with a prefix cache is refused with the reason, and
+ *    CEDAR_PD_TEST_FAULT's values parse (a bad one is refused by name).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,6 +144,30 @@ static void expect_refusal(struct fx *pd, enum rt_pd_fault f, int64_t n, const c
   free(tok);
 }
 
+static void check_refusals_and_faults(struct fx *pd) {
+  int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  struct pc_cache *fake = (struct pc_cache *)&tok; /* never dereferenced: refused before any use */
+  struct rt_gen_opts o = {.chunk = 16, .replay = -1, .max_new = 2, .cache = fake};
+  struct rt_request r = {0};
+  struct rt_gen_result res;
+  struct rt_pd_stats st;
+  err[0] = 0;
+  int rc = rt_pd_generate(&pd->M, pd->pools, &r, tok, 8, &o, &res, &st, err, sizeof err);
+  EXPECT(rc == CEDAR_EUNSUPPORTED && strstr(err, "runs without the prefix cache") && strstr(err, "turn the prefix"),
+         "a prefix cache with P/D: rc %d, '%s'", rc, err);
+  EXPECT(pages_in_use(pd) == 0, "prefix-cache refusal: pages held");
+  static const char *const good[] = {"hold-kv", "corrupt", "truncate", "p-dies:1", "d-dies:17"};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+    EXPECT(rt_pd_fault_parse(good[i], err, sizeof err) == 0, "fault '%s' refused: %s", good[i], err);
+  static const char *const bad[] = {"", "p-dies:", "p-dies:0", "d-dies:x", "p-dies:3x", "hold", "corrupt2"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    err[0] = 0;
+    EXPECT(rt_pd_fault_parse(bad[i], err, sizeof err) == CEDAR_EINVAL && strstr(err, "want hold-kv"),
+           "fault '%s' accepted (or unclear: '%s')", bad[i], err);
+  }
+  rt_pd_set_fault(RT_PD_FAULT_NONE);
+}
+
 int main(void) {
   struct fx pd, pdd, one;
   if (!fx_open(&pd, PD_PLAN) || !fx_open(&pdd, PD_PLAN_D) || !fx_open(&one, PLAN_T40)) return h_report("pd");
@@ -168,6 +194,7 @@ int main(void) {
     expect_refusal(f, RT_PD_FAULT_Y1, 37, "condition 4 (sampled-but-unconsumed token)", "an ambiguous y1");
     expect_refusal(f, RT_PD_FAULT_CORRUPT, 37, "fails its checksum", "a corrupt KV message");
   }
+  check_refusals_and_faults(&pd);
   fx_close(&pd);
   fx_close(&pdd);
   fx_close(&one);

@@ -21,6 +21,9 @@ void viz_trace_free(struct viz_trace *t) {
   free(t->slice);
   free(t->flow);
   free(t->thread);
+  free(t->thread_pid);
+  free(t->proc);
+  free(t->proc_pid);
   memset(t, 0, sizeof(*t));
 }
 
@@ -28,7 +31,11 @@ void viz_trace_thread(struct viz_trace *t, int tid, const char *name) {
   CEDAR_ASSERT(tid >= 0);
   if (tid >= t->n_thread) {
     t->thread = cedar_xrealloc(t->thread, sizeof(*t->thread) * (size_t)(tid + 1));
-    for (int i = t->n_thread; i <= tid; i++) snprintf(t->thread[i], sizeof t->thread[i], "worker %d", i);
+    t->thread_pid = cedar_xrealloc(t->thread_pid, sizeof(*t->thread_pid) * (size_t)(tid + 1));
+    for (int i = t->n_thread; i <= tid; i++) {
+      snprintf(t->thread[i], sizeof t->thread[i], "worker %d", i);
+      t->thread_pid[i] = -1;
+    }
     t->n_thread = tid + 1;
   }
   snprintf(t->thread[tid], sizeof t->thread[tid], "%s", name);
@@ -48,6 +55,43 @@ static const char *node_mode(const struct graph *g, const struct graph_node *nd)
 }
 
 void viz_trace_add_graph(struct viz_trace *t, const struct graph *g, const struct viz_task_time *times, int request) {
+  viz_trace_add_graph_at(t, g, times, request, t->pid);
+}
+
+void viz_trace_process(struct viz_trace *t, int pid, const char *name) {
+  t->proc = cedar_xrealloc(t->proc, sizeof(*t->proc) * (size_t)(t->n_proc + 1));
+  t->proc_pid = cedar_xrealloc(t->proc_pid, sizeof(*t->proc_pid) * (size_t)(t->n_proc + 1));
+  snprintf(t->proc[t->n_proc], sizeof t->proc[0], "%s", name);
+  t->proc_pid[t->n_proc++] = pid;
+}
+
+void viz_trace_thread_of(struct viz_trace *t, int tid, int pid, const char *name) {
+  viz_trace_thread(t, tid, name);
+  t->thread_pid[tid] = pid;
+}
+
+int viz_trace_add_slice(struct viz_trace *t, const struct viz_slice *s) {
+  if (t->n_slice == t->cap_slice) {
+    t->cap_slice = t->cap_slice ? 2 * t->cap_slice : 256;
+    t->slice = cedar_xrealloc(t->slice, sizeof(*t->slice) * (size_t)t->cap_slice);
+  }
+  t->slice[t->n_slice] = *s;
+  if (s->tid >= t->n_thread) viz_trace_thread_of(t, s->tid, s->pid, "");
+  return t->n_slice++;
+}
+
+static void add_flow(struct viz_trace *t, int from, int to, const char *cat) {
+  if (t->n_flow == t->cap_flow) {
+    t->cap_flow = t->cap_flow ? 2 * t->cap_flow : 256;
+    t->flow = cedar_xrealloc(t->flow, sizeof(*t->flow) * (size_t)t->cap_flow);
+  }
+  t->flow[t->n_flow++] = (struct viz_flow){from, to, cat};
+}
+
+void viz_trace_add_flow(struct viz_trace *t, int from, int to, const char *cat) { add_flow(t, from, to, cat); }
+
+int viz_trace_add_graph_at(struct viz_trace *t, const struct graph *g, const struct viz_task_time *times,
+                           int request, int pid) {
   int base = t->n_slice;
   if (t->n_slice + g->n_node > t->cap_slice) {
     t->cap_slice = 2 * (t->n_slice + g->n_node);
@@ -73,19 +117,17 @@ void viz_trace_add_graph(struct viz_trace *t, const struct graph *g, const struc
     s->n = nd->n;
     s->flops = nd->flops;
     s->bytes = node_bytes(g, nd);
-    if (s->tid >= t->n_thread) viz_trace_thread(t, s->tid, "");
+    s->pid = pid;
+    if (s->tid >= t->n_thread) viz_trace_thread_of(t, s->tid, pid == t->pid ? -1 : pid, "");
     if (!t->thread[s->tid][0]) snprintf(t->thread[s->tid], sizeof t->thread[s->tid], "worker %d", s->tid);
   }
   for (int k = 0; k < g->n_node; k++)
     for (int i = 0; i < g->node[k].n_dep; i++) {
       int j = g->node[k].dep[i];
       if (times[j].tid == times[k].tid) continue;
-      if (t->n_flow == t->cap_flow) {
-        t->cap_flow = t->cap_flow ? 2 * t->cap_flow : 256;
-        t->flow = cedar_xrealloc(t->flow, sizeof(*t->flow) * (size_t)t->cap_flow);
-      }
-      t->flow[t->n_flow++] = (struct viz_flow){base + j, base + k};
+      add_flow(t, base + j, base + k, NULL);
     }
+  return base;
 }
 
 /* ---- writing -------------------------------------------------------------- */
@@ -104,24 +146,28 @@ static int cmp_ev(const void *a, const void *b) {
   return x->idx - y->idx;
 }
 
-static cJSON *event(const struct viz_trace *t, const char *name, const char *ph, int tid) {
+static cJSON *event_of(int pid, const char *name, const char *ph, int tid) {
   cJSON *e = cJSON_CreateObject();
   cJSON_AddStringToObject(e, "name", name);
   cJSON_AddStringToObject(e, "ph", ph);
-  cJSON_AddNumberToObject(e, "pid", t->pid);
+  cJSON_AddNumberToObject(e, "pid", pid);
   cJSON_AddNumberToObject(e, "tid", tid);
   return e;
 }
 
+static int thread_pid(const struct viz_trace *t, int tid) {
+  return tid < t->n_thread && t->thread_pid[tid] >= 0 ? t->thread_pid[tid] : t->pid;
+}
+
 static cJSON *metadata(const struct viz_trace *t, const char *what, int tid, const char *key, cJSON *value) {
-  cJSON *e = event(t, what, "M", tid);
+  cJSON *e = event_of(!strcmp(what, "process_name") ? t->pid : thread_pid(t, tid), what, "M", tid);
   cJSON *a = cJSON_AddObjectToObject(e, "args");
   cJSON_AddItemToObject(a, key, value);
   return e;
 }
 
-static cJSON *slice_event(const struct viz_trace *t, const struct viz_slice *s) {
-  cJSON *e = event(t, s->name, "X", s->tid);
+static cJSON *slice_event(const struct viz_slice *s) {
+  cJSON *e = event_of(s->pid, s->name, "X", s->tid);
   cJSON_AddStringToObject(e, "cat", s->op);
   cJSON_AddNumberToObject(e, "ts", s->ts);
   cJSON_AddNumberToObject(e, "dur", s->dur);
@@ -143,8 +189,9 @@ static cJSON *slice_event(const struct viz_trace *t, const struct viz_slice *s) 
 
 static cJSON *flow_event(const struct viz_trace *t, int f, bool start) {
   const struct viz_slice *s = &t->slice[start ? t->flow[f].from : t->flow[f].to];
-  cJSON *e = event(t, "dep", start ? "s" : "f", s->tid);
-  cJSON_AddStringToObject(e, "cat", "dep");
+  const char *cat = t->flow[f].cat ? t->flow[f].cat : "dep";
+  cJSON *e = event_of(s->pid, cat, start ? "s" : "f", s->tid);
+  cJSON_AddStringToObject(e, "cat", cat);
   cJSON_AddNumberToObject(e, "id", f);
   cJSON_AddNumberToObject(e, "ts", s->ts); /* the slice's start: inside it, so the flow binds to it */
   if (!start) cJSON_AddStringToObject(e, "bp", "e");
@@ -155,6 +202,11 @@ static cJSON *build(const struct viz_trace *t) {
   cJSON *root = cJSON_CreateObject();
   cJSON *evs = cJSON_AddArrayToObject(root, "traceEvents");
   cJSON_AddItemToArray(evs, metadata(t, "process_name", 0, "name", cJSON_CreateString(t->process)));
+  for (int i = 0; i < t->n_proc; i++) {
+    cJSON *pe = event_of(t->proc_pid[i], "process_name", "M", 0);
+    cJSON_AddItemToObject(cJSON_AddObjectToObject(pe, "args"), "name", cJSON_CreateString(t->proc[i]));
+    cJSON_AddItemToArray(evs, pe);
+  }
   for (int i = 0; i < t->n_thread; i++) {
     cJSON_AddItemToArray(evs, metadata(t, "thread_name", i, "name", cJSON_CreateString(t->thread[i])));
     cJSON_AddItemToArray(evs, metadata(t, "thread_sort_index", i, "sort_index", cJSON_CreateNumber(i)));
@@ -169,7 +221,7 @@ static cJSON *build(const struct viz_trace *t) {
   }
   qsort(e, (size_t)m, sizeof(*e), cmp_ev);
   for (int i = 0; i < m; i++)
-    cJSON_AddItemToArray(evs, e[i].kind == 0 ? slice_event(t, &t->slice[e[i].idx]) : flow_event(t, e[i].idx, e[i].kind == 1));
+    cJSON_AddItemToArray(evs, e[i].kind == 0 ? slice_event(&t->slice[e[i].idx]) : flow_event(t, e[i].idx, e[i].kind == 1));
   free(e);
   cJSON_AddStringToObject(root, "displayTimeUnit", "ms");
   return root;

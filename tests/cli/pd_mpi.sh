@@ -17,7 +17,14 @@
 #  5. a KV message P never sends (the test hook CEDAR_PD_TEST_FAULT=hold-kv):
 #     D fails the request once no message came for CEDAR_PD_DEADLINE_S, naming it, and
 #     ends the job (exit 1), never hangs;
-#  6. P (three times) or D killed at a random point: the job ends, no hang.
+#  6. P (three times) or D killed at a random point: the job ends, no hang
+#     (what each rank does alone when the other dies: pd_faults.sh);
+#  7. --trace writes one Chrome trace: a process per rank, P's prefill graph
+#     on rank 0, D's decode steps and a receive per message on rank 1, a
+#     flow per transfer from its send to its receive (tests/cli/
+#     trace_check.py: the format rules Perfetto and speedscope apply);
+#     `cedar view` reads it; speedscope in headless chromium loads it when
+#     both are installed (as trace.sh).
 # Every mpirun runs under `timeout`, so a hang fails the test instead of
 # blocking CI. Skips (77) where mpirun is missing or cedar was built
 # without StarPU-MPI, saying which.
@@ -132,4 +139,26 @@ for who in 0 0 0 1; do
   [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || [ "$(( $(date +%s) - t0 ))" -lt 60 ] || fail "rank $who killed: the job hung"
   echo "rank $who killed: the job ended in $(( $(date +%s) - t0 )) s (exit $rc)"
 done
+# 7: one trace for both ranks
+mpi -np 2 "$cedar" run --plan plans/v41-mini-pd.yaml "${common[@]}" --trace "$tmp/t.json" > "$tmp/tr.txt" 2> "$tmp/tr.err" \
+  || { cat "$tmp/tr.err" >&2; fail "mpirun --trace"; }
+msgs=$(sed -n 's/^  moved \([0-9]*\) messages:.*/\1/p' "$tmp/tr.txt")
+"$py" tests/cli/trace_check.py --selftest > /dev/null || fail "trace_check.py accepts broken traces"
+"$py" tests/cli/trace_check.py "$tmp/t.json" --ranks 2 --transfers $((msgs - 2)) || fail "the multi-rank trace (above)"
+"$cedar" view "$tmp/t.json" -o "$tmp/t.html" > /dev/null || fail "cedar view cannot read the multi-rank trace"
+chromium=$(command -v chromium || command -v chromium-browser || true)
+ss=${CEDAR_SPEEDSCOPE:-}
+if [ -z "$ss" ] && command -v npm > /dev/null; then ss="$(npm root -g 2> /dev/null)/speedscope"; fi
+index="$ss/dist/release/index.html"
+if [ -n "$chromium" ] && [ -f "$index" ]; then
+  printf 'window.alert = function (m) { document.title = "ALERT: " + m; };\nspeedscope.loadFileFromBase64("t.json", "%s");\n' \
+    "$(base64 -w0 "$tmp/t.json")" > "$tmp/loader.js"
+  title=$(timeout 120 "$chromium" --headless --no-sandbox --disable-gpu --allow-file-access-from-files \
+    --user-data-dir="$tmp/chromium" --virtual-time-budget=10000 --dump-dom \
+    "file://$index#localProfilePath=$tmp/loader.js" 2> /dev/null | sed -n 's:.*<title>\([^<]*\)</title>.*:\1:p')
+  [ "$title" = "t.json - speedscope" ] || fail "speedscope did not load the multi-rank trace (page title '$title')"
+  echo "multi-rank trace: speedscope in headless chromium loaded it"
+else
+  echo "multi-rank trace: speedscope check skipped (chromium: ${chromium:-none}; speedscope: $index)"
+fi
 echo "pd_mpi: ok"
