@@ -173,4 +173,16 @@ static inline struct op_kv_format op_kv_fp8_format(int block, enum op_scale_kind
  * quiet NaN, finite values past the bf16 range become +-Inf. */
 float op_bf16_round(float x);
 
+/* ---- activation rounding (ops/formats_act.c; docs/model.md s7, Appendix V #22) ---- */
+/* Each of the n values of x rounded to bf16 (op_bf16_round), in place. */
+void op_bf16_round_n(float *x, size_t n);
+/* The floor of an MXFP8 block's amax (the vendor's act_quant: s from max(amax, 1e-4)). */
+#define OP_MXFP8_AMAX_FLOOR 1e-4f
+/* MXFP8 quantize-dequantize of rows (rows, cols) with leading dimension ld,
+ * in place: per block of `block` consecutive columns s = 2^ceil(log2(max(amax,
+ * OP_MXFP8_AMAX_FLOOR) / 448)) (amax / 448 a float division; an E8M0 value),
+ * x = RNE_E4M3(x / s) * s (saturating at +-448). A block holding NaN or Inf
+ * becomes NaN. When block does not divide cols, the last block is shorter. */
+void op_mxfp8_qdq(float *x, int rows, int cols, int ld, int block);
+
 #endif

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "ops/basic.h"
+#include "ops/formats.h"
 #include "ops/registry.h"
 #include "base/check.h"
 
@@ -181,7 +182,16 @@ void op_moe_forward(float *y, int32_t *sel, float *weight, const float *x, const
   op_moe_scores(s.scores, x, w->router, n, c);
   op_moe_select(sel, weight, s.scores, w->bias, modality, n, c);
 
-  if (S > 0)
+  if (S > 0 && c->shared_mxfp8 > 0) { /* op_moe_ffn with MXFP8 inputs to each linear (s.xg is free here) */
+    float *g = s.gu, *u = s.gu + (size_t)n * S;
+    memcpy(s.xg, x, (size_t)n * d * sizeof *x);
+    op_mxfp8_qdq(s.xg, n, d, d, c->shared_mxfp8);
+    op_linear(g, s.xg, w->shared_gate, n, d, S, d, S);
+    op_linear(u, s.xg, w->shared_up, n, d, S, d, S);
+    op_moe_swiglu(g, g, u, NULL, n, S, c->limit);
+    op_mxfp8_qdq(g, n, S, S, c->shared_mxfp8);
+    op_linear(y, g, w->shared_down, n, S, d, S, d);
+  } else if (S > 0)
     op_moe_ffn(y, x, w->shared_gate, w->shared_up, w->shared_down, NULL, n, d, S, c->limit, s.gu);
   else
     memset(y, 0, (size_t)n * d * sizeof *y);

@@ -59,6 +59,8 @@ struct op_moe_cfg {
   bool norm_topk;          /* normalise the weights over the selected set: true [R-cfg] */
   float route_scale;       /* routed_scaling_factor: 1.5 [R-cfg] */
   float limit;             /* swiglu_limit: 10 [A] */
+  int shared_mxfp8;        /* > 0: the shared expert (FP8 weights) reads its inputs, x and its hidden,
+                            * through MXFP8 per this many values (op_mxfp8_qdq; Appendix V #22); 0: as given */
 };
 
 /* Weights of one MoE sublayer. Every matrix is (out, in), row-major. */

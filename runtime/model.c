@@ -17,6 +17,29 @@
 
 /* Gate floor of the Engram injection (docs/model.md s5, R.8). */
 #define RT_ENGRAM_DOT_FLOOR 1e-6f
+/* Values per E8M0 scale of an FP8 linear's MXFP8 input (Appendix V #22). */
+#define RT_MXFP8_BLOCK 32
+
+/* ---- activation numerics (docs/model.md s7, Appendix V #22) ------------- */
+
+/* model.numerics.activations: the residual streams after each update. */
+static void round_x(const struct rt_model *M, float *X, int n) {
+  const struct plan_model *m = &M->p->model;
+  if (m->num_act_bf16) op_bf16_round_n(X, (size_t)n * m->hc_streams * m->hidden);
+}
+/* model.numerics.sublayer_io: a sublayer's mixed input, normed input, output. */
+static void round_io(const struct rt_model *M, float *x, size_t count) {
+  if (M->p->model.num_io_bf16) op_bf16_round_n(x, count);
+}
+/* model.numerics.linear_inputs: the input an FP8 linear reads, (rows, cols);
+ * the same buffer when nothing is quantized, else an MXFP8 copy. */
+static const float *lin_in(const struct rt_model *M, const float *x, int rows, int cols, struct rt_arena *ar) {
+  if (!M->p->model.num_lin_mxfp8) return x;
+  float *q = RT_ALLOC(ar, float, (size_t)rows * cols);
+  memcpy(q, x, sizeof(float) * (size_t)rows * cols);
+  op_mxfp8_qdq(q, rows, cols, cols, RT_MXFP8_BLOCK);
+  return q;
+}
 
 /* ---- binding ------------------------------------------------------------ */
 
@@ -194,6 +217,7 @@ int rt_model_init(struct rt_model *M, const struct plan *p, const struct weights
       .norm_topk = m->moe_norm_topk,
       .route_scale = (float)m->route_scale,
       .limit = (float)m->swiglu_limit,
+      .shared_mxfp8 = m->num_lin_mxfp8 ? RT_MXFP8_BLOCK : 0, /* the shared expert's weights are FP8 */
   };
   if (op_rope_init_params(&M->rope_swa, m->head_dim, m->rope_dim, true, &m->rope_swa) ||
       op_rope_init_params(&M->rope_csa, m->head_dim, m->rope_dim, true, &m->rope_csa) ||
@@ -264,6 +288,7 @@ static struct mhc_step mhc_begin(const struct rt_model *M, const struct graph_no
   float *sumsq = RT_ALLOC(ar, float, n);
   RT_TIMED(ar, MHC, op_mhc_coeffs(own, s.post, s.C, dots, sumsq, X, L->hc_fn[k], L->hc_scale[k], L->hc_base[k], n, &M->mhc));
   RT_TIMED(ar, MHC, op_mhc_mix(s.u, X, (nd->flags & GRAPH_F_RESTART) ? own : pre, n, hc, d));
+  round_io(M, s.u, (size_t)n * d);
   if (nd->flags & GRAPH_F_PRE_NEXT) memcpy(pre, own, sizeof(float) * (size_t)n * hc);
   return s;
 }
@@ -272,6 +297,7 @@ static struct mhc_step mhc_begin(const struct rt_model *M, const struct graph_no
 static void mhc_end(const struct rt_model *M, float *X, const struct mhc_step *s, const float *y, int n,
                     struct rt_arena *ar) {
   RT_TIMED(ar, MHC, op_mhc_update_inplace(X, s->C, s->post, y, n, M->mhc.hc, M->mhc.hidden));
+  round_x(M, X, n);
 }
 
 /* ---- embed, Engram (docs/model.md s1, s5) -------------------------------- */
@@ -283,6 +309,7 @@ void rt_embed(const struct rt_model *M, float *X, float *pre, const int32_t *tok
   CEDAR_ASSERT_MSG(bad < 0, "token id %d at %d is outside the vocabulary (ids are checked before a run)",
                    bad >= 0 ? tok[bad] : 0, bad);
   op_mhc_expand(X, h, n, m->hc_streams, m->hidden);
+  round_x(M, X, n);
   memset(pre, 0, sizeof(float) * (size_t)n * m->hc_streams); /* the one-hot start (1, 0, ..., 0) */
   for (int i = 0; i < n; i++) pre[(size_t)i * m->hc_streams] = 1.0f;
 }
@@ -307,7 +334,9 @@ void rt_engram_inject(const struct rt_model *M, int l, float *X, const float *e,
   const struct rt_layer *L = &M->L[l];
   int hc = m->hc_streams, d = m->hidden, de = M->e_tables * m->engram_head_dim;
   float *kv = RT_ALLOC(ar, float, (size_t)n * (hc + 1) * d);
-  RT_TIMED(ar, ENGRAM, op_engram_inject(X, kv, NULL, e, L->e_wkv, L->e_qw, L->e_kw, n, de, d, hc, M->eps, RT_ENGRAM_DOT_FLOOR));
+  const float *eq = lin_in(M, e, n, de, ar); /* engram.wkv is FP8 */
+  RT_TIMED(ar, ENGRAM, op_engram_inject(X, kv, NULL, eq, L->e_wkv, L->e_qw, L->e_kw, n, de, d, hc, M->eps, RT_ENGRAM_DOT_FLOOR));
+  round_x(M, X, n);
 }
 
 /* ---- attention (docs/model.md s3) ---------------------------------------- */
@@ -454,6 +483,22 @@ static void attend_tile(const struct rt_model *M, float *o, const float *q, cons
   op_sparse_attn_f32(o, NULL, q, pos, idx, gkv, u, skv, sv->pos, sv->n_slots, n, pr);
 }
 
+/* The grouped output projection (s3): op_grouped_oproj, or with MXFP8
+ * inputs (wo_a and wo_b are FP8) the same two stages with o and z quantized. */
+static void oproj(const struct rt_model *M, float *y, float *z, float *o, const struct rt_layer *L, int n) {
+  const struct plan_model *m = &M->p->model;
+  const int d = m->hidden, G = m->o_groups, R = m->o_rank, hd = m->heads * m->head_dim, gw = hd / G;
+  if (!m->num_lin_mxfp8) {
+    op_grouped_oproj(y, z, o, L->wo_a, L->wo_b, n, m->heads, m->head_dim, G, R, d);
+    return;
+  }
+  op_mxfp8_qdq(o, n, hd, hd, RT_MXFP8_BLOCK); /* blocks of 32 inside a group when 32 divides its width */
+  for (int g = 0; g < G; g++)
+    op_linear(z + (size_t)g * R, o + (size_t)g * gw, L->wo_a + (size_t)g * R * gw, n, gw, R, hd, G * R);
+  op_mxfp8_qdq(z, n, G * R, G * R, RT_MXFP8_BLOCK);
+  op_linear(y, z, L->wo_b, n, G * R, d, G * R, d);
+}
+
 int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, const struct rt_buses *b,
             const struct rt_bound *st, struct rt_arena *ar) {
   const struct plan_model *m = &M->p->model;
@@ -465,6 +510,8 @@ int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, flo
 
   float *a_in = RT_ALLOC(ar, float, (size_t)n * d);
   RT_TIMED(ar, OTHER, op_rmsnorm(a_in, s.u, L->attn_norm, n, d, M->eps));
+  round_io(M, a_in, (size_t)n * d);
+  const float *a_q = lin_in(M, a_in, n, d, ar); /* wq_a and wkv are FP8; the BF16 ones read a_in */
   int64_t *pos = RT_ALLOC(ar, int64_t, n);
   for (int i = 0; i < n; i++) pos[i] = nd->a + i;
   /* The tile's RoPE angles, once for q, kS, the attention's inverse and,
@@ -474,10 +521,11 @@ int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, flo
   RT_TIMED(ar, QKV, op_rope_angles_init(&ang, abuf, L->rope, pos, n));
   float *cq = RT_ALLOC(ar, float, (size_t)n * m->q_rank);
   float *q = RT_ALLOC(ar, float, (size_t)n * hd);
-  RT_TIMED(ar, QKV, op_q_latent(cq, a_in, L->wq_a, L->q_norm, n, d, m->q_rank, M->eps));
-  RT_TIMED(ar, QKV, op_q_main(q, cq, L->wq_b, &ang, L->rope, n, m->q_rank, m->heads, m->head_dim, m->q_head_norm, M->eps));
+  RT_TIMED(ar, QKV, op_q_latent(cq, a_q, L->wq_a, L->q_norm, n, d, m->q_rank, M->eps));
+  const float *cq_q = lin_in(M, cq, n, m->q_rank, ar); /* wq_b and indexer.wq_b are FP8 */
+  RT_TIMED(ar, QKV, op_q_main(q, cq_q, L->wq_b, &ang, L->rope, n, m->q_rank, m->heads, m->head_dim, m->q_head_norm, M->eps));
   float *kS = RT_ALLOC(ar, float, (size_t)n * m->head_dim);
-  RT_TIMED(ar, QKV, op_swa_kv(kS, a_in, L->wkv, L->kv_norm, &ang, L->rope, n, d, m->head_dim, M->eps));
+  RT_TIMED(ar, QKV, op_swa_kv(kS, a_q, L->wkv, L->kv_norm, &ang, L->rope, n, d, m->head_dim, M->eps));
   if (nd->flags & GRAPH_F_RING_RESET) rt_ring_reset(ring, nd->r0);
   if (nd->r0 > ring->r0) ring->r0 = nd->r0;
   uint8_t *fresh;
@@ -495,7 +543,7 @@ int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, flo
                      (long long)kv.n_entries, (long long)st->kv_r_end);
     kv.n_entries = st->kv_r_end;
     if (st->kv_r_pages) kv.pages = st->kv_r_pages;
-    topk = select_topk(M, nd, a_in, cq, pos, &ang, &kv, b, ar);
+    topk = select_topk(M, nd, a_in, cq_q, pos, &ang, &kv, b, ar);
   }
   struct op_attn_params pr = {
       .heads = m->heads,
@@ -512,7 +560,8 @@ int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, flo
   RT_TIMED(ar, ATTENTION, attend_tile(M, o, q, pos, topk, topk ? &kv : NULL, &sv, n, &pr, ar));
   float *y = RT_ALLOC(ar, float, (size_t)n * d);
   float *z = RT_ALLOC(ar, float, (size_t)n * m->o_groups * m->o_rank);
-  RT_TIMED(ar, OPROJ, op_grouped_oproj(y, z, o, L->wo_a, L->wo_b, n, m->heads, m->head_dim, m->o_groups, m->o_rank, d));
+  RT_TIMED(ar, OPROJ, oproj(M, y, z, o, L, n));
+  round_io(M, y, (size_t)n * d);
   for (int i = 0; i < n; i++) rt_ring_put(ring, pos[i], fresh + (size_t)i * ring->entry_bytes);
   mhc_end(M, X, &s, y, n, ar);
   return 0;
@@ -527,11 +576,13 @@ void rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, flo
   struct mhc_step s = mhc_begin(M, nd, 1, X, pre, n, ar);
   float *x = RT_ALLOC(ar, float, (size_t)n * d);
   RT_TIMED(ar, OTHER, op_rmsnorm(x, s.u, L->ffn_norm, n, d, M->eps));
+  round_io(M, x, (size_t)n * d);
   float *y = RT_ALLOC(ar, float, (size_t)n * d);
   int32_t *sel = RT_ALLOC(ar, int32_t, (size_t)n * m->n_active);
   float *wt = RT_ALLOC(ar, float, (size_t)n * m->n_active);
   void *ws = rt_arena_alloc(ar, op_moe_workspace_bytes(n, &M->moe));
   RT_TIMED(ar, MOE, op_moe_forward(y, sel, wt, x, &L->moe, NULL, n, &M->moe, ws));
+  round_io(M, y, (size_t)n * d);
   mhc_end(M, X, &s, y, n, ar);
 }
 
@@ -552,8 +603,10 @@ int rt_dec_kv(const struct rt_model *M, const struct rt_bound *st, int l, const 
     pre = own;
   }
   RT_TIMED(ar, MHC, op_mhc_mix(u, XE, pre, n, hc, d));
+  round_io(M, u, (size_t)n * d);
   float *a_enc = RT_ALLOC(ar, float, (size_t)n * d);
   op_rmsnorm(a_enc, u, L->attn_norm, n, d, M->eps);
+  round_io(M, a_enc, (size_t)n * d);
   return append_entries(M, st, l, a_enc, a, n, NULL, ar); /* its one user computes its own angles */
 }
 
@@ -574,8 +627,10 @@ void rt_head(const struct rt_model *M, float *logits, const float *X, const floa
     for (int i = 0; i < n * hc; i++) pre[i] = 1.0f;
     op_mhc_mix(h, X, pre, n, hc, d);
   }
+  round_io(M, h, (size_t)n * d);
   float *hn = RT_ALLOC(ar, float, (size_t)n * d);
   op_rmsnorm(hn, h, M->norm, n, d, M->eps);
+  round_io(M, hn, (size_t)n * d);
   op_linear(logits, hn, M->lm_head, n, d, m->vocab, d, m->vocab);
   ar->fam_s[RT_FAM_HEAD] += rt_clock() - t0;
 }

@@ -30,6 +30,8 @@ void plan__defaults(struct plan *p) {
   m->topk = 512, m->window = 128;
   m->cand_block = 8, m->cand_top_blocks = 2048;
   m->cand_pin_newest = true;                             /* Appendix V #12 */
+  m->num_act_bf16 = m->num_io_bf16 = true;               /* Appendix V #22 (sublayer_io: open, docs/model.md s7) */
+  m->num_lin_mxfp8 = true;                               /* Appendix V #22 */
   m->n_routed = 384, m->n_shared = 1, m->n_active = 6;   /* SPEC 1.2 */
   m->moe_inter = 2304, m->shared_inter = 2304;
   m->moe_score = PLAN_SCORE_SQRTSOFTPLUS, m->moe_norm_topk = true;

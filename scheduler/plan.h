@@ -80,6 +80,11 @@ struct plan_model {
   int cand_block, cand_top_blocks;
   bool cand_pin_newest; /* the newest visible block always in the pool (Appendix V #12) */
 
+  /* model.numerics: where activations are rounded (Appendix V #22; docs/model.md s7) */
+  bool num_act_bf16;    /* activations: bf16 = the residual streams X rounded to bf16 after every update */
+  bool num_io_bf16;     /* sublayer_io: bf16 = a sublayer's mixed input, normed input and output rounded */
+  bool num_lin_mxfp8;   /* linear_inputs: mxfp8 = an FP8 linear's input through E4M3 + E8M0 per 32 */
+
   /* MoE (SPEC 1.2, 3.13) */
   int n_routed, n_shared, n_active, moe_inter, shared_inter;
   enum { PLAN_SCORE_SQRTSOFTPLUS = 0, PLAN_SCORE_SOFTMAX, PLAN_SCORE_SIGMOID } moe_score;

@@ -58,6 +58,8 @@ static const char *const nibble_names[] = {"high_first", "low_first", NULL};
 static const char *const device_names[] = {"cpu", "cuda", NULL};
 static const char *const engram_mult_names[] = {"numpy", "splitmix64", NULL};
 static const char *const replay_place_names[] = {"prefill", "decode", NULL};
+static const char *const act_names[] = {"f32", "bf16", NULL};
+static const char *const lin_names[] = {"f32", "mxfp8", NULL};
 
 /* Sections whose struct is reused take offsets relative to that struct. */
 #define R(member) offsetof(struct op_rope_params, member)
@@ -182,6 +184,13 @@ static const struct field vision_fields[] = {
     END,
 };
 
+static const struct field numerics_fields[] = {
+    BENUM("activations", M(num_act_bf16), act_names),
+    BENUM("sublayer_io", M(num_io_bf16), act_names),
+    BENUM("linear_inputs", M(num_lin_mxfp8), lin_names),
+    END,
+};
+
 static const struct field model_fields[] = {
     INT("n_layers", M(n_layers), 1, PLAN_MAX_LAYERS),
     INT("hidden", M(hidden), 1, 1 << 20),
@@ -197,6 +206,7 @@ static const struct field model_fields[] = {
     SECTION("engram", 0, engram_fields),
     SECTION("dspark", 0, dspark_fields),
     SECTION("vision", 0, vision_fields),
+    SECTION("numerics", 0, numerics_fields),
     END,
 };
 

@@ -27,17 +27,24 @@ struct variant {
   const char *yaml; /* the keys the variant sets, under the `extends:` line */
   const char *has;  /* a tensor the variant's weights must have, or NULL */
   const char *lacks;/* one they must not have, or NULL */
+  bool f32;         /* compared with the default plan at `numerics` f32 (NUM_F32), the variant with it too:
+                     * an option whose effect is below bf16's resolution vanishes under bf16 activations */
 };
 
+#define NUM_F32 "  numerics: {activations: f32, sublayer_io: f32, linear_inputs: f32}\n"
+
 static const struct variant variants[] = {
-    {"model.mhc.pairing: v4, merge: learned", "model:\n  mhc: {pairing: v4, merge: learned}\n", "head.hc.fn", NULL},
-    {"model.mhc.pairing: v4, merge: sum", "model:\n  mhc: {pairing: v4, merge: sum}\n", NULL, "head.hc.fn"},
-    {"model.attention.q_head_norm: true", "model:\n  attention: {q_head_norm: true}\n", NULL, NULL},
-    {"model.indexer.k_norm: false", "model:\n  indexer: {k_norm: false}\n", NULL, "layers.1.attn.indexer.k_norm"},
-    {"model.indexer.q_mxfp4: false", "model:\n  indexer: {q_mxfp4: false}\n", NULL, NULL},
-    {"model.candidates.pin_newest: false", "model:\n  candidates: {pin_newest: false}\n", NULL, NULL},
-    {"model.rope.*.angle: f64", "model:\n  rope: {swa: {angle: f64}, csa: {angle: f64}}\n", NULL, NULL},
-    {"model.norm_eps: 1.0e-6", "model:\n  norm_eps: 1.0e-6\n", NULL, NULL},
+    {"model.mhc.pairing: v4, merge: learned", "model:\n  mhc: {pairing: v4, merge: learned}\n", "head.hc.fn", NULL, false},
+    {"model.mhc.pairing: v4, merge: sum", "model:\n  mhc: {pairing: v4, merge: sum}\n", NULL, "head.hc.fn", false},
+    {"model.attention.q_head_norm: true", "model:\n  attention: {q_head_norm: true}\n", NULL, NULL, false},
+    {"model.indexer.k_norm: false", "model:\n  indexer: {k_norm: false}\n", NULL, "layers.1.attn.indexer.k_norm", false},
+    {"model.indexer.q_mxfp4: false", "model:\n  indexer: {q_mxfp4: false}\n", NULL, NULL, false},
+    {"model.candidates.pin_newest: false", "model:\n  candidates: {pin_newest: false}\n", NULL, NULL, false},
+    {"model.rope.*.angle: f64", "model:\n  rope: {swa: {angle: f64}, csa: {angle: f64}}\n" NUM_F32, NULL, NULL, true},
+    {"model.norm_eps: 1.0e-6", "model:\n  norm_eps: 1.0e-6\n" NUM_F32, NULL, NULL, true},
+    {"model.numerics.activations: f32", "model:\n  numerics: {activations: f32}\n", NULL, NULL, false},
+    {"model.numerics.sublayer_io: f32", "model:\n  numerics: {sublayer_io: f32}\n", NULL, NULL, false},
+    {"model.numerics.linear_inputs: f32", "model:\n  numerics: {linear_inputs: f32}\n", NULL, NULL, false},
 };
 
 /* The last prompt position's logits of plan `path` (V floats into out). */
@@ -97,13 +104,22 @@ int main(void) {
   int V = p.model.vocab;
   EXPECT(p.model.hc_pairing == PLAN_PAIRING_V41 && p.model.hc_merge == PLAN_MERGE_CARRIED && !p.model.q_head_norm &&
              p.model.idx_k_norm && p.model.idx_q_mxfp4 && p.model.cand_pin_newest && p.model.rope_csa.angle_f32 &&
-             p.model.norm_eps == 1e-20,
+             p.model.norm_eps == 1e-20 && p.model.num_act_bf16 && p.model.num_io_bf16 && p.model.num_lin_mxfp8,
          "%s: the defaults are not Appendix V's", PLAN_TINY);
   plan_free(&p);
   float *base = calloc((size_t)V, sizeof *base), *alt = calloc((size_t)V, sizeof *alt);
+  float *base32 = calloc((size_t)V, sizeof *base32);
   const float *wq = NULL;
-  CEDAR_ASSERT(base && alt);
-  if (run(PLAN_TINY, base, V, NULL, "head.hc.fn", &wq)) {
+  CEDAR_ASSERT(base && alt && base32);
+  char path32[PATH_MAX + 64];
+  snprintf(path32, sizeof path32, "%s/f32.yaml", dir);
+  FILE *f32 = fopen(path32, "w");
+  CEDAR_ASSERT(f32);
+  fprintf(f32, "extends: %s/%s\nmodel:\n" NUM_F32, root, PLAN_TINY);
+  fclose(f32);
+  bool ok32 = run(path32, base32, V, NULL, NULL, &wq);
+  unlink(path32);
+  if (ok32 && run(PLAN_TINY, base, V, NULL, "head.hc.fn", &wq)) {
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
       const struct variant *v = &variants[i];
       char path[PATH_MAX + 64];
@@ -114,7 +130,8 @@ int main(void) {
       fclose(fp);
       if (run(path, alt, V, v->has, v->lacks, &wq)) {
         double dmax = 0;
-        for (int j = 0; j < V; j++) dmax = fmax(dmax, fabs((double)alt[j] - base[j]));
+        const float *ref = v->f32 ? base32 : base;
+        for (int j = 0; j < V; j++) dmax = fmax(dmax, fabs((double)alt[j] - ref[j]));
         /* Any difference at all: a forward that ignored the option would
          * compute the very same bits (same weights, same prompt, same graph). */
         EXPECT(dmax > 0, "%s: the logits are bit for bit those of the default: the option is ignored", v->what);
@@ -125,6 +142,7 @@ int main(void) {
   }
   rmdir(dir);
   free(base);
+  free(base32);
   free(alt);
   return h_report("model_options");
 }

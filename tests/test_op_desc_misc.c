@@ -151,17 +151,17 @@ static void check_moe(uint64_t *seed) {
   struct h_io h;
   /* SPEC defaults: 6 of 9 experts, sqrtsoftplus, normalised, 1.5, limit 10; all inputs */
   moe_inputs(&h, &m, true);
-  struct op_moe_cfg c = {m.hidden, m.r, 6, m.inter, 1, m.S, OP_MOE_SQRTSOFTPLUS, true, 1.5f, 10};
+  struct op_moe_cfg c = {m.hidden, m.r, 6, m.inter, 1, m.S, OP_MOE_SQRTSOFTPLUS, true, 1.5f, 10, 0};
   moe_compare(&h, &m, &c, true);
   /* every parameter set, a limit that clamps, no optional inputs */
   moe_inputs(&h, &m, false);
   h_io_param(&h, "n_active", 2), h_io_param(&h, "score", 2), h_io_param(&h, "norm_topk", 0);
   h_io_param(&h, "route_scale", 0.7), h_io_param(&h, "limit", 0.25);
-  c = (struct op_moe_cfg){m.hidden, m.r, 2, m.inter, 0, 0, OP_MOE_SIGMOID, false, 0.7f, 0.25f};
+  c = (struct op_moe_cfg){m.hidden, m.r, 2, m.inter, 0, 0, OP_MOE_SIGMOID, false, 0.7f, 0.25f, 0};
   moe_compare(&h, &m, &c, false);
   moe_inputs(&h, &m, true);
   h_io_param(&h, "score", 1);
-  c = (struct op_moe_cfg){m.hidden, m.r, 6, m.inter, 1, m.S, OP_MOE_SOFTMAX, true, 1.5f, 10};
+  c = (struct op_moe_cfg){m.hidden, m.r, 6, m.inter, 1, m.S, OP_MOE_SOFTMAX, true, 1.5f, 10, 0};
   moe_compare(&h, &m, &c, true);
 
   /* refusals */

@@ -55,7 +55,7 @@ static const struct bad_case cases[] = {
     {"swa_only_ratio", "bad/swa_only_ratio.yaml", 4, 20, "swa_only has no compress ratio"},
     {"csa_no_ratio", "bad/csa_no_ratio.yaml", 5, 5, "needs a compress ratio"},
     {"region_order", "bad/region_order.yaml", 5, 21, "encoder layer after decoder layer"},
-    {"ced_no_decoder", "plans/v41-flash.yaml", 139, 8, "CED prefill needs both"},
+    {"ced_no_decoder", "plans/v41-flash.yaml", 143, 8, "CED prefill needs both"},
     {"rope_dim", "bad/rope_dim.yaml", 5, 15, "rope_dim = 33 does not fit"},
     {"mhc_merge_v41", "bad/mhc_merge_v41.yaml", 5, 12, "merge: learned contradicts pairing: v41"},
     {"mhc_carried_v4", "plans/v41-flash.yaml", 67, 12, "merge: carried needs pairing: v41"},

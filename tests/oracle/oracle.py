@@ -128,6 +128,37 @@ def rope(x, pos, freqs, rope_dim, where='last', inverse=False):
 # ---------------------------------------------------------------- Engram addresses (R.8)
 
 
+# ---------------------------------------------------------------- activation numerics
+# Appendix V #22 (SPEC-V41.md): the vendor keeps activations in bf16 between
+# sublayers and runs its FP8 linears as MXFP8 (weights static, activations
+# quantized per 32 with an E8M0 scale).  docs/model.md s7 names the points.
+
+MXFP8_BLOCK = 32          # values per E8M0 scale of an FP8 linear's input (#22)
+MXFP8_AMAX_FLOOR = 1e-4   # s = 2^ceil(log2(max(amax, 1e-4) / 448)): #21's PYP/ATOM floor (open)
+
+
+def to_bf16(x):
+    """x as the vendor holds it between sublayers: the float32 value rounded
+    to the nearest bf16, ties to even (formats.bf16_round)."""
+    return F.bf16_round(x)
+
+
+def mxfp8(x, block=MXFP8_BLOCK):
+    """Quantize-dequantize along the last axis in blocks of `block` values
+    (a last, shorter block when block does not divide it): per block
+    s = 2^ceil(log2(max(amax, 1e-4) / 448)), x = RNE_E4M3(x / s) * s with
+    E4M3 saturating at 448; x / s is exact (s a power of two)."""
+    x = np.asarray(x, dtype=np.float64)
+    out = np.empty_like(x)
+    W = x.shape[-1]
+    for b0 in range(0, W, block):
+        xb = x[..., b0:b0 + block]
+        amax = np.max(np.abs(xb), axis=-1, keepdims=True)
+        s = np.ldexp(1.0, F.e8m0_floor_byte(np.maximum(amax, MXFP8_AMAX_FLOOR) / 448.0) - 127)
+        out[..., b0:b0 + block] = np.sign(xb) * F.e4m3_rne_magnitude(np.abs(xb) / s) * s
+    return out
+
+
 def splitmix64_stream(seed, n):
     s = seed & MASK64
     out = []
@@ -357,6 +388,10 @@ class Oracle:
         self.k_norm = bool(ix.get('k_norm', True))                 # #11
         self.q_mxfp4 = bool(ix.get('q_mxfp4', True))               # #11
         self.pin = bool(m['candidates'].get('pin_newest', True))   # #12
+        nm = m.get('numerics', {})                                 # #22 (docs/model.md s7)
+        self.act_bf16 = nm.get('activations', 'bf16') == 'bf16'
+        self.io_bf16 = nm.get('sublayer_io', 'bf16') == 'bf16'
+        self.lin_mx = nm.get('linear_inputs', 'mxfp8') == 'mxfp8'
         self.freqs = {'swa': rope_freqs(m['rope']['swa'], self.rd),
                       'csa': rope_freqs(m['rope']['csa'], self.rd)}
         self.ifreqs = {'swa': rope_freqs(m['rope']['swa'], self.rdI),
@@ -411,6 +446,19 @@ class Oracle:
     def lw(self, l, name):
         return self.w('layers.%d.%s' % (l, name))
 
+    # numerics (Appendix V #22): the three rounding points' switches
+    def _rx(self, X):
+        """numerics.activations: the residual streams after each update."""
+        return to_bf16(X) if self.act_bf16 else X
+
+    def _rio(self, x):
+        """numerics.sublayer_io: a sublayer's mixed input, normed input, output."""
+        return to_bf16(x) if self.io_bf16 else x
+
+    def _lin(self, x):
+        """numerics.linear_inputs: what an FP8-weight linear reads."""
+        return mxfp8(x) if self.lin_mx else x
+
     def _rope_kind(self, l):
         return 'swa' if self.plan.layers[l]['mode'] == 'swa_only' else 'csa'
 
@@ -446,10 +494,10 @@ class Oracle:
         own = self._hc_pre(X, pfx)
         post, C = self._hc_post_res(X, pfx)
         pre = P if self.pairing == 'v41' else own
-        u = np.matmul(pre[:, None, :], X)[:, 0]
-        y = fn(rms(u, self.w(norm_name), self.eps))
+        u = self._rio(np.matmul(pre[:, None, :], X)[:, 0])
+        y = self._rio(fn(self._rio(rms(u, self.w(norm_name), self.eps))))
         Xn = post[:, :, None] * y[:, None, :] + np.matmul(C.transpose(0, 2, 1), X)
-        return Xn, own
+        return self._rx(Xn), own
 
     def _a_in(self, l, X, P):
         """Layer l's attention input from the state entering it and the pre it
@@ -457,7 +505,8 @@ class Oracle:
         under CED (Appendix V #10; for the first decoder layer exactly its own
         attention input, for a later one (alt plans) the same rule on X^(E))."""
         pre = P if self.pairing == 'v41' else self._hc_pre(X, 'layers.%d.hc_attn' % l)
-        return rms(np.matmul(pre[:, None, :], X)[:, 0], self.lw(l, 'attn_norm'), self.eps)
+        u = self._rio(np.matmul(pre[:, None, :], X)[:, 0])
+        return self._rio(rms(u, self.lw(l, 'attn_norm'), self.eps))
 
     def _onehot(self, n):
         """Appendix V #2: layer 0's attention mixes stream 0 only."""
@@ -487,13 +536,13 @@ class Oracle:
                 off += prime
         R = np.stack(rows_all, axis=1)                                  # (nP, orders*heads)
         ev = F.engram_row_unpack(table[R], hd).reshape(len(pos), -1)    # (nP, 6144 at flash)
-        kv = ev @ self.lw(l, 'engram.wkv').T
+        kv = self._lin(ev) @ self.lw(l, 'engram.wkv').T          # engram.wkv is FP8
         d, hc = self.d, self.hc
         keys, val = kv[:, :hc * d].reshape(-1, hc, d), kv[:, hc * d:]
         qw, kw = self.lw(l, 'engram.q_w'), self.lw(l, 'engram.k_w')
         t = np.sum(rms(X, None, self.eps) * qw * rms(keys, None, self.eps) * kw, axis=-1) / math.sqrt(d)
         gate = sigmoid(np.sign(t) * np.sqrt(np.maximum(np.abs(t), 1e-6)))
-        return X + gate[:, :, None] * val[:, None, :]
+        return self._rx(X + gate[:, :, None] * val[:, None, :])
 
     # ------------------------------------------------------------ MoE (s4)
     def _moe(self, l, x):
@@ -516,19 +565,20 @@ class Oracle:
         ws = ws * float(mo['route_scale'])
         lim = float(mo.get('swiglu_limit', 0) or 0)
 
-        def ffn(xx, wg, wu, wd, scale=None):
+        def ffn(xx, wg, wu, wd, scale=None, q=lambda v: v):
+            xx = q(xx)
             g, u = xx @ wg.T, xx @ wu.T
             if lim > 0:
                 g, u = np.minimum(g, lim), np.clip(u, -lim, lim)
             h = silu(g) * u
             if scale is not None:
                 h = h * scale[:, None]
-            return h @ wd.T
+            return q(h) @ wd.T
 
         y = np.zeros_like(x)
         if mo['shared_experts'] > 0:
             y += ffn(x, self.lw(l, 'ffn.shared.w_gate'), self.lw(l, 'ffn.shared.w_up'),
-                     self.lw(l, 'ffn.shared.w_down'))
+                     self.lw(l, 'ffn.shared.w_down'), q=self._lin)   # shared expert: FP8 weights
         pf = 'layers.%d.ffn.experts.' % l
         WG, WU, WD = self.w.raw(pf + 'w_gate'), self.w.raw(pf + 'w_up'), self.w.raw(pf + 'w_down')
         for e in np.unique(sel):
@@ -615,12 +665,13 @@ class Oracle:
         nP = len(pos)
         kind = self._rope_kind(l)
         H, dh = self.H, self.dh
-        cq = rms(a @ self.lw(l, 'attn.wq_a').T, self.lw(l, 'attn.q_norm'), self.eps)
+        aq = self._lin(a)                    # wq_a, wkv, wq_b, indexer.wq_b, wo_a, wo_b: FP8 (#22)
+        cq = self._lin(rms(aq @ self.lw(l, 'attn.wq_a').T, self.lw(l, 'attn.q_norm'), self.eps))
         q = (cq @ self.lw(l, 'attn.wq_b').T).reshape(nP, H, dh)
         if self.q_head_norm:                                     # V4's; V4.1 has none (#6)
             q = q / np.sqrt(np.mean(q * q, axis=-1, keepdims=True) + self.eps)
         q = rope(q, pos, self.freqs[kind], self.rd, 'last')
-        kS = rope(rms(a @ self.lw(l, 'attn.wkv').T, self.lw(l, 'attn.kv_norm'), self.eps),
+        kS = rope(rms(aq @ self.lw(l, 'attn.wkv').T, self.lw(l, 'attn.kv_norm'), self.eps),
                   pos, self.freqs[kind], self.rd, 'last')
         kb, kv = F.store(kS, self.fmt['swa'], self.nib)
         ring = self.rings[l]
@@ -698,10 +749,10 @@ class Oracle:
                 Z = Z + np.exp(sink[None, :] - m)
             o[b] = num / Z[:, :, None]
         o = rope(o, pos, self.freqs[kind], self.rd, 'last', inverse=True)
-        og = o.reshape(nP, self.G, H * dh // self.G)
+        og = self._lin(o.reshape(nP, H * dh)).reshape(nP, self.G, H * dh // self.G)
         z = np.einsum('pgk,gok->pgo', og, self.lw(l, 'attn.wo_a')).reshape(nP, -1)
         fw.layers.setdefault(l, []).append(st)
-        return z @ self.lw(l, 'attn.wo_b').T
+        return self._lin(z) @ self.lw(l, 'attn.wo_b').T
 
     # ------------------------------------------------------------ layers
     def _run_layers(self, X, P, pos, layers, fw):
@@ -727,11 +778,12 @@ class Oracle:
             mix = (xf @ self.w('head.hc.fn').T) / np.sqrt(np.mean(xf * xf, axis=1, keepdims=True) + self.eps)
             pre = sigmoid(mix * self.w('head.hc.scale')[0] + self.w('head.hc.base')) + self.hc_eps
             h = np.einsum('pi,pid->pd', pre, X[:, :hc])
-        return rms(h, self.w('norm'), self.eps) @ self.w('lm_head').T
+        h = self._rio(h)
+        return self._rio(rms(h, self.w('norm'), self.eps)) @ self.w('lm_head').T
 
     def _embed(self, toks):
         e = self.w('embed')[np.asarray(toks, np.int64)]
-        return np.repeat(e[:, None, :], self.hc, axis=1)
+        return self._rx(np.repeat(e[:, None, :], self.hc, axis=1))
 
     def _fw(self, kind, pos, r0, writes):
         if self.log and not self.keep_buses:

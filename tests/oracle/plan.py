@@ -289,6 +289,8 @@ DEFAULTS = {
                 'merge': 'carried'},
         'engram': {'orders': [2, 3, 4], 'heads': 8, 'head_dim': 256, 'table_base': 16000000,
                    'compressed_vocab': 99092, 'pad_id': 2, 'multipliers': 'numpy', 'seed': 0},
+        # Appendix V #22: bf16 activations, MXFP8 inputs of the FP8 linears
+        'numerics': {'activations': 'bf16', 'sublayer_io': 'bf16', 'linear_inputs': 'mxfp8'},
     },
     'formats': {
         # Appendix V #21 (docs/formats.md): rules 'auto' and floors None are

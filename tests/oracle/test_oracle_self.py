@@ -284,6 +284,25 @@ def formats_round_trip_bounds():
 # ================================================================ plans
 
 @test
+def numerics_bf16_mxfp8():
+    # Appendix V #22, docs/model.md s7: hand-computed MXFP8 blocks and bf16 roundings
+    x = np.zeros(32)
+    x[:3] = [3.0, 1.1, -0.01]     # amax 3: s = 2^ceil(log2(3/448)) = 2^-7; 3/s = 384 (exact)
+    q = O.mxfp8(x)                 # 1.1/s = 140.8 -> 144 (step 16 in [128, 256)) -> 1.125
+    assert q[0] == 3.0 and q[1] == 1.125 and q[2] == -1.25 / 128, q[:3]   # -1.28 -> -1.25 (step 1/8)
+    assert np.array_equal(O.mxfp8(q), q), 'MXFP8 is idempotent'
+    tiny = np.full(32, 1e-6)       # amax below the 1e-4 floor: s = 2^ceil(log2(1e-4/448)) = 2^-22
+    assert np.array_equal(O.mxfp8(tiny), np.full(32, F.e4m3_decode(F.e4m3_encode(1e-6 * 2 ** 22)) * 2.0 ** -22))
+    w = np.array([448.0 * 4, 1.0] + [0.0] * 38)  # 40 wide: a full block and a short last one of 8
+    qw = O.mxfp8(w)
+    assert qw[0] == 1792.0 and qw[1] == 1.0 and O.mxfp8(np.arange(40.0))[39] == 40.0  # short block: 39/2^-3 = 312 -> 320
+    r = np.random.default_rng(3).standard_normal((64, 96))
+    e = np.abs(O.mxfp8(r) - r) / np.maximum(np.abs(r), 1e-300)
+    assert e[np.abs(r) > 2 ** -6 * 4].max() <= 2 ** -4, 'E4M3 keeps 3 mantissa bits (half ulp 2^-4)'
+    assert O.to_bf16(np.array([1 + 2 ** -8]))[0] == 1.0 and O.to_bf16(np.array([1 + 3 * 2 ** -8]))[0] == 1 + 2 ** -6
+
+
+@test
 def plan_yaml_subset():
     y = P.parse_yaml('''
 # comment
@@ -685,6 +704,7 @@ def tiny_op_level_rules():
     o.w._c['layers.2.ffn.bias'] = bias
     # Engram addresses are a pure function of token ids; the hash options differ
     o.tokens = prompt(20, 97)
+    o.act_bf16 = False          # the injection's math, without the bf16 rounding of X (numerics, #22)
     Xs = rng.standard_normal((20, o.hc, o.d))
     e1 = o._engram(0, Xs, np.arange(20)) - Xs
     e2 = o._engram(0, 2 * Xs, np.arange(20)) - 2 * Xs
