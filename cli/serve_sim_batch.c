@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "cli/bench.h"
 #include "cli/cli.h"
 #include "cli/serve_sim_batch.h"
 #include "ops/sample.h"
@@ -39,7 +40,7 @@ static const char usage[] =
     "                       [--requests K] [--prompt-len A[:B]] [--max-new A[:B]]\n"
     "                       [--rate R | --burst K --burst-every S | --trace FILE]\n"
     "                       [--slo-ttft-ms X] [--slo-tpot-ms X] [--slo-e2el-ms X] [--percentiles 50,90,99]\n"
-    "                       [--step-tokens T] [--chunk C] [--no-cache] [--temperature T] [--json]\n"
+    "                       [--step-tokens T] [--chunk C] [--no-cache] [--temperature T] [--floor] [--json]\n"
     "Continuous batching (docs/serving.md): at most N requests run at once; each step decodes one token\n"
     "of every running request, batched into the same op groups, and advances new requests' prefill under\n"
     "a token budget (serving.batch in the plan: step_tokens, chunk; --step-tokens and --chunk override).\n"
@@ -56,6 +57,10 @@ static const char usage[] =
     "  --slo-*-ms X       a request is good when its TTFT, TPOT (mean time per output token after the\n"
     "                     first) and E2EL are each within the SLOs given; goodput = good requests / duration\n"
     "  --percentiles L    percentiles reported (default 50,90,99; linear interpolation)\n"
+    "  --floor            measure this machine's memcpy peak and report each N's decode step time\n"
+    "                     against its bytes floor: the weight bytes the step streams (every tensor but\n"
+    "                     the embedding, Engram tables and routed experts, the B embedding rows, and\n"
+    "                     the routed experts its MoE groups ran, counted) over that peak\n"
     "  --json             one JSON object per request (its tokens, token times, metrics), then\n"
     "                     {\"totals\": {...}} with vLLM's metric names\n"
     "Metrics (vLLM's benchmark_serving names): ttft (arrival to first token), tpot ((e2el - ttft) /\n"
@@ -81,7 +86,7 @@ struct bopts {
   double pct[16];
   int n_pct;
   int step_tokens, chunk;
-  bool no_cache, json;
+  bool no_cache, json, floor;
 };
 
 static bool parse_range(const char *s, int64_t lo, int64_t hi, int64_t *a, int64_t *b) {
@@ -116,6 +121,7 @@ static int parse(int argc, char **argv, struct bopts *o) {
       {"step-tokens", required_argument, NULL, 'T'}, {"chunk", required_argument, NULL, 'c'},
       {"no-cache", no_argument, NULL, 'n'},          {"temperature", required_argument, NULL, 'u'},
       {"json", no_argument, NULL, 'j'},              {"help", no_argument, NULL, 'h'},
+      {"floor", no_argument, NULL, 'F'},
       {0, 0, 0, 0}};
   memset(o, 0, sizeof(*o));
   o->requests = 16, o->plen_lo = 32, o->plen_hi = 256, o->new_lo = o->new_hi = 16;
@@ -203,6 +209,7 @@ static int parse(int argc, char **argv, struct bopts *o) {
     }
     case 'n': o->no_cache = true; break;
     case 'j': o->json = true; break;
+    case 'F': o->floor = true; break;
     case 'h': printf("%s", usage); return 0;
     default: return cli_usage_error("serve-sim", "bad option, or an option without its value: '%s'", argv[optind - 1]);
     }
@@ -353,8 +360,30 @@ static void stats_into(cJSON *obj, const char *name, double *v, int64_t n, const
 
 struct run_sum {
   double decode_tok_s, duration, mean_step_s;
-  int64_t steps, decode_rows;
+  int64_t steps, decode_rows, decode_steps;
+  double decode_s;
+  long long decode_experts;
 };
+
+/* The weight bytes a decode step streams, by kind (--floor). */
+struct step_bytes {
+  double dense;      /* tensors a step reads whole */
+  double expert;     /* one routed expert of one layer (gate, up, down) */
+  double embed_row;  /* one embedding row */
+};
+
+static void step_bytes_of(const struct weights_list *l, const struct plan *p, struct step_bytes *sb) {
+  double experts = 0, embed = 0;
+  int moe_layers = 0;
+  for (size_t i = 0; i < l->n; i++) {
+    const struct weights_spec *t = &l->t[i];
+    if (strstr(t->name, ".ffn.experts.")) experts += (double)t->nbytes, moe_layers += !!strstr(t->name, ".w_gate");
+    else if (!strcmp(t->name, "embed")) embed = (double)t->nbytes;
+  }
+  sb->dense = (double)l->total_bytes - experts - embed - (double)l->engram_bytes;
+  sb->expert = moe_layers ? experts / ((double)moe_layers * p->model.n_routed) : 0;
+  sb->embed_row = embed / p->model.vocab;
+}
 
 static int run_one(const struct bopts *o, struct rt_engine *e, const struct arrival *arr, int64_t n, int N,
                    struct run_sum *sum) {
@@ -454,6 +483,9 @@ static int run_one(const struct bopts *o, struct rt_engine *e, const struct arri
   sum->steps = b.steps;
   sum->decode_rows = b.decode_rows;
   sum->decode_tok_s = b.decode_s > 0 ? (double)b.decode_rows / b.decode_s : 0;
+  sum->decode_steps = b.decode_steps;
+  sum->decode_s = b.decode_s;
+  sum->decode_experts = b.decode_experts;
   sum->mean_step_s = b.steps ? dur / (double)b.steps : 0;
   cJSON *root = cJSON_CreateObject(), *t = cJSON_AddObjectToObject(root, "totals");
   FILE *txt = o->json ? NULL : stdout;
@@ -476,6 +508,8 @@ static int run_one(const struct bopts *o, struct rt_engine *e, const struct arri
   cJSON_AddNumberToObject(t, "decode_tokens", (double)b.decode_rows);
   cJSON_AddNumberToObject(t, "decode_seconds", b.decode_s);
   cJSON_AddNumberToObject(t, "decode_throughput", sum->decode_tok_s);
+  cJSON_AddNumberToObject(t, "decode_steps", (double)b.decode_steps);
+  cJSON_AddNumberToObject(t, "decode_experts", (double)b.decode_experts);
   cJSON *pc = cJSON_AddArrayToObject(t, "percentiles");
   for (int k = 0; k < o->n_pct; k++) cJSON_AddItemToArray(pc, cJSON_CreateNumber(o->pct[k]));
   stats_into(t, "ttft", ttft, done, o, txt);
@@ -531,6 +565,25 @@ int serve_sim_batch(int argc, char **argv) {
   }
   struct run_sum sum[8];
   for (int k = 0; !status && k < o.n_batch; k++) status = run_one(&o, &e, arr, n, o.max_batch[k], &sum[k]);
+  if (!status && o.floor) {
+    struct bench_peaks pk;
+    struct step_bytes sb;
+    char core[160];
+    bench_measure_peaks(&pk, 5);
+    step_bytes_of(&e.weights.list, &e.plan, &sb);
+    bench_blas_core(core, sizeof core);
+    printf("bytes floor of a decode step (%s; memcpy peak %.2f GB/s, read + write):\n", core, pk.bw / 1e9);
+    for (int k = 0; k < o.n_batch; k++) {
+      if (!sum[k].decode_steps) continue;
+      double steps = (double)sum[k].decode_steps, rows = (double)sum[k].decode_rows / steps;
+      double ex = (double)sum[k].decode_experts / steps;
+      double bytes = sb.dense + ex * sb.expert + rows * sb.embed_row, floor_s = bytes / pk.bw;
+      double step_s = sum[k].decode_s / steps;
+      printf("  max batch %4d: %.2f rows a step, %.1f routed experts run a step (%.1f MB), %.1f MB a step; "
+             "step %.2f ms, floor %.2f ms: %.2fx\n", o.max_batch[k], rows, ex, ex * sb.expert / 1e6, bytes / 1e6,
+             1e3 * step_s, 1e3 * floor_s, step_s / floor_s);
+    }
+  }
   if (!status && o.n_batch > 1) {
     printf("side by side (one process, same engine, same workload):\n");
     for (int k = 0; k < o.n_batch; k++)

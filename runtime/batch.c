@@ -430,8 +430,10 @@ int64_t rt_batch_run_step(struct rt_batch *b, struct rt_batch_step *st) {
   const int V = b->M->p->model.vocab;
   float *logits = B ? cedar_xmalloc(sizeof(float) * (size_t)B * V) : NULL;
   double td = now_s();
-  if (B) decode_rows(b, hs, B, logits);
+  long long e0 = b->ar->experts;
+  if (B) decode_rows(b, hs, B, logits), b->decode_steps++;
   b->decode_s += now_s() - td;
+  b->decode_experts += b->ar->experts - e0;
   /* the prefill segments: running prefills, then the admitted, in order */
   int *ended = cedar_xmalloc(sizeof(int) * (size_t)n), n_ended = 0;
   for (int i = 0; i < n; i++) {

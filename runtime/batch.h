@@ -107,6 +107,9 @@ struct rt_batch {
   double clock;
   int64_t steps, decode_rows, prefill_tokens;
   double decode_s;         /* wall seconds of the batched decode parts of the steps */
+  int64_t decode_steps;    /* steps that ran decode rows */
+  long long decode_experts;/* routed experts their MoE groups ran, distinct per layer and step
+                              (rt_arena.experts): what the steps' weight bytes depend on */
   float *prob;             /* (vocab) sampler scratch */
   int32_t *order;
   struct rt_arena *ar;

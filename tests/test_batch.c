@@ -17,7 +17,8 @@
  *    the blocks an earlier one inserted and gives bitwise what the same
  *    request gives alone after the same earlier request.
  * Plans: tests/oracle/plans/tiny-40.yaml (the V4.1 schedule at toy widths,
- * CED) and tiny-dense-40.yaml (dense prefill).
+ * CED), tiny-dense-40.yaml (dense prefill) and plans/v41-mini.yaml (the
+ * V4.1 structure at CPU widths, where the ops take their wider paths).
  * Run: ctest --test-dir build -R '^batch$' --output-on-failure
  */
 #include "runtime/batch.h"
@@ -278,6 +279,7 @@ int main(void) {
   sixteen(PLAN_T40, 0);
   sixteen(PLAN_T40, 0.8f);
   sixteen("tests/oracle/plans/tiny-dense-40.yaml", 0);
+  sixteen("plans/v41-mini.yaml", 0); /* the V4.1 structure at CPU widths: the ops' wider code paths */
   abort_storm();
   cached();
   return h_report("batch");
