@@ -37,7 +37,7 @@
 
 static const char usage[] =
     "usage: cedar serve-sim --max-batch N[,N...] [--plan P] [--weights W | --model DIR | --seed S]\n"
-    "                       [--requests K] [--prompt-len A[:B]] [--max-new A[:B]]\n"
+    "                       [--num-prompts K] [--prompt-len A[:B]] [--max-new A[:B]]\n"
     "                       [--rate R | --burst K --burst-every S | --trace FILE]\n"
     "                       [--slo-ttft-ms X] [--slo-tpot-ms X] [--slo-e2el-ms X] [--percentiles 50,90,99]\n"
     "                       [--step-tokens T] [--chunk C] [--no-cache] [--temperature T] [--floor] [--json]\n"
@@ -47,7 +47,7 @@ static const char usage[] =
     "N = 1 is solo serving; several N run the same workload once each, side by side, without the\n"
     "prefix cache (the later runs would hit the first's prompts). Time: arrivals are simulated, compute is measured; each step advances the\n"
     "simulated clock by its measured wall time, and an idle engine jumps to the next arrival.\n"
-    "  --requests K       K synthetic requests (default 16); prompts of A..B tokens (default 32:256) and\n"
+    "  --num-prompts K    K synthetic requests (default 16); prompts of A..B tokens (default 32:256) and\n"
     "                     A..B new tokens (default 16), drawn from --seed\n"
     "  --rate R           Poisson arrivals at R requests per second (default: all at time 0)\n"
     "  --burst K          K requests arrive at once every --burst-every S seconds (default 1)\n"
@@ -112,7 +112,8 @@ static int parse(int argc, char **argv, struct bopts *o) {
   static const struct option opts[] = {
       {"max-batch", required_argument, NULL, 'B'},   {"plan", required_argument, NULL, 'p'},
       {"weights", required_argument, NULL, 'w'},     {"model", required_argument, NULL, 'M'},
-      {"seed", required_argument, NULL, 's'},        {"requests", required_argument, NULL, 'r'},
+      {"seed", required_argument, NULL, 's'},        {"num-prompts", required_argument, NULL, 'r'},
+      {"requests", required_argument, NULL, 'Q'},
       {"prompt-len", required_argument, NULL, 'l'},  {"max-new", required_argument, NULL, 'm'},
       {"rate", required_argument, NULL, 'R'},        {"burst", required_argument, NULL, 'k'},
       {"burst-every", required_argument, NULL, 'e'}, {"trace", required_argument, NULL, 't'},
@@ -155,8 +156,11 @@ static int parse(int argc, char **argv, struct bopts *o) {
       o->seed = (uint64_t)v;
       break;
     case 'r':
-      if (!cli_parse_int(optarg, 1, 1 << 20, &o->requests)) return cli_usage_error("serve-sim", "--requests takes K in 1..1048576");
+      if (!cli_parse_int(optarg, 1, 1 << 20, &o->requests)) return cli_usage_error("serve-sim", "--num-prompts takes K in 1..1048576");
       break;
+    case 'Q':
+      return cli_usage_error("serve-sim", "--requests FILE (the chat workload) runs without --max-batch; with it give "
+                             "--trace FILE (arrival times, prompts, SLOs) or --num-prompts K");
     case 'l':
       if (!parse_range(optarg, 1, 1 << 24, &o->plen_lo, &o->plen_hi))
         return cli_usage_error("serve-sim", "--prompt-len takes A or A:B with 1 <= A <= B (got '%s')", optarg);

@@ -7,8 +7,8 @@
 #   3. A trace file with per-request SLOs and token ids, and bursts: rows,
 #      good flags and totals recomputed; a request past its SLO is not good.
 #   4. Bad input: a trace whose arrivals go backwards names its line; two
-#      arrival processes, --max-batch 0 and --json with several N are usage
-#      errors; a plan with a bad serving.batch is refused with file:line:col.
+#      arrival processes, --max-batch 0, --json with several N and the chat
+#      workload's --requests FILE are usage errors; a plan with a bad serving.batch is refused with file:line:col.
 #   5. --max-batch 1,4 reports both side by side with the decode ratio.
 # Run: bash tests/cli/serve_sim_batch.sh build/cedar   (ctest: cli_serve_sim_batch)
 set -u
@@ -24,7 +24,7 @@ tiny=tests/oracle/plans/tiny-40.yaml
 check=tests/cli/serve_sim_metrics.py
 
 # 1. Poisson arrivals, SLOs, the totals from the rows
-"$cedar" serve-sim --plan $tiny --max-batch 4 --requests 12 --prompt-len 5:40 --max-new 2:6 --rate 40 \
+"$cedar" serve-sim --plan $tiny --max-batch 4 --num-prompts 12 --prompt-len 5:40 --max-new 2:6 --rate 40 \
   --slo-ttft-ms 400 --slo-tpot-ms 100 --percentiles 50,90,99 --json > "$tmp/p.jsonl" || fail "poisson run"
 "$py" $check "$tmp/p.jsonl" || fail "poisson: totals differ from the rows"
 "$py" - "$tmp/p.jsonl" <<'PY' || fail "poisson: rows"
@@ -39,8 +39,8 @@ assert arr == sorted(arr) and arr[-1] > 0, arr
 PY
 
 # 2. solo serving and batched serving give the same tokens
-"$cedar" serve-sim --plan $tiny --max-batch 1 --requests 10 --prompt-len 1:50 --max-new 1:5 --json > "$tmp/b1.jsonl" || fail "batch 1"
-"$cedar" serve-sim --plan $tiny --max-batch 4 --requests 10 --prompt-len 1:50 --max-new 1:5 --json > "$tmp/b4.jsonl" || fail "batch 4"
+"$cedar" serve-sim --plan $tiny --max-batch 1 --num-prompts 10 --prompt-len 1:50 --max-new 1:5 --json > "$tmp/b1.jsonl" || fail "batch 1"
+"$cedar" serve-sim --plan $tiny --max-batch 4 --num-prompts 10 --prompt-len 1:50 --max-new 1:5 --json > "$tmp/b4.jsonl" || fail "batch 4"
 "$py" - "$tmp/b1.jsonl" "$tmp/b4.jsonl" <<'PY' || fail "batch 4's tokens differ from batch 1's"
 import json, sys
 a, b = ([json.loads(l) for l in open(f)][:-1] for f in sys.argv[1:3])
@@ -70,7 +70,7 @@ assert [r["prompt_len"] for r in rows] == [20, 5, 9, 33]
 assert [r["good"] for r in rows] == [True, False, True, True], [r["good"] for r in rows]
 assert rows[3]["arrival_s"] == 0.5 and rows[3]["token_times_s"][0] > 0.5
 PY
-"$cedar" serve-sim --plan $tiny --max-batch 3 --requests 7 --burst 3 --burst-every 0.2 --prompt-len 4:12 --max-new 2 \
+"$cedar" serve-sim --plan $tiny --max-batch 3 --num-prompts 7 --burst 3 --burst-every 0.2 --prompt-len 4:12 --max-new 2 \
   --json > "$tmp/u.jsonl" || fail "burst run"
 "$py" $check "$tmp/u.jsonl" || fail "burst: totals differ from the rows"
 "$py" -c "
@@ -88,11 +88,13 @@ out=$("$cedar" serve-sim --plan $tiny --max-batch 0 2>&1) && fail "--max-batch 0
 echo "$out" | grep -q "max-batch takes N" || fail "--max-batch 0: $out"
 out=$("$cedar" serve-sim --plan $tiny --max-batch 1,2 --json 2>&1) && fail "--json with two N accepted"
 echo "$out" | grep -q "json takes one" || fail "--json, two N: $out"
+out=$("$cedar" serve-sim --plan $tiny --max-batch 2 --requests x.jsonl 2>&1) && fail "--requests FILE with --max-batch accepted"
+echo "$out" | grep -q "runs without --max-batch" || fail "--requests with --max-batch: $out"
 out=$("$cedar" serve-sim --plan tests/plans/bad/batch_step_below_requests.yaml --max-batch 2 2>&1) && fail "bad serving.batch accepted"
 echo "$out" | grep -q "batch_step_below_requests.yaml:6:18: .*step_tokens = 8 is below max_requests = 16" || fail "bad serving.batch: $out"
 
 # 5. side by side
-out=$("$cedar" serve-sim --plan $tiny --max-batch 1,4 --requests 8 --prompt-len 4:8 --max-new 6 2>&1) || fail "1,4: $out"
+out=$("$cedar" serve-sim --plan $tiny --max-batch 1,4 --num-prompts 8 --prompt-len 4:8 --max-new 6 2>&1) || fail "1,4: $out"
 echo "$out" | grep -q "max batch    4: decode .* tok/s (.*x max batch 1)" || fail "side by side: $out"
 
 [ $fails -eq 0 ] && echo "serve_sim_batch: all passed"
