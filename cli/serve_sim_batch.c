@@ -366,6 +366,7 @@ struct run_sum {
   double decode_tok_s, duration, mean_step_s;
   int64_t steps, decode_rows, decode_steps;
   double decode_s;
+  double fam_s[RT_FAM_COUNT];
   long long decode_experts;
 };
 
@@ -490,6 +491,7 @@ static int run_one(const struct bopts *o, struct rt_engine *e, const struct arri
   sum->decode_steps = b.decode_steps;
   sum->decode_s = b.decode_s;
   sum->decode_experts = b.decode_experts;
+  memcpy(sum->fam_s, b.decode_fam_s, sizeof sum->fam_s);
   sum->mean_step_s = b.steps ? dur / (double)b.steps : 0;
   cJSON *root = cJSON_CreateObject(), *t = cJSON_AddObjectToObject(root, "totals");
   FILE *txt = o->json ? NULL : stdout;
@@ -586,6 +588,11 @@ int serve_sim_batch(int argc, char **argv) {
       printf("  max batch %4d: %.2f rows a step, %.1f routed experts run a step (%.1f MB), %.1f MB a step; "
              "step %.2f ms, floor %.2f ms: %.2fx\n", o.max_batch[k], rows, ex, ex * sb.expert / 1e6, bytes / 1e6,
              1e3 * step_s, 1e3 * floor_s, step_s / floor_s);
+      printf("                  a step's time by op family:");
+      for (int f = 0; f < RT_FAM_COUNT; f++)
+        if (sum[k].fam_s[f] > 0.005 * sum[k].decode_s)
+          printf(" %s %.1f%%", rt_family_name((enum rt_family)f), 100 * sum[k].fam_s[f] / sum[k].decode_s);
+      printf("\n");
     }
   }
   if (!status && o.n_batch > 1) {

@@ -431,7 +431,10 @@ int64_t rt_batch_run_step(struct rt_batch *b, struct rt_batch_step *st) {
   float *logits = B ? cedar_xmalloc(sizeof(float) * (size_t)B * V) : NULL;
   double td = now_s();
   long long e0 = b->ar->experts;
+  double f0[RT_FAM_COUNT];
+  memcpy(f0, b->ar->fam_s, sizeof f0);
   if (B) decode_rows(b, hs, B, logits), b->decode_steps++;
+  for (int f = 0; f < RT_FAM_COUNT; f++) b->decode_fam_s[f] += b->ar->fam_s[f] - f0[f];
   b->decode_s += now_s() - td;
   b->decode_experts += b->ar->experts - e0;
   /* the prefill segments: running prefills, then the admitted, in order */

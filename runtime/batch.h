@@ -108,6 +108,7 @@ struct rt_batch {
   int64_t steps, decode_rows, prefill_tokens;
   double decode_s;         /* wall seconds of the batched decode parts of the steps */
   int64_t decode_steps;    /* steps that ran decode rows */
+  double decode_fam_s[RT_FAM_COUNT]; /* the decode parts' time by op family (runtime/arena.h) */
   long long decode_experts;/* routed experts their MoE groups ran, distinct per layer and step
                               (rt_arena.experts): what the steps' weight bytes depend on */
   float *prob;             /* (vocab) sampler scratch */
