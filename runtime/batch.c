@@ -20,6 +20,12 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static double cpu_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 int rt_batch_init(struct rt_batch *b, const struct rt_model *M, struct rt_kv_pool *pools,
                   const struct rt_batch_opts *o, char *err, size_t err_len) {
   memset(b, 0, sizeof(*b));
@@ -429,13 +435,14 @@ int64_t rt_batch_run_step(struct rt_batch *b, struct rt_batch_step *st) {
     if (take[i] && pq[i].phase == BP_DECODE) hs[B++] = order[i];
   const int V = b->M->p->model.vocab;
   float *logits = B ? cedar_xmalloc(sizeof(float) * (size_t)B * V) : NULL;
-  double td = now_s();
+  double td = now_s(), tc = cpu_s();
   long long e0 = b->ar->experts;
   double f0[RT_FAM_COUNT];
   memcpy(f0, b->ar->fam_s, sizeof f0);
   if (B) decode_rows(b, hs, B, logits), b->decode_steps++;
   for (int f = 0; f < RT_FAM_COUNT; f++) b->decode_fam_s[f] += b->ar->fam_s[f] - f0[f];
   b->decode_s += now_s() - td;
+  b->decode_cpu_s += cpu_s() - tc;
   b->decode_experts += b->ar->experts - e0;
   /* the prefill segments: running prefills, then the admitted, in order */
   int *ended = cedar_xmalloc(sizeof(int) * (size_t)n), n_ended = 0;

@@ -107,6 +107,7 @@ struct rt_batch {
   double clock;
   int64_t steps, decode_rows, prefill_tokens;
   double decode_s;         /* wall seconds of the batched decode parts of the steps */
+  double decode_cpu_s;     /* their CPU seconds (this thread's): the cost when a shared machine descheduled it */
   int64_t decode_steps;    /* steps that ran decode rows */
   double decode_fam_s[RT_FAM_COUNT]; /* the decode parts' time by op family (runtime/arena.h) */
   long long decode_experts;/* routed experts their MoE groups ran, distinct per layer and step
