@@ -27,11 +27,13 @@
 #include "ops/sample.h"
 #include "base/check.h"
 #include "cli/cli.h"
+#include "cli/serve_sim_batch.h"
 #include "runtime/engine.h"
 
 static const char usage[] =
     "usage: cedar serve-sim --requests FILE [--plan P] [--weights W | --model DIR | --seed S] [--no-cache] [--no-swa-pool]\n"
     "                       [--cache-dir D] [--cache-bytes N] [--executor direct|starpu] [--json]\n"
+    "       cedar serve-sim --max-batch N ... (continuous batching; `cedar serve-sim --max-batch 1 --help`)\n"
     "       cedar serve-sim gen [--sessions S] [--turns T] [--first N] [--turn-len N] [--max-new M] [--seed S] [--json]\n"
     "Replay JSON-lines requests through one runtime with the prefix cache of plan P (default %s):\n"
     "global KV blocks shared across requests, encoder-SWA snapshots at the end of every request,\n"
@@ -473,6 +475,8 @@ static int drive(const struct sopts *o, struct rt_engine *e, FILE *in) {
 
 int cmd_serve_sim(int argc, char **argv) {
   if (argc >= 2 && !strcmp(argv[1], "gen")) return gen(argc - 1, argv + 1);
+  for (int i = 1; i < argc; i++) /* continuous batching: cli/serve_sim_batch.c */
+    if (!strncmp(argv[i], "--max-batch", 11)) return serve_sim_batch(argc, argv);
   struct sopts o;
   int rc = parse(argc, argv, &o);
   if (rc >= 0) return rc;

@@ -53,6 +53,8 @@ struct rt_arena {
   jmp_buf *on_oom;  /* where a failed allocation jumps (NULL: abort) */
   size_t oom_bytes; /* the size that failed, after such a jump */
   double fam_s[RT_FAM_COUNT]; /* seconds per op family since init */
+  long long experts;          /* routed experts the MoE groups ran since init, distinct per call
+                                 (whose weights a call streams: the bytes floor of a step, docs/serving.md) */
 };
 
 static inline double rt_clock(void) {

@@ -313,3 +313,16 @@ void rt_gen_result_free(struct rt_gen_result *res) {
   free(res->decode_logits);
   memset(res, 0, sizeof(*res));
 }
+
+/* ---- the prefix-cache steps, for the batch loop (runtime/batch.c) -------- */
+
+int rt_gen_prefix_attach(const struct rt_model *M, struct rt_request *r, const int32_t *prompt, int64_t n,
+                         const struct rt_gen_opts *o, struct pc_hit *hit, struct rt_hit_report *h,
+                         struct graph_opts *go, char *err, size_t err_len) {
+  return attach_prefix(M, r, prompt, n, o, hit, h, go, err, err_len);
+}
+
+void rt_gen_prefix_finish(const struct rt_model *M, struct rt_request *r, const struct rt_gen_opts *o,
+                          struct pc_hit *hit, struct rt_hit_report *h, double prefill_s, int64_t prefill_tl) {
+  finish_prefix(M, r, o, hit, h, prefill_s, prefill_tl);
+}

@@ -105,4 +105,16 @@ int rt_continue(const struct rt_model *M, struct rt_request *r, const int32_t *m
                 const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len);
 void rt_gen_result_free(struct rt_gen_result *res);
 
+/* The prefix-cache steps rt_generate takes around a request, for a loop
+ * that drives requests step by step (runtime/batch.c): attach the longest
+ * cached prefix of prompt to the fresh request r (go->hit, go->swa_hit
+ * say where its state ends; a failed restore returns CEDAR_ENOMEM with
+ * err), and at the end insert r's blocks and save its encoder snapshot
+ * (o->save_snapshot), releasing hit. o->cache must be set. */
+int rt_gen_prefix_attach(const struct rt_model *M, struct rt_request *r, const int32_t *prompt, int64_t n,
+                         const struct rt_gen_opts *o, struct pc_hit *hit, struct rt_hit_report *h,
+                         struct graph_opts *go, char *err, size_t err_len);
+void rt_gen_prefix_finish(const struct rt_model *M, struct rt_request *r, const struct rt_gen_opts *o,
+                          struct pc_hit *hit, struct rt_hit_report *h, double prefill_s, int64_t prefill_tl);
+
 #endif

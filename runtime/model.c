@@ -567,6 +567,81 @@ int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, flo
   return 0;
 }
 
+/* Batched decode attention: B requests, one position each. The row-wise
+ * parts run once over the B rows (mHC, norm, q, kS, the output projection:
+ * GEMMs over M = B), the per-request parts on each request's own state
+ * exactly as rt_attn runs a one-position tile: its ring, its compressor tail
+ * and KV append, its Top-K over its own entries, its sparse attention. With
+ * row-invariant ops (each row's bits independent of the rows beside it)
+ * row i is bitwise what rt_attn gives request i alone. */
+void rt_attn_rows(const struct rt_model *M, const struct graph_node *const *nds, int B, float *X, float *pre,
+                  const struct rt_buses *b, const struct rt_bound *st, int *rc, struct rt_arena *ar) {
+  const struct plan_model *m = &M->p->model;
+  const int l = nds[0]->layer, d = m->hidden, hd = m->heads * m->head_dim;
+  const struct rt_layer *L = &M->L[l];
+  struct graph_node rows = *nds[0];
+  rows.n = B;
+  struct mhc_step s = mhc_begin(M, &rows, 0, X, pre, B, ar);
+  float *a_in = RT_ALLOC(ar, float, (size_t)B * d);
+  RT_TIMED(ar, OTHER, op_rmsnorm(a_in, s.u, L->attn_norm, B, d, M->eps));
+  int64_t *pos = RT_ALLOC(ar, int64_t, B);
+  for (int i = 0; i < B; i++) pos[i] = nds[i]->a;
+  struct op_rope_angles ang;
+  float *abuf = RT_ALLOC(ar, float, op_rope_angles_floats(L->rope, B) + 1);
+  RT_TIMED(ar, QKV, op_rope_angles_init(&ang, abuf, L->rope, pos, B));
+  float *cq = RT_ALLOC(ar, float, (size_t)B * m->q_rank);
+  float *q = RT_ALLOC(ar, float, (size_t)B * hd);
+  RT_TIMED(ar, QKV, op_q_latent(cq, a_in, L->wq_a, L->q_norm, B, d, m->q_rank, M->eps));
+  RT_TIMED(ar, QKV, op_q_main(q, cq, L->wq_b, &ang, L->rope, B, m->q_rank, m->heads, m->head_dim, m->q_head_norm, M->eps));
+  float *kS = RT_ALLOC(ar, float, (size_t)B * m->head_dim);
+  RT_TIMED(ar, QKV, op_swa_kv(kS, a_in, L->wkv, L->kv_norm, &ang, L->rope, B, d, m->head_dim, M->eps));
+  float *o = RT_ALLOC(ar, float, (size_t)B * hd);
+  uint8_t **fresh = RT_ALLOC(ar, uint8_t *, B);
+  const size_t half = (size_t)(L->rope->rope_dim / 2);
+  for (int i = 0; i < B; i++) {
+    const struct graph_node *nd = nds[i];
+    struct rt_ring *ring = st[i].ring;
+    CEDAR_ASSERT(ring && nd->n == 1 && nd->layer == l);
+    rc[i] = 0;
+    /* row i's angles, as a one-row table (what rt_attn builds for it alone) */
+    struct op_rope_angles ai = {L->rope, pos + i, 1, ang.cs + i * half, ang.sn + i * half};
+    if (nd->flags & GRAPH_F_RING_RESET) rt_ring_reset(ring, nd->r0);
+    if (nd->r0 > ring->r0) ring->r0 = nd->r0;
+    struct op_swa_view sv = swa_view(M, ring, kS + (size_t)i * m->head_dim, pos + i, 1, ar, &fresh[i]);
+    if ((nd->flags & GRAPH_F_WRITE_KV) && (rc[i] = append_entries(M, &st[i], l, a_in + (size_t)i * d, nd->a, 1, &ai, ar)))
+      continue;
+    struct op_kv_view kv;
+    const int32_t *topk = NULL;
+    if (st[i].kv_r) {
+      kv = rt_kv_view(st[i].kv_r);
+      CEDAR_ASSERT_MSG(kv.n_entries >= st[i].kv_r_end, "%s: %lld entries committed, the graph declared %lld", nd->name,
+                       (long long)kv.n_entries, (long long)st[i].kv_r_end);
+      kv.n_entries = st[i].kv_r_end;
+      if (st[i].kv_r_pages) kv.pages = st[i].kv_r_pages;
+      topk = select_topk(M, nd, a_in + (size_t)i * d, cq + (size_t)i * m->q_rank, pos + i, &ai, &kv, &b[i], ar);
+    }
+    struct op_attn_params pr = {
+        .heads = m->heads,
+        .head_dim = m->head_dim,
+        .topk = topk ? m->topk : 0,
+        .window = m->window,
+        .r0 = ring->r0,
+        .tau = M->tau,
+        .sink = L->sink,
+        .rope = L->rope,
+        .angles = &ai,
+    };
+    RT_TIMED(ar, ATTENTION, attend_tile(M, o + (size_t)i * hd, q + (size_t)i * hd, pos + i, topk, topk ? &kv : NULL,
+                                        &sv, 1, &pr, ar));
+  }
+  float *y = RT_ALLOC(ar, float, (size_t)B * d);
+  float *z = RT_ALLOC(ar, float, (size_t)B * m->o_groups * m->o_rank);
+  RT_TIMED(ar, OPROJ, op_grouped_oproj(y, z, o, L->wo_a, L->wo_b, B, m->heads, m->head_dim, m->o_groups, m->o_rank, d));
+  for (int i = 0; i < B; i++)
+    if (!rc[i]) rt_ring_put(st[i].ring, pos[i], fresh[i]);
+  mhc_end(M, X, &s, y, B, ar);
+}
+
 /* ---- MoE (docs/model.md s4) ---------------------------------------------- */
 
 void rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, struct rt_arena *ar) {
@@ -583,6 +658,9 @@ void rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, flo
   void *ws = rt_arena_alloc(ar, op_moe_workspace_bytes(n, &M->moe));
   RT_TIMED(ar, MOE, op_moe_forward(y, sel, wt, x, &L->moe, NULL, n, &M->moe, ws));
   round_io(M, y, (size_t)n * d);
+  unsigned char *hit = RT_ALLOC(ar, unsigned char, M->moe.n_routed);
+  memset(hit, 0, (size_t)M->moe.n_routed);
+  for (int i = 0; i < n * m->n_active; i++) ar->experts += !hit[sel[i]], hit[sel[i]] = 1;
   mhc_end(M, X, &s, y, n, ar);
 }
 

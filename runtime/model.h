@@ -129,6 +129,14 @@ struct rt_bound {
  * pages). */
 int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, const struct rt_buses *b,
             const struct rt_bound *st, struct rt_arena *ar);
+/* The attention sublayer of B decode nodes of B requests (nds[i]: request
+ * i's node at its one position, all of one layer) on X (B, hc, d) and pre
+ * (B, hc), row i request i's: the row-wise parts once over the B rows, the
+ * rest on each request's state (st[i], buses b[i]) as rt_attn runs it alone.
+ * rc[i]: 0 or CEDAR_ENOMEM (request i's KV pages); a failed row's state is
+ * unusable, the others are unaffected. runtime/batch.c calls it. */
+void rt_attn_rows(const struct rt_model *M, const struct graph_node *const *nds, int B, float *X, float *pre,
+                  const struct rt_buses *b, const struct rt_bound *st, int *rc, struct rt_arena *ar);
 /* The MoE sublayer of node nd (GRAPH_MOE). */
 void rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, struct rt_arena *ar);
 /* Decoder KV source l appends the entries of positions [a, a + n) projected

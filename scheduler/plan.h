@@ -154,6 +154,13 @@ struct plan_serving {
   double swa_pool_fraction; /* of host DRAM */
   double swa_pool_ttl_s;
   int max_batch;
+  /* serving.batch (continuous batching, docs/serving.md): at most
+   * batch_max_requests requests run at once; one step runs at most
+   * batch_step_tokens tokens (a decode row is one, a prefill chunk its
+   * positions); a new request's prefill advances batch_chunk positions a
+   * step. 0 in the file derives them: chunk = serving.prefill_chunk,
+   * step_tokens = chunk + max_requests (one chunk beside every decode row). */
+  int batch_max_requests, batch_step_tokens, batch_chunk;
   int prefill_rank, decode_rank;
   enum { PLAN_DEV_CPU = 0, PLAN_DEV_CUDA } prefill_device, decode_device;
   /* P/D (SPEC 7.6): where the decoder's bounded replay runs when prefill and

@@ -180,6 +180,23 @@ static void check_serving(struct plan_ctx *ctx, struct plan *p) {
     ERR(ctx, at, "make the prefix block a whole number of pages",
         "serving.cache.prefix_block_tokens = %d is not a multiple of page_tokens = %d", s->prefix_block_tokens,
         s->page_tokens);
+  /* serving.batch (docs/serving.md): every running request decodes one
+   * token a step, and a prefill chunk must fit one step's budget; 0 derives */
+  bool own_chunk = s->batch_chunk > 0, own_step = s->batch_step_tokens > 0;
+  if (!own_chunk) s->batch_chunk = s->prefill_chunk;
+  if (!own_step) s->batch_step_tokens = s->batch_chunk + s->batch_max_requests;
+  at = mark_of(ctx, "serving.batch.step_tokens");
+  if (s->batch_step_tokens < s->batch_max_requests)
+    ERR(ctx, at, "raise step_tokens to at least max_requests, or lower max_requests",
+        "serving.batch.step_tokens = %d is below max_requests = %d: every running request decodes one token a "
+        "step", s->batch_step_tokens, s->batch_max_requests);
+  else if (s->batch_chunk > s->batch_step_tokens && own_chunk)
+    ERR(ctx, mark_of(ctx, "serving.batch.chunk"), "set chunk to at most step_tokens (a chunk runs inside one step)",
+        "serving.batch.chunk = %d is above step_tokens = %d", s->batch_chunk, s->batch_step_tokens);
+  else if (s->batch_chunk > s->batch_step_tokens)
+    ERR(ctx, at, "set serving.batch.chunk to at most step_tokens, or raise step_tokens",
+        "serving.batch.step_tokens = %d is below the prefill chunk %d (serving.prefill_chunk; serving.batch.chunk "
+        "is not set)", s->batch_step_tokens, s->batch_chunk);
 }
 
 /* Latest layer in [lo, hi] of `region` matching `want`, scanning down. */

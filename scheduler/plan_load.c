@@ -258,11 +258,19 @@ static const struct field placement_fields[] = {
     END,
 };
 
+static const struct field batch_fields[] = {
+    INT("max_requests", S(batch_max_requests), 1, 4096),
+    INT("step_tokens", S(batch_step_tokens), 0, 1 << 24),
+    INT("chunk", S(batch_chunk), 0, 1 << 24),
+    END,
+};
+
 static const struct field serving_fields[] = {
     BOOL("ced", S(ced)),
     SECTION("replay", 0, replay_fields),
     INT("prefill_chunk", S(prefill_chunk), 1, 1 << 24),
     INT("max_batch", S(max_batch), 1, 1 << 20),
+    SECTION("batch", 0, batch_fields),
     SECTION("cache", 0, cache_fields),
     SECTION("placement", 0, placement_fields),
     END,
