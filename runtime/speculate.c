@@ -186,7 +186,7 @@ struct rt_drafter rt_forced_drafter(struct rt_forced *f, int max_draft) {
 }
 
 double rt_spec_mean_accept_len(const struct rt_spec_stats *s) {
-  return s->num_drafts ? 1.0 + (double)s->num_accepted_tokens / (double)s->num_drafts : 0.0;
+  return s->num_drafts ? 1.0 + (double)s->num_accepted_tokens / (double)s->num_drafts : 1.0; /* no drafts: one token a round */
 }
 
 /* ---- one verify step ----------------------------------------------------- */
