@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "base/check.h"
+#include "cli/bench.h"
 #include "runtime/speculate.h"
 
 static double now_s(void) {
@@ -58,7 +59,11 @@ struct spec_run {
 
 static void print_text(const struct spec_run *sr, int nr, int lmax, double plain_tok_s, int plain_n, bool greedy,
                        int verify_len) {
-  printf("plain decode: %d tokens, %.2f tokens/s\n", plain_n, plain_tok_s);
+  char blas[160];
+  bench_blas_core(blas, sizeof blas);
+  printf("plain and speculative decoding of the same request, one after the other in this process; %s\n", blas);
+  printf("plain decode (the faster of a run before and one after the speculative ones): %d tokens, %.2f tokens/s\n",
+         plain_n, plain_tok_s);
   for (int k = 0; k < nr; k++) {
     const struct spec_run *s = &sr[k];
     const struct rt_spec_stats *st = &s->st;
@@ -167,6 +172,21 @@ int run_spec(struct rt_engine *e, const int32_t *prompt, int64_t n, const struct
     }
     rt_gen_result_free(&rr);
     rt_request_free(&rs);
+  }
+  if (status != 1) { /* plain again after them: the machine's load moves, the faster of the two is compared */
+    memset(&res, 0, sizeof res);
+    t0 = now_s();
+    rc = rt_engine_generate(e, &r, prompt, n, &plain, &res, err, sizeof err);
+    double again_s = now_s() - t0 - res.ttft_s;
+    rt_engine_request_free(e, &r);
+    if (rc || res.n_tokens != plain_n || memcmp(res.tokens, ref, sizeof(int32_t) * (size_t)plain_n)) {
+      fprintf(stderr, "cedar run: the second plain run %s\n", rc ? err : "gave other tokens than the first");
+      status = 1;
+    } else if (again_s < plain_s) {
+      plain_s = again_s;
+      plain_tok_s = plain_n > 1 && plain_s > 0 ? (plain_n - 1) / plain_s : 0;
+    }
+    rt_gen_result_free(&res);
   }
   int nr = status == 1 ? 0 : so->n_rates, shown = so->verify_len >= 0 ? so->verify_len : lmax;
   if (nr) {

@@ -417,7 +417,7 @@ static struct op_swa_view swa_view(const struct rt_model *M, const struct rt_rin
   /* The ring's slots in position order (empty slots last), so a query visits
    * its window oldest first whether its newer neighbours sit in the ring
    * (one-row decode) or in this tile's fresh rows (a verify step): the same
-   * entries in the same order give the same bits (docs/serving.md). */
+   * entries in the same order give the same bits (docs/speculative.md). */
   int *ord = RT_ALLOC(ar, int, g->window);
   for (int s = 0; s < g->window; s++) { /* insertion sort of slot ids by position: the ring is a rotation, cheap */
     int64_t ps = g->pos[s] < 0 ? INT64_MAX : g->pos[s];

@@ -4,7 +4,7 @@
  * longest agreeing prefix plus the correction or bonus token is committed,
  * and everything the rejected drafts touched is rolled back.
  *
- * Rollback by design (docs/serving.md, "Rollback"): before a verify step of
+ * Rollback by design (docs/speculative.md, "Rollback"): before a verify step of
  * positions [pos, pos + n) a snapshot keeps exactly what the step can
  * touch: the n ring slots of those positions in every layer (bytes and
  * position tags: a wrapped ring's old neighbours), every source's committed
