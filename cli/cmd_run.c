@@ -89,7 +89,7 @@ static const char usage[] =
     "                    selects --executor starpu\n"
     "  --dot FILE        write the prefill graph that ran as Graphviz DOT\n"
     "  --speculate forced:R[,R...]  decode plain, then speculatively once per R (direct executor,\n"
-    "                    docs/serving.md): each round drafts --draft-len tokens (default the plan's\n"
+    "                    docs/speculative.md): each round drafts --draft-len tokens (default the plan's\n"
     "                    dspark.draft) that agree with the plain greedy continuation with probability R,\n"
     "                    verifies them in one forward, keeps the agreeing prefix plus the correction\n"
     "                    and rolls the rest back; prints tokens/s of both, whether the greedy tokens\n"

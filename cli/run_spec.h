@@ -4,7 +4,7 @@
  * figures as vLLM names them, decode tokens/s of each and their ratio.
  *
  * Drafters: `forced:R[,R...]` drafts the plain greedy continuation, each
- * draft agreeing with probability R (1: all, 0.5: half; docs/serving.md),
+ * draft agreeing with probability R (1: all, 0.5: half; docs/speculative.md),
  * one speculative run per R. The model's own DSpark drafter (the mtp
  * blocks) is refused with a message until it is wired.
  * Test: tests/cli/speculate.sh.

@@ -240,9 +240,9 @@ static int accept_greedy(const float *logits, const int32_t *draft, int L, int V
  * one-hot at the draft). Accept x_i with probability min(1, p(x)/q(x)); on
  * the first rejection draw from norm(max(0, p_i - q_i)); after L accepted,
  * draw the bonus from p_L. prob, order: (V) workspace; resid (V). */
-static int accept_sampled(const float *logits, const int32_t *draft, const float *q, int L, int V,
-                          const struct rt_gen_opts *o, uint64_t *rng, float *prob, int32_t *order, float *resid,
-                          int32_t *out, int64_t pos, char *err, size_t err_len) {
+int rt_spec_accept_sampled(const float *logits, const int32_t *draft, const float *q, int L, int V,
+                           const struct rt_gen_opts *o, uint64_t *rng, float *prob, int32_t *order, float *resid,
+                           int32_t *out, int64_t pos, char *err, size_t err_len) {
   for (int i = 0; i <= L; i++) {
     const float *li = logits + (size_t)i * V;
     if (op_sample_softmax(prob, li, V, o->temperature) || op_sample_top_p(prob, order, V, o->top_p) < 0) {
@@ -382,7 +382,7 @@ int rt_generate_spec(const struct rt_model *M, struct rt_kv_pool *pools, struct 
     rc = verify(M, r, &s, tok, L + 1, lg, o, &res->decode, err, err_len);
     if (rc) break;
     int a = o->temperature > 0
-                ? accept_sampled(lg, draft, so->drafter.has_q ? q : NULL, L, V, o, &rng, prob, order, resid, acc, pos, err, err_len)
+                ? rt_spec_accept_sampled(lg, draft, so->drafter.has_q ? q : NULL, L, V, o, &rng, prob, order, resid, acc, pos, err, err_len)
                 : accept_greedy(lg, draft, L, V, acc, pos, err, err_len);
     if (a < 0) {
       rc = a;

@@ -132,6 +132,16 @@ double rt_spec_mean_accept_len(const struct rt_spec_stats *s);
 int rt_spec_profile(const struct rt_model *M, struct rt_request *r, const struct rt_gen_opts *o, int lmax, int reps,
                     double *t_round, char *err, size_t err_len);
 
+/* The sampled acceptance of one round (speculate.c; exposed for its test):
+ * logits (L + 1, V) of the verify rows, the L drafts and their
+ * distributions q (L, V) (NULL: one-hot), o's temperature and top-p; out
+ * (L + 1) receives the accepted drafts then the correction or bonus.
+ * prob, resid (V) and order (V) are workspace. Returns the drafts accepted,
+ * or CEDAR_EINVAL (non-finite logits) with err. */
+int rt_spec_accept_sampled(const float *logits, const int32_t *draft, const float *q, int L, int V,
+                           const struct rt_gen_opts *o, uint64_t *rng, float *prob, int32_t *order, float *resid,
+                           int32_t *out, int64_t pos, char *err, size_t err_len);
+
 /* rt_generate's contract, decoding speculatively after the prefill: with a
  * greedy o the tokens equal rt_generate's bit for bit. res->decode_logits
  * is not filled (NULL); tokens, TTFT and ITLs are. Refuses a prefix cache

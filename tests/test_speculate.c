@@ -175,7 +175,51 @@ static void one_plan(const char *path) {
   fx_close(&f);
 }
 
+/* The rejection rule keeps the target's distribution: over N rounds of one
+ * draft (one-hot q at x, or a spread q) the first committed token is
+ * distributed as p. Each frequency is within 5 binomial standard deviations
+ * sqrt(p (1 - p) / N) of p (a false failure has probability < 1e-5 per id),
+ * plus the fp32 rounding of p itself (1e-6). */
+static void check_rejection_rule(void) {
+  enum { V = 6, N = 200000 };
+  float logits[2 * V] = {1.0f, 0.2f, -0.5f, 2.0f, 0.0f, -3.0f}; /* row 1 (bonus) is never read by a rejection */
+  for (int i = 0; i < V; i++) logits[V + i] = logits[i];
+  float qrow[V] = {0.05f, 0.6f, 0.05f, 0.1f, 0.1f, 0.1f};
+  double p[V], z = 0;
+  for (int i = 0; i < V; i++) z += exp((double)logits[i]);
+  for (int i = 0; i < V; i++) p[i] = exp((double)logits[i]) / z;
+  struct rt_gen_opts o = {.temperature = 1.0f, .top_p = 1.0f};
+  float prob[V], resid[V];
+  int32_t order[V], out[2];
+  for (int mode = 0; mode < 2; mode++) {
+    const float *q = mode ? qrow : NULL;
+    int32_t draft = 1; /* under q: an id q over-weights, so rejections happen */
+    uint64_t rng = 12345;
+    long cnt[V] = {0};
+    for (int t = 0; t < N; t++) {
+      if (mode) { /* draw the draft from q, as a sampling drafter would */
+        double u = op_rng_uniform(&rng), acc = 0;
+        draft = V - 1;
+        for (int i = 0; i < V; i++)
+          if ((acc += qrow[i]) > u) {
+            draft = i;
+            break;
+          }
+      }
+      int a = rt_spec_accept_sampled(logits, &draft, q, 1, V, &o, &rng, prob, order, resid, out, 0, err, sizeof err);
+      CEDAR_ASSERT(a >= 0);
+      cnt[out[0]]++;
+    }
+    for (int i = 0; i < V; i++) {
+      double f = (double)cnt[i] / N, sd = sqrt(p[i] * (1 - p[i]) / N);
+      EXPECT(fabs(f - p[i]) <= 5 * sd + 1e-6, "rejection rule (%s): id %d drawn %.5f of the time, p = %.5f (5 sd = %.5f)",
+             mode ? "spread q" : "one-hot q", i, f, p[i], 5 * sd);
+    }
+  }
+}
+
 int main(void) {
+  check_rejection_rule();
   one_plan(PLAN_TINY);
   one_plan(PLAN_DENSE);
   one_plan(PLAN_T40);
