@@ -92,6 +92,11 @@ static void case_linear(struct bench *b, const char *name) {
     /* flops 2 n in out; bytes 4 (n in + out in + n out): x and W read, y written */
     record(b, name, 2.0 * n * in * out, 4.0 * ((double)n * in + (double)out * in + (double)n * out), &l,
            "W_qb n=%d in=%d out=%d", n, in, out);
+    /* the same product through OpenBLAS sgemm, which op_linear was until it
+     * became row-invariant: the price (or gain) of the fixed order */
+    TIME(l, b) op_linear_sgemm(y, x, W, n, in, out, in, out);
+    record(b, "linear_sgemm", 2.0 * n * in * out, 4.0 * ((double)n * in + (double)out * in + (double)n * out), &l,
+           "W_qb n=%d in=%d out=%d", n, in, out);
   }
   free(W), free(x), free(y);
 }

@@ -1,5 +1,5 @@
 /* basic.h: the small ops everything else is built from (SPEC 3.1-3.2):
- * embedding lookup, RMSNorm, linear layers (OpenBLAS sgemm), and the scalar
+ * embedding lookup, RMSNorm, linear layers (a fixed-order kernel of cedar's own), and the scalar
  * activations. Row-major throughout; a weight W of a linear map from `in` to
  * `out` features is stored (out, in), as checkpoints store it.
  *
@@ -13,7 +13,8 @@
 #include <stdint.h>
 
 /* BLAS runs on one thread inside ops: parallelism comes from the task graph,
- * and sgemm results must not depend on the thread count (DESIGN.md facts).
+ * and the sgemm that some benchmarks and tests set beside op_linear must not
+ * depend on the thread count (DESIGN.md facts).
  * Call once at start-up (the binary and every op test do). */
 void op_blas_init(void);
 
@@ -41,11 +42,17 @@ int op_embed(float *out /* (n, d) */, const float *table /* (vocab, d) */, const
 void op_rmsnorm(float *out /* (n, d) */, const float *x /* (n, d) */, const float *gamma /* (d) or NULL */, int n,
                 int d, float eps);
 
-/* y = x W^T: y (n, out), x (n, in), W (out, in), through cblas_sgemm.
+/* y = x W^T: y (n, out), x (n, in), W (out, in), fp32.
  * ldx/ldy are the row strides of x and y (>= in, >= out) so a caller can
- * read or write a column slice of a wider matrix. */
+ * read or write a column slice of a wider matrix. Row-invariant: every
+ * element is summed in one fixed order (16 lanes over k, then a halving
+ * tree; basic.c), so a row's bits do not depend on n or on the other rows,
+ * and are the same at every ISA level. y must not overlap x or W. */
 void op_linear(float *y /* (n, ldy) */, const float *x /* (n, ldx) */, const float *W /* (out, in) */, int n, int in,
                int out, int ldx, int ldy);
+/* The same product through OpenBLAS cblas_sgemm (its order depends on the
+ * shape): only for benchmarks that set it beside op_linear. */
+void op_linear_sgemm(float *y, const float *x, const float *W, int n, int in, int out, int ldx, int ldy);
 
 static inline float op_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 static inline float op_silu(float x) { return x / (1.0f + expf(-x)); }

@@ -19,10 +19,9 @@
  * Split invariance (SPEC 8.2.12). Once v and g exist, everything is per group
  * with a fixed arithmetic order: op_comp_push emits bit-identical entries,
  * floats and tails however the positions are split into calls. The only
- * split-dependent step is the projection (op_comp_project, a GEMM over the
- * call's n rows: OpenBLAS sgemm is not row-independent bit for bit, DESIGN.md
- * facts), so op_compress (project + push) agrees across splits within the
- * GEMM's rounding bound, propagated. That is why the tail keeps projected
+ * split-dependent step was the projection (op_comp_project, a GEMM over the
+ * call's n rows; op_linear is now row-invariant, ops/basic.h, so op_compress
+ * agrees across splits bit for bit too). It was why the tail keeps projected
  * rows (each row is projected once, in the call that first sees it) and why
  * W_ik runs as a 1-row GEMM per entry rather than batched over a call's
  * entries: d x idx_dim multiply-adds per entry, 2.5% of the projection's at

@@ -37,7 +37,8 @@
  *   I   = 0; I   += w_h * ReLU(d_h)  for h = 0, 1, ..., heads - 1 (in order).
  * The speed comes from scoring a tile of 64 keys at once with the lanes over
  * KEYS (indexer.c), never from reordering a sum. No BLAS here for that reason
- * (OpenBLAS is not row-independent, DESIGN.md facts).
+ * (written when op_linear was OpenBLAS, which is not row-independent; the
+ * order above is the indexer's own either way).
  *
  * Parameters the plan passes [R]: k (index_topk, default 512), pool block
  * B (candidate_block_size, default 8), top_blocks (candidate_topk_blocks,

@@ -174,8 +174,8 @@ static inline OP_ISA_BODY void sumsq_rows_body(float *sumsq, const float *X, int
 /* sumsq_rows: the body above at the vector ISA op_isa() chose (isa.h). */
 OP_ISA_KERNEL(sumsq_rows, (float *sumsq, const float *X, int n, int hc, int d), (sumsq, X, n, hc, d))
 
-/* The dots through op_linear (OpenBLAS sgemm, AVX-512 where the CPU has it: about twice the
- * fixed-order kernel's speed at these shapes), the sum of squares in the fused pass's order. */
+/* The dots through op_linear (row-invariant, ops/basic.h), the sum of squares in the fused
+ * pass's order. */
 void op_mhc_stats(float *dots, float *sumsq, const float *X, const float *W, int n, int m, int hc, int d) {
   const size_t width = (size_t)hc * d;
   op_linear(dots, X, W, n, (int)width, m, (int)width, m);

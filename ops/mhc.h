@@ -27,9 +27,8 @@
  * to op_mhc_update then op_mhc_mix (same per-element expressions, same order), and sumsq to
  * op_mhc_stats on X' (both follow the fixed order at OP_MHC_TILE below). The dots differ
  * from op_mhc_stats by summation order only: the fused pass sums them in that fixed order,
- * op_mhc_stats through op_linear (OpenBLAS sgemm: faster on these shapes than the
- * fixed-order loop, which cannot use FMA, even at AVX-512 (docs/PERF.md), but not
- * row-independent bit for bit: DESIGN.md facts), so the two are within
+ * op_mhc_stats through op_linear (row-invariant too, in its own order: 16 lanes over
+ * the width, then a tree; ops/basic.h), so the two are within
  * 2 gamma(hc * hidden) of the sum of |terms|. Every
  * fixed-order value of a position depends on that position's inputs only, not on n or on
  * its neighbours; a twin kernel that follows the same order gets the same bits. Step 5 of
@@ -75,8 +74,8 @@ static inline int op_mhc_rows(int hc) { return (2 + hc) * hc; }
 /* Initial state: every stream of position t is h[t] (SPEC 3.1 [R]). */
 void op_mhc_expand(float *X /* (n, hc, d) */, const float *h /* (n, d) */, int n, int hc, int d);
 
-/* Statistics of n states against m rows of W: dots = xf W^T through op_linear (sgemm: a
- * position's bits may depend on n, DESIGN.md facts), sumsq = sum(xf^2) in the fixed order
+/* Statistics of n states against m rows of W: dots = xf W^T through op_linear (a
+ * position's bits depend on its state only, ops/basic.h), sumsq = sum(xf^2) in the fixed order
  * above (a position's bits depend on its state only). */
 void op_mhc_stats(float *dots /* (n, m) */, float *sumsq /* (n) */, const float *X /* (n, hc, d) */,
                   const float *W /* (m, hc * d) */, int n, int m, int hc, int d);

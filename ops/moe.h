@@ -26,10 +26,9 @@
  *     sqrtsoftplus) gets NaN weights, as the reference code does; it is not patched here.
  *
  * Batching: tokens are grouped by expert (counting sort, tokens in ascending order inside a
- * group) so each expert runs its three GEMMs once over all its tokens. OpenBLAS sgemm is
- * not row-independent bit for bit (DESIGN.md facts), so the output of one token may depend,
- * within the GEMM rounding bound, on which other tokens share its expert batches (and the
- * shared expert's batch). Same inputs in the same batch give the same bits.
+ * group) so each expert runs its three GEMMs once over all its tokens. op_linear is
+ * row-invariant (ops/basic.h), so a token's output does not depend on which other tokens
+ * share its expert batches or the shared expert's batch: bitwise the token run alone.
  *
  * What it is not: expert parallelism (dispatch/combine across ranks), load accounting, or
  * the mHC around the sublayer (ops/mhc.h). The input x is the normalised u' (SPEC 3.3).

@@ -1,11 +1,10 @@
 /* qkv.c: query path, indexer query/weights and SWA KV projection (see qkv.h).
  *
- * Each op is a linear layer (op_linear, so OpenBLAS sgemm) written straight
- * into its output, followed by per-row work done in place: RMSNorm, the
- * per-head norm (an RMSNorm without weight over rows of head_dim), RoPE. The
- * per-row steps are row-independent bit for bit; the GEMM is not (DESIGN.md
- * facts), so results for one position may differ in the last bits between
- * batches of different n.
+ * Each op is a linear layer (op_linear) written straight into its output,
+ * followed by per-row work done in place: RMSNorm, the per-head norm (an
+ * RMSNorm without weight over rows of head_dim), RoPE. Every step is
+ * row-independent bit for bit (op_linear too: ops/basic.h), so a position's
+ * results do not depend on how many positions share the call.
  *
  * Test: tests/test_ops_qkv.c (ctest -R ops_qkv).
  */

@@ -17,6 +17,10 @@
  * mHC widths short of a tile or one past whole tiles, 3 streams, position
  * counts that leave the Sinkhorn lanes and the fused pass's blocks partial
  * (its rows of W go 3 at a time at SSE2 and 6 above: the same sums).
+ * op_linear (the fixed-order kernel of ops/basic.c) is checked at every
+ * level too, and for row invariance: each row computed in a call of n rows
+ * (n = 1..9, 33; widths with and without a k tail, ldx/ldy wider than the
+ * row) is bitwise the row computed alone.
  * Also: op_isa_force refuses a level the CPU lacks and an unknown one.
  *
  * What it is not: a check of the values (tests/test_ops_attention.c and
@@ -32,6 +36,7 @@
 #include <string.h>
 
 #include "ops/attention.h"
+#include "ops/basic.h"
 #include "ops/formats.h"
 #include "ops/indexer.h"
 #include "ops/isa.h"
@@ -311,6 +316,41 @@ static void check_mhc(const enum op_isa *levels, int n_levels) {
       }
 }
 
+/* ---- op_linear: levels and row invariance -------------------------------- */
+
+static void check_linear(const enum op_isa *levels, int n_levels) {
+  static const int ins[] = {1, 15, 16, 17, 256, 300}, outs[] = {1, 7, 8, 9, 33};
+  static const int ns[] = {1, 2, 3, 4, 5, 7, 9, 33};
+  enum { NMAX = 33, PAD = 3 };
+  uint64_t seed = 0x11ea;
+  for (size_t a = 0; a < sizeof ins / sizeof *ins; a++)
+    for (size_t b = 0; b < sizeof outs / sizeof *outs; b++) {
+      int in = ins[a], out = outs[b], ldx = in + PAD, ldy = out + PAD;
+      float *x = malloc((size_t)NMAX * ldx * sizeof *x), *W = malloc((size_t)out * in * sizeof *W);
+      float *ref = malloc((size_t)NMAX * out * sizeof *ref), *y = malloc((size_t)NMAX * ldy * sizeof *y);
+      h_fill(x, (size_t)NMAX * ldx, &seed, -1, 1);
+      h_fill(W, (size_t)out * in, &seed, -1, 1);
+      op_isa_force(OP_ISA_DEFAULT);
+      for (int i = 0; i < NMAX; i++) op_linear(ref + (size_t)i * out, x + (size_t)i * ldx, W, 1, in, out, ldx, out);
+      EXPECT(h_finite(ref, (size_t)NMAX * out, "linear reference"), "in %d out %d", in, out);
+      for (int l = 0; l < n_levels; l++) {
+        op_isa_force(levels[l]);
+        for (size_t c = 0; c < sizeof ns / sizeof *ns; c++) {
+          int n = ns[c], bad = -1;
+          for (int i0 = 0; i0 + n <= NMAX; i0 += n) {
+            op_linear(y, x + (size_t)i0 * ldx, W, n, in, out, ldx, ldy);
+            for (int i = 0; i < n && bad < 0; i++)
+              if (memcmp(y + (size_t)i * ldy, ref + (size_t)(i0 + i) * out, (size_t)out * sizeof *y)) bad = i0 + i;
+          }
+          EXPECT(bad < 0, "linear in %d out %d: level %s, row %d of calls with n %d differs from the row alone at the default level",
+                 in, out, op_isa_name(levels[l]), bad, n);
+        }
+      }
+      op_isa_force(OP_ISA_DEFAULT);
+      free(x), free(W), free(ref), free(y);
+    }
+}
+
 int main(void) {
   enum op_isa levels[OP_ISA_COUNT];
   int n = 0;
@@ -328,5 +368,6 @@ int main(void) {
   check_indexer(levels, n);
   check_packers(levels, n);
   check_mhc(levels, n);
+  check_linear(levels, n);
   return h_report("test_ops_isa");
 }
