@@ -27,6 +27,8 @@
 #include "ops/isa.h"
 #include "base/check.h"
 #include "cli/cli.h"
+#include "cli/run_spec.h"
+#include "runtime/speculate.h"
 #include "runtime/engine.h"
 #include "cli/run_dump.h"
 #include "cli/run_pd.h"
@@ -45,6 +47,7 @@ static const char usage[] =
     "                 [--max-new N] [--chunk C] [--replay R] [--temperature T] [--top-p P]\n"
     "                 [--exact-replay] [--dump FILE] [--json] [--tokenizer PATH]\n"
     "                 [--executor direct|starpu] [--sched NAME] [--workers N] [--trace FILE] [--dot FILE]\n"
+    "                 [--speculate forced:R[,R...] [--draft-len L] [--verify-len auto|L]]\n"
     "Run one request through plan P (default %s): prefill the prompt through the graph the\n"
     "plan compiles to (CED: encoder chunks, decoder-global projection, bounded decoder replay;\n"
     "dense when serving.ced is off), then decode N tokens, one graph per step.\n"
@@ -85,6 +88,15 @@ static const char usage[] =
     "                    Event JSON: one track per worker (opens in Perfetto and speedscope);\n"
     "                    selects --executor starpu\n"
     "  --dot FILE        write the prefill graph that ran as Graphviz DOT\n"
+    "  --speculate forced:R[,R...]  decode plain, then speculatively once per R (direct executor,\n"
+    "                    docs/speculative.md): each round drafts --draft-len tokens (default the plan's\n"
+    "                    dspark.draft) that agree with the plain greedy continuation with probability R,\n"
+    "                    verifies them in one forward, keeps the agreeing prefix plus the correction\n"
+    "                    and rolls the rest back; prints tokens/s of both, whether the greedy tokens\n"
+    "                    are bitwise equal (exit 2 if not) and vLLM's acceptance metrics. The model's\n"
+    "                    own DSpark drafter (mtp blocks) is not wired yet and is refused\n"
+    "  --verify-len auto|L  drafts verified a round: auto (default) picks L from the measured\n"
+    "                    time of a verify round of each length and the drafts' confidence (SPEC 3.16)\n"
     "A prefill longer than a second shows a progress bar on stderr when stderr is a terminal.\n"
     "A plan whose serving.placement puts prefill and decode on different ranks (plans/v41-mini-pd.yaml)\n"
     "runs under `mpirun -np 2` through StarPU-MPI (the decode rank prints the report, --dump and --dot,\n"
@@ -103,6 +115,8 @@ struct ropts {
   uint64_t seed;
   float temperature, top_p;
   bool exact, json;
+  bool speculate;            /* --speculate (cli/run_spec.h) */
+  struct run_spec_opts spec;
 };
 
 static bool parse_f(const char *s, float *out) {
@@ -127,11 +141,14 @@ static int parse(int argc, char **argv, struct ropts *o) {
       {"workers", required_argument, NULL, 'W'},     {"trace", required_argument, NULL, 'A'},
       {"dot", required_argument, NULL, 'G'},         {"help", no_argument, NULL, 'h'},
       {"model", required_argument, NULL, 'M'},       {"tokenizer", required_argument, NULL, 'K'},
+      {"speculate", required_argument, NULL, 1001},  {"draft-len", required_argument, NULL, 1002},
+      {"verify-len", required_argument, NULL, 1003},
       {0, 0, 0, 0}};
   memset(o, 0, sizeof(*o));
   o->max_new = 16;
   o->replay = -1;
   o->top_p = 1.0f;
+  o->spec.verify_len = -1;
   o->executor = RT_EXEC_DIRECT; /* a single request decodes fastest on it (docs/runtime.md, "Which executor") */
   bool executor_given = false;
   int c, given = 0;
@@ -190,11 +207,32 @@ static int parse(int argc, char **argv, struct ropts *o) {
       break;
     case 'A': o->trace = optarg; break;
     case 'G': o->dot = optarg; break;
+    case 1001: {
+      char e2[256];
+      if (!run_spec_parse(optarg, &o->spec, e2, sizeof e2)) return cli_usage_error("run", "%s", e2);
+      o->speculate = true;
+      break;
+    }
+    case 1002:
+      if (!cli_parse_int(optarg, 1, RT_SPEC_LMAX, &v)) return cli_usage_error("run", "--draft-len takes L in [1, %d]", RT_SPEC_LMAX);
+      o->spec.draft_len = (int)v;
+      break;
+    case 1003:
+      if (!strcmp(optarg, "auto")) o->spec.verify_len = -1;
+      else if (!cli_parse_int(optarg, 0, RT_SPEC_LMAX, &v)) return cli_usage_error("run", "--verify-len takes auto or L in [0, %d]", RT_SPEC_LMAX);
+      else o->spec.verify_len = (int)v;
+      break;
     case 'h': printf(usage, CEDAR_DEFAULT_PLAN, sizeof(default_prompt) - 1); return 0;
     default: return cli_usage_error("run", "bad option, or an option without its value: '%s'", argv[optind - 1]);
     }
   }
   if (optind < argc) return cli_usage_error("run", "unexpected argument '%s'", argv[optind]);
+  if (o->speculate && (o->exact || o->dump || o->trace || o->dot || o->executor != RT_EXEC_DIRECT))
+    return cli_usage_error("run", "--speculate runs on the direct executor and takes none of --exact-replay, --dump, "
+                                  "--trace, --dot");
+  if (!o->speculate && (o->spec.draft_len || o->spec.verify_len >= 0))
+    return cli_usage_error("run", "--draft-len and --verify-len need --speculate");
+  o->spec.json = o->json;
   if (given > 1) return cli_usage_error("run", "give one of --prompt, --tokens, --prompt-len");
   if (o->weights && o->seed) return cli_usage_error("run", "--seed makes synthetic weights; drop it with --weights");
   if (o->model && (o->weights || o->seed))
@@ -657,6 +695,10 @@ int cmd_run(int argc, char **argv) {
                            .user = &pg,
                            .on_graph = o.trace || o.dot ? on_graph : NULL,
                            .graph_user = &sk};
+  if (o.speculate) { /* plain and speculative side by side (cli/run_spec.c) */
+    status = run_spec(&e, prompt, n, &go, &o.spec);
+    goto out;
+  }
   int grc = rt_engine_generate(&e, &r, prompt, n, &go, &res, err, sizeof err);
   if (grc == 1) { /* a P/D rank other than D's: the decode rank reports (and writes --trace) */
     sink_close(&sk, &o, false);

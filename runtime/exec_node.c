@@ -186,7 +186,10 @@ void rt_bind_node(const struct graph *g, struct rt_request *r, const struct grap
     if (gd->kind != GRAPH_STATE) continue;
     switch (gd->state) {
     case GRAPH_ST_RING: st->ring = &r->ring[gd->layer]; break;
-    case GRAPH_ST_TAIL: st->tail = &r->tail[gd->layer]; break;
+    case GRAPH_ST_TAIL:
+      st->tail = &r->tail[gd->layer];
+      st->tail_log = r->tail_log ? &r->tail_log[gd->layer] : NULL;
+      break;
     case GRAPH_ST_KV:
       if (us->mode == GRAPH_APPEND) {
         st->kv_w = &r->seq[gd->layer];

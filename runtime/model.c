@@ -4,6 +4,7 @@
 #include "runtime/model.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -341,6 +342,17 @@ void rt_engram_inject(const struct rt_model *M, int l, float *X, const float *e,
 
 /* ---- attention (docs/model.md s3) ---------------------------------------- */
 
+/* A verify step's projected rows (op_compress leaves v, then g, at the start
+ * of its scratch) into the source's log, for speculate.c's rollback. */
+static void log_rows(struct rt_tail_log *lg, const float *v, const float *g, int64_t a, int n) {
+  for (int i = 0; i < n; i++) {
+    int64_t k = a + i - lg->a0;
+    if (k < 0 || k >= lg->cap) continue;
+    memcpy(lg->v + (size_t)k * lg->d, v + (size_t)i * lg->d, sizeof(float) * (size_t)lg->d);
+    if (g && lg->g) memcpy(lg->g + (size_t)k * lg->d, g + (size_t)i * lg->d, sizeof(float) * (size_t)lg->d);
+  }
+}
+
 /* Compress the tile's attention inputs into entries and append them to
  * source l (s3.1). */
 static int append_entries(const struct rt_model *M, const struct rt_bound *st, int l, const float *a_in, int64_t a,
@@ -363,6 +375,7 @@ static int append_entries(const struct rt_model *M, const struct rt_bound *st, i
   int got;
   if (ang && !op_rope_same_angles(C->rope, ang->rope)) ang = NULL; /* other frequencies: computed per entry */
   RT_TIMED(ar, COMPRESS, got = op_compress(&out, tail, scratch, a_in, a, n, C, ang));
+  if (st->tail_log) log_rows(st->tail_log, scratch, C->ratio > 1 ? scratch + (size_t)n * C->d : NULL, a, n);
   CEDAR_ASSERT_MSG(got == emit, "layer %d: compressor emitted %d entries, expected %d (tail at %lld + %d, tile at %lld)",
                    l, got, emit, (long long)tail->pos0, tail->count, (long long)a);
   int rc = emit ? rt_kv_append(seq, out.entries, emit) : 0;
@@ -430,8 +443,21 @@ static struct op_swa_view swa_view(const struct rt_model *M, const struct rt_rin
   int slots = g->window + n;
   uint8_t *buf = RT_ALLOC(ar, uint8_t, (size_t)slots * eb);
   int64_t *spos = RT_ALLOC(ar, int64_t, slots);
-  memcpy(buf, g->slot, (size_t)g->window * eb);
-  memcpy(spos, g->pos, sizeof(int64_t) * (size_t)g->window);
+  /* The ring's slots in position order (empty slots last), so a query visits
+   * its window oldest first whether its newer neighbours sit in the ring
+   * (one-row decode) or in this tile's fresh rows (a verify step): the same
+   * entries in the same order give the same bits (docs/speculative.md). */
+  int *ord = RT_ALLOC(ar, int, g->window);
+  for (int s = 0; s < g->window; s++) { /* insertion sort of slot ids by position: the ring is a rotation, cheap */
+    int64_t ps = g->pos[s] < 0 ? INT64_MAX : g->pos[s];
+    int j = s;
+    for (; j > 0 && (g->pos[ord[j - 1]] < 0 ? INT64_MAX : g->pos[ord[j - 1]]) > ps; j--) ord[j] = ord[j - 1];
+    ord[j] = s;
+  }
+  for (int j = 0; j < g->window; j++) {
+    spos[j] = g->pos[ord[j]];
+    memcpy(buf + (size_t)j * eb, g->slot + (size_t)ord[j] * eb, eb);
+  }
   *fresh = buf + (size_t)g->window * eb;
   RT_TIMED(ar, QKV, op_swa_pack(*fresh, kS, n, m->head_dim, &M->swa_fmt, eb));
   memcpy(spos + g->window, pos, sizeof(int64_t) * (size_t)n);

@@ -117,6 +117,7 @@ struct rt_buses {
 struct rt_bound {
   struct rt_ring *ring;          /* or NULL */
   struct op_comp_tail *tail;     /* or NULL */
+  struct rt_tail_log *tail_log;  /* the tail's log during a verify step (state.h), or NULL */
   struct rt_kv_seq *kv_w;        /* APPEND target, or NULL */
   int64_t kv_w_end;              /* its entries after this node */
   struct rt_kv_seq *kv_r;        /* the source read, or NULL */

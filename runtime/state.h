@@ -90,6 +90,16 @@ struct rt_ring {
   int64_t r0;                  /* replay start */
 };
 
+/* Speculative decoding (runtime/speculate.h): the compressor's projected
+ * rows (v, and g when ratio > 1; d floats each) of positions [a0, a0 + cap)
+ * of one source, recorded while a verify step runs, so that a rollback can
+ * rebuild a tail that keeps some of them (SPEC 7.8's x1). */
+struct rt_tail_log {
+  float *v, *g;                /* (cap, d) each; g NULL when ratio == 1 */
+  int64_t a0;
+  int cap, d;
+};
+
 /* Bytes by state class (rt_request_bytes). */
 struct rt_state_bytes {
   int64_t kv_entries, kv_entry_bytes; /* committed, all sources (= plan cost) */
@@ -112,6 +122,7 @@ struct rt_request {
   struct op_comp_tail tail[PLAN_MAX_LAYERS];
   float *tail_buf[PLAN_MAX_LAYERS];
   struct rt_ring ring[PLAN_MAX_LAYERS];
+  struct rt_tail_log *tail_log;  /* (PLAN_MAX_LAYERS) while a verify step runs, else NULL (speculate.c owns it) */
   /* CED: the encoder outputs of the last xe_cap positions (xe_cap =
    * replay.decoder), slot p mod xe_cap, rt_xe_row_floats each: X^E (hc x
    * hidden) then the carried mHC pre (hc; docs/model.md s2), with their

@@ -683,18 +683,23 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
 }
 
 int graph_build_decode(struct graph *g, const struct plan *p, int64_t pos, char *err, size_t err_len) {
-  if (pos < 0) {
-    snprintf(err, err_len, "a decode step needs a position >= 0 (got %lld)", (long long)pos);
+  return graph_build_verify(g, p, pos, 1, err, err_len);
+}
+
+int graph_build_verify(struct graph *g, const struct plan *p, int64_t pos, int n, char *err, size_t err_len) {
+  if (pos < 0 || n < 1 || n > p->model.window) {
+    snprintf(err, err_len, "a decode step needs a position >= 0 (got %lld) and 1 to window (%d) rows (got %d)",
+             (long long)pos, p->model.window, n);
     return CEDAR_EINVAL;
   }
   struct ctx c;
   ctx_init(&c, g, p, GRAPH_DECODE);
   g->n_prompt = pos;
-  g->chunk = 1;
+  g->chunk = n;
   for (int l = 0; l < p->n_layers; l++)
     if (plan_is_kv_source(&p->layer[l])) c.kv_entries[l] = pos / p->layer[l].ratio;
   struct tile t;
-  tile_init(&c, &t, 0, pos, 1, 0, "dec");
+  tile_init(&c, &t, 0, pos, n, 0, "dec");
   emit_embed(&c, &t);
   if (c.ced && c.first_dec < p->n_layers) {
     emit_layers(&c, &t, 0, c.first_dec, true, false);
@@ -704,7 +709,7 @@ int graph_build_decode(struct graph *g, const struct plan *p, int64_t pos, char 
   } else {
     emit_layers(&c, &t, 0, p->n_layers, true, true);
   }
-  emit_head(&c, &t, pos, 1);
+  emit_head(&c, &t, pos, n);
   finish(g);
   return 0;
 }

@@ -198,6 +198,10 @@ struct graph_opts {
 int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const struct graph_opts *o, char *err,
                         size_t err_len);
 int graph_build_decode(struct graph *g, const struct plan *p, int64_t pos, char *err, size_t err_len);
+/* A verify step (speculative decoding, docs/speculative.md): the decode flow on
+ * the n consecutive positions [pos, pos + n) in one tile, every layer, the
+ * logits of all n rows. n = 1 is graph_build_decode. 1 <= n <= window. */
+int graph_build_verify(struct graph *g, const struct plan *p, int64_t pos, int n, char *err, size_t err_len);
 void graph_free(struct graph *g);
 
 const char *graph_op_name(enum graph_op op);
