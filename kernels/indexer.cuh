@@ -18,7 +18,11 @@
  *           pinned to +inf) then the same top-k over the blocks.
  * Scratch (device): kern_indexer_topk_scratch_bytes. Cost: O(k n / 256) per
  * query for the selection, written for the bits, not yet for speed.
- * Not yet: reindex (the pool's gather-then-score), whose slot stays NULL.
+ * reindex: the candidates (the visible entries of the query's pool blocks)
+ * as a mask over the full scan's scores (the same scores the CPU computes
+ * for its gathered keys), then the same top-k: the CPU's ids. It scores
+ * every visible entry rather than gathering the pool's first: the CPU's
+ * work ~ pool saving is not taken yet.
  */
 #ifndef CEDAR_KERN_INDEXER_CUH
 #define CEDAR_KERN_INDEXER_CUH
@@ -34,6 +38,15 @@ cudaError_t kern_indexer_topk(int32_t *topk, int32_t *pool, const float *q, cons
                               const struct op_kv_view *kv, int S, int heads, int k, int pool_block, int top_blocks,
                               bool pin_newest, void *scratch, cudaStream_t st);
 
-extern "C" int kern_indexer_topk_run(const struct op_desc *self, struct op_io *io);
+/* Reindex (op_indexer_reindex): pool (S, pool_top) device block ids; scratch
+ * S * n_entries * (4 + 1) bytes (scores and candidate masks). */
+cudaError_t kern_indexer_reindex(int32_t *topk, const int32_t *pool, const float *q, const float *w,
+                                 const int64_t *pos, const struct op_kv_view *kv, int S, int heads, int k,
+                                 int pool_block, int pool_top, void *scratch, cudaStream_t st);
+
+extern "C" {
+int kern_indexer_topk_run(const struct op_desc *self, struct op_io *io);
+int kern_reindex_run(const struct op_desc *self, struct op_io *io);
+}
 
 #endif

@@ -557,7 +557,7 @@ static const int32_t *reindex_pool(const struct op_desc *self, struct op_io *io,
   return ok ? pool : NULL;
 }
 
-static int reindex_run(const struct op_desc *self, struct op_io *io) {
+int op_reindex_prepare(const struct op_desc *self, struct op_io *io, struct op_reindex_call *r) {
   struct idx_call c;
   int top;
   int rc = idx_read(self, io, &c);
@@ -566,10 +566,21 @@ static int reindex_run(const struct op_desc *self, struct op_io *io) {
   if (!pool) return CEDAR_EINVAL;
   int32_t *topk = op_io_out(self, io, "topk", 2, (int64_t[]){c.S, c.k});
   if (!topk) return CEDAR_ENOMEM;
-  size_t wb = op_indexer_reindex_work_bytes(&c.kv, c.pool_block, top);
+  *r = (struct op_reindex_call){.q = c.q, .w = c.w, .pos = c.pos, .page = c.page, .kv = c.kv, .S = c.S,
+                                .heads = c.heads, .k = c.k, .pool_block = c.pool_block, .pool_top = top, .pool = pool,
+                                .topk = topk};
+  r->kv.pages = &r->page;
+  return 0;
+}
+
+static int reindex_run(const struct op_desc *self, struct op_io *io) {
+  struct op_reindex_call c;
+  int rc = op_reindex_prepare(self, io, &c);
+  if (rc) return rc;
+  size_t wb = op_indexer_reindex_work_bytes(&c.kv, c.pool_block, c.pool_top);
   void *work = malloc(wb);
   if (!work) return op_io_fail(io, "reindex: cannot allocate %zu bytes of workspace", wb), CEDAR_ENOMEM;
-  op_indexer_reindex(topk, work, pool, c.q, c.w, c.pos, &c.kv, c.S, c.heads, c.k, c.pool_block, top);
+  op_indexer_reindex(c.topk, work, c.pool, c.q, c.w, c.pos, &c.kv, c.S, c.heads, c.k, c.pool_block, c.pool_top);
   free(work);
   return 0;
 }

@@ -156,6 +156,18 @@ struct op_indexer_topk_call {
   int32_t *topk, *pool;
 };
 int op_indexer_topk_prepare(const struct op_desc *self, struct op_io *io, struct op_indexer_topk_call *c);
+/* The reindex descriptor's checked call (the pool checked: no block twice in
+ * a row; output topk allocated), shared by its CPU run and the CUDA twin. */
+struct op_reindex_call {
+  const float *q, *w;
+  const int64_t *pos;
+  const uint8_t *page;
+  struct op_kv_view kv;
+  int S, heads, k, pool_block, pool_top;
+  const int32_t *pool; /* (S, pool_top) */
+  int32_t *topk;
+};
+int op_reindex_prepare(const struct op_desc *self, struct op_io *io, struct op_reindex_call *c);
 
 #ifdef __cplusplus
 }

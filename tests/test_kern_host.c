@@ -114,6 +114,14 @@ static bool build(enum op_id id, struct h_io *h) {
       IN(h, "logits", OP_F32, fl(3 * 11), 3, 11);
       h_io_param(h, "temperature", 0.7), h_io_param(h, "top_p", 0.8);
       return true;
+    case OP_ID_reindex: {
+      static int32_t pool[3 * 2] = {0, 1, 1, -1, -1, -1};
+      const size_t kb = op_mxfp4_bytes(16, 8);
+      IN(h, "q", OP_F32, fl(3 * 2 * 16), 3, 2, 16), IN(h, "w", OP_F32, fl(6), 3, 2), IN(h, "pos", OP_I64, pos, 3);
+      IN(h, "keys", OP_U8, h_kept_zeros(4 * kb), 4, (int64_t)kb), IN(h, "pool", OP_I32, pool, 3, 2);
+      h_io_param(h, "idx_block", 8), h_io_param(h, "k", 2), h_io_param(h, "pool_block", 2);
+      return true;
+    }
     default: return false;
   }
 }
@@ -130,6 +138,7 @@ static int n_bad_variants(enum op_id id) {
     case OP_ID_engram_hash: return 3;
     case OP_ID_sample: return 3;
     case OP_ID_indexer_topk: return 2;
+    case OP_ID_reindex: return 2;
     case OP_ID_moe: return 3;
     case OP_ID_mhc_coeffs:
     case OP_ID_mhc_merge: return 3;
@@ -235,6 +244,14 @@ static void build_bad(enum op_id id, int v, struct h_io *h) {
       l[11 + 4] = v == 0 ? NAN : INFINITY; /* row 1: NaN, then +inf */
       if (v == 2) l[11 + 4] = 0.0f, h_io_param(h, "top_p", 0); /* top_p outside (0, 1] */
       IN(h, "logits", OP_F32, l, 3, 11);
+      return;
+    }
+    case OP_ID_reindex: {
+      static int32_t pool[3 * 2] = {0, 1, 1, 1, -1, -1}; /* block 1 twice in row 1 */
+      const size_t kb = op_mxfp4_bytes(16, 8);
+      IN(h, "q", OP_F32, fl(3 * 2 * 16), 3, 2, 16), IN(h, "w", OP_F32, fl(6), 3, 2), IN(h, "pos", OP_I64, pos3, 3);
+      IN(h, "keys", OP_U8, h_kept_zeros(4 * kb), 4, (int64_t)kb), IN(h, "pool", OP_I32, pool, v ? 2 : 3, 2);
+      h_io_param(h, "idx_block", 8), h_io_param(h, "k", 2), h_io_param(h, "pool_block", 2);
       return;
     }
     default: /* no W packs to 37 bytes (fp8: 8 values and a 4-byte scale per block) */
