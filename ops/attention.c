@@ -24,6 +24,7 @@
 #include "ops/basic.h"
 #include "ops/formats.h"
 #include "ops/isa.h"
+#include "ops/num_softmax.h"
 #include "base/check.h"
 
 /* Where the entries come from: packed views, or float rows (gf/sf set). */
@@ -63,8 +64,8 @@ struct online {
  * way.) */
 static void online_init(struct online *st, const float *sink) {
   for (int h = 0; h < st->heads; h++) {
-    st->m[h] = sink ? sink[h] : -INFINITY;
-    st->l[h] = sink ? 1.0f : 0.0f;
+    const struct op_hd_online o = op_hd_online_start(sink != NULL, sink ? sink[h] : 0.0f);
+    st->m[h] = o.m, st->l[h] = o.l;
   }
   memset(st->acc, 0, (size_t)st->heads * st->d * sizeof *st->acc);
   st->nb = 0;
@@ -165,17 +166,14 @@ static inline OP_ISA_BODY void online_flush_body(struct online *st) {
     float *zh = st->z + (size_t)h * ATTN_BLOCK, mb = st->m[h];
     for (int b = 0; b < nb; b++)
       if (zh[b] > mb) mb = zh[b];
-    if (mb > st->m[h]) {
-      const float c = expf(st->m[h] - mb);
+    struct op_hd_online o = {st->m[h], st->l[h]}; /* the rules of ops/num_softmax.h */
+    if (mb > o.m) {
+      const float c = op_hd_online_raise(&o, mb);
       float *ah = st->acc + (size_t)h * d;
-      st->l[h] *= c;
       for (int i = 0; i < d; i++) ah[i] *= c;
-      st->m[h] = mb;
     }
-    for (int b = 0; b < nb; b++) {
-      zh[b] = expf(zh[b] - st->m[h]);
-      st->l[h] += zh[b];
-    }
+    for (int b = 0; b < nb; b++) zh[b] = op_hd_online_weight(&o, zh[b]);
+    st->m[h] = o.m, st->l[h] = o.l;
   }
   block_accumulate(st->acc, st->z, st->row, H, d, nb);
   st->nb = 0;
@@ -221,11 +219,7 @@ static void online_finish(struct online *st) {
   online_flush(st);
   for (int h = 0; h < st->heads; h++) {
     float *acc = st->acc + (size_t)h * st->d;
-    if (st->l[h] == 0.0f) {
-      memset(acc, 0, (size_t)st->d * sizeof *acc);
-      continue;
-    }
-    for (int i = 0; i < st->d; i++) acc[i] /= st->l[h];
+    for (int i = 0; i < st->d; i++) acc[i] = op_hd_online_out(acc[i], st->l[h]);
   }
 }
 
@@ -328,19 +322,8 @@ void op_grouped_oproj(float *a, float *z, const float *o, const float *w_oa, con
 
 #include "ops/registry.h"
 
-/* One sparse_attn call: inputs, views and parameters. */
-struct attn_call {
-  const float *q;
-  const int64_t *pos;
-  const int32_t *topk;
-  const uint8_t *page; /* the entries tensor: the global view's only page */
-  struct op_kv_view kv;
-  struct op_swa_view swa;
-  bool has_swa;
-  struct op_rope rope;
-  struct op_attn_params pr;
-  int S;
-};
+/* One sparse_attn call: struct op_attn_call (attention.h). */
+#define attn_call op_attn_call
 
 /* q (S, heads, head_dim), pos (S) >= 0, topk (S, k) and sink (heads). */
 static int attn_queries(const struct op_desc *self, struct op_io *io, struct attn_call *c) {
@@ -441,8 +424,9 @@ static int attn_scalars(const struct op_desc *self, struct op_io *io, struct att
   return 0;
 }
 
-static int sparse_attn_run(const struct op_desc *self, struct op_io *io) {
-  struct attn_call c = {0};
+int op_sparse_attn_prepare(const struct op_desc *self, struct op_io *io, struct op_attn_call *cp) {
+  struct attn_call c;
+  memset(&c, 0, sizeof c);
   int rc = attn_queries(self, io, &c);
   if (!rc) rc = attn_global(self, io, &c);
   /* the kernel skips an index past the committed entries (the model's
@@ -456,14 +440,25 @@ static int sparse_attn_run(const struct op_desc *self, struct op_io *io) {
   if (!rc) rc = attn_scalars(self, io, &c);
   if (rc) return rc;
   const struct op_attn_params *pr = &c.pr;
-  float *o = op_io_out(self, io, "o", 3, (int64_t[]){c.S, pr->heads, pr->head_dim});
-  int32_t *n_used = o ? op_io_out(self, io, "n_used", 1, (int64_t[]){c.S}) : NULL;
-  if (!n_used) return CEDAR_ENOMEM;
-  op_sparse_attn(o, n_used, c.q, c.pos, c.topk, c.topk ? &c.kv : NULL, c.has_swa ? &c.swa : NULL, c.S, pr);
+  c.o = op_io_out(self, io, "o", 3, (int64_t[]){c.S, pr->heads, pr->head_dim});
+  c.n_used = c.o ? op_io_out(self, io, "n_used", 1, (int64_t[]){c.S}) : NULL;
+  if (!c.n_used) return CEDAR_ENOMEM;
+  *cp = c;
+  /* the views point into the call: re-aim them at the caller's copy */
+  cp->kv.pages = &cp->page;
+  cp->pr.rope = c.pr.rope ? &cp->rope : NULL;
   return 0;
 }
 
-static int oproj_run(const struct op_desc *self, struct op_io *io) {
+static int sparse_attn_run(const struct op_desc *self, struct op_io *io) {
+  struct op_attn_call c;
+  int rc = op_sparse_attn_prepare(self, io, &c);
+  if (rc) return rc;
+  op_sparse_attn(c.o, c.n_used, c.q, c.pos, c.topk, c.topk ? &c.kv : NULL, c.has_swa ? &c.swa : NULL, c.S, &c.pr);
+  return 0;
+}
+
+int op_oproj_prepare(const struct op_desc *self, struct op_io *io, struct op_oproj_call *c) {
   int64_t od[3], ad[3], bd[2];
   const struct op_tensor *o = op_io_in(self, io, "o", 3, od);
   const struct op_tensor *wa = o ? op_io_in(self, io, "W_oa", 3, ad) : NULL;
@@ -481,9 +476,17 @@ static int oproj_run(const struct op_desc *self, struct op_io *io) {
   float *a = op_io_out(self, io, "a", 2, (int64_t[]){od[0], bd[0]});
   float *z = a ? op_io_out(self, io, "z", 2, (int64_t[]){od[0], bd[1]}) : NULL;
   if (!z) return CEDAR_ENOMEM;
-  op_grouped_oproj(a, z, o->data, wa->data, wb->data, (int)od[0], (int)heads, (int)hd, (int)G, (int)ad[1],
-                   (int)bd[0]);
+  *c = (struct op_oproj_call){.o = o->data, .w_oa = wa->data, .w_ob = wb->data, .a = a, .z = z, .S = (int)od[0],
+                              .heads = (int)heads, .head_dim = (int)hd, .G = (int)G, .o_rank = (int)ad[1],
+                              .hidden = (int)bd[0]};
   return 0;
+}
+
+static int oproj_run(const struct op_desc *self, struct op_io *io) {
+  struct op_oproj_call c;
+  int rc = op_oproj_prepare(self, io, &c);
+  if (!rc) op_grouped_oproj(c.a, c.z, c.o, c.w_oa, c.w_ob, c.S, c.heads, c.head_dim, c.G, c.o_rank, c.hidden);
+  return rc;
 }
 
 const struct op_desc op_desc_sparse_attn = {

@@ -46,6 +46,10 @@
 #include "ops/kvview.h"
 #include "ops/rope.h"
 
+#ifdef __cplusplus /* the CUDA twins in kernels/ include it */
+extern "C" {
+#endif
+
 /* The scalar parameters of one attention call (plan parameters). */
 struct op_attn_params {
   int heads;      /* H [A 64] */
@@ -112,5 +116,40 @@ void op_grouped_oproj(float *a /* (S, hidden) */, float *z /* (S, G*o_rank) */,
                       const float *o /* (S, heads*head_dim) */, const float *w_oa /* (G, o_rank, gw) */,
                       const float *w_ob /* (hidden, G*o_rank) */, int S, int heads, int head_dim, int G, int o_rank,
                       int hidden);
+
+/* The sparse_attn descriptor's checked call (inputs, views over them,
+ * parameters, outputs o and n_used allocated), shared by its CPU run and the
+ * CUDA twin (kernels/attention.cu): 0 or the status after op_io_fail. The
+ * global view is one page (page) of the entries tensor; pr.rope points at
+ * rope (or is NULL). */
+struct op_desc;
+struct op_io;
+struct op_attn_call {
+  const float *q;
+  const int64_t *pos;
+  const int32_t *topk; /* NULL: SWA-only */
+  const uint8_t *page; /* the entries tensor: the global view's only page */
+  struct op_kv_view kv;
+  struct op_swa_view swa;
+  bool has_swa;
+  struct op_rope rope;
+  struct op_attn_params pr;
+  int S;
+  float *o;        /* (S, heads, head_dim) */
+  int32_t *n_used; /* (S) */
+};
+int op_sparse_attn_prepare(const struct op_desc *self, struct op_io *io, struct op_attn_call *c);
+/* The oproj descriptor's checked call (outputs a and z allocated), shared by
+ * its CPU run and the CUDA twin. */
+struct op_oproj_call {
+  const float *o, *w_oa, *w_ob;
+  float *a, *z;
+  int S, heads, head_dim, G, o_rank, hidden;
+};
+int op_oproj_prepare(const struct op_desc *self, struct op_io *io, struct op_oproj_call *c);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

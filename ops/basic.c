@@ -247,18 +247,31 @@ void op_linear_sgemm(float *y, const float *x, const float *W, int n, int in, in
 
 /* ---- registry descriptors (ops/registry.h) ------------------------------ */
 
-static int embed_run(const struct op_desc *self, struct op_io *io) {
+int op_embed_prepare(const struct op_desc *self, struct op_io *io, struct op_embed_call *c) {
   int64_t td[2], nd[1];
   const struct op_tensor *table = op_io_in(self, io, "table", 2, td);
   const struct op_tensor *tok = table ? op_io_in(self, io, "tokens", 1, nd) : NULL;
   if (!tok) return CEDAR_EINVAL;
   float *out = op_io_out(self, io, "out", 2, (int64_t[]){nd[0], td[1]});
   if (!out) return CEDAR_ENOMEM;
-  int bad = op_embed(out, table->data, tok->data, (int)nd[0], (int)td[1], (int)td[0]);
-  if (bad >= 0)
-    return op_io_fail(io, "embed: token %d at position %d is outside the vocabulary [0, %lld)",
-                      ((const int32_t *)tok->data)[bad], bad, (long long)td[0]);
+  *c = (struct op_embed_call){.table = table->data, .tok = tok->data, .out = out, .n = (int)nd[0], .d = (int)td[1],
+                              .vocab = (int)td[0]};
   return 0;
+}
+
+int op_embed_check_tokens(struct op_io *io, const struct op_embed_call *c) {
+  for (int i = 0; i < c->n; i++)
+    if (c->tok[i] < 0 || c->tok[i] >= c->vocab)
+      return op_io_fail(io, "embed: token %d at position %d is outside the vocabulary [0, %lld)", c->tok[i], i,
+                        (long long)c->vocab);
+  return 0;
+}
+
+static int embed_run(const struct op_desc *self, struct op_io *io) {
+  struct op_embed_call c;
+  int rc = op_embed_prepare(self, io, &c);
+  if (rc) return rc;
+  return op_embed(c.out, c.table, c.tok, c.n, c.d, c.vocab) >= 0 ? op_embed_check_tokens(io, &c) : 0;
 }
 
 const struct op_desc op_desc_embed = {
@@ -271,7 +284,7 @@ const struct op_desc op_desc_embed = {
     .run = embed_run,
 };
 
-static int rmsnorm_run(const struct op_desc *self, struct op_io *io) {
+int op_rmsnorm_prepare(const struct op_desc *self, struct op_io *io, struct op_rmsnorm_call *c) {
   int64_t xd[2], gd[1];
   const struct op_tensor *x = op_io_in(self, io, "x", 2, xd);
   const struct op_tensor *g = x ? op_io_in(self, io, "gamma", 1, gd) : NULL;
@@ -279,8 +292,16 @@ static int rmsnorm_run(const struct op_desc *self, struct op_io *io) {
   if (gd[0] != xd[1]) return op_io_fail(io, "rmsnorm: gamma has %lld values for rows of %lld", (long long)gd[0], (long long)xd[1]);
   float *out = op_io_out(self, io, "out", 2, xd);
   if (!out) return CEDAR_ENOMEM;
-  op_rmsnorm(out, x->data, g->data, (int)xd[0], (int)xd[1], (float)op_io_param(self, io, "eps"));
+  *c = (struct op_rmsnorm_call){.x = x->data, .gamma = g->data, .out = out, .n = (int)xd[0], .d = (int)xd[1],
+                                .eps = (float)op_io_param(self, io, "eps")};
   return 0;
+}
+
+static int rmsnorm_run(const struct op_desc *self, struct op_io *io) {
+  struct op_rmsnorm_call c;
+  int rc = op_rmsnorm_prepare(self, io, &c);
+  if (!rc) op_rmsnorm(c.out, c.x, c.gamma, c.n, c.d, c.eps);
+  return rc;
 }
 
 const struct op_desc op_desc_rmsnorm = {
@@ -292,7 +313,7 @@ const struct op_desc op_desc_rmsnorm = {
     .run = rmsnorm_run,
 };
 
-static int linear_run(const struct op_desc *self, struct op_io *io) {
+int op_linear_prepare(const struct op_desc *self, struct op_io *io, struct op_linear_call *c) {
   int64_t xd[2], wd[2];
   const struct op_tensor *x = op_io_in(self, io, "x", 2, xd);
   const struct op_tensor *w = x ? op_io_in(self, io, "w", 2, wd) : NULL;
@@ -300,8 +321,15 @@ static int linear_run(const struct op_desc *self, struct op_io *io) {
   if (wd[1] != xd[1]) return op_io_fail(io, "linear: w is (%lld, %lld) but x rows have %lld values", (long long)wd[0], (long long)wd[1], (long long)xd[1]);
   float *y = op_io_out(self, io, "y", 2, (int64_t[]){xd[0], wd[0]});
   if (!y) return CEDAR_ENOMEM;
-  op_linear(y, x->data, w->data, (int)xd[0], (int)xd[1], (int)wd[0], (int)xd[1], (int)wd[0]);
+  *c = (struct op_linear_call){.x = x->data, .w = w->data, .y = y, .n = (int)xd[0], .in = (int)xd[1], .out = (int)wd[0]};
   return 0;
+}
+
+static int linear_run(const struct op_desc *self, struct op_io *io) {
+  struct op_linear_call c;
+  int rc = op_linear_prepare(self, io, &c);
+  if (!rc) op_linear(c.y, c.x, c.w, c.n, c.in, c.out, c.in, c.out);
+  return rc;
 }
 
 const struct op_desc op_desc_linear = {

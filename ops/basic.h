@@ -12,6 +12,10 @@
 #include <math.h>
 #include <stdint.h>
 
+#ifdef __cplusplus /* the CUDA twins in kernels/ include it */
+extern "C" {
+#endif
+
 /* BLAS runs on one thread inside ops: parallelism comes from the task graph,
  * and the sgemm that some benchmarks and tests set beside op_linear must not
  * depend on the thread count (DESIGN.md facts).
@@ -54,9 +58,45 @@ void op_linear(float *y /* (n, ldy) */, const float *x /* (n, ldx) */, const flo
  * shape): only for benchmarks that set it beside op_linear. */
 void op_linear_sgemm(float *y, const float *x, const float *W, int n, int in, int out, int ldx, int ldy);
 
+/* ---- the descriptors' checked calls -------------------------------------- */
+/* What embed, rmsnorm and linear's descriptors read from an op_io once its
+ * inputs are checked and its output allocated: one function per op, shared
+ * by the CPU run (ops/basic.c) and the CUDA twin (kernels/basic.cu), so both
+ * refuse the same inputs with the same messages. Each returns 0 or the
+ * status after op_io_fail. */
+struct op_desc;
+struct op_io;
+struct op_embed_call {
+  const float *table;
+  const int32_t *tok;
+  float *out;
+  int n, d, vocab;
+};
+int op_embed_prepare(const struct op_desc *self, struct op_io *io, struct op_embed_call *c);
+/* The first token outside [0, vocab) as the embed op reports it (after
+ * op_io_fail), or 0 when all are in range. */
+int op_embed_check_tokens(struct op_io *io, const struct op_embed_call *c);
+struct op_rmsnorm_call {
+  const float *x, *gamma;
+  float *out;
+  int n, d;
+  float eps;
+};
+int op_rmsnorm_prepare(const struct op_desc *self, struct op_io *io, struct op_rmsnorm_call *c);
+struct op_linear_call {
+  const float *x, *w;
+  float *y;
+  int n, in, out;
+};
+int op_linear_prepare(const struct op_desc *self, struct op_io *io, struct op_linear_call *c);
+
 static inline float op_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 static inline float op_silu(float x) { return x / (1.0f + expf(-x)); }
 /* softplus(x) = log(1 + e^x), computed without overflow for large x. */
 static inline float op_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -163,12 +163,12 @@ int op_engram_hash(int64_t *row, const int32_t *tok, const uint8_t *dead, const 
     gram_ids(g, tok, dead, cmap, n_hist + i, max_order, pad_id);
     int64_t *ri = row + (size_t)i * n_orders * n_heads;
     for (int o = 0; o < n_orders; o++) {
-      /* int64 products wrap as two's complement: the same bits as uint64. */
-      uint64_t mix = 0;
-      for (int k = 0; k < orders[o]; k++) mix ^= g[k] * mult[k];
+      /* int64 products wrap as two's complement: the same bits as uint64
+       * (ops/num_engram.h, shared with the CUDA kernels). */
+      const uint64_t mix = op_hd_engram_mix(g, mult, orders[o]);
       for (int h = 0; h < n_heads; h++) {
         int j = o * n_heads + h;
-        ri[j] = op_engram_floor_mod((int64_t)mix, prime[j]) + offset[j];
+        ri[j] = op_hd_engram_row(mix, prime[j], offset[j]);
       }
     }
   }
@@ -316,52 +316,68 @@ static bool hash_inputs(const struct op_desc *self, struct op_io *io, struct has
   return true;
 }
 
-/* The multipliers, the cmap, the outputs and the op, once the tables exist. */
-static int hash_call(const struct op_desc *self, struct op_io *io, const struct hash_args *a, const struct hash_in *h,
-                     const struct op_engram_tables *t) {
-  uint64_t mult[64];
+/* The multipliers, the cmap and the outputs, once the tables exist. */
+static int hash_setup(const struct op_desc *self, struct op_io *io, const struct hash_args *a, const struct hash_in *h,
+                      struct op_engram_hash_call *c) {
   if (h->mult)
-    for (int k = 0; k < a->max_order; k++) mult[k] = (uint64_t)((const int64_t *)h->mult->data)[k];
+    for (int k = 0; k < a->max_order; k++) c->mult[k] = (uint64_t)((const int64_t *)h->mult->data)[k];
   else if (a->scheme == 0)
-    op_engram_multipliers_numpy(mult, (int)a->layer, a->max_order, a->cvocab);
+    op_engram_multipliers_numpy(c->mult, (int)a->layer, a->max_order, a->cvocab);
   else
-    op_engram_multipliers_splitmix64(mult, (uint64_t)a->seed, (int)a->layer, a->max_order, a->id_bound);
+    op_engram_multipliers_splitmix64(c->mult, (uint64_t)a->seed, (int)a->layer, a->max_order, a->id_bound);
   if (a->pad_id < 0 || a->pad_id >= a->vocab)
     return op_io_fail(io, "engram_hash: pad_id %lld is not a token id in [0, %lld)", (long long)a->pad_id,
                       (long long)a->vocab);
-  int32_t *own = NULL;
-  if (!h->cmap && !(own = malloc((size_t)a->vocab * sizeof *own)))
+  if (!h->cmap && !(c->own = malloc((size_t)a->vocab * sizeof *c->own)))
     return op_io_fail(io, "engram_hash: cannot allocate a cmap of %lld ids", (long long)a->vocab), CEDAR_ENOMEM;
-  if (own) op_engram_cmap_modulo(own, (int)a->vocab, (int)a->cvocab);
-  const int32_t *cmap = own ? own : h->cmap->data;
-  int n = (int)(h->td[0] - a->n_hist), rc = 0;
-  int64_t *rows = op_io_out(self, io, "rows", 3, (int64_t[]){n, a->n_orders, a->heads});
-  int64_t *table_rows = rows ? op_io_out(self, io, "table_rows", 1, (int64_t[]){1}) : NULL;
-  if (!table_rows) {
-    rc = CEDAR_ENOMEM;
-  } else {
-    table_rows[0] = t->rows[a->module];
-    int bad = op_engram_hash(rows, h->tok->data, h->dead ? h->dead->data : NULL, cmap, mult, a->orders,
-                             op_engram_primes_of(t, (int)a->module), op_engram_offsets_of(t, (int)a->module),
-                             (int)a->n_hist, n, (int)a->vocab, a->n_orders, (int)a->heads, cmap[a->pad_id]);
-    if (bad >= 0)
-      rc = op_io_fail(io, "engram_hash: token %d at position %d is outside the vocabulary [0, %lld)",
-                      ((const int32_t *)h->tok->data)[bad], bad, (long long)a->vocab);
-  }
-  free(own);
+  if (c->own) op_engram_cmap_modulo(c->own, (int)a->vocab, (int)a->cvocab);
+  c->cmap = c->own ? c->own : h->cmap->data;
+  c->n = (int)(h->td[0] - a->n_hist), c->n_hist = (int)a->n_hist, c->vocab = (int)a->vocab;
+  c->n_orders = a->n_orders, c->heads = (int)a->heads, c->max_order = a->max_order;
+  for (int o = 0; o < a->n_orders; o++) c->orders[o] = a->orders[o];
+  c->tok = h->tok->data, c->dead = h->dead ? h->dead->data : NULL;
+  c->prime = op_engram_primes_of(&c->t, (int)a->module), c->offset = op_engram_offsets_of(&c->t, (int)a->module);
+  c->pad = c->cmap[a->pad_id];
+  c->rows = op_io_out(self, io, "rows", 3, (int64_t[]){c->n, a->n_orders, a->heads});
+  int64_t *table_rows = c->rows ? op_io_out(self, io, "table_rows", 1, (int64_t[]){1}) : NULL;
+  if (!table_rows) return CEDAR_ENOMEM;
+  table_rows[0] = c->t.rows[a->module];
+  return 0;
+}
+
+int op_engram_hash_prepare(const struct op_desc *self, struct op_io *io, struct op_engram_hash_call *c) {
+  struct hash_args a;
+  struct hash_in h;
+  memset(c, 0, sizeof *c);
+  if (!hash_params(self, io, &a) || !hash_inputs(self, io, &a, &h)) return CEDAR_EINVAL;
+  if (op_engram_tables_init(&c->t, (int)a.module + 1, a.n_orders, (int)a.heads, a.table_base))
+    return op_io_fail(io, "engram_hash: no table layout from table_base %lld (a module's rows would pass INT64_MAX, "
+                          "or out of memory)", (long long)a.table_base);
+  c->have_tables = true;
+  int rc = hash_setup(self, io, &a, &h, c);
+  if (rc) op_engram_hash_release(c);
   return rc;
 }
 
+void op_engram_hash_release(struct op_engram_hash_call *c) {
+  if (c->have_tables) op_engram_tables_free(&c->t);
+  free(c->own);
+  c->own = NULL, c->have_tables = false;
+}
+
+int op_engram_hash_bad_token(struct op_io *io, const struct op_engram_hash_call *c, int bad) {
+  return op_io_fail(io, "engram_hash: token %d at position %d is outside the vocabulary [0, %lld)", c->tok[bad], bad,
+                    (long long)c->vocab);
+}
+
 static int engram_hash_run(const struct op_desc *self, struct op_io *io) {
-  struct hash_args a;
-  struct hash_in h;
-  if (!hash_params(self, io, &a) || !hash_inputs(self, io, &a, &h)) return CEDAR_EINVAL;
-  struct op_engram_tables t;
-  if (op_engram_tables_init(&t, (int)a.module + 1, a.n_orders, (int)a.heads, a.table_base))
-    return op_io_fail(io, "engram_hash: no table layout from table_base %lld (a module's rows would pass INT64_MAX, "
-                          "or out of memory)", (long long)a.table_base);
-  int rc = hash_call(self, io, &a, &h, &t);
-  op_engram_tables_free(&t);
+  struct op_engram_hash_call c;
+  int rc = op_engram_hash_prepare(self, io, &c);
+  if (rc) return rc;
+  int bad = op_engram_hash(c.rows, c.tok, c.dead, c.cmap, c.mult, c.orders, c.prime, c.offset, c.n_hist, c.n, c.vocab,
+                           c.n_orders, c.heads, c.pad);
+  if (bad >= 0) rc = op_engram_hash_bad_token(io, &c, bad);
+  op_engram_hash_release(&c);
   return rc;
 }
 
@@ -404,7 +420,7 @@ const struct op_desc op_desc_engram_hash = {
 
 /* -- engram_gather -- */
 
-static int engram_gather_run(const struct op_desc *self, struct op_io *io) {
+int op_engram_gather_prepare(const struct op_desc *self, struct op_io *io, struct op_engram_gather_call *c) {
   int64_t td[2], rd[3], hd, blk;
   const struct op_tensor *table = op_io_in(self, io, "table", 2, td), *rows = NULL;
   if (!table || !(rows = op_io_in(self, io, "rows", 3, rd)) || !op_io_param_int(self, io, "head_dim", 1, INT_MAX, &hd) ||
@@ -427,8 +443,16 @@ static int engram_gather_run(const struct op_desc *self, struct op_io *io) {
                         (long long)r[j], (long long)td[0]);
   float *e = op_io_out(self, io, "e", 2, (int64_t[]){n, tables * hd});
   if (!e) return CEDAR_ENOMEM;
-  op_engram_gather(e, table->data, r, (int)n, (int)tables, (int)hd, (int)blk, td[0]);
+  *c = (struct op_engram_gather_call){.e = e, .table = table->data, .rows = r, .n = (int)n, .tables = (int)tables,
+                                      .head_dim = (int)hd, .block = (int)blk, .n_rows = td[0], .row_bytes = rb};
   return 0;
+}
+
+static int engram_gather_run(const struct op_desc *self, struct op_io *io) {
+  struct op_engram_gather_call c;
+  int rc = op_engram_gather_prepare(self, io, &c);
+  if (!rc) op_engram_gather(c.e, c.table, c.rows, c.n, c.tables, c.head_dim, c.block, c.n_rows);
+  return rc;
 }
 
 const struct op_desc op_desc_engram_gather = {
@@ -447,7 +471,7 @@ const struct op_desc op_desc_engram_gather = {
 
 /* -- engram_inject -- */
 
-static int engram_inject_run(const struct op_desc *self, struct op_io *io) {
+int op_engram_inject_prepare(const struct op_desc *self, struct op_io *io, struct op_engram_inject_call *c) {
   int64_t xd[3], ed[2], wd[2], qd[2], kd[2];
   const struct op_tensor *X = op_io_in(self, io, "X", 3, xd), *e = NULL, *w = NULL, *q = NULL, *k = NULL;
   if (!X || !(e = op_io_in(self, io, "e", 2, ed)) || !(w = op_io_in(self, io, "w_kv", 2, wd)) ||
@@ -472,9 +496,20 @@ static int engram_inject_run(const struct op_desc *self, struct op_io *io) {
   float *kv = Xn ? op_io_out(self, io, "kv", 2, (int64_t[]){n, kvw}) : NULL;
   float *gate = kv ? op_io_out(self, io, "gate", 2, (int64_t[]){n, hc}) : NULL;
   if (!gate) return CEDAR_ENOMEM;
-  memcpy(Xn, X->data, (size_t)(n * hc * hidden) * sizeof *Xn);
-  op_engram_inject(Xn, kv, gate, e->data, w->data, q->data, k->data, (int)n, (int)ed[1], (int)hidden, (int)hc,
-                   norm_eps, dot_floor);
+  *c = (struct op_engram_inject_call){.X = X->data, .e = e->data, .w_kv = w->data, .q_w = q->data, .k_w = k->data,
+                                      .X_next = Xn, .kv = kv, .gate = gate, .n = (int)n, .d_e = (int)ed[1],
+                                      .hidden = (int)hidden, .hc = (int)hc, .norm_eps = norm_eps,
+                                      .dot_floor = dot_floor};
+  return 0;
+}
+
+static int engram_inject_run(const struct op_desc *self, struct op_io *io) {
+  struct op_engram_inject_call c;
+  int rc = op_engram_inject_prepare(self, io, &c);
+  if (rc) return rc;
+  memcpy(c.X_next, c.X, (size_t)c.n * c.hc * c.hidden * sizeof *c.X_next);
+  op_engram_inject(c.X_next, c.kv, c.gate, c.e, c.w_kv, c.q_w, c.k_w, c.n, c.d_e, c.hidden, c.hc, c.norm_eps,
+                   c.dot_floor);
   return 0;
 }
 

@@ -69,8 +69,15 @@
 #ifndef CEDAR_OPS_ENGRAM_H
 #define CEDAR_OPS_ENGRAM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "ops/num_engram.h"
+
+#ifdef __cplusplus /* the CUDA twins in kernels/ include it */
+extern "C" {
+#endif
 
 /* The table layout of every Engram module of a model. */
 struct op_engram_tables {
@@ -112,10 +119,7 @@ void op_engram_multipliers_splitmix64(uint64_t *mult /* (max_order) */, uint64_t
                                       int64_t id_bound);
 
 /* a mod p with Python's sign rule for p > 0: the result is in [0, p). */
-static inline int64_t op_engram_floor_mod(int64_t a, int64_t p) {
-  int64_t r = a % p;
-  return r < 0 ? r + p : r;
-}
+static inline int64_t op_engram_floor_mod(int64_t a, int64_t p) { return op_hd_floor_mod(a, p); }
 
 /* Row indices (inside the module's table) of positions n_hist .. n_hist+n-1
  * of tok. The first n_hist ids are history only (a decode step passes the
@@ -149,5 +153,50 @@ void op_engram_inject(float *x /* (n, hc, hidden) */, float *kv /* (n, (hc + 1) 
                       const float *w_kv /* ((hc + 1) * hidden, d_e) */, const float *q_w /* (hc, hidden) */,
                       const float *k_w /* (hc, hidden) */, int n, int d_e, int hidden, int hc, float norm_eps,
                       float dot_floor);
+
+/* The engram_hash descriptor's checked call: tables, multipliers, the cmap
+ * (its own when the caller gave none) and the outputs, shared by its CPU run
+ * and the CUDA twin (kernels/engram.cu). 0 or the status after op_io_fail;
+ * on 0 the caller runs the hash into rows and calls op_engram_hash_release.
+ * A token outside [0, vocab) is refused after the hash finds it:
+ * op_engram_hash_bad_token(io, c, index) says so. */
+struct op_desc;
+struct op_io;
+struct op_engram_hash_call {
+  struct op_engram_tables t;
+  bool have_tables;
+  int32_t *own;          /* the modulo cmap when the caller gave none */
+  uint64_t mult[64];
+  const int32_t *tok, *cmap;
+  const uint8_t *dead;
+  const int64_t *prime, *offset;
+  int orders[4], n_orders, max_order, n_hist, n, vocab, heads;
+  int32_t pad;
+  int64_t *rows;         /* output (n, n_orders, heads) */
+};
+int op_engram_hash_prepare(const struct op_desc *self, struct op_io *io, struct op_engram_hash_call *c);
+void op_engram_hash_release(struct op_engram_hash_call *c);
+int op_engram_hash_bad_token(struct op_io *io, const struct op_engram_hash_call *c, int bad);
+/* engram_gather's and engram_inject's checked calls (outputs allocated). */
+struct op_engram_gather_call {
+  float *e;
+  const uint8_t *table;
+  const int64_t *rows;
+  int n, tables, head_dim, block;
+  int64_t n_rows;
+  size_t row_bytes;
+};
+int op_engram_gather_prepare(const struct op_desc *self, struct op_io *io, struct op_engram_gather_call *c);
+struct op_engram_inject_call {
+  const float *X, *e, *w_kv, *q_w, *k_w;
+  float *X_next, *kv, *gate;
+  int n, d_e, hidden, hc;
+  float norm_eps, dot_floor;
+};
+int op_engram_inject_prepare(const struct op_desc *self, struct op_io *io, struct op_engram_inject_call *c);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

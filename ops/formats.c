@@ -26,77 +26,25 @@
 #include <string.h>
 
 #include "ops/isa.h"
+#include "ops/num_codec.h"
 #include "base/check.h"
 
-#define E2M1_MAX_CODE 0x7u  /* +6 */
-#define E4M3_MAX_CODE 0x7Eu /* +448 */
-#define E4M3_NAN_CODE 0x7Fu
-#define E8M0_NAN_CODE 0xFFu
-#define FP32_QNAN_BITS 0x7FC00000u
+#define E2M1_MAX_CODE OP_HD_E2M1_MAX_CODE
+#define E4M3_MAX_CODE OP_HD_E4M3_MAX_CODE
+#define E4M3_NAN_CODE OP_HD_E4M3_NAN_CODE
+#define E8M0_NAN_CODE OP_HD_E8M0_NAN_CODE
+#define FP32_QNAN_BITS OP_HD_F32_QNAN_BITS
 
-static uint32_t float_bits(float x) {
-  uint32_t u;
-  memcpy(&u, &x, sizeof u);
-  return u;
-}
-
-static float bits_float(uint32_t u) {
-  float x;
-  memcpy(&x, &u, sizeof x);
-  return x;
-}
-
-/* m >> shift rounded to nearest, ties to even. 1 <= shift <= 31. */
-static uint32_t rne_shift(uint32_t m, int shift) {
-  uint32_t q = m >> shift;
-  uint32_t rem = m & ((1u << shift) - 1u);
-  uint32_t half = 1u << (shift - 1);
-  if (rem > half || (rem == half && (q & 1u)))
-    q++;
-  return q;
-}
-
-/* The magnitude code of the minifloat (mbits mantissa bits, exponent bias
- * `bias`, subnormals, no Inf) nearest to a >= 0, ties to even. a must be
- * finite and not above the format's largest value; callers saturate first.
- * A carry out of the mantissa rounds into the next exponent, as it should. */
-static unsigned rne_magnitude(float a, int mbits, int bias) {
-  uint32_t u = float_bits(a) & 0x7FFFFFFFu;
-  int E = (int)(u >> 23);
-  uint32_t M = u & 0x7FFFFFu;
-  if (E == 0)
-    E = 1; /* float subnormal: no hidden bit, exponent of the smallest normal */
-  else
-    M |= 0x800000u;
-  int et = E - 127 + bias; /* biased exponent in the target format */
-  /* Normal targets keep mbits bits after the hidden one; subnormal targets
-   * (et < 1) lose 1 - et more, landing on the subnormal quantum. */
-  int shift = 23 - mbits + (et < 1 ? 1 - et : 0);
-  if (shift > 24)
-    return 0; /* a < half the smallest subnormal: rounds to zero */
-  uint32_t q = rne_shift(M, shift);
-  /* q is in [2^mbits, 2^(mbits+1)] for normal targets; adding the exponent
-   * field this way lets q == 2^(mbits+1) carry into the next exponent. */
-  return et >= 1 ? ((unsigned)(et - 1) << mbits) + q : q;
-}
+/* The codecs' bit helpers are the numeric core's (ops/num_codec.h), which
+ * the CUDA kernels compile too. */
+static inline uint32_t float_bits(float x) { return op_hd_bits(x); }
+static inline float bits_float(uint32_t u) { return op_hd_float(u); }
 
 /* ---- element codecs --------------------------------------------------- */
 
-uint8_t op_e2m1_encode(float x) {
-  if (isnan(x))
-    return E2M1_MAX_CODE; /* documented: NaN -> +6, like an Inf that lost its sign */
-  unsigned sign = signbit(x) ? 0x8u : 0u;
-  float a = fabsf(x);
-  /* The nearest of 0, .5, 1, 1.5, 2, 3, 4, 6 is the number of midpoints
-   * (.25, .75, 1.25, 1.75, 2.5, 3.5, 5) below a; at a midpoint the tie goes
-   * to the even code: up (>=) where the code above is even, else down (>).
-   * Exact comparisons, no rounding; a >= 6 (and Inf) saturates to code 7.
-   * Gives the codes rne_magnitude(a, 1, 1) gives for a < 6 (tests check
-   * every tie). */
-  unsigned q = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) +
-               (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
-  return (uint8_t)(sign | q);
-}
+/* Counting midpoints (ops/num_codec.h); gives the codes the RNE magnitude
+ * rounding gives for a < 6 (tests check every tie). */
+uint8_t op_e2m1_encode(float x) { return op_hd_e2m1_encode(x); }
 
 /* Every E2M1 value, indexed by code: bit 3 the sign (0x8 is -0.0f). */
 static const float e2m1_value[16] = {
@@ -104,17 +52,11 @@ static const float e2m1_value[16] = {
     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f,
 };
 
-float op_e2m1_decode(uint8_t code) { return e2m1_value[code & 0xFu]; }
+/* The table above is the unpack loops'; it equals op_hd_e2m1_decode for
+ * every code (tests/test_num_core.c). */
+float op_e2m1_decode(uint8_t code) { return op_hd_e2m1_decode(code); }
 
-uint8_t op_e4m3_encode(float x) {
-  if (isnan(x))
-    return E4M3_NAN_CODE;
-  unsigned sign = signbit(x) ? 0x80u : 0u;
-  float a = fabsf(x);
-  if (a >= 448.0f)
-    return (uint8_t)(sign | E4M3_MAX_CODE);
-  return (uint8_t)(sign | rne_magnitude(a, 3, 7));
-}
+uint8_t op_e4m3_encode(float x) { return op_hd_e4m3_encode(x); }
 
 /* Every E4M3 value, indexed by code, as constant expressions (all exact in
  * float). Code = s eeee mmm: e == 0 is subnormal, m * 2^-9; otherwise
@@ -138,31 +80,13 @@ uint8_t op_e4m3_encode(float x) {
       E4M3_LAST_BINADE(sg)
 static const float e4m3_value[256] = {E4M3_HALF(1.0f), E4M3_HALF(-1.0f)};
 
-float op_e4m3_decode(uint8_t code) { return e4m3_value[code]; }
+/* The table above is the unpack loops'; it equals op_hd_e4m3_decode for
+ * every code (tests/test_num_core.c). */
+float op_e4m3_decode(uint8_t code) { return op_hd_e4m3_decode(code); }
 
-uint8_t op_e4m3_roundup(float x) {
-  if (isnan(x))
-    return E4M3_NAN_CODE;
-  if (!(x > 0.0f))
-    return 0x00;
-  if (x > 448.0f)
-    return E4M3_MAX_CODE; /* saturate: no E4M3 value is >= x */
-  uint8_t c = op_e4m3_encode(x);
-  /* Positive codes are ordered like their values, so the next code up is the
-   * next value up; c < 0x7E here because x <= 448 rounds below 448 or to it. */
-  if (op_e4m3_decode(c) < x)
-    c++;
-  return c;
-}
+uint8_t op_e4m3_roundup(float x) { return op_hd_e4m3_roundup(x); }
 
-/* 2^(code - 127) built from its bits: codes 1..254 are the normal floats
- * with biased exponent `code` and no mantissa; code 0, 2^-127, is below the
- * normal range: the subnormal with mantissa bit 22 set (0x00400000). */
-float op_e8m0_decode(uint8_t code) {
-  if (code == E8M0_NAN_CODE)
-    return NAN;
-  return bits_float(code == 0 ? 0x00400000u : (uint32_t)code << 23);
-}
+float op_e8m0_decode(uint8_t code) { return op_hd_e8m0_decode(code); }
 
 uint8_t op_e8m0_scale(float amax, float qmax, enum op_mx_rule rule) {
   if (isnan(amax) || isinf(amax))
@@ -202,10 +126,7 @@ uint8_t op_e8m0_scale(float amax, float qmax, enum op_mx_rule rule) {
 
 #define F32_ABS_MASK 0x7FFFFFFFu
 #define F32_INF_BITS 0x7F800000u
-#define F32_MANT_MASK 0x7FFFFFu
 #define FAST_CHUNK 64
-#define E4M3_MAX_BITS 0x43E00000     /* 448.0f */
-#define E4M3_MIN_NORMAL_BITS 0x3C800000 /* 0x1p-6f */
 
 /* The bits of a block's amax. Non-negative floats order like their bit
  * patterns, and every NaN or Inf pattern is >= 0x7F800000, so the block is
@@ -247,14 +168,7 @@ static inline OP_ISA_BODY uint32_t block_amax_bits(const float *x /* (n) */, int
  * next exponent, and 448 <= a < 464 lands on 448 (0x7E), which is the
  * saturation op_e4m3_encode applies there. The float add assumes the
  * default rounding mode, as x / s does (formats.h). */
-static inline OP_ISA_BODY uint32_t e4m3_code_fast(float y) {
-  uint32_t u = float_bits(y), ua = u & F32_ABS_MASK;
-  int32_t pb = (int32_t)(ua & F32_INF_BITS);
-  pb = pb > E4M3_MIN_NORMAL_BITS ? pb : E4M3_MIN_NORMAL_BITS;
-  uint32_t cb = (uint32_t)pb + (20u << 23);
-  uint32_t t = float_bits(bits_float(ua) + bits_float(cb)) - cb;
-  return (u >> 24 & 0x80u) | (t + ((uint32_t)pb >> 20) - (121u << 3));
-}
+static inline OP_ISA_BODY uint32_t e4m3_code_fast(float y) { return op_hd_e4m3_code_fast(y); }
 
 /* E2M1 codes of x[i] / s, i < n, two per byte (element 2j in the low nibble
  * when even_shift is 0, the high one when 4), for s > 0 an E4M3 or E8M0
@@ -270,18 +184,13 @@ static inline OP_ISA_BODY uint32_t e4m3_code_fast(float y) {
  * through a FAST_CHUNK buffer. */
 static inline OP_ISA_BODY void e2m1_block_pack(uint8_t *restrict p /* (n/2) */, const float *restrict x /* (n) */,
                                    int n, float s, int even_shift) {
-  const float t0 = 0.25f * s, t1 = 0.75f * s, t2 = 1.25f * s, t3 = 1.75f * s, t4 = 2.5f * s,
-              t5 = 3.5f * s, t6 = 5.0f * s;
+  const struct op_hd_e2m1_thr t = op_hd_e2m1_thresholds(s);
   const int odd_shift = 4 - even_shift;
   uint32_t code[FAST_CHUNK];
   for (int i0 = 0; i0 < n; i0 += FAST_CHUNK) { /* m is even: n is, and i0 */
     int m = n - i0 < FAST_CHUNK ? n - i0 : FAST_CHUNK;
-    for (int i = 0; i < m; i++) {
-      uint32_t u = float_bits(x[i0 + i]);
-      float a = bits_float(u & F32_ABS_MASK);
-      code[i] = (u >> 28 & 0x8u) | (uint32_t)((a > t0) + (a >= t1) + (a > t2) + (a >= t3) +
-                                              (a > t4) + (a >= t5) + (a > t6));
-    }
+    for (int i = 0; i < m; i++)
+      code[i] = op_hd_e2m1_code_scaled(x[i0 + i], &t);
     for (int j = 0; j < m / 2; j++)
       p[i0 / 2 + j] = (uint8_t)(code[2 * j] << even_shift | code[2 * j + 1] << odd_shift);
   }
@@ -320,10 +229,7 @@ static inline OP_ISA_BODY void e4m3_block_pack(uint8_t *restrict p /* (n) */, co
  * floor)), the vendor's formula, computed exactly. */
 static inline OP_ISA_BODY uint32_t e8m0_scale_fast(uint32_t amax_bits, uint32_t qmax_bits, int32_t ceil,
                                                  int32_t kmin) {
-  int32_t up = (int32_t)(amax_bits & F32_MANT_MASK) > (int32_t)(qmax_bits & F32_MANT_MASK);
-  int32_t k = (int32_t)(amax_bits >> 23) - (int32_t)(qmax_bits >> 23) + 127 + (up & ceil);
-  k = k < kmin ? kmin : k; /* kmin: the floor's code (e8m0_floor_code), 0 without one */
-  return amax_bits >= F32_INF_BITS ? E8M0_NAN_CODE : (uint32_t)k;
+  return op_hd_e8m0_scale_bits(amax_bits, qmax_bits, ceil, kmin);
 }
 
 /* The Main-KV scale code of a block, branch-free: 0x00 for an all-zero
@@ -337,18 +243,7 @@ static inline OP_ISA_BODY uint32_t e8m0_scale_fast(uint32_t amax_bits, uint32_t 
  * below, the subnormal k 2^-9 with k = 1 + the number of j = 1..7 with
  * j 2^-9 < v is the smallest at or above v, and 0x01 for v == 0. The
  * compares are on the bits (v >= 0 orders like them). */
-static inline OP_ISA_BODY uint32_t fp4_scale_fast(uint32_t amax_bits) {
-  float v = bits_float(amax_bits) / 6.0f;
-  int32_t vb = (int32_t)float_bits(v);
-  uint32_t normal = (((uint32_t)vb + 0xFFFFFu) >> 20) - (120u << 3);
-  uint32_t sub = 1u + (uint32_t)((vb > 0x3B000000) + (vb > 0x3B800000) + (vb > 0x3BC00000) + /* 1-3 2^-9 */
-                                 (vb > 0x3C000000) + (vb > 0x3C200000) + (vb > 0x3C400000) + /* 4-6 2^-9 */
-                                 (vb > 0x3C600000));                                         /* 7 2^-9 */
-  uint32_t c = vb < E4M3_MIN_NORMAL_BITS ? sub : normal;
-  c = vb > E4M3_MAX_BITS ? E4M3_MAX_CODE : c;
-  c = amax_bits == 0 ? 0x00 : c;
-  return amax_bits >= F32_INF_BITS ? E4M3_NAN_CODE : c;
-}
+static inline OP_ISA_BODY uint32_t fp4_scale_fast(uint32_t amax_bits) { return op_hd_fp4_scale_roundup(amax_bits); }
 
 /* The vendor's Main-KV scale code (OP_KV_RNE): RNE_E4M3(clamp(amax / 6,
  * floor, 448)), 0x7F for a poisoned block. v = fl(amax / 6) rounds to the
@@ -358,11 +253,7 @@ static inline OP_ISA_BODY uint32_t fp4_scale_fast(uint32_t amax_bits) {
  * range (0 < v <= 448) and the scale above 0; amax = 0 gives the floor's code.
  * The scale may round down, so |x / s| may pass 6: E2M1 saturates there. */
 static inline OP_ISA_BODY uint32_t fp4_scale_rne_fast(uint32_t amax_bits, float floor) {
-  float v = bits_float(amax_bits & F32_ABS_MASK) / 6.0f;
-  v = v > floor ? v : floor; /* a NaN v (poisoned block) takes the floor; the code is replaced below */
-  v = v < 448.0f ? v : 448.0f;
-  uint32_t c = e4m3_code_fast(v);
-  return amax_bits >= F32_INF_BITS ? E4M3_NAN_CODE : c;
+  return op_hd_fp4_scale_rne(amax_bits, floor);
 }
 
 /* out[i] = decode(q_i) * s; q * s is exact for E4M3 and E8M0 scales. A NaN
@@ -509,15 +400,11 @@ static void check_fp8_dims(int W, int block, enum op_scale_kind kind) {
 /* Writes one block's scale at p and returns its value, NaN when the block
  * is poisoned (amax_bits >= F32_INF_BITS, see block_amax_bits). */
 static float fp8_put_scale(uint8_t *p, enum op_scale_kind kind, uint32_t amax_bits, int32_t kmin) {
-  int finite = amax_bits < F32_INF_BITS;
   if (kind == OP_SCALE_E8M0) {
     p[0] = (uint8_t)e8m0_scale_fast(amax_bits, float_bits(448.0f), 1, kmin);
     return op_e8m0_decode(p[0]);
   }
-  float amax = bits_float(amax_bits), s = amax / 448.0f;
-  if (s < FLT_MIN && amax > 0.0f)
-    s = FLT_MIN; /* keep s normal so x/s <= 448 and the bound holds */
-  uint32_t u = finite ? float_bits(s) : FP32_QNAN_BITS;
+  uint32_t u = op_hd_f32_scale_bits(amax_bits, 448.0f); /* max(amax/448, FLT_MIN): x/s <= 448 */
   for (int i = 0; i < 4; i++)
     p[i] = (uint8_t)(u >> (8 * i)); /* little-endian whatever the host */
   return bits_float(u);
@@ -577,10 +464,7 @@ void op_fp8_unpack(float *out, const uint8_t *in, int W, int block,
 /* Branch-free, so the row loop in op_kv_pack vectorizes: a NaN is made
  * quiet and truncated (never rounded into Inf), the rest rounds to nearest
  * even on bit 16 (a carry runs into the exponent, up to Inf). */
-static inline uint32_t bf16_round_bits(uint32_t u) {
-  uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-  return (u & F32_ABS_MASK) > F32_INF_BITS ? (u | 0x00400000u) & 0xFFFF0000u : r;
-}
+static inline uint32_t bf16_round_bits(uint32_t u) { return op_hd_bf16_round_bits(u); }
 
 float op_bf16_round(float x) { return bits_float(bf16_round_bits(float_bits(x))); }
 
@@ -626,13 +510,7 @@ size_t op_kv_bytes(const struct op_kv_format *f, int W) {
 }
 
 /* ceil(log2 floor) + 127 clamped to [0, 254]; 0 without a floor. Exact. */
-static int32_t e8m0_floor_code(float floor) {
-  if (!(floor > 0.0f)) return 0;
-  int e;
-  float m = frexpf(floor, &e); /* floor = m 2^e, m in [0.5, 1) */
-  int k = m == 0.5f ? e - 1 : e;
-  return k < -127 ? 0 : k > 127 ? 254 : k + 127;
-}
+static int32_t e8m0_floor_code(float floor) { return op_hd_e8m0_floor_code(floor); }
 
 /* One block's scale for the slow path: writes it at p, returns its value
  * (NaN when the block is poisoned, 0 for an all-zero block of an F32 or
@@ -658,9 +536,7 @@ static float kv_slow_scale(const struct op_kv_format *f, uint8_t *p, uint32_t am
     p[0] = !finite ? E8M0_NAN_CODE : c < kmin ? (uint8_t)kmin : c;
     return op_e8m0_decode(p[0]);
   }
-  float s = amax / qmax;
-  if (s < FLT_MIN && amax > 0.0f) s = FLT_MIN;
-  uint32_t u = finite ? float_bits(s) : FP32_QNAN_BITS;
+  uint32_t u = op_hd_f32_scale_bits(amax_bits, qmax);
   for (int i = 0; i < 4; i++) p[i] = (uint8_t)(u >> (8 * i));
   return bits_float(u);
 }

@@ -22,6 +22,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus /* the CUDA twins in kernels/ include it */
+extern "C" {
+#endif
+
 /* Sizes of the SPEC entries, for static layouts and tests [A, SPEC 4.5]. */
 #define OP_MAIN_KV_W 512
 #define OP_MAIN_KV_BLOCK 16
@@ -119,6 +123,30 @@ void op_fp8_unpack(float *out /* (W) */,
                    const uint8_t *in /* (op_fp8_bytes(W, block, kind)) */,
                    int W, int block, enum op_scale_kind kind);
 
+/* ---- the descriptors' checked calls ------------------------------------ */
+/* What fp4/mxfp4/fp8 _pack and _unpack read from an op_io once the
+ * parameters and input are checked and the output allocated
+ * (ops/formats_desc.c), shared by the CPU runs and the CUDA twins
+ * (kernels/formats.cu): rows of W floats <-> rows of `bytes` entry bytes. */
+enum op_fmt_kind { OP_FMT_FP4 = 0, OP_FMT_MXFP4, OP_FMT_FP8 };
+struct op_desc;
+struct op_io;
+struct op_fmt_call {
+  enum op_fmt_kind kind;
+  int block; /* values per scale (FP8's block 0 is W here) */
+  enum op_nibble_order nibble;
+  enum op_mx_rule rule;
+  enum op_scale_kind scale;
+  int64_t n;    /* rows */
+  int W;        /* values per row */
+  size_t bytes; /* bytes per packed row */
+  const void *in; /* x (pack) or entries (unpack) */
+  void *out;      /* entries (pack) or x (unpack) */
+};
+/* 0, or the status after op_io_fail. */
+int op_fmt_prepare(const struct op_desc *self, struct op_io *io, enum op_fmt_kind kind, bool pack,
+                   struct op_fmt_call *c);
+
 /* ---- cache formats: every element x scale a plan can name ------------- */
 /* One cache class's storage format, as a plan's `formats.<cache>` names it
  * (docs/formats.md s2.5, docs/plans.md): the element type, the scale type
@@ -184,5 +212,8 @@ void op_bf16_round_n(float *x, size_t n);
  * x = RNE_E4M3(x / s) * s (saturating at +-448). A block holding NaN or Inf
  * becomes NaN. When block does not divide cols, the last block is shorter. */
 void op_mxfp8_qdq(float *x, int rows, int cols, int ld, int block);
+#ifdef __cplusplus
+}
+#endif
 
 #endif

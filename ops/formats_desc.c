@@ -78,35 +78,54 @@ static void fmt_unpack_row(float *out, const uint8_t *in, int W, const struct fm
   }
 }
 
-static int pack_run(const struct op_desc *self, struct op_io *io, enum fmt_kind kind) {
+int op_fmt_prepare(const struct op_desc *self, struct op_io *io, enum op_fmt_kind kind, bool pack,
+                   struct op_fmt_call *c) {
   struct fmt_args a;
-  int64_t xd[2];
-  const struct op_tensor *xt = fmt_read(self, io, kind, &a) ? op_io_in(self, io, "x", 2, xd) : NULL;
-  if (!xt) return CEDAR_EINVAL;
-  const float *x = xt->data;
-  size_t bytes = fmt_bytes(&a, (int)xd[1]);
-  if (!bytes)
-    return op_io_fail(io, "%s: rows of x have %lld values; need a positive multiple of block %d", self->name,
-                      (long long)xd[1], a.block);
-  uint8_t *out = op_io_out(self, io, "entries", 2, (int64_t[]){xd[0], (int64_t)bytes});
+  int64_t d[2];
+  const struct op_tensor *t =
+      fmt_read(self, io, (enum fmt_kind)kind, &a) ? op_io_in(self, io, pack ? "x" : "entries", 2, d) : NULL;
+  if (!t) return CEDAR_EINVAL;
+  int64_t W;
+  size_t bytes;
+  if (pack) {
+    W = d[1], bytes = fmt_bytes(&a, (int)W);
+    if (!bytes)
+      return op_io_fail(io, "%s: rows of x have %lld values; need a positive multiple of block %d", self->name,
+                        (long long)d[1], a.block);
+  } else {
+    W = fmt_width(&a, d[1]), bytes = (size_t)d[1];
+    if (W < 0 || fmt_bytes(&a, (int)W) != (size_t)d[1])
+      return op_io_fail(io, "%s: rows of entries have %lld bytes: no row width W packs to that with block %d",
+                        self->name, (long long)d[1], a.block);
+  }
+  void *out = pack ? op_io_out(self, io, "entries", 2, (int64_t[]){d[0], (int64_t)bytes})
+                   : op_io_out(self, io, "x", 2, (int64_t[]){d[0], W});
   if (!out) return CEDAR_ENOMEM;
-  for (int64_t i = 0; i < xd[0]; i++) fmt_pack_row(out + (size_t)i * bytes, x + (size_t)i * xd[1], (int)xd[1], &a);
+  *c = (struct op_fmt_call){.kind = kind, .block = a.kind == FMT_FP8 && a.block == 0 ? (int)W : a.block,
+                            .nibble = a.nibble, .rule = a.rule, .scale = a.scale, .n = d[0], .W = (int)W,
+                            .bytes = bytes, .in = t->data, .out = out};
+  return 0;
+}
+
+static int pack_run(const struct op_desc *self, struct op_io *io, enum fmt_kind kind) {
+  struct op_fmt_call c;
+  struct fmt_args a;
+  int rc = op_fmt_prepare(self, io, (enum op_fmt_kind)kind, true, &c);
+  if (rc) return rc;
+  a = (struct fmt_args){.kind = kind, .block = c.block, .nibble = c.nibble, .rule = c.rule, .scale = c.scale};
+  for (int64_t i = 0; i < c.n; i++)
+    fmt_pack_row((uint8_t *)c.out + (size_t)i * c.bytes, (const float *)c.in + (size_t)i * c.W, c.W, &a);
   return 0;
 }
 
 static int unpack_run(const struct op_desc *self, struct op_io *io, enum fmt_kind kind) {
+  struct op_fmt_call c;
   struct fmt_args a;
-  int64_t ed[2];
-  const struct op_tensor *et = fmt_read(self, io, kind, &a) ? op_io_in(self, io, "entries", 2, ed) : NULL;
-  if (!et) return CEDAR_EINVAL;
-  const uint8_t *in = et->data;
-  int64_t W = fmt_width(&a, ed[1]);
-  if (W < 0 || fmt_bytes(&a, (int)W) != (size_t)ed[1])
-    return op_io_fail(io, "%s: rows of entries have %lld bytes: no row width W packs to that with block %d",
-                      self->name, (long long)ed[1], a.block);
-  float *x = op_io_out(self, io, "x", 2, (int64_t[]){ed[0], W});
-  if (!x) return CEDAR_ENOMEM;
-  for (int64_t i = 0; i < ed[0]; i++) fmt_unpack_row(x + (size_t)i * W, in + (size_t)i * ed[1], (int)W, &a);
+  int rc = op_fmt_prepare(self, io, (enum op_fmt_kind)kind, false, &c);
+  if (rc) return rc;
+  a = (struct fmt_args){.kind = kind, .block = c.block, .nibble = c.nibble, .rule = c.rule, .scale = c.scale};
+  for (int64_t i = 0; i < c.n; i++)
+    fmt_unpack_row((float *)c.out + (size_t)i * c.W, (const uint8_t *)c.in + (size_t)i * c.bytes, c.W, &a);
   return 0;
 }
 

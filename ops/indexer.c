@@ -495,7 +495,7 @@ static int idx_read(const struct op_desc *self, struct op_io *io, struct idx_cal
   return rc ? rc : idx_keys(self, io, c, (int)qd[2]);
 }
 
-static int indexer_topk_run(const struct op_desc *self, struct op_io *io) {
+int op_indexer_topk_prepare(const struct op_desc *self, struct op_io *io, struct op_indexer_topk_call *t) {
   struct idx_call c;
   double build, top, pin;
   int rc = idx_read(self, io, &c);
@@ -506,10 +506,22 @@ static int indexer_topk_run(const struct op_desc *self, struct op_io *io) {
   int32_t *topk = op_io_out(self, io, "topk", 2, (int64_t[]){c.S, c.k});
   int32_t *pool = topk && build ? op_io_out(self, io, "pool", 2, (int64_t[]){c.S, (int64_t)top}) : NULL;
   if (!topk || (build && !pool)) return CEDAR_ENOMEM;
-  size_t wb = op_indexer_topk_work_bytes(&c.kv, c.pos, c.S, build ? c.pool_block : 0);
+  *t = (struct op_indexer_topk_call){.q = c.q, .w = c.w, .pos = c.pos, .page = c.page, .kv = c.kv, .S = c.S,
+                                     .heads = c.heads, .k = c.k, .pool_block = c.pool_block, .pool_top = (int)top,
+                                     .pin_newest = pin != 0, .topk = topk, .pool = pool};
+  t->kv.pages = &t->page;
+  return 0;
+}
+
+static int indexer_topk_run(const struct op_desc *self, struct op_io *io) {
+  struct op_indexer_topk_call c;
+  int rc = op_indexer_topk_prepare(self, io, &c);
+  if (rc) return rc;
+  size_t wb = op_indexer_topk_work_bytes(&c.kv, c.pos, c.S, c.pool ? c.pool_block : 0);
   void *work = malloc(wb ? wb : 1);
   if (!work) return op_io_fail(io, "indexer_topk: cannot allocate %zu bytes of workspace", wb), CEDAR_ENOMEM;
-  op_indexer_topk(topk, pool, work, c.q, c.w, c.pos, &c.kv, c.S, c.heads, c.k, c.pool_block, (int)top, pin != 0);
+  op_indexer_topk(c.topk, c.pool, work, c.q, c.w, c.pos, &c.kv, c.S, c.heads, c.k, c.pool_block, c.pool_top,
+                  c.pin_newest);
   free(work);
   return 0;
 }
@@ -545,7 +557,7 @@ static const int32_t *reindex_pool(const struct op_desc *self, struct op_io *io,
   return ok ? pool : NULL;
 }
 
-static int reindex_run(const struct op_desc *self, struct op_io *io) {
+int op_reindex_prepare(const struct op_desc *self, struct op_io *io, struct op_reindex_call *r) {
   struct idx_call c;
   int top;
   int rc = idx_read(self, io, &c);
@@ -554,10 +566,21 @@ static int reindex_run(const struct op_desc *self, struct op_io *io) {
   if (!pool) return CEDAR_EINVAL;
   int32_t *topk = op_io_out(self, io, "topk", 2, (int64_t[]){c.S, c.k});
   if (!topk) return CEDAR_ENOMEM;
-  size_t wb = op_indexer_reindex_work_bytes(&c.kv, c.pool_block, top);
+  *r = (struct op_reindex_call){.q = c.q, .w = c.w, .pos = c.pos, .page = c.page, .kv = c.kv, .S = c.S,
+                                .heads = c.heads, .k = c.k, .pool_block = c.pool_block, .pool_top = top, .pool = pool,
+                                .topk = topk};
+  r->kv.pages = &r->page;
+  return 0;
+}
+
+static int reindex_run(const struct op_desc *self, struct op_io *io) {
+  struct op_reindex_call c;
+  int rc = op_reindex_prepare(self, io, &c);
+  if (rc) return rc;
+  size_t wb = op_indexer_reindex_work_bytes(&c.kv, c.pool_block, c.pool_top);
   void *work = malloc(wb);
   if (!work) return op_io_fail(io, "reindex: cannot allocate %zu bytes of workspace", wb), CEDAR_ENOMEM;
-  op_indexer_reindex(topk, work, pool, c.q, c.w, c.pos, &c.kv, c.S, c.heads, c.k, c.pool_block, top);
+  op_indexer_reindex(c.topk, work, c.pool, c.q, c.w, c.pos, &c.kv, c.S, c.heads, c.k, c.pool_block, c.pool_top);
   free(work);
   return 0;
 }

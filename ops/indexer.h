@@ -60,6 +60,10 @@
 
 #include "ops/kvview.h"
 
+#ifdef __cplusplus /* the CUDA twins in kernels/ include it */
+extern "C" {
+#endif
+
 /* ---- single query: the spec in its plainest form ------------------------ */
 
 /* Number of entries of kv visible to a query at position pos >= 0:
@@ -136,5 +140,38 @@ void op_indexer_reindex(int32_t *topk /* (S, k) */, void *work /* (op_indexer_re
 void op__indexer_unpack_lane(float *tile /* (W, lanes) */, int lanes, int lane,
                              const uint8_t *in /* (op_mxfp4_bytes(W, block)) */, int W, int block,
                              enum op_nibble_order order);
+
+/* The indexer_topk descriptor's checked call (outputs topk and, with
+ * build_pool, pool allocated; pool NULL otherwise), shared by its CPU run and
+ * the CUDA twin (kernels/indexer.cu): 0 or the status after op_io_fail. The
+ * view is one page (page) of the keys tensor. */
+struct op_desc;
+struct op_io;
+struct op_indexer_topk_call {
+  const float *q, *w;
+  const int64_t *pos;
+  const uint8_t *page;
+  struct op_kv_view kv;
+  int S, heads, k, pool_block, pool_top;
+  bool pin_newest;
+  int32_t *topk, *pool;
+};
+int op_indexer_topk_prepare(const struct op_desc *self, struct op_io *io, struct op_indexer_topk_call *c);
+/* The reindex descriptor's checked call (the pool checked: no block twice in
+ * a row; output topk allocated), shared by its CPU run and the CUDA twin. */
+struct op_reindex_call {
+  const float *q, *w;
+  const int64_t *pos;
+  const uint8_t *page;
+  struct op_kv_view kv;
+  int S, heads, k, pool_block, pool_top;
+  const int32_t *pool; /* (S, pool_top) */
+  int32_t *topk;
+};
+int op_reindex_prepare(const struct op_desc *self, struct op_io *io, struct op_reindex_call *c);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -18,6 +18,7 @@
 
 #include "ops/basic.h"
 #include "ops/isa.h"
+#include "ops/num_sinkhorn.h"
 #include "ops/registry.h"
 #include "base/check.h"
 
@@ -184,40 +185,9 @@ void op_mhc_stats(float *dots, float *sumsq, const float *X, const float *W, int
 
 /* ---- coefficients ---------------------------------------------------------------- */
 
-static void norm_cols(float *C, int hc, float eps) {
-  for (int j = 0; j < hc; j++) {
-    float s = 0.0f;
-    for (int i = 0; i < hc; i++) s += C[i * hc + j];
-    for (int i = 0; i < hc; i++) C[i * hc + j] /= s + eps;
-  }
-}
-
-static void norm_rows(float *C, int hc, float eps) {
-  for (int i = 0; i < hc; i++) {
-    float s = 0.0f;
-    for (int j = 0; j < hc; j++) s += C[i * hc + j];
-    for (int j = 0; j < hc; j++) C[i * hc + j] /= s + eps;
-  }
-}
-
+/* The order of Appendix V #5, shared with the CUDA kernels (ops/num_sinkhorn.h). */
 void op_mhc_sinkhorn(float *C, const float *logits, int hc, int iters, float eps) {
-  for (int i = 0; i < hc; i++) { /* softmax over each row, + eps */
-    const float *l = logits + i * hc;
-    float *c = C + i * hc;
-    float m = l[0];
-    for (int j = 1; j < hc; j++) m = l[j] > m ? l[j] : m;
-    float s = 0.0f;
-    for (int j = 0; j < hc; j++) {
-      c[j] = expf(l[j] - m);
-      s += c[j];
-    }
-    for (int j = 0; j < hc; j++) c[j] = c[j] / s + eps;
-  }
-  norm_cols(C, hc, eps);
-  for (int it = 1; it < iters; it++) {
-    norm_rows(C, hc, eps);
-    norm_cols(C, hc, eps);
-  }
+  op_hd_sinkhorn(C, 1, logits, 1, hc, iters, eps);
 }
 
 /* op_mhc_sinkhorn on SL positions at once, c[q][p] = entry q of position p's matrix: the
@@ -448,7 +418,7 @@ static bool mhc_config(const struct op_desc *self, struct op_io *io, const int64
   return op_io_param_nonneg(self, io, "hc_eps", &c->hc_eps) && op_io_param_nonneg(self, io, "norm_eps", &c->norm_eps);
 }
 
-static int mhc_coeffs_run(const struct op_desc *self, struct op_io *io) {
+static int coeffs_prepare(const struct op_desc *self, struct op_io *io, struct op_mhc_call *k) {
   int64_t xd[3], wd[2], sd[1], bd[1];
   const struct op_tensor *X = mhc_state(self, io, xd), *W = NULL, *scale = NULL, *base = NULL;
   if (!X || !(W = op_io_in(self, io, "W_fn", 2, wd)) || !(scale = op_io_in(self, io, "scale", 1, sd)) ||
@@ -466,21 +436,23 @@ static int mhc_coeffs_run(const struct op_desc *self, struct op_io *io) {
   float *dots = C ? op_io_out(self, io, "dots", 2, (int64_t[]){n, M}) : NULL;
   float *sumsq = dots ? op_io_out(self, io, "sumsq", 1, (int64_t[]){n}) : NULL;
   if (!sumsq) return CEDAR_ENOMEM;
-  op_mhc_coeffs(pre, post, C, dots, sumsq, X->data, W->data, scale->data, base->data, (int)n, &c);
+  *k = (struct op_mhc_call){.X = X->data, .W_fn = W->data, .scale = scale->data, .base = base->data, .pre = pre,
+                            .post = post, .C = C, .dots = dots, .sumsq = sumsq, .n = (int)n, .cfg = c};
   return 0;
 }
 
-static int mhc_mix_run(const struct op_desc *self, struct op_io *io) {
+static int mix_prepare(const struct op_desc *self, struct op_io *io, struct op_mhc_call *k) {
   int64_t xd[3], pd[2];
   const struct op_tensor *X = mhc_state(self, io, xd), *pre = X ? op_io_in(self, io, "pre", 2, pd) : NULL;
   if (!pre || !op_io_dims_match(io, self->name, "pre", pd, (int64_t[]){xd[0], xd[1]}, 2, "X", xd, 3)) return CEDAR_EINVAL;
   float *u = op_io_out(self, io, "u", 2, (int64_t[]){xd[0], xd[2]});
   if (!u) return CEDAR_ENOMEM;
-  op_mhc_mix(u, X->data, pre->data, (int)xd[0], (int)xd[1], (int)xd[2]);
+  *k = (struct op_mhc_call){.X = X->data, .pre_in = pre->data, .u = u, .n = (int)xd[0]};
+  k->cfg.hc = (int)xd[1], k->cfg.hidden = (int)xd[2];
   return 0;
 }
 
-static int mhc_update_run(const struct op_desc *self, struct op_io *io) {
+static int update_prepare(const struct op_desc *self, struct op_io *io, struct op_mhc_call *k) {
   int64_t xd[3], cd[3], pd[2], fd[2];
   const struct op_tensor *X = mhc_state(self, io, xd), *C = NULL, *post = NULL, *F = NULL;
   if (!X || !(C = op_io_in(self, io, "C", 3, cd)) || !(post = op_io_in(self, io, "post", 2, pd)) ||
@@ -493,11 +465,13 @@ static int mhc_update_run(const struct op_desc *self, struct op_io *io) {
     return CEDAR_EINVAL;
   float *Xn = op_io_out(self, io, "X_next", 3, xd);
   if (!Xn) return CEDAR_ENOMEM;
-  op_mhc_update(Xn, X->data, C->data, post->data, F->data, (int)n, (int)hc, (int)d);
+  *k = (struct op_mhc_call){.X = X->data, .C_in = C->data, .post_in = post->data, .F = F->data, .X_next = Xn,
+                            .n = (int)n};
+  k->cfg.hc = (int)hc, k->cfg.hidden = (int)d;
   return 0;
 }
 
-static int mhc_merge_run(const struct op_desc *self, struct op_io *io) {
+static int merge_prepare(const struct op_desc *self, struct op_io *io, struct op_mhc_call *k) {
   int64_t xd[3], wd[2], sd[1], bd[1];
   const struct op_tensor *X = mhc_state(self, io, xd), *W = NULL, *scale = NULL, *base = NULL;
   if (!X || !(W = op_io_in(self, io, "W_fn", 2, wd)) || !(scale = op_io_in(self, io, "scale", 1, sd)) ||
@@ -512,8 +486,47 @@ static int mhc_merge_run(const struct op_desc *self, struct op_io *io) {
   float *y = op_io_out(self, io, "y", 2, (int64_t[]){n, xd[2]});
   float *pre = y ? op_io_out(self, io, "pre", 2, (int64_t[]){n, hc}) : NULL;
   if (!pre) return CEDAR_ENOMEM;
-  op_mhc_merge(y, pre, X->data, W->data, ((const float *)scale->data)[0], base->data, (int)n, &c);
+  *k = (struct op_mhc_call){.X = X->data, .W_fn = W->data, .scale = scale->data, .base = base->data, .pre = pre,
+                            .y = y, .n = (int)n, .cfg = c};
   return 0;
+}
+
+int op_mhc_prepare(const struct op_desc *self, struct op_io *io, enum op_mhc_kind kind, struct op_mhc_call *c) {
+  memset(c, 0, sizeof *c);
+  switch (kind) {
+    case OP_MHC_COEFFS: return coeffs_prepare(self, io, c);
+    case OP_MHC_MIX: return mix_prepare(self, io, c);
+    case OP_MHC_UPDATE: return update_prepare(self, io, c);
+    default: return merge_prepare(self, io, c);
+  }
+}
+
+static int mhc_coeffs_run(const struct op_desc *self, struct op_io *io) {
+  struct op_mhc_call c;
+  int rc = op_mhc_prepare(self, io, OP_MHC_COEFFS, &c);
+  if (!rc) op_mhc_coeffs(c.pre, c.post, c.C, c.dots, c.sumsq, c.X, c.W_fn, c.scale, c.base, c.n, &c.cfg);
+  return rc;
+}
+
+static int mhc_mix_run(const struct op_desc *self, struct op_io *io) {
+  struct op_mhc_call c;
+  int rc = op_mhc_prepare(self, io, OP_MHC_MIX, &c);
+  if (!rc) op_mhc_mix(c.u, c.X, c.pre_in, c.n, c.cfg.hc, c.cfg.hidden);
+  return rc;
+}
+
+static int mhc_update_run(const struct op_desc *self, struct op_io *io) {
+  struct op_mhc_call c;
+  int rc = op_mhc_prepare(self, io, OP_MHC_UPDATE, &c);
+  if (!rc) op_mhc_update(c.X_next, c.X, c.C_in, c.post_in, c.F, c.n, c.cfg.hc, c.cfg.hidden);
+  return rc;
+}
+
+static int mhc_merge_run(const struct op_desc *self, struct op_io *io) {
+  struct op_mhc_call c;
+  int rc = op_mhc_prepare(self, io, OP_MHC_MERGE, &c);
+  if (!rc) op_mhc_merge(c.y, c.pre, c.X, c.W_fn, c.scale[0], c.base, c.n, &c.cfg);
+  return rc;
 }
 
 #define MHC_X_ARG {"X", OP_F32, "(n, hc, d)", "residual state: hc streams of d values per position"}

@@ -46,6 +46,10 @@
 #ifndef CEDAR_OPS_MHC_H
 #define CEDAR_OPS_MHC_H
 
+#ifdef __cplusplus /* the CUDA twins in kernels/ include it */
+extern "C" {
+#endif
+
 /* Dimensions and [R]/[R-cfg] parameters (plan: model.mhc.*). */
 struct op_mhc_cfg {
   int hc;             /* residual streams: 4 [A] */
@@ -127,5 +131,27 @@ void op_mhc_update_mix_fused(float *Xn /* (n, hc, d) */, float *u_next /* (n, d)
 void op_mhc_merge(float *y /* (n, d) */, float *pre /* (n, hc) */, const float *X /* (n, hc, d) */,
                   const float *W_fn /* (hc, hc * d) */, float scale, const float *base /* (hc) */, int n,
                   const struct op_mhc_cfg *c);
+
+/* The checked calls of mhc_coeffs, mhc_mix, mhc_update and mhc_merge
+ * (outputs allocated), shared by their CPU runs and the CUDA twins
+ * (kernels/mhc.cu): 0 or the status after op_io_fail. Fields an op does not
+ * use stay NULL; cfg.hc and cfg.hidden are always set. */
+enum op_mhc_kind { OP_MHC_COEFFS = 0, OP_MHC_MIX, OP_MHC_UPDATE, OP_MHC_MERGE };
+struct op_desc;
+struct op_io;
+struct op_mhc_call {
+  const float *X, *W_fn, *scale, *base; /* coeffs, merge (X: every op) */
+  const float *pre_in;                  /* mix */
+  const float *C_in, *post_in, *F;      /* update */
+  float *pre, *post, *C, *dots, *sumsq; /* coeffs outputs (merge: pre) */
+  float *u, *X_next, *y;                /* mix, update, merge outputs */
+  int n;
+  struct op_mhc_cfg cfg;
+};
+int op_mhc_prepare(const struct op_desc *self, struct op_io *io, enum op_mhc_kind kind, struct op_mhc_call *c);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -282,23 +282,30 @@ static bool moe_config(const struct op_desc *self, struct op_io *io, const struc
   return true;
 }
 
-static int moe_run(const struct op_desc *self, struct op_io *io) {
+int op_moe_prepare(const struct op_desc *self, struct op_io *io, struct op_moe_call *c) {
   struct moe_in m;
-  struct op_moe_cfg c;
-  if (!moe_inputs(self, io, &m) || !moe_config(self, io, &m, &c)) return CEDAR_EINVAL;
+  if (!moe_inputs(self, io, &m) || !moe_config(self, io, &m, &c->cfg)) return CEDAR_EINVAL;
   int n = (int)m.xd[0];
-  float *y = op_io_out(self, io, "y", 2, m.xd);
-  int32_t *sel = y ? op_io_out(self, io, "selected", 2, (int64_t[]){n, c.n_active}) : NULL;
-  float *weight = sel ? op_io_out(self, io, "weights", 2, (int64_t[]){n, c.n_active}) : NULL;
-  if (!weight) return CEDAR_ENOMEM;
-  size_t bytes = op_moe_workspace_bytes(n, &c);
-  void *ws = malloc(bytes ? bytes : 1);
-  if (!ws) return op_io_fail(io, "moe: cannot allocate %zu bytes of workspace", bytes), CEDAR_ENOMEM;
-  struct op_moe_weights w = {
+  c->y = op_io_out(self, io, "y", 2, m.xd);
+  c->sel = c->y ? op_io_out(self, io, "selected", 2, (int64_t[]){n, c->cfg.n_active}) : NULL;
+  c->weight = c->sel ? op_io_out(self, io, "weights", 2, (int64_t[]){n, c->cfg.n_active}) : NULL;
+  if (!c->weight) return CEDAR_ENOMEM;
+  c->w = (struct op_moe_weights){
       .router = m.router->data, .bias = m.bias ? m.bias->data : NULL, .gate = m.gate->data, .up = m.up->data,
       .down = m.down->data, .shared_gate = m.sgate ? m.sgate->data : NULL, .shared_up = m.sup ? m.sup->data : NULL,
       .shared_down = m.sdown ? m.sdown->data : NULL};
-  op_moe_forward(y, sel, weight, m.x->data, &w, m.modality ? m.modality->data : NULL, n, &c, ws);
+  c->x = m.x->data, c->modality = m.modality ? m.modality->data : NULL, c->n = n;
+  return 0;
+}
+
+static int moe_run(const struct op_desc *self, struct op_io *io) {
+  struct op_moe_call c;
+  int rc = op_moe_prepare(self, io, &c);
+  if (rc) return rc;
+  size_t bytes = op_moe_workspace_bytes(c.n, &c.cfg);
+  void *ws = malloc(bytes ? bytes : 1);
+  if (!ws) return op_io_fail(io, "moe: cannot allocate %zu bytes of workspace", bytes), CEDAR_ENOMEM;
+  op_moe_forward(c.y, c.sel, c.weight, c.x, &c.w, c.modality, c.n, &c.cfg, ws);
   free(ws);
   return 0;
 }

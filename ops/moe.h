@@ -41,6 +41,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus /* the CUDA twins in kernels/ include it */
+extern "C" {
+#endif
+
 enum op_moe_score {
   OP_MOE_SQRTSOFTPLUS = 0, /* sqrt(softplus(l)), default [R-cfg] */
   OP_MOE_SOFTMAX = 1,      /* softmax over the n_routed logits of a token */
@@ -108,5 +112,25 @@ size_t op_moe_workspace_bytes(int n, const struct op_moe_cfg *c);
 void op_moe_forward(float *y /* (n, hidden) */, int32_t *sel /* (n, n_active) */, float *weight /* (n, n_active) */,
                     const float *x /* (n, hidden) */, const struct op_moe_weights *w, const uint8_t *modality /* (n) */,
                     int n, const struct op_moe_cfg *c, void *ws);
+
+/* The moe descriptor's checked call (outputs y, selected, weights allocated),
+ * shared by its CPU run and the CUDA twin (kernels/moe.cu): 0 or the status
+ * after op_io_fail. */
+struct op_desc;
+struct op_io;
+struct op_moe_call {
+  const float *x;
+  const uint8_t *modality; /* or NULL */
+  struct op_moe_weights w;
+  struct op_moe_cfg cfg;
+  int n;
+  float *y, *weight;
+  int32_t *sel;
+};
+int op_moe_prepare(const struct op_desc *self, struct op_io *io, struct op_moe_call *c);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

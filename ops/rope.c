@@ -184,19 +184,26 @@ bool op_rope_from_params(const struct op_desc *self, struct op_io *io, const cha
   return true;
 }
 
-static int rope_run(const struct op_desc *self, struct op_io *io) {
+int op_rope_prepare(const struct op_desc *self, struct op_io *io, struct op_rope_call *c) {
   int64_t xd[3], pd[1];
   const struct op_tensor *x = op_io_in(self, io, "x", 3, xd);
   const struct op_tensor *pos = x ? op_io_in(self, io, "pos", 1, pd) : NULL;
   if (!pos) return CEDAR_EINVAL;
   if (pd[0] != xd[0]) return op_io_fail(io, "rope: %lld positions for %lld rows", (long long)pd[0], (long long)xd[0]);
-  struct op_rope r;
-  if (!op_rope_from_params(self, io, "rope_dim", "last", (int)xd[2], &r)) return CEDAR_EINVAL;
+  if (!op_rope_from_params(self, io, "rope_dim", "last", (int)xd[2], &c->r)) return CEDAR_EINVAL;
   float *y = op_io_out(self, io, "y", 3, xd);
   if (!y) return CEDAR_ENOMEM;
-  memcpy(y, x->data, (size_t)(xd[0] * xd[1] * xd[2]) * sizeof *y);
-  op_rope_apply(y, &r, pos->data, (int)xd[0], (int)xd[1], (int)(xd[1] * xd[2]),
-                op_io_param(self, io, "inverse") != 0 ? -1 : 1);
+  c->x = x->data, c->pos = pos->data, c->y = y, c->n = (int)xd[0], c->heads = (int)xd[1];
+  c->sign = op_io_param(self, io, "inverse") != 0 ? -1 : 1;
+  return 0;
+}
+
+static int rope_run(const struct op_desc *self, struct op_io *io) {
+  struct op_rope_call c;
+  int rc = op_rope_prepare(self, io, &c);
+  if (rc) return rc;
+  memcpy(c.y, c.x, (size_t)c.n * c.heads * c.r.dim * sizeof *c.y);
+  op_rope_apply(c.y, &c.r, c.pos, c.n, c.heads, c.heads * c.r.dim, c.sign);
   return 0;
 }
 

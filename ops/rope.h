@@ -31,6 +31,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus /* the CUDA twins in kernels/ include it */
+extern "C" {
+#endif
+
 /* The RoPE/YaRN parameters of one class of layers: one struct for the ops
  * (op_rope_init_params, and the descriptors' parameters OP_ROPE_PARAM_LIST
  * below) and the plan (model.rope.swa and model.rope.csa in scheduler/plan.h,
@@ -157,5 +161,21 @@ struct op_desc;
 struct op_io;
 bool op_rope_from_params(const struct op_desc *self, struct op_io *io, const char *dim_param,
                          const char *last_param, int dim, struct op_rope *r);
+
+/* The rope descriptor's checked call (inputs, RoPE, output allocated), shared
+ * by its CPU run and the CUDA twin (kernels/rope.cu): 0 or the status after
+ * op_io_fail. y is the output (not yet a copy of x); sign +1, or -1 inverse. */
+struct op_rope_call {
+  const float *x;
+  const int64_t *pos;
+  float *y;
+  int n, heads, sign;
+  struct op_rope r;
+};
+int op_rope_prepare(const struct op_desc *self, struct op_io *io, struct op_rope_call *c);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -195,25 +195,43 @@ bool op_sample_params(const struct op_desc *self, struct op_io *io, float *tempe
 
 /* Rows are sampled in order from one generator seeded once: row i's draw is
  * the i-th draw of the sequence (greedy rows take none). */
-static int sample_run(const struct op_desc *self, struct op_io *io) {
+int op_sample_prepare(const struct op_desc *self, struct op_io *io, struct op_sample_call *c) {
   int64_t ld[2];
-  float temperature, top_p;
-  uint64_t rng;
   const struct op_tensor *logits = op_io_in(self, io, "logits", 2, ld);
-  if (!logits || !op_sample_params(self, io, &temperature, &top_p, &rng)) return CEDAR_EINVAL;
+  if (!logits || !op_sample_params(self, io, &c->temperature, &c->top_p, &c->seed)) return CEDAR_EINVAL;
   if (ld[0] > INT32_MAX || ld[1] < 1 || ld[1] > INT32_MAX)
     return op_io_fail(io, "sample: logits is (%lld, %lld); it needs rows of 1 to %d values", (long long)ld[0],
                       (long long)ld[1], INT32_MAX);
-  int64_t n = ld[0], V = ld[1];
-  int32_t *ids = op_io_out(self, io, "ids", 1, (int64_t[]){n});
-  float *prob = ids ? op_io_out(self, io, "prob", 2, ld) : NULL;
-  if (!prob) return CEDAR_ENOMEM;
+  c->n = ld[0], c->V = (int)ld[1], c->logits = logits->data;
+  c->ids = op_io_out(self, io, "ids", 1, (int64_t[]){c->n});
+  c->prob = c->ids ? op_io_out(self, io, "prob", 2, ld) : NULL;
+  return c->prob ? 0 : CEDAR_ENOMEM;
+}
+
+bool op_sample_row_usable(const float *logits, int V) {
+  bool finite = false;
+  for (int y = 0; y < V; y++) {
+    if (bad_logit(logits[y])) return false;
+    finite = finite || logits[y] > -INFINITY;
+  }
+  return finite;
+}
+
+int op_sample_bad_row(struct op_io *io, int64_t row) {
+  return op_io_fail(io, "sample: logits row %lld holds NaN or +inf, or no finite value", (long long)row);
+}
+
+static int sample_run(const struct op_desc *self, struct op_io *io) {
+  struct op_sample_call c;
+  int rc = op_sample_prepare(self, io, &c);
+  if (rc) return rc;
+  int64_t n = c.n, V = c.V;
   int32_t *order = malloc((size_t)V * sizeof *order);
   if (!order) return op_io_fail(io, "sample: cannot allocate %lld ids of workspace", (long long)V), CEDAR_ENOMEM;
-  int rc = 0;
+  uint64_t rng = c.seed;
   for (int64_t i = 0; i < n && !rc; i++) {
-    ids[i] = op_sample(prob + i * V, order, (const float *)logits->data + i * V, (int)V, temperature, top_p, &rng);
-    if (ids[i] < 0) rc = op_io_fail(io, "sample: logits row %lld holds NaN or +inf, or no finite value", (long long)i);
+    c.ids[i] = op_sample(c.prob + i * V, order, c.logits + i * V, (int)V, c.temperature, c.top_p, &rng);
+    if (c.ids[i] < 0) rc = op_sample_bad_row(io, i);
   }
   free(order);
   return rc;

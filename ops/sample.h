@@ -38,6 +38,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#ifdef __cplusplus /* the CUDA twins in kernels/ include it */
+extern "C" {
+#endif
+
 /* splitmix64: advances *state and returns the next 64-bit output. */
 uint64_t op_rng_next(uint64_t *state /* splitmix64 state */);
 /* A uniform double in [0, 1) from the top 53 bits of one op_rng_next. */
@@ -78,5 +82,30 @@ struct op_desc;
 struct op_io;
 bool op_sample_params(const struct op_desc *self, struct op_io *io, float *temperature, float *top_p,
                       uint64_t *seed);
+
+/* The sample descriptor's checked call (outputs ids and prob allocated),
+ * shared by its CPU run and the CUDA twin (kernels/sample.cu): 0 or the
+ * status after op_io_fail. Rows are sampled in order from one generator
+ * seeded with seed: row i's draw is the i-th (greedy rows take none). */
+struct op_desc;
+struct op_io;
+struct op_sample_call {
+  const float *logits; /* (n, V) */
+  int64_t n;
+  int V;
+  float temperature, top_p;
+  uint64_t seed;
+  int32_t *ids; /* (n) */
+  float *prob;  /* (n, V) */
+};
+int op_sample_prepare(const struct op_desc *self, struct op_io *io, struct op_sample_call *c);
+/* Whether op_sample can sample the row (every logit finite or -inf, one finite). */
+bool op_sample_row_usable(const float *logits /* (V) */, int V);
+/* The sample op's refusal of row `row` (after op_io_fail). */
+int op_sample_bad_row(struct op_io *io, int64_t row);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
