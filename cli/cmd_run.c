@@ -27,6 +27,7 @@
 #include "ops/isa.h"
 #include "base/check.h"
 #include "cli/cli.h"
+#include "runtime/backend.h"
 #include "runtime/engine.h"
 #include "cli/run_dump.h"
 #include "cli/run_pd.h"
@@ -85,6 +86,9 @@ static const char usage[] =
     "                    Event JSON: one track per worker (opens in Perfetto and speedscope);\n"
     "                    selects --executor starpu\n"
     "  --dot FILE        write the prefill graph that ran as Graphviz DOT\n"
+    "  --device D        cpu (default): the plan's serving.placement as written; cuda: both\n"
+    "                    phases on CUDA device 0, refused with the reason while this machine has\n"
+    "                    no GPU or this build has no CUDA op groups (docs/cuda.md)\n"
     "A prefill longer than a second shows a progress bar on stderr when stderr is a terminal.\n"
     "A plan whose serving.placement puts prefill and decode on different ranks (plans/v41-mini-pd.yaml)\n"
     "runs under `mpirun -np 2` through StarPU-MPI (the decode rank prints the report, --dump, --trace\n"
@@ -93,6 +97,7 @@ static const char usage[] =
 
 struct ropts {
   const char *plan, *weights, *prompt, *tokens, *dump, *sched, *trace, *dot, *model;
+  const char *device; /* --device: NULL, "cpu" or "cuda" */
   const char *tokenizer, *engram_map; /* --tokenizer; where the Engram token map came from (for the report) */
   enum rt_executor executor;
   int workers;
@@ -125,6 +130,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
       {"executor", required_argument, NULL, 'E'},    {"sched", required_argument, NULL, 'S'},
       {"workers", required_argument, NULL, 'W'},     {"trace", required_argument, NULL, 'A'},
       {"dot", required_argument, NULL, 'G'},         {"help", no_argument, NULL, 'h'},
+      {"device", required_argument, NULL, 'D'},
       {"model", required_argument, NULL, 'M'},       {"tokenizer", required_argument, NULL, 'K'},
       {0, 0, 0, 0}};
   memset(o, 0, sizeof(*o));
@@ -189,6 +195,11 @@ static int parse(int argc, char **argv, struct ropts *o) {
       break;
     case 'A': o->trace = optarg; break;
     case 'G': o->dot = optarg; break;
+    case 'D':
+      if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
+        return cli_usage_error("run", "--device takes cpu or cuda (got '%s')", optarg);
+      o->device = optarg;
+      break;
     case 'h': printf(usage, CEDAR_DEFAULT_PLAN, sizeof(default_prompt) - 1); return 0;
     default: return cli_usage_error("run", "bad option, or an option without its value: '%s'", argv[optind - 1]);
     }
@@ -602,6 +613,13 @@ int cmd_run(int argc, char **argv) {
     return 1;
   char err[1024];
   int status = 1;
+  if (o.device && !strcmp(o.device, "cuda")) {
+    /* Refused here, before the plan and weights, when nothing could run. */
+    if (rt_cuda_ready(err, sizeof err)) {
+      fprintf(stderr, "cedar run: --device cuda: %s; run with --device cpu\n", err);
+      return 1;
+    }
+  }
   struct prompt q = {&o, NULL, 0};
   struct plan_diags diags = {0};
   struct weights_problems pr = {0};
@@ -613,7 +631,8 @@ int cmd_run(int argc, char **argv) {
                               .exec = {.executor = o.executor,
                                        .workers = o.workers,
                                        .sched = o.sched,
-                                       .profile = o.trace != NULL},
+                                       .profile = o.trace != NULL,
+                                       .cuda = o.device && !strcmp(o.device, "cuda")},
                               .diags = &diags,
                               .problems = &pr,
                               .on_plan = prompt_on_plan,
