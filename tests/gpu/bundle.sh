@@ -15,8 +15,8 @@
 #
 # The binaries find OUT/lib through LD_LIBRARY_PATH (run.sh sets it; this
 # machine has no patchelf to rewrite RPATHs). cuBLAS is not carried (600 MB):
-# run.sh takes it from the GPU machine's CUDA 13 (CUDA_HOME/lib64) when a
-# kernel needs it. Built with -DCEDAR_WITH_MPI=OFF (StarPU-CUDA is built
+# the GPU machine's CUDA 13 gives it (CUDA_HOME/lib64 on run.sh's path); the
+# CUDA runtime (libcudart.so.13, 0.7 MB) is carried. Built with -DCEDAR_WITH_MPI=OFF (StarPU-CUDA is built
 # without MPI) and -DCEDAR_NCCL=OFF (libnccl is 200+ MB; one GPU there).
 #
 # Checks before it says ok: every binary's dependencies resolve from OUT/lib
@@ -57,10 +57,14 @@ for b in "${bins[@]}"; do
   strip "$OUT/bin/$b"
 done
 
-# Libraries that every Linux with a CUDA driver has: glibc's and the driver.
+# Libraries that every Linux with a CUDA driver has (glibc's, the driver's),
+# and CUDA 13's own large libraries, which come from the GPU machine's CUDA
+# (CUDA_HOME/lib64, run.sh puts it on the path): cuBLAS and cuBLASLt
+# (600 MB), NCCL (218 MB; off in this build anyway).
 system_lib() {
   case "$1" in
     linux-vdso.so.*|ld-linux*|libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*|libcuda.so.*) return 0 ;;
+    libcublas.so.*|libcublasLt.so.*|libnccl.so.*) return 0 ;;
   esac
   return 1
 }
@@ -82,7 +86,7 @@ while [ ${#queue[@]} -gt 0 ]; do
     chmod u+w "$OUT/lib/$name"
     strip --strip-unneeded "$OUT/lib/$name" 2>/dev/null || true
     queue+=("$OUT/lib/$name")
-  done < <(LD_LIBRARY_PATH=$PREFIX/lib ldd "$f" | awk '/=>/ {print $1, $2, $3, $4} !/=>/ && /^\s*\// {next}')
+  done < <(LD_LIBRARY_PATH=$PREFIX/lib ldd "$f" | awk '/=>/ {print $1, $2, $3, $4}')
 done
 
 # 3. Checks: resolves from OUT/lib alone; under the limit.

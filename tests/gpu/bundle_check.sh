@@ -5,8 +5,9 @@
 #  - the folder is at most 60 MiB and has the binaries run.sh calls;
 #  - with no Debian library reachable: the bundle's cedar is started through
 #    the dynamic loader with ld.so.cache off and a library path of only
-#    gpu-bundle/lib plus a folder holding links to glibc's own libraries
-#    (what any Linux has), so a dependency the bundle lacks fails to load;
+#    gpu-bundle/lib, a folder holding links to glibc's own libraries (what
+#    any Linux has) and CUDA's lib64 (cuBLAS: the GPU machine's CUDA gives
+#    it), so a dependency the bundle lacks fails to load;
 #    LD_LIBRARY_PATH is emptied. `cedar env` runs that way, and
 #    `cedar run` on v41-mini gives the same tokens as the regular build's
 #    cedar (argument 1) on the CPU;
@@ -33,7 +34,9 @@ for so in libc.so.6 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1; do
   [ -n "$p" ] && ln -s "$p" "$tmp/glibc/$so"
 done
 loader=/lib64/ld-linux-x86-64.so.2
-scrubbed() { env -u LD_LIBRARY_PATH HWLOC_COMPONENTS=-pci "$loader" --inhibit-cache --library-path "$B/lib:$tmp/glibc" "$@"; }
+# CUDA 13's cuBLAS comes from the GPU machine's CUDA, as in run.sh.
+cuda_lib=${CUDA_HOME:-/usr/local/cuda}/lib64
+scrubbed() { env -u LD_LIBRARY_PATH HWLOC_COMPONENTS=-pci "$loader" --inhibit-cache --library-path "$B/lib:$tmp/glibc:$cuda_lib" "$@"; }
 
 scrubbed "$B/bin/cedar" env >"$tmp/env.txt" 2>&1 || { fail "bundle cedar env failed without system libraries:"; sed 's/^/  | /' "$tmp/env.txt" >&2; }
 grep -q '^CUDA devices:' "$tmp/env.txt" || fail "bundle cedar env: no CUDA section"

@@ -50,6 +50,12 @@ fi
 }
 export LD_LIBRARY_PATH="$B/lib:${CUDA_HOME:-/usr/local/cuda}/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export HWLOC_COMPONENTS=-pci STARPU_SILENT=1
+missing=$(for f in "$B"/bin/*; do ldd "$f" 2>/dev/null | awk '/not found/ {print $1}'; done | sort -u | tr '\n' ' ')
+if [ -n "$missing" ]; then
+  say "the bundle's binaries miss $missing on this machine (libcublas*: CUDA 13's, from CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}/lib64)"
+  printf '{"status": "failed", "reason": "missing libraries: %s"}\n' "$missing" >"$OUT/gpu-results.json"
+  exit 1
+fi
 command -v nvidia-smi >/dev/null && nvidia-smi >>"$LOG" 2>&1
 "$B/bin/cedar" env --json >"$OUT/env.json" 2>>"$LOG"
 ndev=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get("cuda_devices",{}).get("count",0))' \
