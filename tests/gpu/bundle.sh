@@ -7,7 +7,7 @@
 #
 #   tests/gpu/bundle.sh [OUT]     default OUT: gpu-bundle/ (git-ignored), at most 60 MiB
 #
-#   OUT/bin/   cedar, test_backend_ops, test_devstate, test_gpu_graph (stripped)
+#   OUT/bin/   cedar, test_backend_ops, test_devstate, test_gpu_graph, test_gpu_bandwidth (stripped)
 #   OUT/lib/   the ldd closure of those, minus glibc's own libraries and libcuda
 #              (the driver's): StarPU-CUDA, hwloc, libyaml, OpenBLAS (+ gfortran,
 #              quadmath), cJSON, xxHash, PCRE2, utf8proc, libcudart 13, ...
@@ -43,7 +43,7 @@ PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig cmake -S "$root" -B "$BUILD" -DCEDAR_CUDA=
   -DCEDAR_NCCL=OFF -DCMAKE_BUILD_TYPE=Release ${CMAKE_LAUNCHER:+-DCMAKE_C_COMPILER_LAUNCHER=$CMAKE_LAUNCHER \
   -DCMAKE_CUDA_COMPILER_LAUNCHER=$CMAKE_LAUNCHER} >"$BUILD.configure.log" 2>&1 ||
   { tail -30 "$BUILD.configure.log" >&2; exit 1; }
-bins=(cedar test_backend_ops test_devstate test_gpu_graph)
+bins=(cedar test_backend_ops test_devstate test_gpu_graph test_gpu_bandwidth)
 nice cmake --build "$BUILD" -j"${JOBS:-2}" --target "${bins[@]}" >"$BUILD.build.log" 2>&1 ||
   { tail -40 "$BUILD.build.log" >&2; exit 1; }
 

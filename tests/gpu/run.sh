@@ -17,7 +17,9 @@
 #   5. model     v41-mini end to end: `cedar run --device cuda` against
 #                `--device cpu`, identical tokens (refused, and recorded as such,
 #                while the build has no CUDA op groups);
-#   6. speed     the speed rows that this build can measure (see
+#   6. speed     the device-to-device copy bandwidth (tests/gpu/test_gpu_bandwidth.cu,
+#                the reference for sparse attention's HBM fraction) and the
+#                issue's speed rows that this build can measure (see
 #                docs/cuda.md); rows it cannot are recorded with the reason.
 #
 # Results: $OUT/gpu-results.json (one object: each step's status, figures and
@@ -96,6 +98,7 @@ step() {
 step kernels 150 "$B/bin/test_backend_ops"
 step state 60 "$B/bin/test_devstate"
 CEDAR_GPU_JSON=$OUT/graph.json step graph 90 "$B/bin/test_gpu_graph"
+CEDAR_GPU_JSON=$OUT/bandwidth.json step bandwidth 30 "$B/bin/test_gpu_bandwidth"
 step model_cpu 90 "$B/bin/cedar" run --plan plans/v41-mini.yaml --max-new 8 --json --device cpu
 step model_cuda 90 "$B/bin/cedar" run --plan plans/v41-mini.yaml --max-new 8 --json --device cuda
 
@@ -110,10 +113,11 @@ except Exception as e:
 for s in steps:
     name, rc, secs = s.rsplit(":", 2)
     res["steps"][name] = {"rc": rc, "seconds": int(secs), "log": f"{name}.log"}
-try:
-    res["steps"]["graph"]["result"] = json.load(open(os.path.join(out, "graph.json")))
-except Exception:
-    pass
+for name in ("graph", "bandwidth"):
+    try:
+        res["steps"][name]["result"] = json.load(open(os.path.join(out, f"{name}.json")))
+    except Exception:
+        pass
 
 def tokens(name):
     try:
@@ -133,6 +137,7 @@ res["speed"] = {
     "decode_graph_over_eager": res["steps"].get("graph", {}).get("result", {}).get("ratio"),
     "decode_graph_over_eager_note": "the stand-in segment of tests/gpu/test_gpu_graph.cu (72 launches/step), "
                                     "not the model: the model's CUDA op groups are not built yet",
+    "copy_bandwidth_gbs": res["steps"].get("bandwidth", {}).get("result", {}).get("copy_gbs"),
     "sparse_attention_hbm_fraction": None,
     "sparse_attention_note": "not measured: needs the sparse attention kernel (kernels/, branch kern)",
     "model_decode_step_v41_mini": None,
