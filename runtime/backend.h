@@ -44,8 +44,8 @@ struct rt_node_ctx {
   int64_t out_row;               /* HEAD: its first row in out */
   struct rt_arena *ar;
   /* CUDA entries: the stream to launch on (a cudaStream_t: StarPU's
-   * starpu_cuda_get_local_stream() in a STARPU_CUDA_ASYNC codelet), NULL
-   * for CPU entries. */
+   * starpu_cuda_get_local_stream() in a STARPU_CUDA_ASYNC codelet; NULL,
+   * CUDA's default stream, from the direct executor). CPU entries: NULL. */
   void *stream;
 };
 

@@ -22,6 +22,12 @@
  * starpu_cuda_get_local_stream() and the codelet is STARPU_CUDA_ASYNC: the
  * launch returns at once and StarPU waits on the stream.
  *
+ * What a capture bakes in: the kernels, their launch shapes, and every
+ * address the callback passes (its arg, the buffers, the key's parameter
+ * block). So a key's buffers must stay where they are for the cache's life
+ * (the device state's slabs are allocated once: runtime/devstate.h), and
+ * anything else that changes per step goes through the parameter block.
+ *
  * One cache per stream that replays (one per StarPU CUDA worker): the block
  * of a key is rewritten by each replay in stream order, so two streams
  * replaying one key at once would race on it.
