@@ -14,12 +14,15 @@
 # (so a different source fails loudly instead of building something else):
 #   - cudaDeviceProp::computeMode is gone in CUDA 13: driver_cuda.c asks
 #     cudaDeviceGetAttribute(cudaDevAttrComputeMode) instead;
-#   - cudaThreadExit() is gone in CUDA 13: perfmodel_bus.c calls
-#     cudaDeviceReset(), its documented replacement;
+#   - cudaThreadExit() is gone in CUDA 13: perfmodel_bus.c names it only in
+#     a pre-CUDA-4 #else branch that never compiles; it becomes
+#     cudaDeviceReset(), its documented replacement, so the name is gone;
 #   - Debian's NVCCFLAGS (-std=c++03) are not used: CUDA 13's headers need
 #     C++17, so NVCCFLAGS is set here.
 # Configured without MPI, OpenCL, FxT, Fortran, docs, examples and tests:
 # cedar's bundle (tests/gpu/bundle.sh) carries only libstarpu-1.3 and hwloc.
+# configure finds cuBLAS and cuSPARSE beside CUDA and links them; the bundle
+# takes both from the GPU machine's CUDA 13.
 #
 # Time on this machine (2 cores shared with other builds): see docs/cuda.md.
 # Not a CI stage: CI compiles cedar's CUDA code against Debian's CPU StarPU

@@ -14,9 +14,10 @@
 #   OUT/MANIFEST  each file, its size and where it came from
 #
 # The binaries find OUT/lib through LD_LIBRARY_PATH (run.sh sets it; this
-# machine has no patchelf to rewrite RPATHs). cuBLAS is not carried (600 MB):
-# the GPU machine's CUDA 13 gives it (CUDA_HOME/lib64 on run.sh's path); the
-# CUDA runtime (libcudart.so.13, 0.7 MB) is carried. Built with -DCEDAR_WITH_MPI=OFF (StarPU-CUDA is built
+# machine has no patchelf to rewrite RPATHs). cuBLAS and cuSPARSE are not
+# carried (600 MB and 160 MB): the GPU machine's CUDA 13 gives them
+# (CUDA_HOME/lib64 on run.sh's path); the CUDA runtime (libcudart.so.13,
+# 0.7 MB) is carried. Built with -DCEDAR_WITH_MPI=OFF (StarPU-CUDA is built
 # without MPI) and -DCEDAR_NCCL=OFF (libnccl is 200+ MB; one GPU there).
 #
 # Checks before it says ok: every binary's dependencies resolve from OUT/lib
@@ -39,8 +40,12 @@ grep -q '^#define STARPU_USE_CUDA 1' "$PREFIX/include/starpu/1.3/starpu_config.h
   { echo "bundle: $PREFIX is a StarPU without CUDA" >&2; exit 1; }
 
 # 1. cedar for CUDA against StarPU-CUDA.
+# The default build type (the numbers of the regular build), no RPATH: the
+# binaries must find their libraries in the bundle, never in this tree.
+CMAKE_LAUNCHER=${CMAKE_LAUNCHER-$(command -v ccache || true)}
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
 PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig cmake -S "$root" -B "$BUILD" -DCEDAR_CUDA=ON -DCEDAR_WITH_MPI=OFF \
-  -DCEDAR_NCCL=OFF -DCMAKE_BUILD_TYPE=Release ${CMAKE_LAUNCHER:+-DCMAKE_C_COMPILER_LAUNCHER=$CMAKE_LAUNCHER \
+  -DCEDAR_NCCL=OFF -DCMAKE_SKIP_RPATH=ON ${CMAKE_LAUNCHER:+-DCMAKE_C_COMPILER_LAUNCHER=$CMAKE_LAUNCHER \
   -DCMAKE_CUDA_COMPILER_LAUNCHER=$CMAKE_LAUNCHER} >"$BUILD.configure.log" 2>&1 ||
   { tail -30 "$BUILD.configure.log" >&2; exit 1; }
 bins=(cedar test_backend_ops test_devstate test_gpu_graph test_gpu_bandwidth)
@@ -60,11 +65,13 @@ done
 # Libraries that every Linux with a CUDA driver has (glibc's, the driver's),
 # and CUDA 13's own large libraries, which come from the GPU machine's CUDA
 # (CUDA_HOME/lib64, run.sh puts it on the path): cuBLAS and cuBLASLt
-# (600 MB), NCCL (218 MB; off in this build anyway).
+# (600 MB; cedar's linear layers), cuSPARSE and the nvJitLink it loads
+# (StarPU-CUDA links cuSPARSE when configure finds it), NCCL (218 MB; off
+# in this build anyway).
 system_lib() {
   case "$1" in
     linux-vdso.so.*|ld-linux*|libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*|libcuda.so.*) return 0 ;;
-    libcublas.so.*|libcublasLt.so.*|libnccl.so.*) return 0 ;;
+    libcublas.so.*|libcublasLt.so.*|libcusparse.so.*|libnvJitLink.so.*|libnccl.so.*) return 0 ;;
   esac
   return 1
 }
