@@ -17,6 +17,11 @@
 #   - cudaThreadExit() is gone in CUDA 13: perfmodel_bus.c names it only in
 #     a pre-CUDA-4 #else branch that never compiles; it becomes
 #     cudaDeviceReset(), its documented replacement, so the name is gone;
+#   - CUDA 13's cublas_v2.h is an error after the legacy cublas.h, which
+#     driver_cuda.h includes and starpu_cublas.c uses (cublasInit,
+#     cublasSetKernelStream, cublasShutdown): the header includes cublas_v2.h
+#     and those calls become their per-handle equivalents (cublasSetStream on
+#     the worker's handle; init and shutdown are the handles' own);
 #   - Debian's NVCCFLAGS (-std=c++03) are not used: CUDA 13's headers need
 #     C++17, so NVCCFLAGS is set here.
 # Configured without MPI, OpenCL, FxT, Fortran, docs, examples and tests:
@@ -53,7 +58,8 @@ if [ ! -f "$src/configure.ac" ]; then
 fi
 
 # 2. The CUDA 13 fixes, each checked.
-fix() { # file, sed expression, text that must be present afterwards
+fix() { # file, sed expression, text that must be present afterwards (a file already fixed is left alone)
+  grep -q -- "$3" "$src/$1" && return 0
   sed -i "$2" "$src/$1"
   grep -q -- "$3" "$src/$1" || { echo "starpu-cuda: fix did not apply to $1 ($3)" >&2; exit 1; }
 }
@@ -61,6 +67,21 @@ fix src/drivers/cuda/driver_cuda.c \
   's/if (props\[devid\]\.computeMode == cudaComputeModeExclusive)/int _cedar_cm = 0; cudaDeviceGetAttribute(\&_cedar_cm, cudaDevAttrComputeMode, devid); if (_cedar_cm == cudaComputeModeExclusive)/' \
   'cudaDevAttrComputeMode'
 fix src/core/perfmodel/perfmodel_bus.c 's/cudaThreadExit()/cudaDeviceReset()/' 'cudaDeviceReset()'
+# CUDA 13's cublas_v2.h refuses to be included after the legacy cublas.h,
+# and StarPU includes both (driver_cuda.h the legacy one, starpu_cublas.c
+# both): the driver header takes cublas_v2.h (it calls no cuBLAS), and
+# starpu_cublas.c's legacy calls become their handle equivalents.
+fix src/drivers/cuda/driver_cuda.h 's|#include <cublas.h>|#include <cublas_v2.h>|' '#include <cublas_v2.h>'
+fix src/drivers/cuda/starpu_cublas.c \
+  '/^#include <cublas.h>$/d
+   s|cublasStatus cublasst = cublasInit();|cublasStatus_t cublasst = CUBLAS_STATUS_SUCCESS; /* cedar: no legacy cublasInit in CUDA 13 beside cublas_v2.h */|
+   s|cublasShutdown();|(void)0; /* cedar: no legacy cublasShutdown */|
+   s|cublasSetKernelStream(starpu_cuda_get_local_stream());|cublasSetStream(starpu_cublas_get_local_handle(), starpu_cuda_get_local_stream());|g' \
+  'no legacy cublasInit in CUDA 13'
+if grep -nE 'cublasInit\(|cublasShutdown\(|cublasSetKernelStream\(|#include <cublas.h>' "$src/src/drivers/cuda/starpu_cublas.c" \
+     "$src/src/drivers/cuda/driver_cuda.h"; then
+  echo "starpu-cuda: legacy cuBLAS calls left (above)" >&2; exit 1
+fi
 # Code lines (not comments) still naming a CUDA 13 removal fail the build here.
 if grep -rnE '^[[:space:]]*[^/*[:space:]].*(cudaThreadExit\(\)|\.computeMode\b)' "$src/src" --include=*.c; then
   echo "starpu-cuda: CUDA 13 removals left in the source (above)" >&2; exit 1
