@@ -44,13 +44,14 @@ grep -q '^#define STARPU_USE_CUDA 1' "$PREFIX/include/starpu/1.3/starpu_config.h
 # binaries must find their libraries in the bundle, never in this tree.
 CMAKE_LAUNCHER=${CMAKE_LAUNCHER-$(command -v ccache || true)}
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
+mkdir -p "$BUILD"
 PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig cmake -S "$root" -B "$BUILD" -DCEDAR_CUDA=ON -DCEDAR_WITH_MPI=OFF \
   -DCEDAR_NCCL=OFF -DCMAKE_SKIP_RPATH=ON ${CMAKE_LAUNCHER:+-DCMAKE_C_COMPILER_LAUNCHER=$CMAKE_LAUNCHER \
-  -DCMAKE_CUDA_COMPILER_LAUNCHER=$CMAKE_LAUNCHER} >"$BUILD.configure.log" 2>&1 ||
-  { tail -30 "$BUILD.configure.log" >&2; exit 1; }
+  -DCMAKE_CUDA_COMPILER_LAUNCHER=$CMAKE_LAUNCHER} >"$BUILD/bundle-configure.log" 2>&1 ||
+  { tail -30 "$BUILD/bundle-configure.log" >&2; exit 1; }
 bins=(cedar test_backend_ops test_devstate test_gpu_graph test_gpu_bandwidth)
-nice cmake --build "$BUILD" -j"${JOBS:-2}" --target "${bins[@]}" >"$BUILD.build.log" 2>&1 ||
-  { tail -40 "$BUILD.build.log" >&2; exit 1; }
+nice cmake --build "$BUILD" -j"${JOBS:-2}" --target "${bins[@]}" >"$BUILD/bundle-build.log" 2>&1 ||
+  { tail -40 "$BUILD/bundle-build.log" >&2; exit 1; }
 
 # 2. The folder.
 rm -rf "$OUT"

@@ -40,8 +40,12 @@ LOG=$OUT/gpu-run.log
 : >"$LOG"
 say() { echo "gpu-run: $*" | tee -a "$LOG"; }
 
+# GPU_RUN_DRY=1: run every step even without a GPU, to check this script
+# itself on the dev machine (the GPU steps then skip; results say "dry").
+DRY=${GPU_RUN_DRY:-0}
+
 # 0. A GPU, or exit 77 saying why.
-if ! ls /dev/nvidia[0-9]* >/dev/null 2>&1 && ! command -v nvidia-smi >/dev/null 2>&1; then
+if [ "$DRY" != 1 ] && ! ls /dev/nvidia[0-9]* >/dev/null 2>&1 && ! command -v nvidia-smi >/dev/null 2>&1; then
   say "no GPU: no /dev/nvidia* device node and no nvidia-smi on this machine; skipped (77)"
   printf '{"status": "skipped", "reason": "no GPU on this machine"}\n' >"$OUT/gpu-results.json"
   exit 77
@@ -62,7 +66,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi >>"$LOG" 2>&1
 "$B/bin/cedar" env --json >"$OUT/env.json" 2>>"$LOG"
 ndev=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get("cuda_devices",{}).get("count",0))' \
   "$OUT/env.json" 2>/dev/null || echo 0)
-if [ "${ndev:-0}" -lt 1 ]; then
+if [ "${ndev:-0}" -lt 1 ] && [ "$DRY" != 1 ]; then
   why=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["cuda_devices"]; print(d.get("error","?"))' \
     "$OUT/env.json" 2>/dev/null || echo "cedar env failed")
   say "no usable CUDA device: $why; skipped (77)"
@@ -102,10 +106,10 @@ CEDAR_GPU_JSON=$OUT/bandwidth.json step bandwidth 30 "$B/bin/test_gpu_bandwidth"
 step model_cpu 90 "$B/bin/cedar" run --plan plans/v41-mini.yaml --max-new 8 --json --device cpu
 step model_cuda 90 "$B/bin/cedar" run --plan plans/v41-mini.yaml --max-new 8 --json --device cuda
 
-python3 - "$OUT" "${STEPS[@]}" <<'EOF'
+python3 - "$OUT" "$DRY" "${STEPS[@]}" <<'EOF'
 import json, os, sys
-out, steps = sys.argv[1], sys.argv[2:]
-res = {"status": "ran", "steps": {}}
+out, dry, steps = sys.argv[1], sys.argv[2] == "1", sys.argv[3:]
+res = {"status": "dry" if dry else "ran", "steps": {}}
 try:
     res["env"] = json.load(open(os.path.join(out, "env.json")))
 except Exception as e:
@@ -131,6 +135,10 @@ cpu, cuda = tokens("model_cpu"), tokens("model_cuda")
 m = res["steps"].get("model_cuda", {})
 if cuda is None:
     m["compare"] = "cuda run gave no tokens (refused or failed: see model_cuda.log)"
+    try:
+        m["message"] = open(os.path.join(out, "model_cuda.log")).read().strip().splitlines()[-1]
+    except Exception:
+        pass
 else:
     m["compare"] = "identical" if cpu == cuda else "DIFFERENT"
 res["speed"] = {
