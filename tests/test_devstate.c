@@ -123,6 +123,7 @@ static void test_plan(const char *path) {
 out:
   rt_request_free(&req);
   rt_kv_pools_free(pools, plan.n_layers);
+  plan_free(&plan);
 }
 
 static void test_graph_refusal(void) {
