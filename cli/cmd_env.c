@@ -3,8 +3,9 @@
  * Prints the cedar version; the versions of StarPU, hwloc, libyaml, cJSON,
  * OpenBLAS and the CUDA runtime; the hwloc topology (packages, cores, PUs, NUMA
  * nodes, L3/L2); the StarPU workers a default starpu_init would start (with
- * the PU each CPU worker is bound to); and the CUDA devices, or the CUDA error
- * that says why there are none. `--json` prints the same as one JSON object.
+ * the PU each CPU worker is bound to); the CUDA devices, or the CUDA error
+ * that says why there are none; and the CUDA kernels built (ops with a CUDA
+ * twin, node op groups with a CUDA entry) and whether nodes run on CUDA here. `--json` prints the same as one JSON object.
  *
  * Not a benchmark and not a configuration step: it changes nothing, runs no
  * tasks, and honours the user's StarPU and hwloc environment variables
@@ -28,7 +29,10 @@
 #include <string.h>
 #include <yaml.h>
 
+#include "kernels/backend.h"
 #include "kernels/device.h"
+#include "ops/registry.h"
+#include "runtime/backend.h"
 #include "ops/isa.h"
 #include "base/check.h"
 #include "cli/cli.h"
@@ -280,6 +284,26 @@ static void gather_cuda_devices(cJSON *root) {
   free(devs);
 }
 
+/* The CUDA code this build has: the ops with a CUDA twin (kernels/backend.h),
+ * the node op groups with a CUDA entry (runtime/backend.h), and whether
+ * nodes can run on CUDA here (rt_cuda_ready) or why not. */
+static void gather_cuda_kernels(cJSON *root) {
+  cJSON *k = jobj(root, "cuda_kernels");
+  cJSON *ops = jarr(k, "ops");
+  for (int id = 0; id < OP_COUNT; id++)
+    if (kern_backend_cuda.run[id]) CEDAR_ASSERT(cJSON_AddItemToArray(ops, jcheck(cJSON_CreateString(op_name(id)), "op")));
+  jnum(k, "ops_total", OP_COUNT);
+  cJSON *groups = jarr(k, "op_groups");
+  for (int op = 0; op < GRAPH_OP_COUNT; op++)
+    if (rt_backend_cuda.run[op])
+      CEDAR_ASSERT(cJSON_AddItemToArray(groups, jcheck(cJSON_CreateString(graph_op_name(op)), "group")));
+  jnum(k, "op_groups_total", GRAPH_OP_COUNT);
+  char why[768] = "";
+  bool ready = rt_cuda_ready(why, sizeof why) == 0;
+  jbool(k, "runs_nodes", ready);
+  if (!ready) jstr(k, "why_not", why);
+}
+
 /* ---------------------------------------------------------------------------
  * Text form. */
 
@@ -363,6 +387,22 @@ static void print_starpu(const cJSON *sp) {
   }
 }
 
+static void print_cuda_kernels(const cJSON *k) {
+  const cJSON *it;
+  printf("CUDA kernels: %d of %.0f ops", cJSON_GetArraySize(jget(k, "ops")), jget_num(k, "ops_total"));
+  int i = 0;
+  cJSON_ArrayForEach(it, jget(k, "ops")) printf("%s%s", i++ ? ", " : " (", it->valuestring);
+  printf("%s; %d of %.0f node op groups", i ? ")" : "", cJSON_GetArraySize(jget(k, "op_groups")),
+         jget_num(k, "op_groups_total"));
+  i = 0;
+  cJSON_ArrayForEach(it, jget(k, "op_groups")) printf("%s%s", i++ ? ", " : " (", it->valuestring);
+  printf("%s\n", i ? ")" : "");
+  if (cJSON_IsTrue(jget(k, "runs_nodes")))
+    printf("  nodes run on CUDA here (cedar run --device cuda)\n");
+  else
+    printf("  nodes do not run on CUDA here: %s\n", jget_str(k, "why_not"));
+}
+
 static void print_cuda(const cJSON *cu) {
   const cJSON *it;
   char hb[32];
@@ -389,7 +429,8 @@ static void usage(FILE *f) {
           "\n"
           "Show the cedar version, library versions (StarPU, hwloc, libyaml, cJSON, OpenBLAS,\n"
           "CUDA), the CPU topology, the StarPU workers cedar would start and the CUDA devices\n"
-          "(or why there are none). Starts and stops StarPU once; runs no tasks.\n"
+          "(or why there are none), with the CUDA kernels and node op groups this build has.\n"
+          "Starts and stops StarPU once; runs no tasks.\n"
           "\n"
           "options:\n"
           "  --json    print one JSON object instead of text\n"
@@ -420,6 +461,7 @@ int cmd_env(int argc, char **argv) {
   int failed = gather_topology(root);
   failed |= gather_starpu(root);
   gather_cuda_devices(root);
+  gather_cuda_kernels(root);
 
   if (json) {
     char *s = cJSON_Print(root);
@@ -432,6 +474,7 @@ int cmd_env(int argc, char **argv) {
     print_topology(jget(root, "topology"));
     print_starpu(jget(root, "starpu"));
     print_cuda(jget(root, "cuda_devices"));
+    print_cuda_kernels(jget(root, "cuda_kernels"));
   }
   cJSON_Delete(root);
   return failed ? 1 : 0;

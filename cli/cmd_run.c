@@ -29,6 +29,7 @@
 #include "cli/cli.h"
 #include "cli/run_spec.h"
 #include "runtime/speculate.h"
+#include "runtime/backend.h"
 #include "runtime/engine.h"
 #include "cli/run_dump.h"
 #include "cli/run_pd.h"
@@ -97,6 +98,9 @@ static const char usage[] =
     "                    own DSpark drafter (mtp blocks) is not wired yet and is refused\n"
     "  --verify-len auto|L  drafts verified a round: auto (default) picks L from the measured\n"
     "                    time of a verify round of each length and the drafts' confidence (SPEC 3.16)\n"
+    "  --device D        cpu (default): the plan's serving.placement as written; cuda: both\n"
+    "                    phases on CUDA device 0, refused with the reason while this machine has\n"
+    "                    no GPU or this build has no CUDA op groups (docs/cuda.md)\n"
     "A prefill longer than a second shows a progress bar on stderr when stderr is a terminal.\n"
     "A plan whose serving.placement puts prefill and decode on different ranks (plans/v41-mini-pd.yaml)\n"
     "runs under `mpirun -np 2` through StarPU-MPI (the decode rank prints the report, --dump and --dot,\n"
@@ -106,6 +110,7 @@ static const char usage[] =
 
 struct ropts {
   const char *plan, *weights, *prompt, *tokens, *dump, *sched, *trace, *dot, *model;
+  const char *device; /* --device: NULL, "cpu" or "cuda" */
   const char *tokenizer, *engram_map; /* --tokenizer; where the Engram token map came from (for the report) */
   enum rt_executor executor;
   int workers;
@@ -140,6 +145,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
       {"executor", required_argument, NULL, 'E'},    {"sched", required_argument, NULL, 'S'},
       {"workers", required_argument, NULL, 'W'},     {"trace", required_argument, NULL, 'A'},
       {"dot", required_argument, NULL, 'G'},         {"help", no_argument, NULL, 'h'},
+      {"device", required_argument, NULL, 'D'},
       {"model", required_argument, NULL, 'M'},       {"tokenizer", required_argument, NULL, 'K'},
       {"speculate", required_argument, NULL, 1001},  {"draft-len", required_argument, NULL, 1002},
       {"verify-len", required_argument, NULL, 1003},
@@ -221,6 +227,11 @@ static int parse(int argc, char **argv, struct ropts *o) {
       if (!strcmp(optarg, "auto")) o->spec.verify_len = -1;
       else if (!cli_parse_int(optarg, 0, RT_SPEC_LMAX, &v)) return cli_usage_error("run", "--verify-len takes auto or L in [0, %d]", RT_SPEC_LMAX);
       else o->spec.verify_len = (int)v;
+      break;
+    case 'D':
+      if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
+        return cli_usage_error("run", "--device takes cpu or cuda (got '%s')", optarg);
+      o->device = optarg;
       break;
     case 'h': printf(usage, CEDAR_DEFAULT_PLAN, sizeof(default_prompt) - 1); return 0;
     default: return cli_usage_error("run", "bad option, or an option without its value: '%s'", argv[optind - 1]);
@@ -641,6 +652,13 @@ int cmd_run(int argc, char **argv) {
     return 1;
   char err[1024];
   int status = 1;
+  if (o.device && !strcmp(o.device, "cuda")) {
+    /* Refused here, before the plan and weights, when nothing could run. */
+    if (rt_cuda_ready(err, sizeof err)) {
+      fprintf(stderr, "cedar run: --device cuda: %s; run with --device cpu\n", err);
+      return 1;
+    }
+  }
   struct prompt q = {&o, NULL, 0};
   struct plan_diags diags = {0};
   struct weights_problems pr = {0};
@@ -652,7 +670,8 @@ int cmd_run(int argc, char **argv) {
                               .exec = {.executor = o.executor,
                                        .workers = o.workers,
                                        .sched = o.sched,
-                                       .profile = o.trace != NULL},
+                                       .profile = o.trace != NULL,
+                                       .cuda = o.device && !strcmp(o.device, "cuda")},
                               .diags = &diags,
                               .problems = &pr,
                               .on_plan = prompt_on_plan,

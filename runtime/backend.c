@@ -1,5 +1,6 @@
 /* backend.c: the backend table by device kind, the (empty) CUDA backend,
- * and the placement check (backend.h). The CPU backend's entries live with
+ * whether CUDA can run nodes here (rt_cuda_ready), and the placement check
+ * (backend.h). The CPU backend's entries live with
  * the dispatch they share with every executor, in exec_node.c. */
 #include "runtime/backend.h"
 
@@ -7,6 +8,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "kernels/device.h"
 #include "runtime/pd.h"
 
 /* No op group has a CUDA twin yet: every slot NULL, so a plan that places
@@ -38,13 +40,43 @@ static const char *where(const struct plan_mark *m, char *buf, size_t len) {
   return buf;
 }
 
+int rt_backend_missing(const struct rt_backend *b, bool with_transfer, char *list, size_t len) {
+  int n = 0;
+  size_t at = 0;
+  if (len) list[0] = 0;
+  for (int op = 0; op < GRAPH_OP_COUNT; op++) {
+    if ((op == GRAPH_TRANSFER && !with_transfer) || b->run[op]) continue;
+    if (at < len) at += (size_t)snprintf(list + at, len - at, "%s%s", n ? ", " : "", graph_op_name(op));
+    n++;
+  }
+  return n;
+}
+
 /* The op groups a flow's graphs may hold, all of which its backend must run. */
 static bool runs_every_group(const struct rt_backend *b, bool need_transfer) {
-  for (int op = 0; op < GRAPH_OP_COUNT; op++) {
-    if (op == GRAPH_TRANSFER && !need_transfer) continue;
-    if (!b->run[op]) return false;
+  char none[1];
+  return rt_backend_missing(b, need_transfer, none, 0) == 0;
+}
+
+int rt_cuda_ready(char *err, size_t err_len) {
+  char why[512] = "";
+  int n = kern_device_query(NULL, 0, why, sizeof why);
+  if (n < 0) {
+    snprintf(err, err_len, "no CUDA device: %s", why);
+    return CEDAR_EUNSUPPORTED;
   }
-  return true;
+  if (n == 0) {
+    snprintf(err, err_len, "no CUDA device: the CUDA runtime reports 0 devices");
+    return CEDAR_EUNSUPPORTED;
+  }
+  char list[512];
+  int missing = rt_backend_missing(&rt_backend_cuda, false, list, sizeof list);
+  if (missing) {
+    snprintf(err, err_len, "this build has no CUDA entry for %d of cedar's op groups (%s): their CUDA twins are "
+             "not built yet", missing, list);
+    return CEDAR_EUNSUPPORTED;
+  }
+  return 0;
 }
 
 static int check_flow(const struct plan *p, enum graph_flow f, struct plan_mark *mk, char *err, size_t err_len) {
@@ -75,6 +107,13 @@ static int check_flow(const struct plan *p, enum graph_flow f, struct plan_mark 
     snprintf(err, err_len, "%sserving.placement.%s.device is %s, but this build has no %s backend for cedar's op "
              "groups yet; set device: cpu", at, phase, pl.dev == GRAPH_DEV_CUDA ? "cuda" : "?",
              pl.dev == GRAPH_DEV_CUDA ? "CUDA" : "such");
+    return CEDAR_EUNSUPPORTED;
+  }
+  char why[512];
+  if (pl.dev == GRAPH_DEV_CUDA && rt_cuda_ready(why, sizeof why)) {
+    *mk = pre ? s->mark_prefill_device : s->mark_decode_device;
+    where(mk, at, sizeof at);
+    snprintf(err, err_len, "%sserving.placement.%s.device is cuda, but %s; set device: cpu", at, phase, why);
     return CEDAR_EUNSUPPORTED;
   }
   return 0;

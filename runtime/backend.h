@@ -4,8 +4,9 @@
  *
  *   cpu   the op groups of runtime/model.c through exec_node.c: every op
  *         group but TRANSFER (one process moves nothing between homes).
- *   cuda  no op group yet (kernels/ has only the device query); the table
- *         is there so the CUDA issue fills slots, not switches.
+ *   cuda  no op group yet: each slot is filled by the op group's CUDA
+ *         twin (kernels/ twins launched on ctx.stream); StarPU's codelets
+ *         take a CUDA function for exactly the filled slots (exec_starpu.c).
  *
  * rt_placement_check says, before anything runs, whether a plan's
  * serving.placement can run in this build and this process: every node's
@@ -20,6 +21,7 @@
 #ifndef CEDAR_RUNTIME_BACKEND_H
 #define CEDAR_RUNTIME_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,6 +43,10 @@ struct rt_node_ctx {
   struct rt_exec_out *out;
   int64_t out_row;               /* HEAD: its first row in out */
   struct rt_arena *ar;
+  /* CUDA entries: the stream to launch on (a cudaStream_t: StarPU's
+   * starpu_cuda_get_local_stream() in a STARPU_CUDA_ASYNC codelet; NULL,
+   * CUDA's default stream, from the direct executor). CPU entries: NULL. */
+  void *stream;
 };
 
 typedef int (*rt_group_fn)(const struct rt_node_ctx *c);
@@ -59,6 +65,19 @@ const struct rt_backend *rt_backend_for(enum graph_device dev);
 
 /* How many ranks this process can run: 1 until StarPU-MPI is wired in. */
 int rt_ranks_available(void);
+
+/* The op groups b has no entry for, comma-separated, into list (at most
+ * len bytes; "" when none; TRANSFER counted only when with_transfer).
+ * Returns how many. */
+int rt_backend_missing(const struct rt_backend *b, bool with_transfer, char *list, size_t len);
+
+/* 0 when graph nodes can run on CUDA device 0 here: the build has CUDA,
+ * the CUDA runtime sees a device, and rt_backend_cuda has an entry for
+ * every op group. Else CEDAR_EUNSUPPORTED with the first reason in err
+ * ("no CUDA device: cudaErrorNoDevice: ...", "no CUDA entry for op groups
+ * embed, attn, ..."). Used by `cedar run --device cuda`, `cedar env` and
+ * rt_placement_check. */
+int rt_cuda_ready(char *err, size_t err_len);
 
 /* 0 when every flow of plan p can run here; else CEDAR_EUNSUPPORTED with
  * "file:line:col: serving.placement...: why; what to set instead" and,

@@ -144,6 +144,13 @@ int rt_engine_open(struct rt_engine *e, const struct rt_engine_opts *o, char *er
    * before seconds of weights (runtime/backend.h). */
   if (!rc) {
     step = RT_ENGINE_PLACEMENT;
+    if (o->exec.cuda) { /* `cedar run --device cuda`: the placement the plan would say, marks cleared */
+      struct plan_serving *sv = &e->plan.serving;
+      sv->prefill_device = sv->decode_device = PLAN_DEV_CUDA;
+      sv->prefill_device_id = sv->decode_device_id = 0;
+      memset(&sv->mark_prefill_device, 0, sizeof sv->mark_prefill_device);
+      memset(&sv->mark_decode_device, 0, sizeof sv->mark_decode_device);
+    }
     rc = rt_placement_check(&e->plan, NULL, err, err_len);
   }
   if (!rc && o->on_plan) {

@@ -49,6 +49,7 @@ struct rt_engine_exec {
   int workers;               /* StarPU CPU workers; <= 0: StarPU's choice */
   const char *sched;         /* StarPU policy; NULL: StarPU's */
   bool profile;              /* StarPU per-task profiling (traces) */
+  bool cuda;                 /* both phases on CUDA device 0, over the plan's serving.placement */
 };
 
 /* The prefix cache over the engine's pools (issue 6); off when zeroed. */

@@ -80,6 +80,11 @@ void rt_bind_node(const struct graph *g, struct rt_request *r, const struct grap
 int rt_run_node(const struct graph *g, const struct rt_model *M, struct rt_request *r, const struct graph_node *nd,
                 void *const *buf, const struct rt_bound *st, struct rt_exec_out *out, int64_t out_row,
                 struct rt_arena *ar);
+/* rt_run_node for a CUDA entry: the same, with the stream its kernels
+ * launch on (a cudaStream_t; StarPU's local stream in a CUDA codelet). */
+int rt_run_node_stream(const struct graph *g, const struct rt_model *M, struct rt_request *r,
+                       const struct graph_node *nd, void *const *buf, const struct rt_bound *st,
+                       struct rt_exec_out *out, int64_t out_row, struct rt_arena *ar, void *stream);
 
 /* ---- the StarPU executor (exec_starpu.c) ------------------------------ */
 

@@ -227,6 +227,12 @@ static int run_guarded(rt_group_fn fn, struct rt_node_ctx *c, struct rt_arena *a
 int rt_run_node(const struct graph *g, const struct rt_model *M, struct rt_request *r, const struct graph_node *nd,
                 void *const *buf, const struct rt_bound *st, struct rt_exec_out *out, int64_t out_row,
                 struct rt_arena *ar) {
+  return rt_run_node_stream(g, M, r, nd, buf, st, out, out_row, ar, NULL);
+}
+
+int rt_run_node_stream(const struct graph *g, const struct rt_model *M, struct rt_request *r,
+                       const struct graph_node *nd, void *const *buf, const struct rt_bound *st,
+                       struct rt_exec_out *out, int64_t out_row, struct rt_arena *ar, void *stream) {
   const struct rt_backend *b = rt_backend_for(nd->place.dev);
   rt_group_fn fn = b ? b->run[nd->op] : NULL;
   if (!fn) return CEDAR_EUNSUPPORTED; /* refused earlier by rt_placement_check; an executor names the node */
@@ -235,6 +241,6 @@ int rt_run_node(const struct graph *g, const struct rt_model *M, struct rt_reque
     if (r) rt_bind_node(g, r, nd, &own); /* no request (a transfer outside a P/D one): nothing to bind */
     st = &own;
   }
-  struct rt_node_ctx c = {g, M, r, nd, buf, st, out, out_row, ar};
+  struct rt_node_ctx c = {g, M, r, nd, buf, st, out, out_row, ar, stream};
   return run_guarded(fn, &c, ar);
 }

@@ -2,8 +2,9 @@
  * node, on CPU workers, ordered by the graph's own edges and nothing else.
  *
  *   codelets  one per op group, generated from GRAPH_OPS with designated
- *             initializers: name, CPU function, a CUDA slot that is NULL
- *             through RT_CUDA_SLOT until kernels/ has the twins, and a
+ *             initializers: name, CPU function, a CUDA function
+ *             (STARPU_CUDA_ASYNC, StarPU's local stream) set at init for
+ *             the op groups rt_backend_cuda can run, and a
  *             flop-count cost model for the model-based schedulers (dmda).
  *             The CPU function runs the node through rt_run_node
  *             (exec_node.c), the dispatch the direct executor uses too,
@@ -45,13 +46,15 @@
 
 #include "base/check.h"
 #include "base/log.h"
+#include "runtime/backend.h"
 #include "runtime/exec.h"
 #include "runtime/exec_starpu_data.h"
 #include "scheduler/policy.h"
 
-/* The CUDA function of a codelet: NULL until kernels/ provides the op
- * group's twin (the GPU issue defines this to {fn} in CUDA builds). */
-#define RT_CUDA_SLOT(fn) {NULL}
+/* The CUDA function of a codelet is set at rt_starpu_init for exactly the
+ * op groups rt_backend_cuda has an entry for (set_cuda_slots), and only
+ * against a StarPU built with CUDA (STARPU_USE_CUDA: .ci/starpu-cuda.sh);
+ * Debian's CPU-only StarPU has no CUDA workers to run one. */
 
 /* The cost model dmda plans with: flops at a rate typical of these ops on
  * one core, plus a fixed per-task cost. Only relative sizes matter. */
@@ -181,6 +184,38 @@ static void cpu_task(void *buffers[], void *cl_arg) {
   atomic_fetch_add(&R->done, 1);
 }
 
+#ifdef STARPU_USE_CUDA
+/* The CUDA function of a codelet whose op group has a CUDA entry: the
+ * node's kernels are launched on this worker's StarPU stream and the
+ * codelet is STARPU_CUDA_ASYNC, so this returns once they are enqueued and
+ * StarPU waits on the stream. Buffers are bound as for the CPU: the
+ * interfaces' pointers are device addresses on this worker's memory node. */
+static void cuda_task(void *buffers[], void *cl_arg) {
+  struct node_arg *A = cl_arg;
+  struct run *R = A->R;
+  const struct graph_node *nd = &R->g->node[A->k];
+  int w = starpu_worker_get_id();
+  CEDAR_ASSERT(w >= 0 && w < sp.n_workers);
+  struct rt_arena *ar = &sp.arena[w];
+  A->worker = w;
+  A->t0_us = starpu_timing_now();
+  if (atomic_load(&R->failed) == 0) {
+    void **buf = RT_ALLOC(ar, void *, R->g->n_data);
+    struct rt_bound st;
+    struct rt_ring ring;
+    bind_from_interfaces(R, A, buffers, buf, &st, &ring, ar);
+    int rc = rt_run_node_stream(R->g, R->M, R->r, nd, buf, &st, R->out, A->out_row, ar,
+                                (void *)starpu_cuda_get_local_stream());
+    if (st.ring == &ring) R->r->ring[nd->layer].r0 = ring.r0;
+    int none = 0;
+    if (rc && atomic_compare_exchange_strong(&R->failed, &none, A->k + 1)) atomic_store(&R->failed_rc, rc);
+  }
+  rt_arena_reset(ar);
+  A->t1_us = starpu_timing_now();
+  atomic_fetch_add(&R->done, 1);
+}
+#endif
+
 static double flops_cost(struct starpu_task *t, unsigned nimpl) {
   (void)nimpl;
   return RT_SP_MODEL_FIXED_US + t->flops / RT_SP_MODEL_FLOPS_PER_US;
@@ -198,7 +233,6 @@ static struct starpu_codelet codelets[GRAPH_OP_COUNT] = {
       .where = STARPU_CPU,                            \
       .cpu_funcs = {cpu_task},                        \
       .cpu_funcs_name = {"cpu_task"},                 \
-      .cuda_funcs = RT_CUDA_SLOT(cuda_task),          \
       .nbuffers = STARPU_VARIABLE_NBUFFERS,           \
       .model = &flops_model,                          \
       .name = s,                                      \
@@ -206,6 +240,22 @@ static struct starpu_codelet codelets[GRAPH_OP_COUNT] = {
     GRAPH_OPS(X)
 #undef X
 };
+
+/* Give each codelet whose op group has a CUDA entry its CUDA function;
+ * returns how many (0: StarPU starts no CUDA worker). */
+static int set_cuda_slots(void) {
+  int n = 0;
+#ifdef STARPU_USE_CUDA
+  for (int op = 0; op < GRAPH_OP_COUNT; op++) {
+    if (!rt_backend_cuda.run[op]) continue;
+    codelets[op].cuda_funcs[0] = cuda_task;
+    codelets[op].cuda_flags[0] = STARPU_CUDA_ASYNC;
+    codelets[op].where |= STARPU_CUDA;
+    n++;
+  }
+#endif
+  return n;
+}
 
 /* ---- init and shutdown -------------------------------------------------- */
 
@@ -242,7 +292,8 @@ int rt_starpu_init(const struct rt_starpu_opts *o, char *err, size_t err_len) {
   if (o->workers > 0) conf.ncpus = o->workers;
   if (o->sched) conf.sched_policy_name = o->sched;
   conf.precedence_over_environment_variables = o->workers > 0 || o->sched;
-  conf.ncuda = 0;   /* CPU workers only, until kernels/ fills the CUDA slots */
+  int cuda_groups = set_cuda_slots();
+  conf.ncuda = cuda_groups ? -1 : 0; /* CUDA workers only when some op group can run on them */
   conf.nopencl = 0;
   conf.nmic = 0;
   conf.nmpi_ms = 0;
@@ -252,7 +303,8 @@ int rt_starpu_init(const struct rt_starpu_opts *o, char *err, size_t err_len) {
     return CEDAR_EUNSUPPORTED;
   }
   int n = (int)starpu_cpu_worker_get_count();
-  if ((o->workers > 0 && n != o->workers) || n < 1 || n != (int)starpu_worker_get_count()) {
+  int n_all = (int)starpu_worker_get_count(); /* CPU workers, then any CUDA workers */
+  if ((o->workers > 0 && n != o->workers) || n < 1 || (!cuda_groups && n != n_all)) {
     snprintf(err, err_len, "StarPU started %d CPU workers of %u (asked for %d)", n, starpu_worker_get_count(),
              o->workers);
     starpu_shutdown();
@@ -261,9 +313,9 @@ int rt_starpu_init(const struct rt_starpu_opts *o, char *err, size_t err_len) {
   starpu_idle_hook_register(idle_nap, NULL);
   sp.up = true;
   sp.profile = o->profile;
-  sp.n_workers = n;
-  sp.arena = cedar_xcalloc((size_t)n, sizeof(*sp.arena));
-  for (int i = 0; i < n; i++) rt_arena_init(&sp.arena[i], 0);
+  sp.n_workers = n_all;
+  sp.arena = cedar_xcalloc((size_t)n_all, sizeof(*sp.arena));
+  for (int i = 0; i < n_all; i++) rt_arena_init(&sp.arena[i], 0);
   struct starpu_sched_policy *pol = starpu_sched_ctx_get_sched_policy(0); /* the global context */
   snprintf(sp.sched, sizeof sp.sched, "%s", pol && pol->policy_name ? pol->policy_name : "?");
   starpu_profiling_status_set(o->profile ? STARPU_PROFILING_ENABLE : STARPU_PROFILING_DISABLE);
@@ -343,6 +395,7 @@ static struct starpu_task *make_task(struct run *R, int k, uint64_t tag0, int ti
   t->tag_id = tag0 | (uint64_t)k; /* identifies the task; edges are task to task, so use_tag stays 0 */
   t->destroy = 0;                 /* deps and profiling are read after completion */
   t->sequential_consistency = 0;
+  t->where = nd->place.dev == GRAPH_DEV_CUDA ? STARPU_CUDA : STARPU_CPU; /* the plan's placement, never moved */
   t->priority = sched_priority(R->g, k, tiles, starpu_sched_get_min_priority(), starpu_sched_get_max_priority());
   sp__task_buffers(t, R->g, nd, R->r, R->h, &A->map);
   return t;

@@ -2,7 +2,8 @@
 # env.sh: CLI test of `cedar env`, `cedar --help` and `cedar version`.
 #
 # Checks that `cedar env` (text and --json) names StarPU, hwloc and a CUDA
-# line (devices, or the CUDA error name / "not built with CUDA"), that the
+# line (devices, or the CUDA error name / "not built with CUDA"), the CUDA
+# kernels built and whether nodes run on CUDA (or why not), that the
 # JSON parses and lists at least one StarPU worker, that bad flags are usage
 # errors (exit 2), that `cedar --help` lists `env`, and that `cedar version`
 # prints a version. It does not check the values, which depend on the machine.
@@ -31,6 +32,8 @@ expect_grep "$tmp/env.txt" '^ +[0-9]+ +CPU ' "env: at least one CPU worker"
 expect_grep "$tmp/env.txt" '^CUDA devices:' "env: CUDA devices section"
 expect_grep "$tmp/env.txt" '^  ([0-9]+  .*compute capability [0-9]+\.[0-9]+|none: (cudaError[A-Za-z]+|not built with CUDA|the CUDA runtime reports 0))' \
   "env: CUDA devices or the reason there are none"
+expect_grep "$tmp/env.txt" '^CUDA kernels: [0-9]+ of [0-9]+ ops.*[0-9]+ of [0-9]+ node op groups' "env: CUDA kernels built"
+expect_grep "$tmp/env.txt" '^  nodes (run on CUDA here|do not run on CUDA here: .+)' "env: whether nodes run on CUDA, or why not"
 
 # STARPU_NCPU is honoured.
 STARPU_NCPU=1 "$cedar" env >"$tmp/env1.txt" 2>/dev/null || fail "STARPU_NCPU=1 cedar env exited $?"
@@ -56,6 +59,10 @@ assert len(d["starpu"]["workers"]) >= 1, "starpu.workers"
 cu = d["cuda_devices"]
 assert cu["devices"] or cu["error_name"].startswith(("cudaError", "not built with CUDA")) \
     or cu["count"] == 0, "cuda_devices: neither devices nor a reason"
+k = d["cuda_kernels"]
+assert k["ops_total"] >= 1 and k["op_groups_total"] >= 1, "cuda_kernels totals"
+assert isinstance(k["ops"], list) and isinstance(k["op_groups"], list), "cuda_kernels lists"
+assert k["runs_nodes"] or k["why_not"], "cuda_kernels: neither runs_nodes nor a reason"
 PY
 fi
 
