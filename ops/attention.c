@@ -451,7 +451,7 @@ int op_sparse_attn_prepare(const struct op_desc *self, struct op_io *io, struct 
 }
 
 static int sparse_attn_run(const struct op_desc *self, struct op_io *io) {
-  struct op_attn_call c;
+  struct op_attn_call c = {0};
   int rc = op_sparse_attn_prepare(self, io, &c);
   if (rc) return rc;
   op_sparse_attn(c.o, c.n_used, c.q, c.pos, c.topk, c.topk ? &c.kv : NULL, c.has_swa ? &c.swa : NULL, c.S, &c.pr);
@@ -483,7 +483,7 @@ int op_oproj_prepare(const struct op_desc *self, struct op_io *io, struct op_opr
 }
 
 static int oproj_run(const struct op_desc *self, struct op_io *io) {
-  struct op_oproj_call c;
+  struct op_oproj_call c = {0};
   int rc = op_oproj_prepare(self, io, &c);
   if (!rc) op_grouped_oproj(c.a, c.z, c.o, c.w_oa, c.w_ob, c.S, c.heads, c.head_dim, c.G, c.o_rank, c.hidden);
   return rc;

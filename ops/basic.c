@@ -268,7 +268,7 @@ int op_embed_check_tokens(struct op_io *io, const struct op_embed_call *c) {
 }
 
 static int embed_run(const struct op_desc *self, struct op_io *io) {
-  struct op_embed_call c;
+  struct op_embed_call c = {0};
   int rc = op_embed_prepare(self, io, &c);
   if (rc) return rc;
   return op_embed(c.out, c.table, c.tok, c.n, c.d, c.vocab) >= 0 ? op_embed_check_tokens(io, &c) : 0;
@@ -298,7 +298,7 @@ int op_rmsnorm_prepare(const struct op_desc *self, struct op_io *io, struct op_r
 }
 
 static int rmsnorm_run(const struct op_desc *self, struct op_io *io) {
-  struct op_rmsnorm_call c;
+  struct op_rmsnorm_call c = {0};
   int rc = op_rmsnorm_prepare(self, io, &c);
   if (!rc) op_rmsnorm(c.out, c.x, c.gamma, c.n, c.d, c.eps);
   return rc;
@@ -326,7 +326,7 @@ int op_linear_prepare(const struct op_desc *self, struct op_io *io, struct op_li
 }
 
 static int linear_run(const struct op_desc *self, struct op_io *io) {
-  struct op_linear_call c;
+  struct op_linear_call c = {0};
   int rc = op_linear_prepare(self, io, &c);
   if (!rc) op_linear(c.y, c.x, c.w, c.n, c.in, c.out, c.in, c.out);
   return rc;

@@ -371,7 +371,7 @@ int op_engram_hash_bad_token(struct op_io *io, const struct op_engram_hash_call 
 }
 
 static int engram_hash_run(const struct op_desc *self, struct op_io *io) {
-  struct op_engram_hash_call c;
+  struct op_engram_hash_call c = {0};
   int rc = op_engram_hash_prepare(self, io, &c);
   if (rc) return rc;
   int bad = op_engram_hash(c.rows, c.tok, c.dead, c.cmap, c.mult, c.orders, c.prime, c.offset, c.n_hist, c.n, c.vocab,
@@ -449,7 +449,7 @@ int op_engram_gather_prepare(const struct op_desc *self, struct op_io *io, struc
 }
 
 static int engram_gather_run(const struct op_desc *self, struct op_io *io) {
-  struct op_engram_gather_call c;
+  struct op_engram_gather_call c = {0};
   int rc = op_engram_gather_prepare(self, io, &c);
   if (!rc) op_engram_gather(c.e, c.table, c.rows, c.n, c.tables, c.head_dim, c.block, c.n_rows);
   return rc;
@@ -504,7 +504,7 @@ int op_engram_inject_prepare(const struct op_desc *self, struct op_io *io, struc
 }
 
 static int engram_inject_run(const struct op_desc *self, struct op_io *io) {
-  struct op_engram_inject_call c;
+  struct op_engram_inject_call c = {0};
   int rc = op_engram_inject_prepare(self, io, &c);
   if (rc) return rc;
   memcpy(c.X_next, c.X, (size_t)c.n * c.hc * c.hidden * sizeof *c.X_next);

@@ -108,7 +108,7 @@ int op_fmt_prepare(const struct op_desc *self, struct op_io *io, enum op_fmt_kin
 }
 
 static int pack_run(const struct op_desc *self, struct op_io *io, enum fmt_kind kind) {
-  struct op_fmt_call c;
+  struct op_fmt_call c = {0};
   struct fmt_args a;
   int rc = op_fmt_prepare(self, io, (enum op_fmt_kind)kind, true, &c);
   if (rc) return rc;
@@ -119,7 +119,7 @@ static int pack_run(const struct op_desc *self, struct op_io *io, enum fmt_kind 
 }
 
 static int unpack_run(const struct op_desc *self, struct op_io *io, enum fmt_kind kind) {
-  struct op_fmt_call c;
+  struct op_fmt_call c = {0};
   struct fmt_args a;
   int rc = op_fmt_prepare(self, io, (enum op_fmt_kind)kind, false, &c);
   if (rc) return rc;

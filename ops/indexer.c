@@ -514,7 +514,7 @@ int op_indexer_topk_prepare(const struct op_desc *self, struct op_io *io, struct
 }
 
 static int indexer_topk_run(const struct op_desc *self, struct op_io *io) {
-  struct op_indexer_topk_call c;
+  struct op_indexer_topk_call c = {0};
   int rc = op_indexer_topk_prepare(self, io, &c);
   if (rc) return rc;
   size_t wb = op_indexer_topk_work_bytes(&c.kv, c.pos, c.S, c.pool ? c.pool_block : 0);
@@ -574,7 +574,7 @@ int op_reindex_prepare(const struct op_desc *self, struct op_io *io, struct op_r
 }
 
 static int reindex_run(const struct op_desc *self, struct op_io *io) {
-  struct op_reindex_call c;
+  struct op_reindex_call c = {0};
   int rc = op_reindex_prepare(self, io, &c);
   if (rc) return rc;
   size_t wb = op_indexer_reindex_work_bytes(&c.kv, c.pool_block, c.pool_top);

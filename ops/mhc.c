@@ -502,28 +502,28 @@ int op_mhc_prepare(const struct op_desc *self, struct op_io *io, enum op_mhc_kin
 }
 
 static int mhc_coeffs_run(const struct op_desc *self, struct op_io *io) {
-  struct op_mhc_call c;
+  struct op_mhc_call c = {0};
   int rc = op_mhc_prepare(self, io, OP_MHC_COEFFS, &c);
   if (!rc) op_mhc_coeffs(c.pre, c.post, c.C, c.dots, c.sumsq, c.X, c.W_fn, c.scale, c.base, c.n, &c.cfg);
   return rc;
 }
 
 static int mhc_mix_run(const struct op_desc *self, struct op_io *io) {
-  struct op_mhc_call c;
+  struct op_mhc_call c = {0};
   int rc = op_mhc_prepare(self, io, OP_MHC_MIX, &c);
   if (!rc) op_mhc_mix(c.u, c.X, c.pre_in, c.n, c.cfg.hc, c.cfg.hidden);
   return rc;
 }
 
 static int mhc_update_run(const struct op_desc *self, struct op_io *io) {
-  struct op_mhc_call c;
+  struct op_mhc_call c = {0};
   int rc = op_mhc_prepare(self, io, OP_MHC_UPDATE, &c);
   if (!rc) op_mhc_update(c.X_next, c.X, c.C_in, c.post_in, c.F, c.n, c.cfg.hc, c.cfg.hidden);
   return rc;
 }
 
 static int mhc_merge_run(const struct op_desc *self, struct op_io *io) {
-  struct op_mhc_call c;
+  struct op_mhc_call c = {0};
   int rc = op_mhc_prepare(self, io, OP_MHC_MERGE, &c);
   if (!rc) op_mhc_merge(c.y, c.pre, c.X, c.W_fn, c.scale[0], c.base, c.n, &c.cfg);
   return rc;

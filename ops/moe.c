@@ -299,7 +299,7 @@ int op_moe_prepare(const struct op_desc *self, struct op_io *io, struct op_moe_c
 }
 
 static int moe_run(const struct op_desc *self, struct op_io *io) {
-  struct op_moe_call c;
+  struct op_moe_call c = {0};
   int rc = op_moe_prepare(self, io, &c);
   if (rc) return rc;
   size_t bytes = op_moe_workspace_bytes(c.n, &c.cfg);

@@ -199,7 +199,7 @@ int op_rope_prepare(const struct op_desc *self, struct op_io *io, struct op_rope
 }
 
 static int rope_run(const struct op_desc *self, struct op_io *io) {
-  struct op_rope_call c;
+  struct op_rope_call c = {0};
   int rc = op_rope_prepare(self, io, &c);
   if (rc) return rc;
   memcpy(c.y, c.x, (size_t)c.n * c.heads * c.r.dim * sizeof *c.y);

@@ -222,7 +222,7 @@ int op_sample_bad_row(struct op_io *io, int64_t row) {
 }
 
 static int sample_run(const struct op_desc *self, struct op_io *io) {
-  struct op_sample_call c;
+  struct op_sample_call c = {0};
   int rc = op_sample_prepare(self, io, &c);
   if (rc) return rc;
   int64_t n = c.n, V = c.V;
