@@ -102,6 +102,38 @@ int run_text_prompt(struct run_text *t, const char *text, bool raw, const char *
   return 0;
 }
 
+int run_text_turn(struct run_text *t, const char *text, bool raw, int32_t last_id, int32_t **ids, int64_t *n,
+                  char *err, size_t len) {
+  if (raw || last_id < 0) return run_text_prompt(t, text, raw, NULL, ids, n, NULL, err, len);
+  if (!*text) {
+    snprintf(err, len, "\"prompt\" is empty");
+    return CEDAR_EINVAL;
+  }
+  if (!t->chat.user || !t->chat.assistant || t->eos_id < 0) {
+    snprintf(err, len, "%s: a later chat turn needs the template's user and assistant literals and an EOS the "
+             "tokenizer knows (%s); give \"raw\": true", t->have_config ? t->chat.path : "no tokenizer_config.json",
+             t->chat.user ? "no EOS" : t->chat.why);
+    return CEDAR_EINVAL;
+  }
+  /* the template's assistant turn ends with EOS: the one generated, or added here */
+  size_t tl = strlen(t->chat.user) + strlen(text) + strlen(t->chat.assistant);
+  char *turn = cedar_xmalloc(tl + 1);
+  snprintf(turn, tl + 1, "%s%s%s", t->chat.user, text, t->chat.assistant);
+  int32_t *out = cedar_xmalloc(sizeof(int32_t));
+  size_t k = 0, cap = 1;
+  if (last_id != t->eos_id) out[k++] = t->eos_id;
+  int rc = tok_encode(t->tok, turn, tl, &out, &k, &cap);
+  free(turn);
+  if (rc) {
+    free(out);
+    snprintf(err, len, "cannot encode the prompt (%s)", rc == CEDAR_ENOMEM ? "out of memory" : "too long");
+    return rc;
+  }
+  *ids = out;
+  *n = (int64_t)k;
+  return 0;
+}
+
 int run_text_fits(const struct run_text *t, const int32_t *ids, int64_t n, int vocab, const char *plan, char *err,
                   size_t len) {
   int64_t at = -1;

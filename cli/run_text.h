@@ -47,6 +47,14 @@ void run_text_close(struct run_text *t);
 int run_text_prompt(struct run_text *t, const char *text, bool raw, const char *system, int32_t **ids, int64_t *n,
                     char **rendered, char *err, size_t len);
 
+/* One user turn of a conversation whose ids so far end with last_id (-1:
+ * none, the first turn): the first turn is run_text_prompt's; a later one
+ * is U + text + A (rules of runtime/chat_template.h) after an EOS when
+ * last_id is not EOS, as the template closes an assistant turn
+ * ('<｜Assistant｜>' + content + EOS). raw: the text encoded as is. */
+int run_text_turn(struct run_text *t, const char *text, bool raw, int32_t last_id, int32_t **ids, int64_t *n,
+                  char *err, size_t len);
+
 /* CEDAR_EINVAL with err when an id is >= vocab (both sizes named), else 0. */
 int run_text_fits(const struct run_text *t, const int32_t *ids, int64_t n, int vocab, const char *plan, char *err,
                   size_t len);
