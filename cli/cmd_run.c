@@ -3,7 +3,9 @@
  * StarPU one (runtime/engine.h opens plan, weights, model, pools and the
  * executor; runtime/generate.h runs the request).
  *
- * Prints the generated ids, TTFT, first and steady ITL, token-layers, bytes
+ * --prompt TEXT is text (cli/run_text.h: the chat format, the vocab check,
+ * the output streamed as text until EOS, --stop or --max-new).
+ * Prints the generated ids (or text), TTFT, first and steady ITL, token-layers, bytes
  * by state class (checked against `cedar plan cost` for the same length),
  * peak memory and time by op group; --json prints the same as one object.
  * --exact-replay runs the prompt a second time with the decoder replaying
@@ -11,7 +13,7 @@
  * drift. --dump writes logits, tokens and caches as safetensors for the
  * oracle comparison (tests/oracle/compare.py). --trace writes what ran as
  * Chrome Trace Event JSON (viz/trace.h), --dot the prefill graph as DOT.
- * Tested by tests/cli/run.sh, tests/cli/oracle_run.sh and tests/cli/trace.sh.
+ * Tested by tests/cli/run.sh, run_text.sh, oracle_run.sh and trace.sh.
  */
 #include <cJSON.h>
 #include <errno.h>
@@ -55,7 +57,7 @@ static const char usage[] =
     "                    index; docs/checkpoints.md): its config gives the plan, or --plan P is\n"
     "                    checked against it; its tensors are the weights\n"
     "  --seed S          without --weights: synthetic weights from seed S (default 0), as\n"
-    "                    `cedar weights init` makes them; also seeds sampling\n"
+    "                    `cedar weights init` makes them; also seeds sampling (unless --sample-seed)\n"
     "  --prompt TEXT     text through the DeepSeek tokenizer and its chat format (below)\n"
     "  --tokens LIST     comma-separated token ids (the output is ids)\n"
     "  --tokenizer PATH  a tokenizer.json: the Engram token map comes from it (Appendix V #18) when\n"
