@@ -406,7 +406,9 @@ static void report_text(const struct plan *p, const struct ropts *o, const struc
   if (o->out) {
     run_text_report(o->out, o->raw ? "raw text" : "chat format", o->prompt_ids, n, res->tokens, res->n_tokens, o->ids);
   } else {
-    printf("prompt %" PRId64 " tokens; generated %d:", n, res->n_tokens);
+    printf("prompt %" PRId64 " tokens", n);
+    for (int64_t i = 0; o->ids && i < n; i++) printf("%s%d", i ? " " : ": ", o->prompt_ids[i]);
+    printf("; generated %d:", res->n_tokens);
     for (int i = 0; i < res->n_tokens; i++) printf(" %d", res->tokens[i]);
     printf("\n");
   }
@@ -469,6 +471,7 @@ static void report_json(const struct plan *p, const struct ropts *o, const struc
   cJSON_AddNumberToObject(j, "prompt_tokens", (double)n);
   if (o->engram_map) cJSON_AddStringToObject(j, "engram_map", o->engram_map);
   if (o->out) run_text_json(j, o->out, o->raw ? "raw text" : "chat format", o->prompt_ids, n, o->ids);
+  else if (o->ids) run_text_ids_json(j, o->prompt_ids, n);
   cJSON *t = cJSON_AddArrayToObject(j, "tokens");
   for (int i = 0; i < res->n_tokens; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(res->tokens[i]));
   cJSON_AddNumberToObject(j, "ttft_s", res->ttft_s);
@@ -698,6 +701,7 @@ int cmd_run(int argc, char **argv) {
     goto out;
   }
   int32_t *prompt = q.ids;
+  o.prompt_ids = q.ids;
   int64_t n = q.n;
   if (sink_open(&sk, &o, p, err, sizeof err)) {
     fprintf(stderr, "cedar run: %s\n", err);

@@ -195,13 +195,15 @@ void run_text_report(const struct text_out *o, const char *format, const int32_t
   printf("\n");
 }
 
+void run_text_ids_json(cJSON *j, const int32_t *prompt, int64_t n) {
+  cJSON *a = cJSON_AddArrayToObject(j, "prompt_ids");
+  for (int64_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(prompt[i]));
+}
+
 void run_text_json(cJSON *j, const struct text_out *o, const char *format, const int32_t *prompt, int64_t n,
                    bool ids) {
   cJSON_AddStringToObject(j, "prompt_format", format);
-  if (ids) {
-    cJSON *a = cJSON_AddArrayToObject(j, "prompt_ids");
-    for (int64_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(prompt[i]));
-  }
+  if (ids) run_text_ids_json(j, prompt, n);
   cJSON_AddStringToObject(j, "text", o->text ? o->text : "");
   cJSON_AddStringToObject(j, "end", text_end_name(o->end));
   if (o->end == TEXT_STOP) cJSON_AddStringToObject(j, "stop_string", o->stops[o->stop]);

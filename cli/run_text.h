@@ -76,6 +76,9 @@ void run_text_report(const struct text_out *o, const char *format, const int32_t
 void run_text_json(struct cJSON *j, const struct text_out *o, const char *format, const int32_t *prompt, int64_t n,
                    bool ids);
 
+/* "prompt_ids": [...] (--ids with an ids prompt). */
+void run_text_ids_json(struct cJSON *j, const int32_t *prompt, int64_t n);
+
 /* `cedar run --help`'s lines for the text options. */
 extern const char run_text_usage[];
 

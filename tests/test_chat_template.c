@@ -185,8 +185,35 @@ static void test_npm(void) {
   chat_format_free(&f);
 }
 
+/* 20000 random templates of tag pieces (unclosed tags, quotes, escapes at the end): every one is
+ * recognized or refused with a reason, and never read past its end (ASan builds check that). */
+static void test_random(void) {
+  static const char *pieces[] = {"{%", "%}", "{{", "}}", "{#", "#}", "'", "\"", "\\", "-", " ", "\n", "bos_token",
+                                 "ns.system_prompt", "if message['role'] == 'user'", "+ message['content']", "'<U>'",
+                                 "if add_generation_prompt", "set ns.system_prompt = ns.system_prompt + message['content']",
+                                 "if message['role'] == 'system'", "endif", "x"};
+  uint64_t r = 12345;
+  int ok = 0;
+  for (int rep = 0; rep < 20000; rep++) {
+    char t[512] = "";
+    int n = 1 + (int)(rep % 40);
+    for (int i = 0; i < n; i++) {
+      r = r * 6364136223846793005ull + 1442695040888963407ull;
+      const char *p = pieces[(r >> 33) % (sizeof pieces / sizeof *pieces)];
+      if (strlen(t) + strlen(p) < sizeof t) strcat(t, p);
+    }
+    struct chat_format f = {0};
+    int rc = chat_template_parse(&f, t);
+    ok += rc == 0;
+    EXPECT(rc == 0 ? f.user && f.assistant : !f.user && f.why[0], "rep %d: rc %d without its outputs: '%s'", rep, rc, t);
+    chat_format_free(&f);
+  }
+  printf("random templates: %d of 20000 in the subset\n", ok);
+}
+
 int main(void) {
   test_parse();
+  test_random();
   test_config();
   test_npm();
   return h_report("chat_template");
