@@ -165,6 +165,10 @@ expect_exit 0 run --plan $plan --tokens 5,6,7,8 --max-new 12 --json --temperatur
 [ "$(tokens)" = "$a" ] || fail "the same --sample-seed must give the same ids"
 expect_exit 0 run --plan $plan --tokens 5,6,7,8 --max-new 12 --json --temperature 1.2 --top-k 40 --sample-seed 8
 [ "$(tokens)" != "$a" ] || fail "another --sample-seed gave the same 12 ids"
+expect_exit 0 run --plan $plan --tokens 5,6,7,8 --max-new 2 --json --ids
+[ "$(field "$tmp/out" "j['prompt_ids']")" = "[5, 6, 7, 8]" ] || fail "--ids with --tokens: no prompt_ids"
+expect_exit 0 run --plan $plan --tokens 5,6,7,8 --max-new 2 --ids
+grep -q "^prompt 4 tokens: 5 6 7 8; generated 2:" "$tmp/out" || fail "--ids with --tokens: $(grep prompt "$tmp/out")"
 echo "ok: top-k 1 = greedy, seeds, penalty"
 
 # 6. Refusals.
