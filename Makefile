@@ -2,7 +2,9 @@
 # this file only names the build directories and the flags each job uses.
 #
 #   make               configure + build into build/, then run the main job
-#                      (`cedar run`: the default plan on synthetic weights)
+#                      (`cedar run`: a chat prompt through the DeepSeek tokenizer
+#                      on plans/v41-mini-text.yaml, synthetic weights; the
+#                      text streams out)
 #   make test          build, then ctest in build/ (the README's test command)
 #   make asan          ASan+UBSan (gcc, CPU-only) build in build-asan/, ctest
 #                      there with LeakSanitizer on
@@ -71,7 +73,7 @@ build:
 	cmake --build build -j$(JOBS)
 
 run: build
-	./build/cedar run
+	./build/cedar run --plan plans/v41-mini-text.yaml --prompt "What does an execution plan say about a model?"
 
 test: build
 	$(TEST_ENV) ctest --test-dir build --output-on-failure -j$(JOBS)

@@ -3,7 +3,9 @@
  * StarPU one (runtime/engine.h opens plan, weights, model, pools and the
  * executor; runtime/generate.h runs the request).
  *
- * Prints the generated ids, TTFT, first and steady ITL, token-layers, bytes
+ * --prompt TEXT is text (cli/run_text.h: the chat format, the vocab check,
+ * the output streamed as text until EOS, --stop or --max-new).
+ * Prints the generated ids (or text), TTFT, first and steady ITL, token-layers, bytes
  * by state class (checked against `cedar plan cost` for the same length),
  * peak memory and time by op group; --json prints the same as one object.
  * --exact-replay runs the prompt a second time with the decoder replaying
@@ -11,7 +13,7 @@
  * drift. --dump writes logits, tokens and caches as safetensors for the
  * oracle comparison (tests/oracle/compare.py). --trace writes what ran as
  * Chrome Trace Event JSON (viz/trace.h), --dot the prefill graph as DOT.
- * Tested by tests/cli/run.sh, tests/cli/oracle_run.sh and tests/cli/trace.sh.
+ * Tested by tests/cli/run.sh, run_text.sh, oracle_run.sh and trace.sh.
  */
 #include <cJSON.h>
 #include <errno.h>
@@ -33,6 +35,7 @@
 #include "runtime/engine.h"
 #include "cli/run_dump.h"
 #include "cli/run_pd.h"
+#include "cli/run_text.h"
 #include "runtime/pd.h"
 #include "scheduler/plan_cost.h"
 #include "viz/trace.h"
@@ -45,7 +48,8 @@ static const char default_prompt[] =
 
 static const char usage[] =
     "usage: cedar run [--plan P] [--weights W | --model DIR | --seed S] [--prompt TEXT | --tokens 1,2,3 | --prompt-len N]\n"
-    "                 [--max-new N] [--chunk C] [--replay R] [--temperature T] [--top-p P]\n"
+    "                 [--raw] [--system TEXT] [--stop STR]... [--ids] [--max-new N] [--chunk C] [--replay R]\n"
+    "                 [--temperature T] [--top-p P] [--top-k K] [--repetition-penalty R] [--sample-seed S]\n"
     "                 [--exact-replay] [--dump FILE] [--json] [--tokenizer PATH]\n"
     "                 [--executor direct|starpu] [--sched NAME] [--workers N] [--trace FILE] [--dot FILE]\n"
     "                 [--speculate forced:R[,R...] [--draft-len L] [--verify-len auto|L]]\n"
@@ -57,15 +61,15 @@ static const char usage[] =
     "                    index; docs/checkpoints.md): its config gives the plan, or --plan P is\n"
     "                    checked against it; its tensors are the weights\n"
     "  --seed S          without --weights: synthetic weights from seed S (default 0), as\n"
-    "                    `cedar weights init` makes them; also seeds sampling\n"
-    "  --prompt TEXT     tokenized byte by byte (ids 0-255; the DeepSeek tokenizer is not wired into\n"
-    "                    run yet: `cedar tokenize TEXT` prints its ids for --tokens)\n"
-    "  --tokens LIST     comma-separated token ids\n"
+    "                    `cedar weights init` makes them; also seeds sampling (unless --sample-seed)\n"
+    "  --prompt TEXT     text through the DeepSeek tokenizer and its chat format (below)\n"
+    "  --tokens LIST     comma-separated token ids (the output is ids)\n"
     "  --tokenizer PATH  a tokenizer.json: the Engram token map comes from it (Appendix V #18) when\n"
     "                    its key count is model.engram.compressed_vocab (else id mod compressed_vocab,\n"
     "                    with a warning; with --model a mismatch is an error, and DIR/tokenizer.json\n"
     "                    is the default); the report names the map in use\n"
-    "  --prompt-len N    the built-in text repeated to N tokens (byte tokens); the prompt plus\n"
+    "  --prompt-len N    the built-in text repeated to N tokens (byte tokens, a synthetic workload; without\n"
+    "                    --prompt, --tokens or --prompt-len the built-in text as byte tokens); the prompt plus\n"
     "                    --max-new may not pass the plan's positions (model.rope.csa: 1M for V4.1)\n"
     "                    (default: the built-in text, %zu tokens)\n"
     "  --max-new N       tokens to generate (default 16); the first comes from the prefill\n"
@@ -111,6 +115,13 @@ static const char usage[] =
 struct ropts {
   const char *plan, *weights, *prompt, *tokens, *dump, *sched, *trace, *dot, *model;
   const char *device; /* --device: NULL, "cpu" or "cuda" */
+  const char *system, *stops[16]; /* text: --system, --stop */
+  int n_stops, top_k;
+  float rep_penalty;
+  bool raw, ids, sample_seed_given;
+  const struct text_out *out; /* text: the output (NULL: the output is ids) */
+  const int32_t *prompt_ids;
+  uint64_t sample_seed;
   const char *tokenizer, *engram_map; /* --tokenizer; where the Engram token map came from (for the report) */
   enum rt_executor executor;
   int workers;
@@ -149,6 +160,10 @@ static int parse(int argc, char **argv, struct ropts *o) {
       {"model", required_argument, NULL, 'M'},       {"tokenizer", required_argument, NULL, 'K'},
       {"speculate", required_argument, NULL, 1001},  {"draft-len", required_argument, NULL, 1002},
       {"verify-len", required_argument, NULL, 1003},
+      {"raw", no_argument, NULL, 'R'},               {"system", required_argument, NULL, 'Y'},
+      {"stop", required_argument, NULL, 'Z'},        {"ids", no_argument, NULL, 'I'},
+      {"top-k", required_argument, NULL, 'k' + 256}, {"repetition-penalty", required_argument, NULL, 'R' + 256},
+      {"sample-seed", required_argument, NULL, 's' + 256},
       {0, 0, 0, 0}};
   memset(o, 0, sizeof(*o));
   o->max_new = 16;
@@ -233,7 +248,26 @@ static int parse(int argc, char **argv, struct ropts *o) {
         return cli_usage_error("run", "--device takes cpu or cuda (got '%s')", optarg);
       o->device = optarg;
       break;
-    case 'h': printf(usage, CEDAR_DEFAULT_PLAN, sizeof(default_prompt) - 1); return 0;
+    case 'R': o->raw = true; break;
+    case 'Y': o->system = optarg; break;
+    case 'I': o->ids = true; break;
+    case 'Z':
+      if (!*optarg || o->n_stops == 16) return cli_usage_error("run", "--stop takes a non-empty string, at most 16 times");
+      o->stops[o->n_stops++] = optarg;
+      break;
+    case 'k' + 256:
+      if (!cli_parse_int(optarg, 1, INT32_MAX, &v)) return cli_usage_error("run", "--top-k takes K >= 1");
+      o->top_k = (int)v;
+      break;
+    case 'R' + 256:
+      if (!parse_f(optarg, &o->rep_penalty) || !(o->rep_penalty > 0))
+        return cli_usage_error("run", "--repetition-penalty takes R > 0 (1 = off)");
+      break;
+    case 's' + 256:
+      if (!cli_parse_int(optarg, 0, INT64_MAX, &v)) return cli_usage_error("run", "--sample-seed takes an integer >= 0");
+      o->sample_seed = (uint64_t)v, o->sample_seed_given = true;
+      break;
+    case 'h': printf(usage, CEDAR_DEFAULT_PLAN, sizeof(default_prompt) - 1), fputs(run_text_usage, stdout); return 0;
     default: return cli_usage_error("run", "bad option, or an option without its value: '%s'", argv[optind - 1]);
     }
   }
@@ -250,6 +284,11 @@ static int parse(int argc, char **argv, struct ropts *o) {
     return cli_usage_error("run", "--model DIR is the weights; drop --weights and --seed");
   if (top_p_given && o->temperature == 0)
     return cli_usage_error("run", "--top-p needs --temperature T > 0 (greedy decoding, the default, has no nucleus)");
+  if (o->top_k && o->temperature == 0)
+    return cli_usage_error("run", "--top-k needs --temperature T > 0 (greedy decoding, the default, keeps one id)");
+  if (!o->prompt && (o->raw || o->system || o->n_stops))
+    return cli_usage_error("run", "--raw, --system and --stop go with --prompt TEXT (the output is text only then)");
+  if (o->raw && o->system) return cli_usage_error("run", "--system is part of the chat format; --raw has none");
   if (!executor_given && (o->sched || o->workers || o->trace)) o->executor = RT_EXEC_STARPU; /* they are StarPU's */
   if (o->executor == RT_EXEC_DIRECT && (o->sched || o->workers || o->trace))
     return cli_usage_error("run", "--sched, --workers and --trace need --executor starpu (the direct executor runs "
@@ -332,6 +371,7 @@ struct prompt {
   const struct ropts *o;
   int32_t *ids;
   int64_t n;
+  const struct run_text *text; /* --prompt: ids made already, checked against the vocab here */
 };
 
 static int prompt_on_plan(void *user, const struct plan *p, char *err, size_t len) {
@@ -344,7 +384,8 @@ static int prompt_on_plan(void *user, const struct plan *p, char *err, size_t le
              "(model.rope.csa)", (long long)n, q->o->max_new, (long long)max, p->name);
     return CEDAR_EINVAL;
   }
-  int rc = make_prompt(q->o, p->model.vocab, &q->ids, &q->n, err, len);
+  int rc = q->text ? run_text_fits(q->text, q->ids, q->n, p->model.vocab, p->name, err, len)
+                   : make_prompt(q->o, p->model.vocab, &q->ids, &q->n, err, len);
   if (!rc && q->n + q->o->max_new > max) {
     snprintf(err, len, "a prompt of %lld tokens plus --max-new %d is more than the %lld positions plan %s holds "
              "(model.rope.csa)", (long long)q->n, q->o->max_new, (long long)max, p->name);
@@ -412,9 +453,16 @@ static void report_text(const struct plan *p, const struct ropts *o, const struc
   executor_desc(o, ex, sizeof ex);
   printf(" (fingerprint %s); executor %s; kernels at %s\n", fp, ex, op_isa_name(op_isa()));
   if (o->engram_map) printf("engram token map: %s\n", o->engram_map);
-  printf("prompt %" PRId64 " tokens; generated %d:", n, res->n_tokens);
-  for (int i = 0; i < res->n_tokens; i++) printf(" %d", res->tokens[i]);
-  printf("\nTTFT %.3f s", res->ttft_s);
+  if (o->out) {
+    run_text_report(o->out, o->raw ? "raw text" : "chat format", o->prompt_ids, n, res->tokens, res->n_tokens, o->ids);
+  } else {
+    printf("prompt %" PRId64 " tokens", n);
+    for (int64_t i = 0; o->ids && i < n; i++) printf("%s%d", i ? " " : ": ", o->prompt_ids[i]);
+    printf("; generated %d:", res->n_tokens);
+    for (int i = 0; i < res->n_tokens; i++) printf(" %d", res->tokens[i]);
+    printf("\n");
+  }
+  printf("TTFT %.3f s", res->ttft_s);
   if (res->n_tokens > 1) printf("; ITL first %.2f ms", 1e3 * res->first_itl_s);
   if (res->n_tokens > 2) printf(", steady %.2f ms (%.1f tok/s)", 1e3 * res->steady_itl_s, 1.0 / res->steady_itl_s);
   printf("\ntoken-layers: prefill %" PRId64, res->prefill.token_layers);
@@ -472,6 +520,8 @@ static void report_json(const struct plan *p, const struct ropts *o, const struc
   cJSON_AddStringToObject(j, "weights_fingerprint", fp);
   cJSON_AddNumberToObject(j, "prompt_tokens", (double)n);
   if (o->engram_map) cJSON_AddStringToObject(j, "engram_map", o->engram_map);
+  if (o->out) run_text_json(j, o->out, o->raw ? "raw text" : "chat format", o->prompt_ids, n, o->ids);
+  else if (o->ids) run_text_ids_json(j, o->prompt_ids, n);
   cJSON *t = cJSON_AddArrayToObject(j, "tokens");
   for (int i = 0; i < res->n_tokens; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(res->tokens[i]));
   cJSON_AddNumberToObject(j, "ttft_s", res->ttft_s);
@@ -659,13 +709,31 @@ int cmd_run(int argc, char **argv) {
       return 1;
     }
   }
-  struct prompt q = {&o, NULL, 0};
+  if (o.speculate && (o.prompt || o.top_k || (o.rep_penalty != 0 && o.rep_penalty != 1) || o.n_stops || o.ids)) {
+    fprintf(stderr, "cedar run: --speculate runs on ids (--tokens or --prompt-len) with greedy or temperature/top-p "
+                    "sampling; text prompts, --stop, --ids, --top-k and --repetition-penalty are not wired into it yet\n");
+    return 1;
+  }
+  struct prompt q = {&o, NULL, 0, NULL};
+  struct run_text tx = {0};
+  struct text_out tout = {0};
+  if (o.prompt) { /* text: the tokenizer and the prompt's ids first, checked against the plan's vocab on_plan */
+    if (run_text_open(&tx, "run", o.tokenizer, o.model)) return 1;
+    if (run_text_prompt(&tx, o.prompt, o.raw, o.system, &q.ids, &q.n, NULL, err, sizeof err)) {
+      fprintf(stderr, "cedar run: %s\n", err);
+      run_text_close(&tx);
+      return 1;
+    }
+    q.text = &tx;
+    run_text_out(&tx, &tout, o.stops, o.n_stops, !o.json);
+    o.out = &tout, o.prompt_ids = q.ids;
+  }
   struct plan_diags diags = {0};
   struct weights_problems pr = {0};
   struct rt_engine_opts eo = {.plan = o.plan ? o.plan : o.model ? NULL : cli_default_plan(),
                               .weights = o.weights,
                               .model = o.model,
-                              .tokenizer = o.tokenizer,
+                              .tokenizer = o.tokenizer ? o.tokenizer : o.prompt ? tx.tok_path : NULL,
                               .seed = o.seed,
                               .exec = {.executor = o.executor,
                                        .workers = o.workers,
@@ -696,6 +764,7 @@ int cmd_run(int argc, char **argv) {
     goto out;
   }
   int32_t *prompt = q.ids;
+  o.prompt_ids = q.ids;
   int64_t n = q.n;
   if (sink_open(&sk, &o, p, err, sizeof err)) {
     fprintf(stderr, "cedar run: %s\n", err);
@@ -708,7 +777,11 @@ int cmd_run(int argc, char **argv) {
                            .max_new = o.max_new,
                            .temperature = o.temperature,
                            .top_p = o.top_p,
-                           .seed = o.seed,
+                           .top_k = o.top_k,
+                           .rep_penalty = o.rep_penalty,
+                           .seed = o.sample_seed_given ? o.sample_seed : o.seed,
+                           .on_token = o.out ? text_out_on_token : NULL,
+                           .token_user = &tout,
                            .all_logits = o.dump != NULL,
                            .progress = tty ? progress_cb : NULL,
                            .user = &pg,
@@ -725,6 +798,8 @@ int cmd_run(int argc, char **argv) {
     status = 0;
     goto out;
   }
+  if (o.out) text_out_finish(&tout); /* what a partial character held back, then a line end after the text */
+  if (o.out && !o.json && tout.len && tout.text[tout.len - 1] != '\n') putchar('\n');
   if (grc) {
     if (pg.shown) fputc('\n', stderr);
     fprintf(stderr, "cedar run: %s\n", err);
@@ -769,5 +844,7 @@ out:
   rt_engine_close(&e);
   rt_pd_mpi_end();
   free(q.ids);
+  text_out_free(&tout);
+  run_text_close(&tx);
   return status;
 }

@@ -8,10 +8,12 @@
  *   cedar serve-sim gen [--sessions S] [--turns T] [--first N] [--turn-len N] [--max-new M] [--seed S]
  *
  * A request line: {"id": "s0t3", "session": "s0", "turn": 3, "tokens": [..] or
- * "new_len": N, "max_new": M}. Its prompt is its session's history (every
- * earlier prompt and the tokens generated for it) followed by its new
- * tokens, as a chat client sends it; new_len draws N byte tokens from a
- * seed of (session, turn).
+ * "new_len": N or "prompt": "text", "max_new": M}. Its prompt is its
+ * session's history (every earlier prompt and the tokens generated for it)
+ * followed by its new tokens, as a chat client sends it; new_len draws N
+ * byte tokens from a seed of (session, turn); "prompt" is a user turn in the
+ * tokenizer's chat format (cli/run_text.h; "raw": true encodes it as is),
+ * and its output is text that ends at EOS or a "stop" string.
  * Tested by tests/cli/serve_sim.sh.
  */
 #include <cJSON.h>
@@ -28,6 +30,7 @@
 #include "base/check.h"
 #include "cli/cli.h"
 #include "cli/serve_sim_batch.h"
+#include "cli/run_text.h"
 #include "runtime/engine.h"
 
 static const char usage[] =
@@ -41,7 +44,13 @@ static const char usage[] =
     "the hit (global blocks, snapshot), encoder replay and suffix positions, decoder replay\n"
     "positions (of which cached), token-layers, new global entries, bytes reused per tier (global\n"
     "blocks from memory, the encoder snapshot, global blocks loaded from disk) and TTFT. A line: {\"id\", \"session\", \"turn\", \"tokens\": [...] |\n"
-    "\"new_len\": N, \"max_new\": M}; the prompt is the session's history plus the new tokens.\n"
+    "\"new_len\": N | \"prompt\": \"text\", \"max_new\": M}; the prompt is the session's history plus the new tokens.\n"
+    "A \"prompt\" is a user turn in the chat format of the tokenizer's tokenizer_config.json (the first\n"
+    "turn opens with BOS; a later one closes the assistant's turn with EOS first when it did not end\n"
+    "with one), or with \"raw\": true its text as it is; its output is text (\"text\" in --json, a\n"
+    "line under the row in the table), ending at EOS or at one of \"stop\": [\"...\"] (docs/tokenizer.md).\n"
+    "  --tokenizer PATH the tokenizer.json for text requests and the Engram token map (default: --model\n"
+    "                   DIR's own, else the npm cache this build found, for text requests only)\n"
     "  --model DIR      a checkpoint directory in the released layout (docs/checkpoints.md): its\n"
     "                   config gives the plan (or --plan P is checked against it), its tensors the weights\n"
     "  --weights W      safetensors weights checked against the plan; else --seed S: synthetic\n"
@@ -59,7 +68,7 @@ static const char usage[] =
     "--max-new tokens generated per turn (default 16), interleaved turn by turn across sessions;\n"
     "its output is JSON lines with or without --json.\n"
     "Request lines are checked as they are read: \"id\" and \"session\" strings; one of \"tokens\" (ids\n"
-    "in [0, vocab)) or \"new_len\" (1..16777216); \"max_new\" (1..1048576, default 16, as `cedar run`);\n"
+    "in [0, vocab)), \"new_len\" (1..16777216) or \"prompt\" (its ids in [0, vocab)); \"max_new\" (1..1048576, default 16, as `cedar run`);\n"
     "\"turn\" and \"seed\" (whole numbers >= 0); no other key. A bad line fails alone, naming its\n"
     "number; the session's history plus the line's tokens and max_new must fit the plan's positions.\n"
     "FILE is a regular file of at most 256 MiB (or - for stdin), lines at most 16 MiB.\n";
@@ -105,7 +114,7 @@ struct session {
 };
 
 struct sopts {
-  const char *plan, *weights, *requests, *cache_dir, *model;
+  const char *plan, *weights, *requests, *cache_dir, *model, *tokenizer;
   uint64_t seed;
   int64_t cache_bytes;
   bool no_cache, no_swa, json, have_cache_bytes;
@@ -135,7 +144,13 @@ static void hist_push(struct session *s, int32_t t) {
  * are whole numbers a double holds exactly, no unknown key. */
 struct req {
   const char *id, *session;
-  const cJSON *tokens;   /* or NULL: new_len */
+  const cJSON *tokens;   /* or NULL: new_len or prompt */
+  const char *prompt;    /* text, or NULL */
+  bool raw;
+  const char *stops[16];
+  int n_stops;
+  int32_t *text_ids;     /* the prompt's ids for its session (drive) */
+  int64_t n_text;
   int64_t new_len, max_new, turn, seed;
 };
 
@@ -157,8 +172,42 @@ static bool req_int(const cJSON *j, const char *k, int64_t lo, int64_t hi, int64
   return true;
 }
 
+/* "prompt" (a non-empty string), "raw" (a boolean, with a prompt), "stop"
+ * (up to 16 non-empty strings, with a prompt). */
+static int parse_text(const cJSON *j, long line, struct req *q, char *err, size_t len) {
+  const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt"), *raw = cJSON_GetObjectItemCaseSensitive(j, "raw"),
+              *stop = cJSON_GetObjectItemCaseSensitive(j, "stop"), *s;
+  if (p && (!cJSON_IsString(p) || !*p->valuestring)) {
+    snprintf(err, len, "line %ld: \"prompt\" must be a non-empty string", line);
+    return CEDAR_EINVAL;
+  }
+  if ((raw || stop) && !p) {
+    snprintf(err, len, "line %ld: \"raw\" and \"stop\" go with \"prompt\"", line);
+    return CEDAR_EINVAL;
+  }
+  if (raw && !cJSON_IsBool(raw)) {
+    snprintf(err, len, "line %ld: \"raw\" must be true or false", line);
+    return CEDAR_EINVAL;
+  }
+  if (stop && (!cJSON_IsArray(stop) || cJSON_GetArraySize(stop) > 16)) {
+    snprintf(err, len, "line %ld: \"stop\" must be an array of at most 16 strings", line);
+    return CEDAR_EINVAL;
+  }
+  cJSON_ArrayForEach(s, stop) {
+    if (!cJSON_IsString(s) || !*s->valuestring) {
+      snprintf(err, len, "line %ld: \"stop\" must hold non-empty strings", line);
+      return CEDAR_EINVAL;
+    }
+    q->stops[q->n_stops++] = s->valuestring;
+  }
+  q->prompt = p ? p->valuestring : NULL;
+  q->raw = cJSON_IsTrue(raw);
+  return 0;
+}
+
 static int parse_request(const cJSON *j, int vocab, long line, struct req *q, char *err, size_t len) {
-  static const char *const keys[] = {"id", "session", "turn", "tokens", "new_len", "max_new", "seed"};
+  static const char *const keys[] = {"id", "session", "turn", "tokens", "new_len", "max_new", "seed", "prompt", "raw",
+                                     "stop"};
   memset(q, 0, sizeof(*q));
   if (!cJSON_IsObject(j)) {
     snprintf(err, len, "line %ld: not a request (a JSON object with \"id\" and \"session\" strings)", line);
@@ -168,8 +217,8 @@ static int parse_request(const cJSON *j, int vocab, long line, struct req *q, ch
     size_t k = 0;
     while (k < sizeof keys / sizeof keys[0] && strcmp(c->string, keys[k])) k++;
     if (k == sizeof keys / sizeof keys[0]) {
-      snprintf(err, len, "line %ld: unknown key \"%s\" (a request has id, session, turn, tokens or new_len, "
-               "max_new, seed)", line, c->string);
+      snprintf(err, len, "line %ld: unknown key \"%s\" (a request has id, session, turn, tokens or new_len or "
+               "prompt, max_new, seed, raw, stop)", line, c->string);
       return CEDAR_EINVAL;
     }
   }
@@ -182,8 +231,9 @@ static int parse_request(const cJSON *j, int vocab, long line, struct req *q, ch
   q->session = sid->valuestring;
   const cJSON *tok = cJSON_GetObjectItemCaseSensitive(j, "tokens");
   bool has_nl = cJSON_GetObjectItemCaseSensitive(j, "new_len") != NULL;
-  if (!!tok == has_nl) {
-    snprintf(err, len, "line %ld: give one of \"tokens\": [ids] or \"new_len\": N", line);
+  if (parse_text(j, line, q, err, len)) return CEDAR_EINVAL;
+  if (!!tok + has_nl + !!q->prompt != 1) {
+    snprintf(err, len, "line %ld: give one of \"tokens\": [ids], \"new_len\": N or \"prompt\": \"text\"", line);
     return CEDAR_EINVAL;
   }
   if (tok) {
@@ -202,7 +252,7 @@ static int parse_request(const cJSON *j, int vocab, long line, struct req *q, ch
       i++;
     }
     q->tokens = tok;
-  } else if (!req_int(j, "new_len", 1, 1 << 24, -1, &q->new_len, line, err, len)) {
+  } else if (!q->prompt && !req_int(j, "new_len", 1, 1 << 24, -1, &q->new_len, line, err, len)) {
     return CEDAR_EINVAL;
   }
   if (!req_int(j, "max_new", 1, 1 << 20, 16, &q->max_new, line, err, len) ||
@@ -215,6 +265,8 @@ static int parse_request(const cJSON *j, int vocab, long line, struct req *q, ch
 /* The new tokens of a checked request into the session. new_len draws N
  * byte tokens from a seed of (seed, session, turn). */
 static void new_tokens(const struct req *q, struct session *s, int vocab) {
+  for (int64_t i = 0; i < q->n_text; i++) hist_push(s, q->text_ids[i]);
+  if (q->prompt) return;
   if (q->tokens) {
     const cJSON *t;
     cJSON_ArrayForEach(t, q->tokens) hist_push(s, (int32_t)t->valuedouble);
@@ -227,13 +279,50 @@ static void new_tokens(const struct req *q, struct session *s, int vocab) {
   for (int64_t i = 0; i < q->new_len; i++) hist_push(s, (int32_t)(op_rng_next(&rng) % (uint64_t)lim));
 }
 
+/* A text request's ids for its session (the tokenizer opened at the first
+ * one), checked against the plan's vocab; non-zero with err naming the line. */
+static int text_ids(const struct sopts *o, struct run_text *tx, struct req *q, const struct session *s,
+                    const struct plan *p, long line, char *err, size_t len) {
+  char e[900];
+  if (!tx->tok && (tx->eos_id == -2 || run_text_open(tx, "serve-sim", o->tokenizer, o->model))) {
+    tx->eos_id = -2; /* the open failed and said why once: later text requests fail without trying again */
+    snprintf(err, len, "line %ld: a text request needs a tokenizer (see the first error)", line);
+    return CEDAR_EINVAL;
+  }
+  int rc = run_text_turn(tx, q->prompt, q->raw, s->n ? s->hist[s->n - 1] : -1, &q->text_ids, &q->n_text, e, sizeof e);
+  if (!rc) rc = run_text_fits(tx, q->text_ids, q->n_text, p->model.vocab, p->name, e, sizeof e);
+  if (rc) {
+    free(q->text_ids);
+    q->text_ids = NULL;
+    snprintf(err, len, "line %ld: %s", line, e);
+  }
+  return rc;
+}
+
 struct totals {
   int64_t requests, prompt, hit, token_layers, cold_token_layers;
   double ttft;
 };
 
+/* A text request's output: JSON fields, or a line under the table's row. */
+static void print_text(cJSON *row, const struct text_out *tx, int n_tokens) {
+  if (row) {
+    cJSON_AddStringToObject(row, "text", tx->text);
+    cJSON_AddStringToObject(row, "end", text_end_name(tx->end));
+    if (tx->end == TEXT_STOP) cJSON_AddStringToObject(row, "stop_string", tx->stops[tx->stop]);
+    return;
+  }
+  char end[512];
+  run_text_end(tx, n_tokens, end, sizeof end);
+  cJSON *t = cJSON_CreateString(tx->text);
+  char *q = cJSON_PrintUnformatted(t); /* one line: newlines and quotes escaped */
+  printf("  text, ended by %s: %s\n", end, q);
+  free(q);
+  cJSON_Delete(t);
+}
+
 static void print_row(const char *id, const struct session *s, int64_t n, const struct rt_gen_result *g, bool json,
-                      struct totals *tt) {
+                      const struct text_out *tx, struct totals *tt) {
   const struct rt_hit_report *h = &g->hit;
   tt->requests++;
   tt->prompt += n;
@@ -264,6 +353,7 @@ static void print_row(const char *id, const struct session *s, int64_t n, const 
     cJSON_AddNumberToObject(j, "ttft_s", g->ttft_s);
     cJSON *t = cJSON_AddArrayToObject(j, "tokens");
     for (int i = 0; i < g->n_tokens; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(g->tokens[i]));
+    if (tx) print_text(j, tx, g->n_tokens);
     char *txt = cJSON_PrintUnformatted(j);
     printf("%s\n", txt);
     free(txt);
@@ -275,6 +365,7 @@ static void print_row(const char *id, const struct session *s, int64_t n, const 
          id, s->name, n, h->hit, h->swa_hit ? "yes" : "no", h->encoder_replay, h->encoder_positions, h->decoder_replay,
          h->decoder_cached, g->prefill.token_layers, h->new_entries, h->bytes_attached - h->bytes_from_disk,
          h->bytes_restored, h->bytes_from_disk, 1e3 * g->ttft_s);
+  if (tx) print_text(NULL, tx, g->n_tokens);
 }
 
 /* The last JSON line of `serve-sim --json`: {"totals": {...}, "cache": {...}}
@@ -316,7 +407,7 @@ static int parse(int argc, char **argv, struct sopts *o) {
       {"cache-dir", required_argument, NULL, 'd'}, {"cache-bytes", required_argument, NULL, 'b'},
       {"executor", required_argument, NULL, 'E'}, {"json", no_argument, NULL, 'j'},
       {"help", no_argument, NULL, 'h'},           {"model", required_argument, NULL, 'M'},
-      {0, 0, 0, 0}};
+      {"tokenizer", required_argument, NULL, 'K'}, {0, 0, 0, 0}};
   memset(o, 0, sizeof(*o));
   int c;
   int64_t v;
@@ -329,6 +420,7 @@ static int parse(int argc, char **argv, struct sopts *o) {
     case 'p': o->plan = optarg; break;
     case 'w': o->weights = optarg; break;
     case 'M': o->model = optarg; break;
+    case 'K': o->tokenizer = optarg; break;
     case 's':
       if (!cli_parse_int(optarg, 0, INT32_MAX, &v)) return cli_usage_error("serve-sim", "--seed takes S >= 0");
       o->seed = (uint64_t)v;
@@ -393,6 +485,7 @@ static int drive(const struct sopts *o, struct rt_engine *e, FILE *in) {
   char *line = NULL, err[1024];
   size_t cap = 0;
   long lineno = 0;
+  struct run_text tx = {0}; /* opened at the first text request */
   if (!o->json)
     printf("%-10s %-6s %7s %7s %4s %7s %7s %12s %9s %8s %10s %10s %10s %9s\n", "id", "sess", "prompt", "hit", "swa",
            "encrep", "encpos", "dec/cached", "tok-lay", "new-ent", "memory-B", "snap-B", "disk-B", "ttft-ms");
@@ -419,18 +512,29 @@ static int drive(const struct sopts *o, struct rt_engine *e, FILE *in) {
     }
     struct session *s = session_of(&ss, &n_ss, q.session);
     int64_t before = s->n;
-    int64_t want = s->n + (q.tokens ? cJSON_GetArraySize(q.tokens) : q.new_len) + q.max_new;
+    if (q.prompt && text_ids(o, &tx, &q, s, p, lineno, err, sizeof err)) {
+      fprintf(stderr, "cedar serve-sim: %s: %s\n", o->requests, err);
+      cJSON_Delete(j);
+      status = 1;
+      continue;
+    }
+    int64_t want = s->n + (q.tokens ? cJSON_GetArraySize(q.tokens) : q.prompt ? q.n_text : q.new_len) + q.max_new;
     if (want > plan_max_positions(p)) {
       fprintf(stderr, "cedar serve-sim: %s: line %ld: the session's history, the new tokens and max_new need %" PRId64
               " positions; plan %s holds at most %" PRId64 " (model.rope.csa)\n", o->requests, lineno, want, p->name,
               plan_max_positions(p));
       cJSON_Delete(j);
+      free(q.text_ids);
       status = 1;
       continue;
     }
     new_tokens(&q, s, p->model.vocab);
+    free(q.text_ids);
+    struct text_out out = {0};
+    if (q.prompt) run_text_out(&tx, &out, q.stops, q.n_stops, false);
     int max_new = (int)q.max_new;
-    struct rt_gen_opts go = {.replay = -1, .max_new = max_new, .top_p = 1, .seed = o->seed};
+    struct rt_gen_opts go = {.replay = -1, .max_new = max_new, .top_p = 1, .seed = o->seed,
+                             .on_token = q.prompt ? text_out_on_token : NULL, .token_user = &out};
     struct rt_request r;
     struct rt_gen_result g;
     int64_t n = s->n;
@@ -439,9 +543,11 @@ static int drive(const struct sopts *o, struct rt_engine *e, FILE *in) {
       s->n = before;
       status = 1;
     } else {
-      print_row(q.id, s, n, &g, o->json, &tt);
+      if (q.prompt) text_out_finish(&out);
+      print_row(q.id, s, n, &g, o->json, q.prompt ? &out : NULL, &tt);
       for (int i = 0; i < g.n_tokens; i++) hist_push(s, g.tokens[i]);
     }
+    text_out_free(&out);
     rt_gen_result_free(&g);
     rt_engine_request_free(e, &r);
     cJSON_Delete(j);
@@ -470,6 +576,7 @@ static int drive(const struct sopts *o, struct rt_engine *e, FILE *in) {
   }
   for (int i = 0; i < n_ss; i++) free(ss[i].hist);
   free(ss);
+  run_text_close(&tx);
   return status;
 }
 
@@ -499,6 +606,7 @@ int cmd_serve_sim(int argc, char **argv) {
       .plan = o.plan ? o.plan : o.model ? NULL : cli_default_plan(),
       .weights = o.weights,
       .model = o.model,
+      .tokenizer = o.tokenizer,
       .seed = o.seed,
       .exec = {.executor = o.executor},
       .cache = {.on = !o.no_cache, .capacity_bytes = o.have_cache_bytes ? o.cache_bytes : -1,

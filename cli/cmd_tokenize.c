@@ -1,7 +1,7 @@
 /* cmd_tokenize.c: `cedar tokenize` and `cedar detokenize` (text <-> ids with
  * the DeepSeek-V3 tokenizer, runtime/tokenizer.h, docs/tokenizer.md).
  *
- *   cedar tokenize [--tokenizer PATH] [--json] [--file F | TEXT]
+ *   cedar tokenize [--tokenizer PATH] [--json] [--chat [--system S]] [--file F | TEXT]
  *   cedar detokenize [--tokenizer PATH] [--skip-special] [--file F | ID...]
  *
  * tokenize prints the ids without special tokens added (no BOS), one line
@@ -10,7 +10,10 @@
  * spaces, commas or newlines, or tokenize's --json output; it prints the
  * text (ill-formed UTF-8 repaired to U+FFFD, as Hugging Face's decode).
  * The tokenizer: --tokenizer PATH, else the npm cache the build found
- * (`make install-deps`), else an error that says so.
+ * (`make install-deps`), else an error that says so. tokenize --chat
+ * renders the text as `cedar run --prompt` does (the chat format of the
+ * tokenizer_config.json beside the tokenizer, cli/run_text.h) and prints
+ * the ids run would prefill.
  */
 #include <cJSON.h>
 #include <getopt.h>
@@ -20,11 +23,12 @@
 
 #include "base/check.h"
 #include "cli/cli.h"
+#include "cli/run_text.h"
 #include "runtime/tokenizer.h"
 
 struct tcli_args {
-  const char *tokenizer, *file;
-  int json, skip_special;
+  const char *tokenizer, *file, *system;
+  int json, skip_special, chat;
 };
 
 struct tokenizer *cli_open_tokenizer(const char *cmd, const char *path) {
@@ -58,7 +62,8 @@ char *cli_read_all(const char *cmd, const char *path, size_t *len) {
 static int parse(const char *cmd, int argc, char **argv, struct tcli_args *a, void (*usage)(FILE *)) {
   static const struct option opts[] = {{"tokenizer", required_argument, 0, 't'}, {"file", required_argument, 0, 'f'},
                                        {"json", no_argument, 0, 'j'},           {"skip-special", no_argument, 0, 's'},
-                                       {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+                                       {"help", no_argument, 0, 'h'},           {"chat", no_argument, 0, 'c'},
+                                       {"system", required_argument, 0, 'S'},   {0, 0, 0, 0}};
   memset(a, 0, sizeof *a);
   optind = 1, opterr = 0;
   for (int c; (c = getopt_long(argc, argv, "+h", opts, NULL)) != -1;) {
@@ -67,6 +72,8 @@ static int parse(const char *cmd, int argc, char **argv, struct tcli_args *a, vo
       case 'f': a->file = optarg; break;
       case 'j': a->json = 1; break;
       case 's': a->skip_special = 1; break;
+      case 'c': a->chat = 1; break;
+      case 'S': a->system = optarg; break;
       case 'h': return usage(stdout), -1;
       case ':': return cli_usage_error(cmd, "%s needs a value", argv[optind - 1]);
       default: return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
@@ -76,7 +83,7 @@ static int parse(const char *cmd, int argc, char **argv, struct tcli_args *a, vo
 }
 
 static void tokenize_usage(FILE *f) {
-  fprintf(f, "usage: cedar tokenize [--tokenizer PATH] [--json] [--file F | TEXT]\n"
+  fprintf(f, "usage: cedar tokenize [--tokenizer PATH] [--json] [--chat [--system S]] [--file F | TEXT]\n"
              "\n"
              "Prints the token ids of TEXT (or of file F, '-' for stdin) under the DeepSeek-V3 tokenizer,\n"
              "without special tokens added (no BOS); special tokens written in the text are matched.\n"
@@ -85,9 +92,43 @@ static void tokenize_usage(FILE *f) {
              "options:\n"
              "  --tokenizer PATH  a tokenizer.json (default: the npm cache this build found%s%s)\n"
              "  --file F          read the text from F ('-': stdin)\n"
-             "  --json            print {\"ids\": [...]}\n"
+             "  --json            print {\"ids\": [...]} (with --chat also \"text\": the rendered prompt)\n"
+             "  --chat            render TEXT as a user message in the chat format of the tokenizer_config.json\n"
+             "                    beside the tokenizer (BOS, [system], <｜User｜>TEXT<｜Assistant｜>) and print\n"
+             "                    the ids `cedar run --prompt TEXT` prefills (docs/tokenizer.md)\n"
+             "  --system S        a system message before the user's (with --chat)\n"
              "  -h, --help        show this help\n",
              tok_default_path() ? ", " : ": none", tok_default_path() ? tok_default_path() : "");
+}
+
+/* The ids as one line, or {"ids": [...]} (plus "text" when rendered). */
+static void print_ids(const int32_t *ids, size_t n, int json, const char *rendered) {
+  if (json) {
+    cJSON *root = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(root, "ids");
+    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    if (rendered) cJSON_AddStringToObject(root, "text", rendered);
+    cli_print_json(root);
+  } else {
+    for (size_t i = 0; i < n; i++) printf("%s%d", i ? " " : "", ids[i]);
+    printf("\n");
+  }
+}
+
+/* --chat: the text rendered as `cedar run --prompt` renders it. */
+static int tokenize_chat(const struct tcli_args *a, const char *src) {
+  struct run_text tx;
+  if (run_text_open(&tx, "tokenize", a->tokenizer, NULL)) return 1;
+  int32_t *ids = NULL;
+  int64_t n = 0;
+  char *rendered = NULL, err[1024];
+  int rc = run_text_prompt(&tx, src, false, a->system, &ids, &n, &rendered, err, sizeof err);
+  if (rc)
+    fprintf(stderr, "cedar tokenize: %s\n", err);
+  else
+    print_ids(ids, (size_t)n, a->json, rendered);
+  free(ids), free(rendered);
+  run_text_close(&tx);
+  return rc ? 1 : 0;
 }
 
 int cmd_tokenize(int argc, char **argv) {
@@ -96,9 +137,16 @@ int cmd_tokenize(int argc, char **argv) {
   if (rc) return rc < 0 ? 0 : rc;
   if (!!a.file + (optind < argc) != 1 || argc - optind > 1)
     return cli_usage_error("tokenize", "give the text as one argument or --file F (not both)");
+  if (a.system && !a.chat) return cli_usage_error("tokenize", "--system goes with --chat");
+  if (a.skip_special) return cli_usage_error("tokenize", "--skip-special is detokenize's");
   size_t len = 0;
   char *text = a.file ? cli_read_all("tokenize", a.file, &len) : NULL;
   if (a.file && !text) return 1;
+  if (a.chat) {
+    rc = tokenize_chat(&a, text ? text : argv[optind]);
+    free(text);
+    return rc;
+  }
   struct tokenizer *t = cli_open_tokenizer("tokenize", a.tokenizer);
   if (!t) return free(text), 1;
   int32_t *ids = NULL;
@@ -107,13 +155,8 @@ int cmd_tokenize(int argc, char **argv) {
   rc = tok_encode(t, src, text ? len : strlen(src), &ids, &n, &cap);
   if (rc) {
     fprintf(stderr, "cedar tokenize: %s\n", rc == CEDAR_EINVAL ? "the text is longer than 512 MiB" : "out of memory");
-  } else if (a.json) {
-    cJSON *root = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(root, "ids");
-    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
-    cli_print_json(root);
   } else {
-    for (size_t i = 0; i < n; i++) printf("%s%d", i ? " " : "", ids[i]);
-    printf("\n");
+    print_ids(ids, n, a.json, NULL);
   }
   free(ids), free(text);
   tok_free(t);
@@ -162,6 +205,7 @@ int cmd_detokenize(int argc, char **argv) {
   int rc = parse("detokenize", argc, argv, &a, detokenize_usage);
   if (rc) return rc < 0 ? 0 : rc;
   if (a.file && optind < argc) return cli_usage_error("detokenize", "give ids as arguments or --file F, not both");
+  if (a.chat || a.system) return cli_usage_error("detokenize", "--chat and --system are tokenize's");
   if (!a.file && optind == argc) return cli_usage_error("detokenize", "no ids: give them as arguments or --file F");
   int32_t *ids = NULL;
   size_t n = 0, len;

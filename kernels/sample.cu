@@ -94,9 +94,11 @@ cudaError_t kern_sample_rows(int32_t *ids, float *prob, int32_t *order, const fl
 }
 
 int kern_sample_run(const struct op_desc *self, struct op_io *io) {
-  struct op_sample_call a;
+  struct op_sample_call a = {0};
   int rc = op_sample_prepare(self, io, &a);
   if (rc) return rc;
+  if (a.top_k > 0) /* top-k (ops/sample.h) has no CUDA twin yet: refused, never ignored */
+    return op_io_fail(io, "sample: top_k %d is not implemented by the CUDA kernel yet; run sample on the CPU", a.top_k);
   for (int64_t i = 0; i < a.n; i++) /* the CPU refuses the first unusable row */
     if (!op_sample_row_usable(a.logits + (size_t)i * a.V, a.V)) return op_sample_bad_row(io, i);
   const size_t pb = (size_t)a.n * a.V * sizeof(float);

@@ -100,7 +100,8 @@ static int bucket_of(float p, int shift) {
   return p > 0.0f ? (int)(bits >> shift) : 0;
 }
 
-static int nucleus(int32_t *order, double *kept_mass, const float *prob, int V, double threshold, bool sort_all) {
+static int nucleus(int32_t *order, double *kept_mass, const float *prob, int V, double threshold, bool sort_all,
+                   int max_kept) {
   int shift = MIN_SHIFT; /* no more buckets than ids: a small V does not pay for empty ones */
   while (shift < 31 && (1 << (31 - shift)) > V) shift++;
   int nb = 1 << (31 - shift), edge[MAX_BUCKETS]; /* counts, then starts, then ends = the next one's start */
@@ -118,7 +119,7 @@ static int nucleus(int32_t *order, double *kept_mass, const float *prob, int V, 
     sort_by_prob(order + start, prob, edge[b] - start);
     while (!stop && kept < edge[b] && prob[order[kept]] > 0.0f) {
       mass += prob[order[kept++]];
-      stop = mass >= threshold;
+      stop = mass >= threshold || kept == max_kept; /* max_kept: top-k's count (V when only top-p walks) */
     }
     stop = stop || kept < edge[b]; /* an id with p <= 0: no mass after it */
   }
@@ -137,7 +138,7 @@ static int top_p_filter(float *prob, int32_t *order, int V, float top_p, bool so
   double total = total_mass(prob, V);
   if (!(total > 0.0) || !isfinite(total)) return -1;
   double threshold = top_p >= 1.0f ? total : (double)top_p * total, kept_mass;
-  int kept = nucleus(order, &kept_mass, prob, V, threshold, sort_all);
+  int kept = nucleus(order, &kept_mass, prob, V, threshold, sort_all, V);
   for (int i = kept; i < V; i++) prob[order[i]] = 0.0f;
   for (int i = 0; i < kept; i++) prob[order[i]] = (float)(prob[order[i]] / kept_mass);
   return kept;
@@ -176,6 +177,45 @@ int32_t op_sample(float *prob, int32_t *order, const float *logits, int V, float
   return op_sample_draw(prob, V, rng);
 }
 
+int op_sample_top_k(float *prob, int32_t *order, int V, int top_k, float top_p) {
+  double total = total_mass(prob, V), kept_mass;
+  if (!(total > 0.0) || !isfinite(total)) return -1;
+  if (top_k <= 0 || top_k >= V) return top_p_filter(prob, order, V, top_p, false);
+  /* the k first ids of the placement order (fewer when fewer have p > 0), their mass in that order */
+  int kept = nucleus(order, &kept_mass, prob, V, INFINITY, false, top_k);
+  if (top_p < 1.0f) { /* the nucleus of the k, renormalized: the smallest prefix with top_p of their mass */
+    double threshold = (double)top_p * kept_mass, mass = 0.0;
+    int j = 0;
+    while (j < kept && mass < threshold) mass += prob[order[j++]]; /* threshold > 0: at least one id */
+    kept = j;
+    kept_mass = mass;
+  }
+  for (int i = kept; i < V; i++) prob[order[i]] = 0.0f;
+  for (int i = 0; i < kept; i++) prob[order[i]] = (float)(prob[order[i]] / kept_mass);
+  return kept;
+}
+
+int op_sample_penalize(float *out, const float *logits, int V, const int32_t *seen, int64_t n_seen, float penalty) {
+  for (int64_t i = 0; i < n_seen; i++)
+    if (seen[i] < 0 || seen[i] >= V) return -1;
+  memcpy(out, logits, sizeof(float) * (size_t)V);
+  /* from the unpenalized value: an id seen twice is penalized once */
+  for (int64_t i = 0; i < n_seen; i++) {
+    float l = logits[seen[i]];
+    out[seen[i]] = l < 0.0f ? l * penalty : l / penalty;
+  }
+  return 0;
+}
+
+int32_t op_sample_k(float *prob, int32_t *order, const float *logits, int V, float temperature, int top_k,
+                    float top_p, uint64_t *rng) {
+  if (!(temperature > 0.0f) || top_k <= 0 || top_k >= V)
+    return op_sample(prob, order, logits, V, temperature, top_p, rng); /* top-k off: op_sample's bits */
+  if (op_sample_softmax(prob, logits, V, temperature) != 0) return -1;
+  if (op_sample_top_k(prob, order, V, top_k, top_p) < 0) return -1;
+  return op_sample_draw(prob, V, rng);
+}
+
 /* ---- registry descriptor (ops/registry.h) ------------------------------- */
 
 /* temperature (finite, >= 0; 0 = greedy), top_p in (0, 1], seed an integer a
@@ -198,7 +238,11 @@ bool op_sample_params(const struct op_desc *self, struct op_io *io, float *tempe
 int op_sample_prepare(const struct op_desc *self, struct op_io *io, struct op_sample_call *c) {
   int64_t ld[2];
   const struct op_tensor *logits = op_io_in(self, io, "logits", 2, ld);
-  if (!logits || !op_sample_params(self, io, &c->temperature, &c->top_p, &c->seed)) return CEDAR_EINVAL;
+  int64_t top_k;
+  if (!logits || !op_sample_params(self, io, &c->temperature, &c->top_p, &c->seed) ||
+      !op_io_param_int(self, io, "top_k", 0, INT32_MAX, &top_k))
+    return CEDAR_EINVAL;
+  c->top_k = (int)top_k;
   if (ld[0] > INT32_MAX || ld[1] < 1 || ld[1] > INT32_MAX)
     return op_io_fail(io, "sample: logits is (%lld, %lld); it needs rows of 1 to %d values", (long long)ld[0],
                       (long long)ld[1], INT32_MAX);
@@ -230,7 +274,7 @@ static int sample_run(const struct op_desc *self, struct op_io *io) {
   if (!order) return op_io_fail(io, "sample: cannot allocate %lld ids of workspace", (long long)V), CEDAR_ENOMEM;
   uint64_t rng = c.seed;
   for (int64_t i = 0; i < n && !rc; i++) {
-    c.ids[i] = op_sample(c.prob + i * V, order, c.logits + i * V, (int)V, c.temperature, c.top_p, &rng);
+    c.ids[i] = op_sample_k(c.prob + i * V, order, c.logits + i * V, (int)V, c.temperature, c.top_k, c.top_p, &rng);
     if (c.ids[i] < 0) rc = op_sample_bad_row(io, i);
   }
   free(order);
@@ -239,7 +283,7 @@ static int sample_run(const struct op_desc *self, struct op_io *io) {
 
 const struct op_desc op_desc_sample = {
     .name = "sample",
-    .summary = "token sampling per row: greedy, or temperature + top-p with a seeded splitmix64",
+    .summary = "token sampling per row: greedy, or temperature + top-k + top-p with a seeded splitmix64",
     .inputs = (const struct op_arg[]){{"logits", OP_F32, "(n, V)", "one row of logits per token (-inf = masked)"},
                                       {0}},
     .outputs = (const struct op_arg[]){{"ids", OP_I32, "(n)", "chosen token ids"},
@@ -248,6 +292,7 @@ const struct op_desc op_desc_sample = {
                                        {0}},
     .params = (const struct op_param[]){{"temperature", OP_PARAM_FLOAT, 0, "0 = greedy [cedar; SPEC silent]"},
                                         {"top_p", OP_PARAM_FLOAT, 1, "nucleus mass, 1 = off [cedar; SPEC silent]"},
+                                        {"top_k", OP_PARAM_INT, 0, "keep the k most likely ids, 0 = off [cedar]"},
                                         {"seed", OP_PARAM_INT, 0, "splitmix64 seed, one draw per sampled row [cedar]"},
                                         {0}},
     .run = sample_run,

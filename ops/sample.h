@@ -1,6 +1,6 @@
-/* sample.h: token sampling from logits: greedy, temperature, top-p (nucleus),
- * with cedar's own seeded generator (used by decode and by the DSpark
- * drafter, SPEC 3.16).
+/* sample.h: token sampling from logits: greedy, temperature, top-k, top-p
+ * (nucleus), a repetition penalty, with cedar's own seeded generator (used by
+ * decode and by the DSpark drafter, SPEC 3.16).
  *
  * Generator [cedar]: splitmix64 (Steele, Lea, Flood 2014; the constants of
  * java.util.SplittableRandom): state += 0x9E3779B97F4A7C15, then the output
@@ -29,8 +29,32 @@
  * of the platform's libm can move a probability by an ulp, which changes a
  * draw only when u falls within that ulp of a boundary.
  *
- * Not here: batching, repetition penalties, top-k, speculative acceptance.
- * Test: tests/test_ops_dspark.c (ctest -R ops_dspark) covers sampling too.
+ * Top-k [cedar, the rule of Fan, Lewis, Dauphin 2018 "Hierarchical Neural
+ * Story Generation" s5.4 and of Hugging Face's TopKLogitsWarper]: after the
+ * softmax, keep the k first ids of the placement order above (p descending,
+ * equal p by increasing id; fewer when fewer have p > 0); with top_p < 1 the
+ * nucleus is then taken among those k: the smallest prefix of them whose
+ * mass (double, in that order) is >= top_p times their mass; renormalize
+ * the kept mass to 1; draw as above. The order of the steps is Hugging
+ * Face's: penalty, temperature, top-k, top-p. top_k <= 0 or >= V is off and
+ * then every bit is op_sample's (the rules above are unchanged by top-k).
+ *
+ * Repetition penalty theta > 0 [the rule of Hugging Face's
+ * RepetitionPenaltyLogitsProcessor; CTRL, Keskar et al. 2019, arXiv
+ * 1909.05858 s4.1, divides the logit by theta; HF multiplies a negative one
+ * so the penalty always lowers it]: for every distinct id y among `seen`
+ * (the request's prompt and the ids generated so far),
+ *   l'_y = l_y / theta   when l_y >= 0,
+ *   l'_y = l_y * theta   when l_y < 0,
+ * each computed once from the unpenalized l_y (an id seen twice is
+ * penalized once), in fp32 (one correctly rounded operation); other ids keep
+ * l_y. theta = 1 is off; theta > 1 discourages repeats, theta < 1 favours
+ * them. It applies before greedy too. Then the rules above run on l'.
+ *
+ * Not here: batching, speculative acceptance.
+ * Test: tests/test_ops_dspark.c (ctest -R ops_dspark) covers greedy, top-p
+ * and the generator; tests/test_ops_sample.c top-k and the penalty against
+ * a float64 reference.
  */
 #ifndef CEDAR_OPS_SAMPLE_H
 #define CEDAR_OPS_SAMPLE_H
@@ -75,6 +99,24 @@ int32_t op_sample_draw(const float *prob /* (V) */, int V, uint64_t *rng /* spli
 int32_t op_sample(float *prob /* (V) */, int32_t *order /* (V) */, const float *logits /* (V) */, int V,
                   float temperature, float top_p, uint64_t *rng /* splitmix64 state */);
 
+/* Top-k then top-p (rules above) on a probability vector, in place: ids
+ * outside the kept set get 0, the kept ones are renormalized to sum 1; order
+ * is workspace (V). top_k <= 0 or >= V: exactly op_sample_top_p's filter.
+ * Returns the number kept (>= 1), or -1 when the total mass is not positive
+ * and finite. */
+int op_sample_top_k(float *prob /* (V) */, int32_t *order /* (V) */, int V, int top_k, float top_p);
+
+/* The repetition penalty (rule above): out = logits with every id in seen
+ * penalized by theta = penalty. out and logits must not overlap. Returns 0,
+ * or -1 (out untouched) when a seen id is outside [0, V). */
+int op_sample_penalize(float *out /* (V) */, const float *logits /* (V) */, int V, const int32_t *seen /* (n_seen) */,
+                       int64_t n_seen, float penalty);
+
+/* op_sample with top-k: temperature > 0 and 0 < top_k < V: softmax, top-k
+ * (then top-p among the k), one draw; otherwise exactly op_sample. */
+int32_t op_sample_k(float *prob /* (V) */, int32_t *order /* (V) */, const float *logits /* (V) */, int V,
+                    float temperature, int top_k, float top_p, uint64_t *rng /* splitmix64 state */);
+
 /* For op descriptors (ops/registry.h): read the parameters temperature
  * (finite, >= 0; 0 = greedy), top_p in (0, 1] and seed (an integer a double
  * holds exactly); false after op_io_fail otherwise. */
@@ -94,6 +136,7 @@ struct op_sample_call {
   int64_t n;
   int V;
   float temperature, top_p;
+  int top_k; /* 0: off */
   uint64_t seed;
   int32_t *ids; /* (n) */
   float *prob;  /* (n, V) */

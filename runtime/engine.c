@@ -225,6 +225,13 @@ int rt_engine_generate(struct rt_engine *e, struct rt_request *r, const int32_t 
   go.cache = e->cache;
   go.save_snapshot = e->cache && e->opts.cache.snapshots;
   if (rt_pd_split(&e->plan)) { /* prefill and decode on two homes (runtime/pd.h); 1: this rank prints nothing */
+    if (o->top_k || (o->rep_penalty > 0 && o->rep_penalty != 1.0f) || o->on_token) { /* pd_run.c samples as before */
+      memset(r, 0, sizeof *r), memset(res, 0, sizeof *res);
+      snprintf(err, err_len, "plan %s runs prefill and decode apart, which samples greedy or with temperature and "
+               "top-p only: top-k, the repetition penalty and text output (EOS, --stop) need a one-process plan",
+               e->plan.name);
+      return CEDAR_EINVAL;
+    }
     struct rt_pd_stats st;
     return rt_pd_generate(&e->model, e->pools, r, prompt, n, &go, res, &st, err, err_len);
   }

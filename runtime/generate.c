@@ -189,10 +189,18 @@ static int decode_step(const struct rt_model *M, struct rt_request *r, float *lo
  * Logits holding NaN or +inf (or no finite value) fail the request with
  * CEDAR_EINVAL, naming the position: the sampler returns -1 for them
  * (ops/sample.h), and a -1 must never reach the token stream. */
-static int sample_checked(float *prob, int32_t *order, const float *logits, int V, const struct rt_gen_opts *o,
-                          uint64_t *rng, int64_t pos, struct rt_request *r, struct rt_gen_result *res, char *err,
-                          size_t err_len) {
-  int32_t id = op_sample(prob, order, logits, V, o->temperature, o->top_p, rng);
+static int sample_checked(float *prob, int32_t *order, float *pen, const float *logits, int V,
+                          const struct rt_gen_opts *o, uint64_t *rng, int64_t pos, struct rt_request *r,
+                          struct rt_gen_result *res, char *err, size_t err_len) {
+  const float *l = logits;
+  if (pen) { /* the repetition penalty over r's ids: the prompt and every id generated so far */
+    if (op_sample_penalize(pen, logits, V, r->tokens, r->n_tokens, o->rep_penalty)) {
+      snprintf(err, err_len, "the repetition penalty met a token id outside [0, %d)", V);
+      return CEDAR_EINVAL;
+    }
+    l = pen;
+  }
+  int32_t id = op_sample_k(prob, order, l, V, o->temperature, o->top_k, o->top_p, rng);
   if (id < 0) {
     int nan = 0, inf = 0;
     for (int i = 0; i < V; i++) nan += isnan(logits[i]), inf += isinf(logits[i]) && logits[i] > 0;
@@ -202,6 +210,7 @@ static int sample_checked(float *prob, int32_t *order, const float *logits, int 
     return CEDAR_EINVAL;
   }
   res->tokens[res->n_tokens++] = r->pending = id;
+  if (o->on_token && o->on_token(o->token_user, id)) res->stopped = true;
   return 0;
 }
 
@@ -216,8 +225,10 @@ static int run_request(const struct rt_model *M, struct rt_request *r, int64_t n
   res->decode_logits = malloc(sizeof(float) * (size_t)V * (size_t)(o->max_new > 1 ? o->max_new - 1 : 1));
   float *prob = malloc(sizeof(float) * (size_t)V);
   int32_t *order = malloc(sizeof(int32_t) * (size_t)V);
+  bool penalty = o->rep_penalty > 0 && o->rep_penalty != 1.0f;
+  float *pen = penalty ? malloc(sizeof(float) * (size_t)V) : NULL;
   int rc = 0;
-  if (!res->tokens || !res->decode_logits || !prob || !order) {
+  if (!res->tokens || !res->decode_logits || !prob || !order || (penalty && !pen)) {
     snprintf(err, err_len, "out of memory for the request's outputs");
     rc = CEDAR_ENOMEM;
   }
@@ -225,18 +236,18 @@ static int run_request(const struct rt_model *M, struct rt_request *r, int64_t n
   if (!rc) rc = prefill(M, r, n, o, hit_opts, res, err, err_len);
   if (!rc) {
     const float *last = res->prefill_logits + (size_t)(res->prefill_rows - 1) * V;
-    rc = sample_checked(prob, order, last, V, o, &rng, n - 1, r, res, err, err_len);
+    rc = sample_checked(prob, order, pen, last, V, o, &rng, n - 1, r, res, err, err_len);
     res->ttft_s = now_s() - t0;
   }
   double steady = 0;
-  for (int i = 1; i < o->max_new && !rc; i++) {
+  for (int i = 1; i < o->max_new && !rc && !res->stopped; i++) {
     double t = now_s();
     rt_request_push_token(r, r->pending);
     r->pending = -1;
     float *lg = res->decode_logits + (size_t)(i - 1) * V;
     rc = decode_step(M, r, lg, o, res, err, err_len);
     if (rc) break;
-    rc = sample_checked(prob, order, lg, V, o, &rng, r->n_pos - 1, r, res, err, err_len);
+    rc = sample_checked(prob, order, pen, lg, V, o, &rng, r->n_pos - 1, r, res, err, err_len);
     if (rc) break;
     double dt = now_s() - t;
     if (i == 1)
@@ -253,6 +264,7 @@ static int run_request(const struct rt_model *M, struct rt_request *r, int64_t n
   }
   free(prob);
   free(order);
+  free(pen);
   return rc;
 }
 

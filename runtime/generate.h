@@ -44,6 +44,10 @@ struct rt_gen_opts {
   int max_new;         /* tokens to generate (>= 1) */
   float temperature;   /* 0: greedy */
   float top_p;         /* 1: off */
+  int top_k;           /* 0: off (ops/sample.h) */
+  float rep_penalty;   /* repetition penalty over prompt + generated ids (ops/sample.h); 0 or 1: off */
+  /* (top_k, rep_penalty and on_token are rt_generate's: pd_run.c samples with temperature and top_p
+   * only, and rt_engine_generate refuses them on a P/D plan) */
   uint64_t seed;       /* sampling */
   bool all_logits;     /* keep the logits of every prefill position that ran through every layer */
   rt_progress_cb progress; /* prefill progress, or NULL */
@@ -58,6 +62,12 @@ struct rt_gen_opts {
   struct pc_cache *cache;
   bool save_snapshot;
   int64_t reserve;     /* extra token capacity in the request, for rt_continue */
+  /* Called with each sampled id as soon as it is sampled (streaming text,
+   * EOS and stop strings: runtime/text_out.h); non-zero ends the request
+   * there, the id kept as its last token (rt_gen_result.stopped). NULL: the
+   * request runs max_new tokens. */
+  int (*on_token)(void *user, int32_t id);
+  void *token_user;
 };
 
 /* What a prefix hit reused and what the prefill ran (SPEC 6.5, 6.6). */
@@ -88,6 +98,7 @@ struct rt_gen_result {
   int64_t replay;          /* decoder replay length the prefill used (0 dense) */
   int prefill_nodes, prefill_edges, decode_nodes;
   struct rt_hit_report hit;
+  bool stopped;            /* on_token ended the request before max_new */
 };
 
 /* Run prompt (n ids, checked against the vocab by the caller) on a fresh
