@@ -94,7 +94,7 @@ cudaError_t kern_sample_rows(int32_t *ids, float *prob, int32_t *order, const fl
 }
 
 int kern_sample_run(const struct op_desc *self, struct op_io *io) {
-  struct op_sample_call a = {0};
+  struct op_sample_call a = {};
   int rc = op_sample_prepare(self, io, &a);
   if (rc) return rc;
   if (a.top_k > 0) /* top-k (ops/sample.h) has no CUDA twin yet: refused, never ignored */
