@@ -30,6 +30,8 @@
 #include "runtime/engine.h"
 #include "cli/run_dump.h"
 #include "cli/run_pd.h"
+#include "cli/run_place.h"
+#include "scheduler/plan_place.h"
 #include "runtime/pd.h"
 #include "scheduler/plan_cost.h"
 #include "viz/trace.h"
@@ -402,6 +404,7 @@ static void report_text(const struct plan *p, const struct ropts *o, const struc
            n, dr->exact_token_layers, dr->entries_equal ? "identical (global entries bitwise equal)" : "DIFFERS",
            dr->max_abs, dr->rel_rms, dr->same_top1 ? "same" : "differs");
   if (rt_pd_split(p)) run_pd_text(stdout, p);
+  if (plan_has_stages(p)) run_pipe_text(stdout, p, res->n_tokens - 1);
 }
 
 static void report_json(const struct plan *p, const struct ropts *o, const struct weights *w, int64_t n,
@@ -471,6 +474,7 @@ static void report_json(const struct plan *p, const struct ropts *o, const struc
     cJSON_AddBoolToObject(d, "same_top1", dr->same_top1);
   }
   if (rt_pd_split(p)) run_pd_json(j, p);
+  if (plan_has_stages(p)) run_pipe_json(j, p);
   cli_print_json(j);
 }
 
@@ -657,6 +661,10 @@ int cmd_run(int argc, char **argv) {
                            .on_graph = o.trace || o.dot ? on_graph : NULL,
                            .graph_user = &sk};
   int grc = rt_engine_generate(&e, &r, prompt, n, &go, &res, err, sizeof err);
+  if (grc == 1 && o.dump && plan_has_stages(p) && run_pipe_dump(o.dump, &e.model, &r, &res, err, sizeof err)) {
+    fprintf(stderr, "cedar run: --dump: %s\n", err); /* a stage's rank: its own layers' state, DUMP.rankN */
+    goto out;
+  }
   if (grc == 1) { /* a P/D rank other than D's: the decode rank reports (and writes --trace) */
     sink_close(&sk, &o, false);
     memset(&sk, 0, sizeof sk);
@@ -670,6 +678,7 @@ int cmd_run(int argc, char **argv) {
   }
   struct rt_state_bytes b;
   rt_request_bytes(&r, &b);
+  run_pipe_state_bytes(&b); /* layer stages under mpirun: every rank's global entries */
   struct plan_cost pc;
   struct plan_cost_query pq;
   plan_cost_query_init(&pq);
