@@ -124,15 +124,18 @@ void run_pipe_text(FILE *f, const struct plan *p, int64_t decode_steps) {
   if (!s->mpi) return;
   fprintf(f, "  activations moved: prefill %" PRId64 " B, decode %.0f B a step\n", s->act_bytes_prefill,
           decode_steps > 0 ? (double)s->act_bytes_decode / (double)decode_steps : 0.0);
-  double busy = 0, wall = 0;
+  double busy = 0, wall = 0, dwall = 0; /* rank-time: the longest rank's wall time, every rank held that long */
+  for (int r = 0; r < s->ranks && r < RT_PIPE_MAX_RANKS; r++) {
+    if (s->rank[r].prefill_wall_s > wall) wall = s->rank[r].prefill_wall_s;
+    if (s->rank[r].decode_wall_s > dwall) dwall = s->rank[r].decode_wall_s;
+  }
   for (int r = 0; r < s->ranks && r < RT_PIPE_MAX_RANKS; r++) {
     const struct rt_pipe_rank *k = &s->rank[r];
-    fprintf(f, "  rank %d: prefill busy %.3f s of %.3f s (bubble %.0f%%); decode busy %.3f s of %.3f s; sent %" PRId64
-            " B in %" PRId64 " messages\n", r, k->prefill_busy_s, k->prefill_wall_s,
-            k->prefill_wall_s > 0 ? 100 * (1 - k->prefill_busy_s / k->prefill_wall_s) : 0.0, k->decode_busy_s,
-            k->decode_wall_s, k->bytes_sent, k->messages);
+    fprintf(f, "  rank %d: prefill busy %.3f s of %.3f s (idle %.0f%%); decode busy %.3f s of %.3f s (idle %.0f%%); "
+            "sent %" PRId64 " B in %" PRId64 " messages\n", r, k->prefill_busy_s, wall,
+            wall > 0 ? 100 * (1 - k->prefill_busy_s / wall) : 0.0, k->decode_busy_s, dwall,
+            dwall > 0 ? 100 * (1 - k->decode_busy_s / dwall) : 0.0, k->bytes_sent, k->messages);
     busy += k->prefill_busy_s;
-    if (k->prefill_wall_s > wall) wall = k->prefill_wall_s;
   }
   int S = pl->n_stages, C = s->chunks;
   if (wall > 0 && s->ranks > 0)
