@@ -29,6 +29,7 @@ static struct {
   struct sent **sent; /* this request's messages */
   int n_sent, cap_sent;
   int first_open;     /* messages before it completed (sends_done) */
+  bool held;          /* CEDAR_PIPE_TEST_FAULT=hold: a transfer was held back */
   pthread_mutex_t mu;
   char err[256];
   int rc;
@@ -157,6 +158,12 @@ int rt_pipe_transfer_node(const struct rt_node_ctx *c) {
     else
       last.act_bytes_decode += (int64_t)bytes;
     pthread_mutex_unlock(&pp.mu);
+    const char *fault = getenv("CEDAR_PIPE_TEST_FAULT"); /* a test: this rank's first decode transfer never leaves */
+    if (fault && !strcmp(fault, "hold") && g->flow == GRAPH_DECODE && !pp.held) {
+      pp.held = true;
+      atomic_store(&s->st.done, 1);
+      return 0;
+    }
     return pd_mpi_send(s->buf, bytes, to, tag_of(k), &s->st);
   }
   struct sent *m = new_msg(NULL, bytes);
@@ -292,6 +299,7 @@ int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct 
   pp.me = rt_pd_world_rank();
   pp.world = rt_pd_world_size();
   pp.seq = 0;
+  pp.held = false;
   pp.rc = 0;
   pp.err[0] = 0;
   pp.on = true;
