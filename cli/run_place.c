@@ -124,11 +124,16 @@ void run_pipe_text(FILE *f, const struct plan *p, int64_t decode_steps) {
   if (!s->mpi) return;
   fprintf(f, "  activations moved: prefill %" PRId64 " B, decode %.0f B a step\n", s->act_bytes_prefill,
           decode_steps > 0 ? (double)s->act_bytes_decode / (double)decode_steps : 0.0);
-  double busy = 0, wall = 0, dwall = 0; /* rank-time: the longest rank's wall time, every rank held that long */
+  /* rank-time: from the first stage's start (a rank started earlier only
+   * waits for it: start-up skew, not a bubble) to the last rank's end, on
+   * the host's one monotonic clock; every rank is held that long. Decode:
+   * the longest rank's summed step time. */
+  double busy = 0, wall = 0, dwall = 0, t1 = 0, t0 = s->rank[pl->stage[0].rank % RT_PIPE_MAX_RANKS].prefill_t0;
   for (int r = 0; r < s->ranks && r < RT_PIPE_MAX_RANKS; r++) {
-    if (s->rank[r].prefill_wall_s > wall) wall = s->rank[r].prefill_wall_s;
+    if (s->rank[r].prefill_t1 > t1) t1 = s->rank[r].prefill_t1;
     if (s->rank[r].decode_wall_s > dwall) dwall = s->rank[r].decode_wall_s;
   }
+  wall = t1 - t0;
   for (int r = 0; r < s->ranks && r < RT_PIPE_MAX_RANKS; r++) {
     const struct rt_pipe_rank *k = &s->rank[r];
     fprintf(f, "  rank %d: prefill busy %.3f s of %.3f s (idle %.0f%%); decode busy %.3f s of %.3f s (idle %.0f%%); "

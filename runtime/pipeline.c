@@ -239,8 +239,11 @@ int rt_pipe_after_graph(const struct graph *g, struct rt_exec_out *out, const st
     /* st accumulates over the decode steps; the prefill is one graph */
     if (g->flow == GRAPH_DECODE)
       rk->decode_busy_s = busy, rk->decode_wall_s = st->seconds;
-    else
+    else {
       rk->prefill_busy_s = busy, rk->prefill_wall_s = st->seconds;
+      rk->prefill_t1 = pd_now();
+      rk->prefill_t0 = rk->prefill_t1 - st->seconds;
+    }
   }
   if (!rc && !sends_done())
     fail(CEDAR_EIO, "%s: a transfer to rank %d did not complete in %.0f s; this request fails", "the pipeline", -1,
@@ -291,6 +294,11 @@ int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct 
   if (o->cache) {
     snprintf(err, err_len, "layer stages on several ranks run without the prefix cache (each rank would cache only "
              "its layers); run without --cache");
+    return CEDAR_EUNSUPPORTED;
+  }
+  if (rt_pd_world_size() > RT_PIPE_MAX_RANKS) {
+    snprintf(err, err_len, "layer stages run on at most %d ranks; mpirun gave %d", RT_PIPE_MAX_RANKS,
+             rt_pd_world_size());
     return CEDAR_EUNSUPPORTED;
   }
   int rc = pd_mpi_start(err, err_len);

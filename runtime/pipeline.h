@@ -39,6 +39,7 @@
 
 struct rt_pipe_rank {
   double prefill_busy_s, prefill_wall_s; /* the node time of its own non-transfer nodes; the graph's wall time */
+  double prefill_t0, prefill_t1;         /* its prefill graph's start and end (CLOCK_MONOTONIC: one host's clock) */
   double decode_busy_s, decode_wall_s;   /* summed over the decode steps */
   int64_t bytes_sent, messages;
   int64_t kv_entries, kv_entry_bytes, kv_page_bytes; /* the global entries its layers hold after the request */
