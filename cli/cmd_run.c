@@ -91,7 +91,11 @@ static const char usage[] =
     "A plan whose serving.placement puts prefill and decode on different ranks (plans/v41-mini-pd.yaml)\n"
     "runs under `mpirun -np 2` through StarPU-MPI (the decode rank prints the report, --dump, --trace\n"
     "and --dot, plus the transfer figures; CEDAR_PD_DEADLINE_S bounds the transfer, default 60), or\n"
-    "without mpirun as both roles in this process (docs/runtime.md).\n";
+    "without mpirun as both roles in this process (docs/runtime.md).\n"
+    "A plan with serving.placement.stages (plans/v41-mini-pp2.yaml) runs its layer stages on the ranks of\n"
+    "`mpirun -np N` (rank 0 prints the report with busy time and bubbles per rank; --dump writes rank N's\n"
+    "layers to DUMP.rankN), or every stage in this process without mpirun; serving.placement.experts is\n"
+    "refused (accounted only: cedar plan cost --per-rank; docs/placement.md).\n";
 
 struct ropts {
   const char *plan, *weights, *prompt, *tokens, *dump, *sched, *trace, *dot, *model;
