@@ -16,7 +16,7 @@
  *    stages, on the direct and the StarPU executor, for several prompt
  *    lengths and chunk sizes;
  *  - accounting: the ranks' weights add up to the plan's; v41-flash on 8
- *    GPUs (plans/v41-flash-8gpu.yaml) fits 141 GB a rank and the 4-stage
+ *    GPUs (plans/gpu/v41-flash-8gpu.yaml) fits 141 GB a rank and the 4-stage
  *    split without experts does not; the expected expert-parallel dispatch
  *    per token matches an independent count over every selection.
  * Under mpirun: tests/cli/pp_mpi.sh.
@@ -202,7 +202,7 @@ static void equivalence(struct fx *pp, struct fx *one, enum rt_executor ex) {
 static void accounting(void) {
   struct plan p;
   struct rt_place_cost *c = calloc(1, sizeof *c);
-  if (h_load_plan("plans/v41-flash-8gpu.yaml", &p)) {
+  if (h_load_plan("plans/gpu/v41-flash-8gpu.yaml", &p)) {
     EXPECT(rt_place_cost(&p, 1000000, 141e9, c) == 0, "8gpu: %s", c->error);
     int64_t sum = 0;
     for (int r = 0; r < c->ranks; r++) sum += c->r[r].weights + c->r[r].engram_host + c->r[r].engram_file;
@@ -212,7 +212,7 @@ static void accounting(void) {
     EXPECT(c->r[0].engram_host > 150e9, "the Engram tables in rank 0's host memory");
     plan_free(&p);
   }
-  if (h_load_plan("plans/v41-flash-4stage.yaml", &p)) {
+  if (h_load_plan("plans/gpu/v41-flash-4stage.yaml", &p)) {
     EXPECT(rt_place_cost(&p, 1000000, 141e9, c) == 0, "4stage: %s", c->error);
     EXPECT(!c->r[3].fits, "4stage: the decoder stage (20 layers of experts) fits?");
     plan_free(&p);
