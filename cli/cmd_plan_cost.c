@@ -24,6 +24,7 @@
 #include "scheduler/plan.h"
 #include "scheduler/plan_cost.h"
 #include "cli/run_pd.h"
+#include "cli/run_place.h"
 
 /* ---- the figures, once ---------------------------------------------------- */
 
@@ -375,16 +376,20 @@ struct cost_args {
   int swa_given; /* 1: --swa-miss, 2: --swa-hit */
   const char *file[2];
   int n_files;
+  bool per_rank;   /* --per-rank: layer and expert placement (runtime/place_cost.h) */
+  double capacity; /* --capacity BYTES a device (default an H200's 141 GB) */
 };
 
 static void usage(FILE *f, bool diff) {
   if (diff)
     fprintf(f, "usage: cedar plan diff A B [--tokens N] [--prompt N] [--hit C [--swa-miss | --swa-hit]] [--json]\n"
+               "       cedar plan diff A B --per-rank [--tokens N] [--capacity B] [--json]   (two placements)\n"
                "\n"
                "The accounting of 'cedar plan cost' for plans A and B side by side, with a B/A\n"
                "column (JSON: {\"a\": ..., \"b\": ..., \"b_over_a\": ...}).\n");
   else
     fprintf(f, "usage: cedar plan cost [FILE] [--tokens N] [--prompt N] [--hit C [--swa-miss | --swa-hit]] [--json]\n"
+               "       cedar plan cost [FILE] --per-rank [--tokens N] [--capacity B] [--json]\n"
                "\n"
                "Accounting from the plan alone (SPEC 4.5, 4.6, 6.1-6.6): global KV entries and bytes\n"
                "per source and in total, SWA and compressor-tail bytes per request, token-layers of a\n"
@@ -403,6 +408,10 @@ static void usage(FILE *f, bool diff) {
           "               of every source's ratio (the tail of a partial group is only in a snapshot)\n"
           "  --swa-hit    the snapshot at C is restored (path a): no replay, any C\n"
           "  --json       print one JSON object instead of tables\n"
+          "  --per-rank   per rank of serving.placement (stages, experts, engram): weights in stored\n"
+          "               formats, KV/SWA/tails of one request of --tokens N, Engram bytes, activation\n"
+          "               and expert-parallel bytes sent per token, and whether each fits (docs/placement.md)\n"
+          "  --capacity B bytes a device holds for --per-rank (default 141e9, an H200)\n"
           "  -h, --help   show this help\n"
           "\n"
           "Prefix hit with serving.ced on: encoder layers run the replay (on --swa-miss) and the\n"
@@ -422,7 +431,7 @@ static int parse_count(const char *cmd, const char *flag, const char *s, int64_t
   return 0;
 }
 
-enum { OPT_TOKENS = 256, OPT_PROMPT, OPT_HIT, OPT_SWA_MISS, OPT_SWA_HIT, OPT_JSON };
+enum { OPT_TOKENS = 256, OPT_PROMPT, OPT_HIT, OPT_SWA_MISS, OPT_SWA_HIT, OPT_JSON, OPT_PER_RANK, OPT_CAPACITY };
 
 static int parse_option(const char *cmd, int opt, struct cost_args *a) {
   switch (opt) {
@@ -432,6 +441,14 @@ static int parse_option(const char *cmd, int opt, struct cost_args *a) {
   case OPT_SWA_MISS: a->swa_given |= 1; return 0;
   case OPT_SWA_HIT: a->swa_given |= 2; return 0;
   case OPT_JSON: a->json = true; return 0;
+  case OPT_PER_RANK: a->per_rank = true; return 0;
+  case OPT_CAPACITY: {
+    char *end;
+    a->capacity = strtod(optarg, &end);
+    if (*end || !(a->capacity > 0) || !isfinite(a->capacity))
+      return cli_usage_error(cmd, "--capacity '%s': expected a positive number of bytes, e.g. 141e9", optarg);
+    return 0;
+  }
   default: return 2;
   }
 }
@@ -443,8 +460,10 @@ static int parse_args(const char *cmd, bool diff, int argc, char **argv, struct 
       {"hit", required_argument, NULL, OPT_HIT},       {"swa-miss", no_argument, NULL, OPT_SWA_MISS},
       {"swa-hit", no_argument, NULL, OPT_SWA_HIT},
       {"json", no_argument, NULL, OPT_JSON},           {"help", no_argument, NULL, 'h'},
+      {"per-rank", no_argument, NULL, OPT_PER_RANK},   {"capacity", required_argument, NULL, OPT_CAPACITY},
       {NULL, 0, NULL, 0}};
   memset(a, 0, sizeof *a);
+  a->capacity = 141e9;
   plan_cost_query_init(&a->q);
   optind = 0; /* full re-initialization (glibc and musl): cmd_plan may have parsed before */
   opterr = 0;
@@ -477,6 +496,31 @@ static int parse_args(const char *cmd, bool diff, int argc, char **argv, struct 
 
 /* ---- commands ----------------------------------------------------------------- */
 
+/* --per-rank: the placement's ranks (runtime/place_cost.h); 0 or 1. */
+static int per_rank(const char *cmd, const struct cost_args *a, const struct plan *p, int n) {
+  struct rt_place_cost *c = cedar_xcalloc(2, sizeof *c);
+  int rc = 0;
+  for (int i = 0; i < n && !rc; i++)
+    if (rt_place_cost(&p[i], a->q.tokens, a->capacity, &c[i])) {
+      fprintf(stderr, "cedar %s: %s: %s\n", cmd, a->file[i], c[i].error);
+      rc = 1;
+    }
+  if (!rc && a->json && n == 1) {
+    cli_print_json(place_cost_json(&p[0], &c[0]));
+  } else if (!rc && a->json) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddItemToObject(root, "a", place_cost_json(&p[0], &c[0]));
+    cJSON_AddItemToObject(root, "b", place_cost_json(&p[1], &c[1]));
+    cli_print_json(root);
+  } else if (!rc && n == 1) {
+    place_cost_print(stdout, &p[0], &c[0]);
+  } else if (!rc) {
+    place_cost_diff(stdout, &p[0], &c[0], &p[1], &c[1]);
+  }
+  free(c);
+  return rc;
+}
+
 /* Load and account one plan; 0, or 1 with the reason on stderr. */
 static int load_and_cost(const char *cmd, const char *path, const struct plan_cost_query *q,
                          struct plan *p, struct plan_cost *c) {
@@ -496,7 +540,9 @@ int cmd_plan_cost(int argc, char **argv) {
   struct plan *p = cedar_xcalloc(1, sizeof *p);
   struct plan_cost *c = cedar_xcalloc(1, sizeof *c);
   rc = load_and_cost(cmd, a.file[0], &a.q, p, c);
-  if (!rc) {
+  if (!rc && a.per_rank) {
+    rc = per_rank(cmd, &a, p, 1);
+  } else if (!rc) {
     if (a.json) {
       cJSON *j = json_cost(p, c);
       plan_cost_pd_json(j, p, c->q.prompt);
@@ -521,7 +567,9 @@ int cmd_plan_diff(int argc, char **argv) {
   struct plan_cost *c = cedar_xcalloc(2, sizeof *c);
   rc = load_and_cost(cmd, a.file[0], &a.q, &p[0], &c[0]);
   if (!rc) rc = load_and_cost(cmd, a.file[1], &a.q, &p[1], &c[1]);
-  if (!rc && a.json) {
+  if (!rc && a.per_rank) {
+    rc = per_rank(cmd, &a, p, 2);
+  } else if (!rc && a.json) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddItemToObject(root, "a", json_cost(&p[0], &c[0]));
     cJSON_AddItemToObject(root, "b", json_cost(&p[1], &c[1]));

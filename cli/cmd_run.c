@@ -36,6 +36,8 @@
 #include "cli/run_dump.h"
 #include "cli/run_pd.h"
 #include "cli/run_text.h"
+#include "cli/run_place.h"
+#include "scheduler/plan_place.h"
 #include "runtime/pd.h"
 #include "scheduler/plan_cost.h"
 #include "viz/trace.h"
@@ -110,7 +112,11 @@ static const char usage[] =
     "runs under `mpirun -np 2` through StarPU-MPI (the decode rank prints the report, --dump and --dot,\n"
     "plus the transfer figures, and writes --trace with a process per rank and a flow per transfer;\n"
     "CEDAR_PD_DEADLINE_S bounds every wait, default 60), or without mpirun as both roles in this\n"
-    "process (docs/runtime.md).\n";
+    "process (docs/runtime.md).\n"
+    "A plan with serving.placement.stages (plans/v41-mini-pp2.yaml) runs its layer stages on the ranks of\n"
+    "`mpirun -np N` (rank 0 prints the report with busy time and bubbles per rank; --dump writes rank N's\n"
+    "layers to DUMP.rankN), or every stage in this process without mpirun; serving.placement.experts is\n"
+    "refused (accounted only: cedar plan cost --per-rank; docs/placement.md).\n";
 
 struct ropts {
   const char *plan, *weights, *prompt, *tokens, *dump, *sched, *trace, *dot, *model;
@@ -500,6 +506,7 @@ static void report_text(const struct plan *p, const struct ropts *o, const struc
            n, dr->exact_token_layers, dr->entries_equal ? "identical (global entries bitwise equal)" : "DIFFERS",
            dr->max_abs, dr->rel_rms, dr->same_top1 ? "same" : "differs");
   if (rt_pd_split(p)) run_pd_text(stdout, p);
+  if (plan_has_stages(p)) run_pipe_text(stdout, p, res->n_tokens - 1);
 }
 
 static void report_json(const struct plan *p, const struct ropts *o, const struct weights *w, int64_t n,
@@ -571,6 +578,7 @@ static void report_json(const struct plan *p, const struct ropts *o, const struc
     cJSON_AddBoolToObject(d, "same_top1", dr->same_top1);
   }
   if (rt_pd_split(p)) run_pd_json(j, p);
+  if (plan_has_stages(p)) run_pipe_json(j, p);
   cli_print_json(j);
 }
 
@@ -792,6 +800,10 @@ int cmd_run(int argc, char **argv) {
     goto out;
   }
   int grc = rt_engine_generate(&e, &r, prompt, n, &go, &res, err, sizeof err);
+  if (grc == 1 && o.dump && plan_has_stages(p) && run_pipe_dump(o.dump, &e.model, &r, &res, err, sizeof err)) {
+    fprintf(stderr, "cedar run: --dump: %s\n", err); /* a stage's rank: its own layers' state, DUMP.rankN */
+    goto out;
+  }
   if (grc == 1) { /* a P/D rank other than D's: the decode rank reports (and writes --trace) */
     sink_close(&sk, &o, false);
     memset(&sk, 0, sizeof sk);
@@ -808,6 +820,7 @@ int cmd_run(int argc, char **argv) {
   if (sk.tracing) run_pd_trace(&sk.trace, p); /* under mpirun: P's rank and the transfers too */
   struct rt_state_bytes b;
   rt_request_bytes(&r, &b);
+  run_pipe_state_bytes(&b); /* layer stages under mpirun: every rank's global entries */
   struct plan_cost pc;
   struct plan_cost_query pq;
   plan_cost_query_init(&pq);

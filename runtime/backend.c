@@ -10,6 +10,7 @@
 #include "base/check.h"
 #include "kernels/device.h"
 #include "runtime/pd.h"
+#include "runtime/pipeline.h"
 
 /* No op group has a CUDA twin yet: every slot NULL, so a plan that places
  * a flow on cuda is refused by rt_placement_check instead of running on
@@ -124,6 +125,7 @@ int rt_placement_check(const struct plan *p, struct plan_mark *at_out, char *err
   memset(mk, 0, sizeof(*mk));
   int rc = check_flow(p, GRAPH_PREFILL_CED, mk, err, err_len);
   if (!rc) rc = check_flow(p, GRAPH_DECODE, mk, err, err_len);
+  if (!rc) rc = rt_pipe_placement_check(p, mk, err, err_len); /* layer stages and experts (runtime/pipeline.h) */
   if (rc) return rc;
   /* Both on one home: no transfer runs. Two homes in one process (say two
    * GPUs) would need a TRANSFER backend entry. */

@@ -18,6 +18,8 @@
 #include "base/check.h"
 #include "runtime/backend.h"
 #include "runtime/pd.h"
+#include "runtime/pipeline.h"
+#include "scheduler/plan_place.h"
 #include "runtime/engram_map.h"
 #include "runtime/tokenizer.h"
 
@@ -235,6 +237,8 @@ int rt_engine_generate(struct rt_engine *e, struct rt_request *r, const int32_t 
     struct rt_pd_stats st;
     return rt_pd_generate(&e->model, e->pools, r, prompt, n, &go, res, &st, err, err_len);
   }
+  if (plan_has_stages(&e->plan) || e->plan.serving.place.n_ep_ranks) /* layer stages (runtime/pipeline.h) */
+    return rt_pipe_generate(&e->model, e->pools, r, prompt, n, &go, res, err, err_len);
   return rt_generate(&e->model, e->pools, r, prompt, n, &go, res, err, err_len);
 }
 

@@ -14,6 +14,7 @@
 #include "runtime/backend.h"
 #include "runtime/exec.h"
 #include "runtime/pd.h"
+#include "runtime/pipeline.h"
 #include "base/log.h"
 
 static void *at(void *const *buf, int d) { return d < 0 ? NULL : buf[d]; }
@@ -144,6 +145,13 @@ static int cpu_head(const struct rt_node_ctx *c) {
   return 0;
 }
 
+/* TRANSFER of an activation between layer stages (runtime/pipeline.h), or
+ * of a P/D plan's state (runtime/pd.c). */
+static int cpu_transfer(const struct rt_node_ctx *c) {
+  enum graph_data_kind k = c->g->data[c->nd->xfer_src].kind;
+  return k == GRAPH_ACT || k == GRAPH_BUS ? rt_pipe_transfer_node(c) : rt_pd_transfer_node(c);
+}
+
 /* TRANSFER: a P/D plan's state package (runtime/pd.c: a local copy to the
  * decode side in one process, or a StarPU-MPI send to the decode rank). */
 const struct rt_backend rt_backend_cpu = {
@@ -159,7 +167,7 @@ const struct rt_backend rt_backend_cpu = {
         [GRAPH_KEEP_XE] = cpu_keep_xe,
         [GRAPH_REPLAY_IN] = cpu_replay_in,
         [GRAPH_HEAD] = cpu_head,
-        [GRAPH_TRANSFER] = rt_pd_transfer_node,
+        [GRAPH_TRANSFER] = cpu_transfer,
     },
 };
 
@@ -235,6 +243,7 @@ int rt_run_node_stream(const struct graph *g, const struct rt_model *M, struct r
                        struct rt_exec_out *out, int64_t out_row, struct rt_arena *ar, void *stream) {
   const struct rt_backend *b = rt_backend_for(nd->place.dev);
   rt_group_fn fn = b ? b->run[nd->op] : NULL;
+  if (rt_pipe_skip(g, nd)) return 0; /* another rank's node (layer stages: runtime/pipeline.h) */
   if (!fn) return CEDAR_EUNSUPPORTED; /* refused earlier by rt_placement_check; an executor names the node */
   struct rt_bound own = {0};
   if (!st) {

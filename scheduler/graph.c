@@ -678,6 +678,7 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
   end.x = end.pre = -1;
   snprintf(end.tag, sizeof end.tag, "end");
   emit_state_handoff(&c, &end);
+  graph__place_stages(g);
   finish(g);
   return 0;
 }
@@ -710,6 +711,7 @@ int graph_build_verify(struct graph *g, const struct plan *p, int64_t pos, int n
     emit_layers(&c, &t, 0, p->n_layers, true, true);
   }
   emit_head(&c, &t, pos, n);
+  graph__place_stages(g);
   finish(g);
   return 0;
 }

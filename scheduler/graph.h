@@ -162,6 +162,7 @@ struct graph {
   struct graph_place place;   /* where the flow runs: serving.placement.prefill or .decode */
   struct graph_place peer;    /* prefill: where decode runs (transfers go there); decode: = place */
   int n_transfer;             /* TRANSFER nodes (prefill with peer != place) */
+  int n_act_transfer;         /* TRANSFER nodes of activations between layer stages (graph_place.c) */
   int64_t n_prompt;  /* prefill: prompt length; decode: the position run */
   int chunk;         /* positions per tile */
   int64_t replay;    /* CED: decoder replay length R */
@@ -217,6 +218,14 @@ struct graph_place graph_place_of(const struct plan *p, enum graph_flow f);
 bool graph_place_eq(struct graph_place a, struct graph_place b);
 /* "rank 0 cpu", "rank 1 cuda:0" into buf. */
 const char *graph_place_str(struct graph_place pl, char *buf, size_t len);
+
+/* Layer stages (serving.placement.stages, graph_place.c): nodes placed by
+ * their layer's stage, activation TRANSFER nodes at the boundaries; run by
+ * the compiler before the edges are derived. Nothing without stages. */
+void graph__place_stages(struct graph *g);
+/* Node nd has work on `rank`: it runs there, or it is a transfer whose copy
+ * lands there (the receiving side). */
+bool graph_runs_on(const struct graph *g, const struct graph_node *nd, int rank);
 
 /* Counts for tests and reports. */
 int graph_count_op(const struct graph *g, enum graph_op op, int layer /* -1 any */);

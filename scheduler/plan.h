@@ -142,6 +142,31 @@ struct plan_layer {
   struct plan_mark mark_override;
 };
 
+/* serving.placement.stages / experts / engram (scheduler/plan_place.c).
+ * n_stages 0: every layer on the flow's own home (prefill / decode). */
+#define PLAN_MAX_STAGES 16
+#define PLAN_MAX_EP_RANKS 64
+struct plan_stage {
+  int lo, hi;                 /* layers [lo, hi] */
+  int rank;
+  int device;                 /* PLAN_DEV_CPU / PLAN_DEV_CUDA */
+  int device_id;
+  struct plan_mark mark, mark_rank, mark_device;
+};
+struct plan_placement {
+  int n_stages;
+  struct plan_stage stage[PLAN_MAX_STAGES];
+  struct plan_mark mark_stages;
+  int n_ep_ranks;             /* 0: each layer's experts live with its stage */
+  int ep_rank[PLAN_MAX_EP_RANKS];
+  bool ep_layer[PLAN_MAX_LAYERS]; /* the MoE layers whose routed experts are sharded */
+  struct plan_mark mark_experts, mark_ep_rank[PLAN_MAX_EP_RANKS];
+  bool engram_set;            /* serving.placement.engram given */
+  int engram_rank;
+  enum { PLAN_ENGRAM_HOST = 0, PLAN_ENGRAM_FILE } engram_memory;
+  struct plan_mark mark_engram;
+};
+
 struct plan_serving {
   bool ced;               /* causal encoder-decoder prefill; off = dense baseline */
   int replay_encoder;     /* encoder bounded replay on an SWA-snapshot miss */
@@ -171,6 +196,9 @@ struct plan_serving {
   /* Where each placement value was written (file NULL: the default), for
    * runtime/backend.h's refusals. */
   struct plan_mark mark_prefill_rank, mark_prefill_device, mark_decode_rank, mark_decode_device;
+  /* Layer and expert placement (scheduler/plan_place.c, docs/placement.md):
+   * the pipeline stages, the routed experts' ranks, the Engram tables' home. */
+  struct plan_placement place;
 };
 
 struct plan {

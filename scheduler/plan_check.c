@@ -395,4 +395,5 @@ void plan__check(struct plan_ctx *ctx, struct plan *p) {
   for (int i = 0; i < p->n_layers; i++) check_topk(ctx, p, &p->layer[i]);
   for (int i = 0; i < p->n_layers; i++) check_pool(ctx, p, &p->layer[i]);
   check_candidates(ctx, p);
+  if (!ctx->n_errors) plan__check_placement(ctx, p);
 }

@@ -48,6 +48,9 @@ const char *plan__kind_name(const struct pnode *n);
 void plan__defaults(struct plan *p);
 void plan__from_tree(struct plan_ctx *ctx, const struct pnode *root, struct plan *p);
 void plan__check(struct plan_ctx *ctx, struct plan *p);
+/* serving.placement.stages / experts / engram (plan_place.c). */
+void plan__read_placement(struct plan_ctx *ctx, const struct pnode *root, struct plan *p);
+void plan__check_placement(struct plan_ctx *ctx, struct plan *p);
 
 /* Edit distance, for did-you-mean suggestions. */
 int plan__edit_distance(const char *a, const char *b);

@@ -255,6 +255,9 @@ static const struct field placement_fields[] = {
     SECTION("prefill", 0, prefill_place_fields),
     SECTION("decode", 0, decode_place_fields),
     ENUM("replay", S(pd_replay), replay_place_names),
+    {"stages", F_SKIP, 0, 0, 0, NULL, NULL, 0, 0, 0, false},  /* plan_place.c */
+    {"experts", F_SKIP, 0, 0, 0, NULL, NULL, 0, 0, 0, false},
+    {"engram", F_SKIP, 0, 0, 0, NULL, NULL, 0, 0, 0, false},
     END,
 };
 
@@ -524,4 +527,5 @@ void plan__read_layers(struct plan_ctx *ctx, const struct pnode *root, struct pl
 void plan__from_tree(struct plan_ctx *ctx, const struct pnode *root, struct plan *p) {
   read_section(ctx, top_fields, root, "", (char *)p);
   plan__read_layers(ctx, root, p);
+  plan__read_placement(ctx, root, p);
 }

@@ -1,0 +1,34 @@
+/* run_place.h: layer and expert placement in the commands' output:
+ * `cedar plan cost --per-rank` (runtime/place_cost.h) as a table or JSON,
+ * `cedar plan diff --per-rank` side by side, and the pipeline section of
+ * `cedar run` (runtime/pipeline.h: stages, bytes moved, busy time and
+ * bubbles per rank, the efficiency against the ideal). */
+#ifndef CEDAR_CLI_RUN_PLACE_H
+#define CEDAR_CLI_RUN_PLACE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "runtime/generate.h"
+#include "runtime/place_cost.h"
+#include "runtime/state.h"
+#include "scheduler/plan.h"
+
+struct cJSON;
+
+void place_cost_print(FILE *f, const struct plan *p, const struct rt_place_cost *c);
+struct cJSON *place_cost_json(const struct plan *p, const struct rt_place_cost *c);
+void place_cost_diff(FILE *f, const struct plan *pa, const struct rt_place_cost *a, const struct plan *pb,
+                     const struct rt_place_cost *b);
+
+void run_pipe_text(FILE *f, const struct plan *p, int64_t decode_steps);
+void run_pipe_json(struct cJSON *j, const struct plan *p);
+/* Under mpirun with stages: the global entries of every rank's layers
+ * (gathered on rank 0) replace this rank's own in b; nothing otherwise. */
+void run_pipe_state_bytes(struct rt_state_bytes *b);
+/* A rank other than 0 writes its --dump to PATH.rankN (its layers' state,
+ * the logits and tokens every rank has). */
+int run_pipe_dump(const char *path, const struct rt_model *M, const struct rt_request *r,
+                  const struct rt_gen_result *res, char *err, size_t err_len);
+
+#endif

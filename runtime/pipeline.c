@@ -1,0 +1,329 @@
+/* pipeline.c: layer stages on several ranks (pipeline.h): the skip rule,
+ * the activation transfer, the logits after each graph, the placement
+ * check and the request driver. Messages go through pd_mpi.c. */
+#include "runtime/pipeline.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/check.h"
+#include "kernels/device.h"
+#include "runtime/pd.h"
+#include "runtime/pd_internal.h"
+#include "scheduler/plan_place.h"
+
+/* One message: its buffer and completion, both kept until StarPU-MPI has
+ * let go of them (pd_mpi_stop, at the end of the request). */
+struct sent {
+  void *buf;
+  struct pd_msg_state st;
+};
+
+static struct {
+  bool on;            /* under mpirun, inside rt_pipe_generate */
+  int me, world;
+  int seq;            /* graphs run in this request: part of each tag */
+  struct sent **sent; /* this request's messages */
+  int n_sent, cap_sent;
+  int first_open;     /* messages before it completed (sends_done) */
+  bool held;          /* CEDAR_PIPE_TEST_FAULT=hold: a transfer was held back */
+  pthread_mutex_t mu;
+  char err[256];
+  int rc;
+} pp = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static struct rt_pipe_stats last;
+const struct rt_pipe_stats *rt_pipe_last_stats(void) { return &last; }
+
+static double deadline_s(void) {
+  const char *s = getenv("CEDAR_PD_DEADLINE_S");
+  double d = s ? atof(s) : 0;
+  return d > 0 ? d : 60;
+}
+
+bool rt_pipe_multi(const struct plan *p) { return plan_has_stages(p) && rt_pd_world_size() > 1; }
+
+/* ---- the placement check -------------------------------------------------- */
+
+static const char *where(const struct plan_mark *m, char *buf, size_t len) {
+  if (m->file)
+    snprintf(buf, len, "%s:%d:%d: ", m->file, m->line, m->col);
+  else
+    buf[0] = 0;
+  return buf;
+}
+
+int rt_pipe_placement_check(const struct plan *p, struct plan_mark *at, char *err, size_t err_len) {
+  const struct plan_placement *pl = &p->serving.place;
+  int need = plan_place_ranks(p), have = rt_pd_world_size();
+  char w[320];
+  for (int s = 0; s < pl->n_stages; s++) {
+    const struct plan_stage *st = &pl->stage[s];
+    if (have > 0 && st->rank >= have) {
+      *at = st->mark_rank;
+      snprintf(err, err_len, "%sserving.placement.stages[%d].rank is %d: this placement needs %d ranks, but mpirun "
+               "gave %d; run mpirun -np %d or place the stage on a rank below %d", where(at, w, sizeof w), s,
+               st->rank, need, have, need, have);
+      return CEDAR_EUNSUPPORTED;
+    }
+    if (st->device == PLAN_DEV_CUDA) {
+      struct kern_device_info info[16];
+      char derr[128];
+      int nd = kern_device_query(info, 16, derr, sizeof derr);
+      if (nd < 0) nd = 0;
+      *at = st->mark_device;
+      if (st->device_id >= nd)
+        snprintf(err, err_len, "%sserving.placement.stages[%d] names cuda:%d, but this machine has %d CUDA device%s; "
+                 "%s", where(at, w, sizeof w), s, st->device_id, nd, nd == 1 ? "" : "s", nd > 0 ? "set a smaller device_id or device: cpu" : "set device: cpu");
+      else
+        snprintf(err, err_len, "%sserving.placement.stages[%d] names cuda:%d: this build has no CUDA backend for "
+                 "cedar's op groups yet; set device: cpu", where(at, w, sizeof w), s, st->device_id);
+      return CEDAR_EUNSUPPORTED;
+    }
+  }
+  for (int i = 0; i < pl->n_ep_ranks; i++)
+    if (have > 0 && pl->ep_rank[i] >= have) {
+      *at = pl->mark_ep_rank[i];
+      snprintf(err, err_len, "%sserving.placement.experts.ranks names rank %d: this placement needs %d ranks, but "
+               "mpirun gave %d; run mpirun -np %d", where(at, w, sizeof w), pl->ep_rank[i], need, have, need);
+      return CEDAR_EUNSUPPORTED;
+    }
+  return 0;
+}
+
+/* ---- nodes ------------------------------------------------------------------ */
+
+bool rt_pipe_skip(const struct graph *g, const struct graph_node *nd) {
+  return pp.on && !graph_runs_on(g, nd, pp.me);
+}
+
+static void fail(int rc, const char *fmt, const char *a, int b, double c) {
+  pthread_mutex_lock(&pp.mu);
+  if (!pp.rc) {
+    pp.rc = rc;
+    snprintf(pp.err, sizeof pp.err, fmt, a, b, c);
+  }
+  pthread_mutex_unlock(&pp.mu);
+}
+
+/* Wait for one message, or until dl seconds passed. */
+static bool wait_done(struct pd_msg_state *s, double dl) {
+  double until = pd_now() + dl;
+  while (!atomic_load(&s->done)) {
+    if (pd_now() > until) return false;
+    nanosleep(&(struct timespec){0, 200000}, NULL);
+  }
+  return true;
+}
+
+/* A new message of n bytes (copied from src when not NULL). */
+static struct sent *new_msg(const void *src, size_t n) {
+  struct sent *s = cedar_xcalloc(1, sizeof *s);
+  s->buf = cedar_xmalloc(n ? n : 1);
+  if (src) memcpy(s->buf, src, n);
+  pthread_mutex_lock(&pp.mu);
+  if (pp.n_sent == pp.cap_sent) {
+    pp.cap_sent = pp.cap_sent ? 2 * pp.cap_sent : 64;
+    pp.sent = cedar_xrealloc(pp.sent, sizeof(*pp.sent) * (size_t)pp.cap_sent);
+  }
+  pp.sent[pp.n_sent++] = s;
+  pthread_mutex_unlock(&pp.mu);
+  return s;
+}
+
+/* One tag per (graph, node): the low 20 bits the node, the rest the graph. */
+static int tag_of(int k) { return ((pp.seq % 1024) << 20) | (k & 0xfffff); }
+
+int rt_pipe_transfer_node(const struct rt_node_ctx *c) {
+  const struct graph *g = c->g;
+  const struct graph_node *nd = c->nd;
+  int src = nd->xfer_src, dst = nd->xfer_dst;
+  size_t bytes = (size_t)g->data[src].bytes;
+  if (!pp.on) { /* one process plays every rank */
+    memcpy(c->buf[dst], c->buf[src], bytes);
+    return 0;
+  }
+  int k = (int)(nd - g->node), from = g->data[src].home.rank, to = g->data[dst].home.rank;
+  if (pp.me == from) { /* detached: the next chunk computes while it travels */
+    struct sent *s = new_msg(c->buf[src], bytes);
+    pthread_mutex_lock(&pp.mu);
+    struct rt_pipe_rank *rk = &last.rank[pp.me];
+    rk->bytes_sent += (int64_t)bytes;
+    rk->messages++;
+    if (g->flow != GRAPH_DECODE)
+      last.act_bytes_prefill += (int64_t)bytes;
+    else
+      last.act_bytes_decode += (int64_t)bytes;
+    pthread_mutex_unlock(&pp.mu);
+    const char *fault = getenv("CEDAR_PIPE_TEST_FAULT"); /* a test: this rank's first decode transfer never leaves */
+    if (fault && !strcmp(fault, "hold") && g->flow == GRAPH_DECODE && !pp.held) {
+      pp.held = true;
+      atomic_store(&s->st.done, 1);
+      return 0;
+    }
+    return pd_mpi_send(s->buf, bytes, to, tag_of(k), &s->st);
+  }
+  struct sent *m = new_msg(NULL, bytes);
+  int rc = pd_mpi_recv(m->buf, bytes, from, tag_of(k), &m->st);
+  if (rc) return rc;
+  double dl = deadline_s();
+  if (!wait_done(&m->st, dl)) {
+    fail(CEDAR_EIO, "%s: nothing arrived from rank %d for %.0f s (CEDAR_PD_DEADLINE_S): that rank died or is stuck; "
+         "this request fails", nd->name, from, dl);
+    return CEDAR_EIO;
+  }
+  memcpy(c->buf[dst], m->buf, bytes);
+  free(m->buf); /* the payload is no longer needed; the handle goes at pd_mpi_stop */
+  m->buf = NULL;
+  return 0;
+}
+
+/* ---- after a graph ------------------------------------------------------------ */
+
+static int head_rank(const struct graph *g) {
+  for (int k = g->n_node - 1; k >= 0; k--)
+    if (g->node[k].op == GRAPH_HEAD) return g->node[k].place.rank;
+  return 0;
+}
+
+/* Every message posted so far completed, within the deadline (the
+ * deadline restarts at each completion); their payloads are freed. */
+static bool sends_done(void) {
+  for (int i = pp.first_open; i < pp.n_sent; i++) {
+    if (!wait_done(&pp.sent[i]->st, deadline_s())) return false;
+    free(pp.sent[i]->buf);
+    pp.sent[i]->buf = NULL;
+    pp.first_open = i + 1;
+  }
+  return true;
+}
+
+/* Free every message (after pd_mpi_stop let go of them). */
+static void msgs_free(void) {
+  for (int i = 0; i < pp.n_sent; i++) {
+    free(pp.sent[i]->buf);
+    free(pp.sent[i]);
+  }
+  free(pp.sent);
+  pp.sent = NULL;
+  pp.n_sent = pp.cap_sent = pp.first_open = 0;
+}
+
+/* Send / receive n bytes at buf between this rank and peer, waiting. */
+static int xchg(void *buf, size_t n, int peer, int tag, bool send) {
+  struct sent *m = new_msg(send ? buf : NULL, n);
+  int rc = send ? pd_mpi_send(m->buf, n, peer, tag, &m->st) : pd_mpi_recv(m->buf, n, peer, tag, &m->st);
+  if (rc) return rc;
+  if (!wait_done(&m->st, deadline_s())) {
+    fail(CEDAR_EIO, "%s: no answer from rank %d for %.0f s (CEDAR_PD_DEADLINE_S): that rank died or is stuck; this "
+         "request fails", send ? "sending the logits" : "waiting for the logits", peer, deadline_s());
+    return CEDAR_EIO;
+  }
+  if (!send) memcpy(buf, m->buf, n);
+  free(m->buf);
+  m->buf = NULL;
+  return 0;
+}
+
+int rt_pipe_after_graph(const struct graph *g, struct rt_exec_out *out, const struct rt_exec_stats *st, int rc,
+                        char *err, size_t err_len) {
+  if (!pp.on) return rc;
+  if (!rc && st) {
+    double busy = 0;
+    for (int op = 0; op < GRAPH_OP_COUNT; op++)
+      if (op != GRAPH_TRANSFER) busy += st->op_seconds[op];
+    struct rt_pipe_rank *rk = &last.rank[pp.me];
+    /* st accumulates over the decode steps; the prefill is one graph */
+    if (g->flow == GRAPH_DECODE)
+      rk->decode_busy_s = busy, rk->decode_wall_s = st->seconds;
+    else {
+      rk->prefill_busy_s = busy, rk->prefill_wall_s = st->seconds;
+      rk->prefill_t1 = pd_now();
+      rk->prefill_t0 = rk->prefill_t1 - st->seconds;
+    }
+  }
+  if (!rc && !sends_done())
+    fail(CEDAR_EIO, "%s: a transfer to rank %d did not complete in %.0f s; this request fails", "the pipeline", -1,
+         deadline_s());
+  const int V = g->plan->model.vocab;
+  int hr = head_rank(g), tag = tag_of(0xfffff);
+  for (int r = 0; r < pp.world && !rc && !pp.rc; r++) {
+    if (r == hr || (pp.me != hr && pp.me != r) || g->out_rows == 0) continue;
+    bool send = pp.me == hr;
+    if (out->logits) rc = xchg(out->logits, sizeof(float) * (size_t)g->out_rows * V, send ? r : hr, tag, send);
+    if (!rc && out->pos) rc = xchg(out->pos, sizeof(int64_t) * (size_t)g->out_rows, send ? r : hr, tag - 1, send);
+  }
+  pp.seq++;
+  if (pp.rc) {
+    snprintf(err, err_len, "rank %d: %s", pp.me, pp.err);
+    return pp.rc;
+  }
+  return rc;
+}
+
+/* ---- the request -------------------------------------------------------------- */
+
+/* Rank 0 gathers every rank's figures. */
+static void gather_figures(void) {
+  if (pp.me != 0) {
+    xchg(&last.rank[pp.me], sizeof last.rank[0], 0, tag_of(0xffffd), true);
+    return;
+  }
+  for (int r = 1; r < pp.world && r < RT_PIPE_MAX_RANKS; r++) xchg(&last.rank[r], sizeof last.rank[0], r, tag_of(0xffffd), false);
+}
+
+int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
+                     int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len) {
+  const struct plan *p = M->p;
+  memset(&last, 0, sizeof last);
+  last.ranks = plan_place_ranks(p);
+  last.stages = p->serving.place.n_stages;
+  int chunk = o->chunk > 0 ? o->chunk : p->serving.prefill_chunk;
+  last.chunks = (int)((n + chunk - 1) / chunk);
+  if (p->serving.place.n_ep_ranks) {
+    char w[320];
+    snprintf(err, err_len, "%sserving.placement.experts: running experts on other ranks (dispatch and combine "
+             "nodes) is not built yet; `cedar plan cost --per-rank` accounts this placement. Drop experts: to run it",
+             where(&p->serving.place.mark_experts, w, sizeof w));
+    return CEDAR_EUNSUPPORTED;
+  }
+  if (!rt_pipe_multi(p)) return rt_generate(M, pools, r, prompt, n, o, res, err, err_len);
+  if (o->cache) {
+    snprintf(err, err_len, "layer stages on several ranks run without the prefix cache (each rank would cache only "
+             "its layers); run without --cache");
+    return CEDAR_EUNSUPPORTED;
+  }
+  if (rt_pd_world_size() > RT_PIPE_MAX_RANKS) {
+    snprintf(err, err_len, "layer stages run on at most %d ranks; mpirun gave %d", RT_PIPE_MAX_RANKS,
+             rt_pd_world_size());
+    return CEDAR_EUNSUPPORTED;
+  }
+  int rc = pd_mpi_start(err, err_len);
+  if (rc) return rc;
+  last.mpi = true;
+  pp.me = rt_pd_world_rank();
+  pp.world = rt_pd_world_size();
+  pp.seq = 0;
+  pp.held = false;
+  pp.rc = 0;
+  pp.err[0] = 0;
+  pp.on = true;
+  rc = rt_generate(M, pools, r, prompt, n, o, res, err, err_len);
+  if (!rc) {
+    struct rt_state_bytes b;
+    rt_request_bytes(r, &b);
+    last.rank[pp.me].kv_entries = b.kv_entries;
+    last.rank[pp.me].kv_entry_bytes = b.kv_entry_bytes;
+    last.rank[pp.me].kv_page_bytes = b.kv_page_bytes;
+    gather_figures();
+  }
+  pp.on = false;
+  bool idle = sends_done() && pd_mpi_stop();
+  if (!idle) pd_mpi_abort(rc ? err : "a pipeline message is still posted");
+  msgs_free();
+  if (rc) return rc;
+  return pp.me == 0 ? 0 : 1;
+}

@@ -1,0 +1,78 @@
+/* pipeline.h: one request across layer stages on several ranks
+ * (serving.placement.stages; docs/placement.md).
+ *
+ * The compiler places every node on its stage's rank and puts activation
+ * TRANSFER nodes at the stage boundaries (scheduler/graph_place.c). Every
+ * rank compiles the same graphs and runs them with its usual executor;
+ * rt_run_node hands each node to rt_pipe_skip first, so a rank runs only
+ * its own nodes and the transfers that touch it:
+ *
+ *   - one process (no mpirun): every node runs here, a transfer is a copy
+ *     of the buffer (the same graph as under mpirun, the same bits);
+ *   - under mpirun: the sending rank posts the activation through
+ *     StarPU-MPI (pd_mpi.c) and goes on with the next chunk (the wavefront:
+ *     stage 0 runs chunk c+1 while stage 1 runs chunk c); the receiving
+ *     rank waits for it, failing the request when nothing arrives for
+ *     CEDAR_PD_DEADLINE_S seconds (a dead or stuck peer), never hanging.
+ *     After each graph the rank of the head sends the logits to every
+ *     other rank, so each samples the same next token from the same seed.
+ *
+ * Rank 0 prints the report; the figures (busy time over rank time per
+ * rank, bytes sent) are gathered there.
+ * Not here: expert parallelism (serving.placement.experts is accounted by
+ * plan cost --per-rank; running it is refused until dispatch/combine nodes
+ * exist).
+ * Test: tests/test_place.c (one process), tests/cli/pp_mpi.sh (mpirun).
+ */
+#ifndef CEDAR_RUNTIME_PIPELINE_H
+#define CEDAR_RUNTIME_PIPELINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/backend.h"
+#include "runtime/exec.h"
+#include "runtime/generate.h"
+
+#define RT_PIPE_MAX_RANKS 64
+
+struct rt_pipe_rank {
+  double prefill_busy_s, prefill_wall_s; /* the node time of its own non-transfer nodes; the graph's wall time */
+  double prefill_t0, prefill_t1;         /* its prefill graph's start and end (CLOCK_MONOTONIC: one host's clock) */
+  double decode_busy_s, decode_wall_s;   /* summed over the decode steps */
+  int64_t bytes_sent, messages;
+  int64_t kv_entries, kv_entry_bytes, kv_page_bytes; /* the global entries its layers hold after the request */
+};
+
+struct rt_pipe_stats {
+  bool mpi;                       /* the ranks were processes under mpirun (else one process) */
+  int ranks, stages, chunks;      /* prefill chunks of the request */
+  struct rt_pipe_rank rank[RT_PIPE_MAX_RANKS];
+  int64_t act_bytes_prefill;      /* activation bytes the prefill's transfers moved */
+  int64_t act_bytes_decode;       /* per decode step */
+};
+
+/* This process runs the stages of plan p as ranks of an MPI job. */
+bool rt_pipe_multi(const struct plan *p);
+/* 0 when p's stages and experts can run here; else CEDAR_EUNSUPPORTED
+ * with "file:line:col: ..." naming the rank (both numbers) or device. */
+int rt_pipe_placement_check(const struct plan *p, struct plan_mark *at, char *err, size_t err_len);
+
+/* One request through the stages (rt_generate's flow). Returns 0 on the
+ * reporting rank (0), 1 on the others, or a negative status with err. */
+int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
+                     int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len);
+
+/* For the executors (exec_node.c, generate.c): */
+bool rt_pipe_skip(const struct graph *g, const struct graph_node *nd);
+int rt_pipe_transfer_node(const struct rt_node_ctx *c);
+/* After graph g ran (rc its result): every rank gets the logits; the
+ * transfer's own message replaces err when one failed. */
+int rt_pipe_after_graph(const struct graph *g, struct rt_exec_out *out, const struct rt_exec_stats *st, int rc,
+                        char *err, size_t err_len);
+
+/* The last request's figures (rank 0 has every rank's). */
+const struct rt_pipe_stats *rt_pipe_last_stats(void);
+
+#endif

@@ -1,0 +1,168 @@
+/* place_cost.c: per-rank bytes of a layer and expert placement
+ * (place_cost.h). */
+#include "runtime/place_cost.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/check.h"
+#include "runtime/checkpoint.h"
+#include "runtime/weights.h"
+#include "scheduler/plan_cost.h"
+#include "scheduler/plan_place.h"
+
+/* A tensor's bytes in the released checkpoint's stored format. */
+static int64_t stored_bytes(const struct weights_spec *s) {
+  int layer;
+  const struct ckpt_map_row *row = ckpt_map_find(s->name, &layer);
+  int64_t elems = 1;
+  for (int i = 0; i < s->ndim; i++) elems *= s->shape[i];
+  if (!row) return (int64_t)s->nbytes;
+  switch (row->conv) {
+  case CKPT_FP8: { /* E4M3 values + one E8M0 per 32x32 tile of the 2-D view */
+    int64_t cols = s->shape[s->ndim - 1], rows = elems / (cols ? cols : 1);
+    return elems + ((rows + 31) / 32) * ((cols + 31) / 32);
+  }
+  case CKPT_EXPERTS: return elems / 2 + elems / 32; /* E2M1 two a byte + E8M0 per 32 */
+  case CKPT_ENGRAM: return (int64_t)s->nbytes;     /* cedar's rows are the stored E4M3 + E8M0 bytes */
+  case CKPT_ABSENT: return 0;
+  case CKPT_BIAS2: return elems * 4;
+  case CKPT_FLOAT: return elems * (row->dtype == ST_BF16 ? 2 : 4);
+  }
+  return (int64_t)s->nbytes;
+}
+
+static int stage_rank(const struct plan *p, int s) {
+  return plan_has_stages(p) ? p->serving.place.stage[s].rank : p->serving.prefill_rank;
+}
+
+static int layer_rank(const struct plan *p, int l) { return stage_rank(p, plan_stage_of(p, l)); }
+
+/* C(a, k) / C(b, k) for a <= b: the chance k draws without replacement from
+ * b items all miss the b - a others. */
+static double choose_ratio(int a, int b, int k) {
+  if (k > a) return 0;
+  double r = 1;
+  for (int i = 0; i < k; i++) r *= (double)(a - i) / (double)(b - i);
+  return r;
+}
+
+int rt_place_cost(const struct plan *p, int64_t tokens, double capacity, struct rt_place_cost *out) {
+  memset(out, 0, sizeof *out);
+  out->tokens = tokens;
+  out->capacity = capacity;
+  int R = plan_place_ranks(p);
+  if (R > RT_PLACE_MAX_RANKS) {
+    snprintf(out->error, sizeof out->error, "the placement names %d ranks; accounting takes at most %d", R,
+             RT_PLACE_MAX_RANKS);
+    return CEDAR_EINVAL;
+  }
+  out->ranks = R;
+  const struct plan_placement *pl = &p->serving.place;
+  const struct plan_model *m = &p->model;
+  for (int r = 0; r < R; r++) out->r[r].first_layer = out->r[r].last_layer = -1;
+  for (int s = 0; s < (plan_has_stages(p) ? pl->n_stages : 1); s++) {
+    struct rt_rank_cost *rk = &out->r[stage_rank(p, s)];
+    int lo = plan_has_stages(p) ? pl->stage[s].lo : 0, hi = plan_has_stages(p) ? pl->stage[s].hi : p->n_layers - 1;
+    if (rk->first_layer < 0 || lo < rk->first_layer) rk->first_layer = lo;
+    if (hi > rk->last_layer) rk->last_layer = hi;
+    rk->cuda = plan_has_stages(p) ? pl->stage[s].device == PLAN_DEV_CUDA : p->serving.prefill_device == PLAN_DEV_CUDA;
+  }
+  /* weights */
+  struct weights_list wl;
+  char err[200];
+  if (weights_list_init(&wl, p, err, sizeof err)) {
+    snprintf(out->error, sizeof out->error, "%s", err);
+    return CEDAR_EINVAL;
+  }
+  int first = layer_rank(p, 0), lastr = layer_rank(p, p->n_layers - 1), eng = plan_engram_rank(p);
+  for (size_t i = 0; i < wl.n; i++) {
+    const struct weights_spec *s = &wl.t[i];
+    int64_t b = stored_bytes(s);
+    out->total_weights += b;
+    const char *leaf = strchr(s->name, '.');
+    if (s->layer < 0) {
+      out->r[!strcmp(s->name, "embed") ? first : lastr].weights += b;
+      continue;
+    }
+    leaf = strchr(leaf + 1, '.') + 1; /* after "layers.L." */
+    if (!strncmp(leaf, "ffn.experts.", 12)) {
+      for (int e = 0; e < m->n_routed; e++) {
+        struct rt_rank_cost *rk = &out->r[plan_expert_rank(p, s->layer, e)];
+        int64_t part = b / m->n_routed + (e < b % m->n_routed);
+        rk->weights += part;
+        rk->experts += part;
+      }
+    } else if (!strcmp(leaf, "engram.table")) {
+      struct rt_rank_cost *rk = &out->r[pl->engram_set ? eng : layer_rank(p, s->layer)];
+      if (pl->engram_set && pl->engram_memory == PLAN_ENGRAM_FILE)
+        rk->engram_file += b;
+      else if (pl->engram_set)
+        rk->engram_host += b;
+      else
+        rk->weights += b, rk->engram_device += b;
+    } else {
+      out->r[layer_rank(p, s->layer)].weights += b;
+    }
+  }
+  weights_list_free(&wl);
+  /* one request's state at N */
+  struct plan_cost_query q;
+  plan_cost_query_init(&q);
+  q.tokens = tokens;
+  struct plan_cost *c = cedar_xcalloc(1, sizeof *c);
+  if (plan_cost_compute(p, &q, c)) {
+    snprintf(out->error, sizeof out->error, "%s", c->error);
+    free(c);
+    return CEDAR_EINVAL;
+  }
+  for (int i = 0; i < c->n_sources; i++) {
+    struct rt_rank_cost *rk = &out->r[layer_rank(p, c->src[i].layer)];
+    rk->kv += c->src[i].bytes;
+    rk->tails += c->src[i].tail_bytes;
+  }
+  for (int l = 0; l < p->n_layers; l++)
+    out->r[layer_rank(p, l)].swa += c->swa_payload_per_layer + c->swa_scale_bytes / (p->n_layers ? p->n_layers : 1);
+  free(c);
+  /* activations across each stage boundary, per token */
+  int64_t stream = ((int64_t)m->hc_streams * m->hidden + m->hc_streams) * 4;
+  for (int s = 0; plan_has_stages(p) && s + 1 < pl->n_stages; s++) {
+    int64_t b = stream;
+    int cut = pl->stage[s + 1].lo;
+    bool topk[PLAN_MAX_LAYERS] = {false}, pool[PLAN_MAX_LAYERS] = {false};
+    for (int l = cut; l < p->n_layers; l++) { /* buses built before the cut and read after it, once each */
+      const struct plan_layer *L = &p->layer[l];
+      if (L->mode == PLAN_REUSE && L->topk_src >= 0 && L->topk_src < cut && !topk[L->topk_src]) {
+        topk[L->topk_src] = true;
+        b += (int64_t)m->topk * 4;
+      }
+      if (L->mode == PLAN_REINDEX && L->cand == PLAN_CAND_READ && L->pool_src >= 0 && L->pool_src < cut &&
+          !pool[L->pool_src]) {
+        pool[L->pool_src] = true;
+        b += (int64_t)m->cand_top_blocks * 4;
+      }
+    }
+    out->r[stage_rank(p, s)].act_per_token += b;
+  }
+  /* expert parallel: expected dispatch and combine per token */
+  int Re = pl->n_ep_ranks;
+  for (int l = 0; Re && l < p->n_layers; l++) {
+    if (!pl->ep_layer[l]) continue;
+    int home = layer_rank(p, l), per = m->n_routed / Re, k = m->n_active;
+    double miss = choose_ratio(m->n_routed - per, m->n_routed, k); /* a rank holds none of the k */
+    for (int i = 0; i < Re; i++) {
+      int er = pl->ep_rank[i];
+      if (er == home) continue;
+      out->r[home].ep_dispatch_per_token += (1 - miss) * m->hidden * 4.0;
+      out->r[er].ep_combine_per_token += (double)k * per / m->n_routed * m->hidden * 4.0;
+    }
+  }
+  for (int r = 0; r < R; r++) {
+    struct rt_rank_cost *rk = &out->r[r];
+    rk->resident = rk->weights + rk->kv + rk->swa + rk->tails;
+    rk->fits = (double)rk->resident <= capacity;
+  }
+  return 0;
+}

@@ -1,0 +1,170 @@
+/* graph_place.c: the compiler's placement pass for layer stages
+ * (serving.placement.stages, scheduler/plan_place.h): every node goes to
+ * the rank of the stage holding its layer, every state object to its
+ * layer's stage, and an activation or bus read on another rank than the
+ * one that last wrote it gets a TRANSFER node first (the residual streams
+ * and the carried mHC pre at a stage boundary; a Top-K or candidate bus
+ * read across one). Runs on a graph whose nodes are emitted but whose
+ * edges are not derived yet: the transfers then get explicit edges like
+ * every node (read after the write they ship, the copy's readers after it).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/check.h"
+#include "scheduler/graph.h"
+#include "scheduler/plan_place.h"
+
+static struct graph_place stage_place(const struct plan *p, int s) {
+  const struct plan_stage *st = &p->serving.place.stage[s];
+  struct graph_place pl = {st->rank, st->device == PLAN_DEV_CUDA ? GRAPH_DEV_CUDA : GRAPH_DEV_CPU, 0};
+  if (pl.dev == GRAPH_DEV_CUDA) pl.dev_id = st->device_id;
+  return pl;
+}
+
+static int first_decoder(const struct plan *p) {
+  for (int l = 0; l < p->n_layers; l++)
+    if (p->layer[l].region == PLAN_DECODER) return l;
+  return p->n_layers - 1;
+}
+
+/* Where node nd runs. */
+static struct graph_place node_place(const struct plan *p, const struct graph_node *nd) {
+  switch (nd->op) {
+  case GRAPH_EMBED: return stage_place(p, plan_stage_of(p, 0));
+  case GRAPH_HEAD: return stage_place(p, plan_stage_of(p, p->n_layers - 1));
+  case GRAPH_KEEP_XE:
+  case GRAPH_REPLAY_IN: return stage_place(p, plan_stage_of(p, first_decoder(p))); /* CED's replay lives there */
+  default: return stage_place(p, plan_stage_of(p, nd->layer >= 0 ? nd->layer : 0));
+  }
+}
+
+static void remap(struct graph_node *nd, int from, int to) {
+  for (int u = 0; u < nd->n_use; u++)
+    if (nd->use[u].data == from) nd->use[u].data = to;
+  if (nd->x == from) nd->x = to;
+  if (nd->aux == from) nd->aux = to;
+  if (nd->pre == from) nd->pre = to;
+  for (int i = 0; i < 4; i++)
+    if (nd->bus[i] == from) nd->bus[i] = to;
+}
+
+static int add_copy(struct graph *g, int src, struct graph_place home) {
+  if (g->n_data == g->cap_data) {
+    g->cap_data = g->cap_data ? 2 * g->cap_data : 64;
+    g->data = cedar_xrealloc(g->data, sizeof(*g->data) * g->cap_data);
+  }
+  struct graph_data *d = &g->data[g->n_data];
+  *d = g->data[src];
+  d->home = home;
+  d->last_use = -1;
+  char base[32];
+  snprintf(base, sizeof base, "%s", g->data[src].name);
+  snprintf(d->name, sizeof d->name, "%.24s@r%d", base, home.rank);
+  return g->n_data++;
+}
+
+static bool movable(const struct graph_data *d) { return d->kind == GRAPH_ACT || d->kind == GRAPH_BUS; }
+
+static void grow(struct graph *g) {
+  if (g->n_node == g->cap_node) {
+    g->cap_node = g->cap_node ? 2 * g->cap_node : 64;
+    g->node = cedar_xrealloc(g->node, sizeof(*g->node) * g->cap_node);
+  }
+}
+
+/* A TRANSFER of activation d's current version from its copy src on rank
+ * `from` to its copy dst on rank `to`, before node nd. It runs on the
+ * sending side (graph.h); the receiving side runs it too (graph_runs_on). */
+static void push_transfer(struct graph *g, const struct graph_node *nd, int d, int src, int dst, int from, int to) {
+  grow(g);
+  struct graph_node *t = &g->node[g->n_node++];
+  memset(t, 0, sizeof *t);
+  t->op = GRAPH_TRANSFER;
+  t->layer = -1;
+  t->chunk = nd->chunk;
+  t->a = g->data[d].a0;
+  t->n = nd->n;
+  t->x = t->aux = t->pre = -1;
+  for (int i = 0; i < 4; i++) t->bus[i] = -1;
+  t->n_slots = 1;
+  t->xfer_src = src;
+  t->xfer_dst = dst;
+  t->place = g->data[src].home;
+  char nm[32];
+  snprintf(nm, sizeof nm, "%s", g->data[d].name);
+  snprintf(t->name, sizeof t->name, "xfer %.16s r%d>r%d", nm, from & 0xff, to & 0xff);
+  t->use = cedar_xmalloc(sizeof(*t->use) * 2);
+  t->use[0] = (struct graph_use){src, GRAPH_R, 0, 0, 0};
+  t->use[1] = (struct graph_use){dst, GRAPH_W, 0, 0, 0};
+  t->n_use = 2;
+  g->n_act_transfer++;
+}
+
+void graph__place_stages(struct graph *g) {
+  const struct plan *p = g->plan;
+  if (!plan_has_stages(p)) return;
+  int R = plan_place_ranks(p), n0 = g->n_data;
+  /* state and weights: with their layer's stage; the kept encoder outputs
+   * with the decoder; the token history and the model-wide weights on every
+   * rank (each embeds or gathers Engram rows from its own copy). */
+  for (int d = 0; d < n0; d++) {
+    struct graph_data *gd = &g->data[d];
+    if (gd->layer >= 0 && !movable(gd)) gd->home = stage_place(p, plan_stage_of(p, gd->layer));
+    if (gd->kind == GRAPH_STATE && gd->state == GRAPH_ST_XE) gd->home = stage_place(p, plan_stage_of(p, first_decoder(p)));
+  }
+  /* own[d * R + r]: d's data id on rank r (-1 until needed; the first
+   * writer's rank takes d itself); cur: that copy holds d's current version */
+  int *own = cedar_xmalloc(sizeof(int) * (size_t)n0 * (size_t)R);
+  bool *cur = cedar_xcalloc((size_t)n0 * (size_t)R, sizeof(bool));
+  bool *taken = cedar_xcalloc((size_t)n0, sizeof(bool));
+  for (int i = 0; i < n0 * R; i++) own[i] = -1;
+  struct graph_node *old = g->node;
+  int n_old = g->n_node;
+  g->node = NULL;
+  g->n_node = g->cap_node = 0;
+  g->n_act_transfer = 0;
+  for (int k = 0; k < n_old; k++) {
+    struct graph_node nd = old[k];
+    nd.place = node_place(p, &nd);
+    int me = nd.place.rank;
+    for (int u = 0; u < nd.n_use; u++) {
+      int d = nd.use[u].data;
+      if (d >= n0 || !movable(&g->data[d])) continue;
+      int *o = &own[d * R];
+      bool *c = &cur[d * R];
+      if (o[me] < 0) {
+        if (!taken[d]) {
+          o[me] = d;
+          g->data[d].home = nd.place;
+          taken[d] = true;
+        } else {
+          o[me] = add_copy(g, d, nd.place);
+        }
+      }
+      if ((nd.use[u].mode & GRAPH_R) && !c[me]) { /* the current version lives elsewhere: ship it */
+        int from = -1;
+        for (int r = 0; r < R && from < 0; r++)
+          if (c[r]) from = r;
+        CEDAR_ASSERT_MSG(from >= 0, "%s reads %s before anything wrote it", nd.name, g->data[d].name);
+        push_transfer(g, &nd, d, o[from], o[me], from, me);
+        c[me] = true;
+      }
+      if (nd.use[u].mode & GRAPH_W) /* a new version: only this rank's copy is current */
+        for (int r = 0; r < R; r++) c[r] = r == me;
+      if (o[me] != d) remap(&nd, d, o[me]);
+    }
+    grow(g);
+    g->node[g->n_node++] = nd;
+  }
+  free(own);
+  free(cur);
+  free(taken);
+  for (int d = 0; d < g->n_data; d++) g->data[d].last_use = -1; /* finish() derives them */
+  free(old);
+}
+
+bool graph_runs_on(const struct graph *g, const struct graph_node *nd, int rank) {
+  if (nd->op == GRAPH_TRANSFER && nd->xfer_dst >= 0 && g->data[nd->xfer_dst].home.rank == rank) return true;
+  return nd->place.rank == rank;
+}
