@@ -85,6 +85,10 @@ int cli_check_out(const char *cmd, const char *flag, const char *path);
  * 1024; "KiB", "KB" spellings too): "8G", "500M", "1000". */
 bool cli_parse_size(const char *s, uint64_t *out);
 
+/* `cedar run --help` (cli/run_usage.c): a printf format taking the default
+ * plan (%s) and the built-in prompt's length (%zu). */
+extern const char run_usage[];
+
 /* Print "cedar <cmd>: <msg>" to stderr and return 2 (usage error). */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -48,75 +48,8 @@ static const char default_prompt[] =
     "encoder-decoder with sparse attention over a compressed global cache, sliding windows, "
     "bounded replay, mixture-of-experts feed-forward layers and conditional memory.";
 
-static const char usage[] =
-    "usage: cedar run [--plan P] [--weights W | --model DIR | --seed S] [--prompt TEXT | --tokens 1,2,3 | --prompt-len N]\n"
-    "                 [--raw] [--system TEXT] [--stop STR]... [--ids] [--max-new N] [--chunk C] [--replay R]\n"
-    "                 [--temperature T] [--top-p P] [--top-k K] [--repetition-penalty R] [--sample-seed S]\n"
-    "                 [--exact-replay] [--dump FILE] [--json] [--tokenizer PATH]\n"
-    "                 [--executor direct|starpu] [--sched NAME] [--workers N] [--trace FILE] [--dot FILE]\n"
-    "                 [--speculate forced:R[,R...] [--draft-len L] [--verify-len auto|L]]\n"
-    "Run one request through plan P (default %s): prefill the prompt through the graph the\n"
-    "plan compiles to (CED: encoder chunks, decoder-global projection, bounded decoder replay;\n"
-    "dense when serving.ced is off), then decode N tokens, one graph per step.\n"
-    "  --weights W       safetensors weights, checked tensor by tensor against the plan\n"
-    "  --model DIR       a checkpoint directory in the released layout (config.json, shards,\n"
-    "                    index; docs/checkpoints.md): its config gives the plan, or --plan P is\n"
-    "                    checked against it; its tensors are the weights\n"
-    "  --seed S          without --weights: synthetic weights from seed S (default 0), as\n"
-    "                    `cedar weights init` makes them; also seeds sampling (unless --sample-seed)\n"
-    "  --prompt TEXT     text through the DeepSeek tokenizer and its chat format (below)\n"
-    "  --tokens LIST     comma-separated token ids (the output is ids)\n"
-    "  --tokenizer PATH  a tokenizer.json: the Engram token map comes from it (Appendix V #18) when\n"
-    "                    its key count is model.engram.compressed_vocab (else id mod compressed_vocab,\n"
-    "                    with a warning; with --model a mismatch is an error, and DIR/tokenizer.json\n"
-    "                    is the default); the report names the map in use\n"
-    "  --prompt-len N    the built-in text repeated to N tokens (byte tokens, a synthetic workload; without\n"
-    "                    --prompt, --tokens or --prompt-len the built-in text as byte tokens); the prompt plus\n"
-    "                    --max-new may not pass the plan's positions (model.rope.csa: 1M for V4.1)\n"
-    "                    (default: the built-in text, %zu tokens)\n"
-    "  --max-new N       tokens to generate (default 16); the first comes from the prefill\n"
-    "  --chunk C         prefill chunk in tokens (default serving.prefill_chunk)\n"
-    "  --replay R        decoder replay length (default serving.replay.decoder)\n"
-    "  --temperature T   0 = greedy (default); T > 0 samples, with --top-p P in (0, 1]\n"
-    "                    (--top-p without T > 0 is refused)\n"
-    "  --exact-replay    also prefill with the decoder replaying every prompt position and\n"
-    "                    report the drift of bounded replay against it\n"
-    "  --dump FILE       write logits of every prefill position that ran through every layer,\n"
-    "                    decode logits, tokens and caches as safetensors\n"
-    "  --json            print the report as one JSON object\n"
-    "  --executor E      direct (default): one thread, graph order, no per-task cost (a single\n"
-    "                    request decodes fastest on it: docs/runtime.md); starpu: one StarPU task\n"
-    "                    per graph node on CPU workers, in parallel where the graph's edges\n"
-    "                    allow. Both give the same bits.\n"
-    "  --sched NAME      StarPU scheduling policy (eager, lws, dmda, prio, ...; default\n"
-    "                    STARPU_SCHED, else StarPU's own); selects --executor starpu\n"
-    "  --workers N       StarPU CPU workers (default STARPU_NCPU, else one per core); selects starpu\n"
-    "  --trace FILE      write every task that ran (prefill and decode steps) as Chrome Trace\n"
-    "                    Event JSON: one track per worker (opens in Perfetto and speedscope);\n"
-    "                    selects --executor starpu\n"
-    "  --dot FILE        write the prefill graph that ran as Graphviz DOT\n"
-    "  --speculate forced:R[,R...]  decode plain, then speculatively once per R (direct executor,\n"
-    "                    docs/speculative.md): each round drafts --draft-len tokens (default the plan's\n"
-    "                    dspark.draft) that agree with the plain greedy continuation with probability R,\n"
-    "                    verifies them in one forward, keeps the agreeing prefix plus the correction\n"
-    "                    and rolls the rest back; prints tokens/s of both, whether the greedy tokens\n"
-    "                    are bitwise equal (exit 2 if not) and vLLM's acceptance metrics. The model's\n"
-    "                    own DSpark drafter (mtp blocks) is not wired yet and is refused\n"
-    "  --verify-len auto|L  drafts verified a round: auto (default) picks L from the measured\n"
-    "                    time of a verify round of each length and the drafts' confidence (SPEC 3.16)\n"
-    "  --device D        cpu (default): the plan's serving.placement as written; cuda: both\n"
-    "                    phases on CUDA device 0, refused with the reason while this machine has\n"
-    "                    no GPU or this build has no CUDA op groups (docs/cuda.md)\n"
-    "A prefill longer than a second shows a progress bar on stderr when stderr is a terminal.\n"
-    "A plan whose serving.placement puts prefill and decode on different ranks (plans/v41-mini-pd.yaml)\n"
-    "runs under `mpirun -np 2` through StarPU-MPI (the decode rank prints the report, --dump and --dot,\n"
-    "plus the transfer figures, and writes --trace with a process per rank and a flow per transfer;\n"
-    "CEDAR_PD_DEADLINE_S bounds every wait, default 60), or without mpirun as both roles in this\n"
-    "process (docs/runtime.md).\n"
-    "A plan with serving.placement.stages (plans/v41-mini-pp2.yaml) runs its layer stages on the ranks of\n"
-    "`mpirun -np N` (rank 0 prints the report with busy time and bubbles per rank; --dump writes rank N's\n"
-    "layers to DUMP.rankN), or every stage in this process without mpirun; serving.placement.experts is\n"
-    "refused (accounted only: cedar plan cost --per-rank; docs/placement.md).\n";
+/* The --help text: cli/run_usage.c (printf arguments: the default plan, the
+ * built-in prompt's length). */
 
 struct ropts {
   const char *plan, *weights, *prompt, *tokens, *dump, *sched, *trace, *dot, *model;
@@ -273,7 +206,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
       if (!cli_parse_int(optarg, 0, INT64_MAX, &v)) return cli_usage_error("run", "--sample-seed takes an integer >= 0");
       o->sample_seed = (uint64_t)v, o->sample_seed_given = true;
       break;
-    case 'h': printf(usage, CEDAR_DEFAULT_PLAN, sizeof(default_prompt) - 1), fputs(run_text_usage, stdout); return 0;
+    case 'h': printf(run_usage, CEDAR_DEFAULT_PLAN, sizeof(default_prompt) - 1), fputs(run_text_usage, stdout); return 0;
     default: return cli_usage_error("run", "bad option, or an option without its value: '%s'", argv[optind - 1]);
     }
   }
