@@ -596,7 +596,8 @@ int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, flo
 /* Batched decode attention: B requests, one position each. The row-wise
  * parts run once over the B rows (mHC, norm, q, kS, the output projection:
  * GEMMs over M = B), the per-request parts on each request's own state
- * exactly as rt_attn runs a one-position tile: its ring, its compressor tail
+ * exactly as rt_attn runs a one-position tile (the same numerics rounding
+ * points, model.numerics): its ring, its compressor tail
  * and KV append, its Top-K over its own entries, its sparse attention. With
  * row-invariant ops (each row's bits independent of the rows beside it)
  * row i is bitwise what rt_attn gives request i alone. */
@@ -610,6 +611,8 @@ void rt_attn_rows(const struct rt_model *M, const struct graph_node *const *nds,
   struct mhc_step s = mhc_begin(M, &rows, 0, X, pre, B, ar);
   float *a_in = RT_ALLOC(ar, float, (size_t)B * d);
   RT_TIMED(ar, OTHER, op_rmsnorm(a_in, s.u, L->attn_norm, B, d, M->eps));
+  round_io(M, a_in, (size_t)B * d);
+  const float *a_q = lin_in(M, a_in, B, d, ar); /* as rt_attn: wq_a and wkv are FP8 */
   int64_t *pos = RT_ALLOC(ar, int64_t, B);
   for (int i = 0; i < B; i++) pos[i] = nds[i]->a;
   struct op_rope_angles ang;
@@ -617,10 +620,11 @@ void rt_attn_rows(const struct rt_model *M, const struct graph_node *const *nds,
   RT_TIMED(ar, QKV, op_rope_angles_init(&ang, abuf, L->rope, pos, B));
   float *cq = RT_ALLOC(ar, float, (size_t)B * m->q_rank);
   float *q = RT_ALLOC(ar, float, (size_t)B * hd);
-  RT_TIMED(ar, QKV, op_q_latent(cq, a_in, L->wq_a, L->q_norm, B, d, m->q_rank, M->eps));
-  RT_TIMED(ar, QKV, op_q_main(q, cq, L->wq_b, &ang, L->rope, B, m->q_rank, m->heads, m->head_dim, m->q_head_norm, M->eps));
+  RT_TIMED(ar, QKV, op_q_latent(cq, a_q, L->wq_a, L->q_norm, B, d, m->q_rank, M->eps));
+  const float *cq_q = lin_in(M, cq, B, m->q_rank, ar);
+  RT_TIMED(ar, QKV, op_q_main(q, cq_q, L->wq_b, &ang, L->rope, B, m->q_rank, m->heads, m->head_dim, m->q_head_norm, M->eps));
   float *kS = RT_ALLOC(ar, float, (size_t)B * m->head_dim);
-  RT_TIMED(ar, QKV, op_swa_kv(kS, a_in, L->wkv, L->kv_norm, &ang, L->rope, B, d, m->head_dim, M->eps));
+  RT_TIMED(ar, QKV, op_swa_kv(kS, a_q, L->wkv, L->kv_norm, &ang, L->rope, B, d, m->head_dim, M->eps));
   float *o = RT_ALLOC(ar, float, (size_t)B * hd);
   uint8_t **fresh = RT_ALLOC(ar, uint8_t *, B);
   const size_t half = (size_t)(L->rope->rope_dim / 2);
@@ -644,7 +648,7 @@ void rt_attn_rows(const struct rt_model *M, const struct graph_node *const *nds,
                        (long long)kv.n_entries, (long long)st[i].kv_r_end);
       kv.n_entries = st[i].kv_r_end;
       if (st[i].kv_r_pages) kv.pages = st[i].kv_r_pages;
-      topk = select_topk(M, nd, a_in + (size_t)i * d, cq + (size_t)i * m->q_rank, pos + i, &ai, &kv, &b[i], ar);
+      topk = select_topk(M, nd, a_in + (size_t)i * d, cq_q + (size_t)i * m->q_rank, pos + i, &ai, &kv, &b[i], ar);
     }
     struct op_attn_params pr = {
         .heads = m->heads,
@@ -662,7 +666,8 @@ void rt_attn_rows(const struct rt_model *M, const struct graph_node *const *nds,
   }
   float *y = RT_ALLOC(ar, float, (size_t)B * d);
   float *z = RT_ALLOC(ar, float, (size_t)B * m->o_groups * m->o_rank);
-  RT_TIMED(ar, OPROJ, op_grouped_oproj(y, z, o, L->wo_a, L->wo_b, B, m->heads, m->head_dim, m->o_groups, m->o_rank, d));
+  RT_TIMED(ar, OPROJ, oproj(M, y, z, o, L, B));
+  round_io(M, y, (size_t)B * d);
   for (int i = 0; i < B; i++)
     if (!rc[i]) rt_ring_put(st[i].ring, pos[i], fresh[i]);
   mhc_end(M, X, &s, y, B, ar);

@@ -219,11 +219,11 @@ static void starpu(void) {
   EXPECT(rt_engine_set_exec(&b, &(struct rt_engine_exec){0}, err, sizeof err) == 0 && !rt_starpu_running() &&
              b.exec.executor == RT_EXEC_DIRECT,
          "set_exec direct stops StarPU");
-  EXPECT(rt_engine_set_exec(&b, &(struct rt_engine_exec){RT_EXEC_STARPU, 2, NULL, false}, err, sizeof err) == 0 &&
+  EXPECT(rt_engine_set_exec(&b, &(struct rt_engine_exec){RT_EXEC_STARPU, 2, NULL, false, false}, err, sizeof err) == 0 &&
              rt_starpu_workers() == 2 && b.holds_starpu,
          "set_exec starts StarPU with two workers: %s", err);
   err[0] = 0;
-  EXPECT(rt_engine_set_exec(&b, &(struct rt_engine_exec){RT_EXEC_STARPU, 1, "no-such-policy", false}, err,
+  EXPECT(rt_engine_set_exec(&b, &(struct rt_engine_exec){RT_EXEC_STARPU, 1, "no-such-policy", false, false}, err,
                             sizeof err) == CEDAR_EINVAL && !rt_starpu_running() && b.exec.executor == RT_EXEC_DIRECT,
          "a failed set_exec leaves the engine on direct");
   rt_engine_close(&b);

@@ -33,8 +33,15 @@ run_limited() {
   return 0
 }
 
-run_limited 150000 "$cedar" version
-[ "$rc" -eq 1 ] && grep -q "address-space limit (ulimit -v 150000 KiB)" "$tmp/err" || fail "version under 150000 KiB"
+# Every limit below is on top of the address space the shared libraries map
+# (their file sizes: a CUDA build links cuBLAS, whose libcublasLt alone maps
+# ~520 MiB before main runs; without this the loader, not cedar, would fail).
+libs_kib=$(ldd "$cedar" | awk '/=> \//{print $3}' | xargs stat -L -c %s | awk '{s += $1} END {print int(s / 1024)}')
+echo "memlimit: the shared libraries map ${libs_kib} KiB; each limit adds that"
+
+v=$((150000 + libs_kib))
+run_limited $v "$cedar" version
+[ "$rc" -eq 1 ] && grep -q "address-space limit (ulimit -v $v KiB)" "$tmp/err" || fail "version under $v KiB"
 
 # serve-sim on the default plan: the big request asks for ~1M decode steps,
 # whose outputs (2 GB of logits) no limit tried here holds; the first limit
@@ -44,7 +51,8 @@ printf '%s\n' '{"id": "small1", "session": "a", "new_len": 20, "max_new": 2}' \
   '{"id": "small2", "session": "c", "new_len": 20, "max_new": 2}' > "$tmp/req.jsonl"
 for ex in direct starpu; do
   found=
-  for kib in 900000 1100000 1400000 1700000; do
+  for kib0 in 900000 1100000 1400000 1700000; do
+    kib=$((kib0 + libs_kib))
     run_limited $kib "$cedar" serve-sim --requests "$tmp/req.jsonl" --executor $ex
     grep -q "^small1 " "$tmp/out" || continue
     [ "$rc" -eq 1 ] && grep -q "request big failed: .*out of memory" "$tmp/err" || { cat "$tmp/err" >&2; fail "serve-sim $ex under $kib KiB: the big request did not fail on memory"; }
