@@ -45,7 +45,9 @@ for plan in "$tiny" "$t40"; do
 done
 
 # 2. --json
-expect_exit 0 run --plan "$tiny" --tokens $toks --max-new 41 --speculate forced:1,0.5 --json
+# a fixed verify length: under auto the chooser may (rightly) verify 0 drafts
+# at rate 0.5 when the measured profile says a round costs too much
+expect_exit 0 run --plan "$tiny" --tokens $toks --max-new 41 --speculate forced:1,0.5 --verify-len 3 --json
 if [ -n "$py" ]; then
   "$py" - "$tmp/out" <<'PY' || fail "--speculate --json"
 import json, sys
@@ -59,7 +61,7 @@ for s in j["speculative"]:
     pp = s["per_position_acceptance_rate"]
     assert all(pp[i] >= pp[i + 1] for i in range(len(pp) - 1)), pp
     assert abs(sum(pp) * d - a) < 1e-2, (pp, d, a)
-    assert all(t > 0 for t in s["t_round_s"]), s["t_round_s"]
+    assert all(t >= 0 for t in s["t_round_s"]), s["t_round_s"]  # no profile is measured at a fixed length
 assert j["speculative"][0]["num_accepted_tokens"] == j["speculative"][0]["num_draft_tokens"]
 PY
 fi
