@@ -269,7 +269,7 @@ static void check_coeff_extremes(void) {
   EXPECT(pre[0] == 1 + 1e-6f && pre[1] == 1e-6f, "extreme pre: %.9g %.9g, want 1 + eps and eps", pre[0], pre[1]);
   EXPECT(post[0] == 2 && post[1] == 0, "extreme post: %.9g %.9g, want the closed ends 2 and 0", post[0], post[1]);
   /* the head merge: W_fn = 0, so pre = sigmoid(base) + eps exactly; y = pre . X */
-  float X[2] = {3, 5}, W[2] = {0, 0}, y[1], hp[2];
+  float X[2] = {3, 5}, W[4] = {0, 0, 0, 0}, y[1], hp[2]; /* W_fn is (hc, hc * hidden) = 2 x 2 */
   op_mhc_merge(y, hp, X, W, 1, base, 1, &c);
   EXPECT(hp[0] == 1 + 1e-6f && hp[1] == 1e-6f, "extreme merge pre: %.9g %.9g, want 1 + eps and eps", hp[0], hp[1]);
   EXPECT(y[0] == (1 + 1e-6f) * 3 + 1e-6f * 5, "extreme merge y: %.9g", y[0]);
