@@ -70,6 +70,7 @@ static int convert(struct outs *o, const struct weights_spec *s, const struct ck
       snprintf(name2, sizeof name2, "%.*sscale", (int)(strlen(name) - 6), name);
       struct out_tensor *q = push(o, name, ST_F8_E4M3, 2, rows, cols);
       struct out_tensor *sc = push(o, name2, ST_F8_E8M0, 2, tiles(rows), tiles(cols));
+      q = sc - 1; /* the second push may have moved the array (realloc) */
       ckpt_fp8_quant(q->own, sc->own, x, rows, cols);
       if (dq) ckpt_fp8_dequant(dq, q->own, sc->own, rows, cols);
       return 0;
@@ -84,6 +85,7 @@ static int convert(struct outs *o, const struct weights_spec *s, const struct ck
         snprintf(name2, sizeof name2, "%.*sscale", (int)(strlen(name) - 6), name);
         struct out_tensor *q = push(o, name, ST_I8, 2, rows, cols / 2);
         struct out_tensor *sc = push(o, name2, ST_F8_E8M0, 2, rows, cols / CKPT_BLOCK);
+        q = sc - 1; /* the second push may have moved the array (realloc) */
         const float *xe = (const float *)x + e * rows * cols;
         ckpt_fp4_quant(q->own, sc->own, xe, rows, cols);
         if (dq) ckpt_fp4_dequant((float *)dq + e * rows * cols, q->own, sc->own, rows, cols);
@@ -92,7 +94,8 @@ static int convert(struct outs *o, const struct weights_spec *s, const struct ck
     }
     case CKPT_BIAS2: {
       ckpt_map_name(name2, sizeof name2, layer, row->released2, 0);
-      struct out_tensor *a = push(o, name, ST_F32, 1, sh[1], 0), *b = push(o, name2, ST_F32, 1, sh[1], 0);
+      push(o, name, ST_F32, 1, sh[1], 0);
+      struct out_tensor *b = push(o, name2, ST_F32, 1, sh[1], 0), *a = b - 1; /* after both pushes: realloc moves */
       memcpy(a->own, x, a->t.nbytes);
       memcpy(b->own, (const float *)x + sh[1], b->t.nbytes);
       if (dq) memcpy(dq, x, s->nbytes);
@@ -101,7 +104,8 @@ static int convert(struct outs *o, const struct weights_spec *s, const struct ck
     case CKPT_ENGRAM: {
       int64_t hd = s->row_values, nsc = hd / CKPT_BLOCK;
       ckpt_map_name(name2, sizeof name2, layer, row->released2, 0);
-      struct out_tensor *q = push(o, name, ST_F8_E4M3, 2, sh[0], hd), *sc = push(o, name2, ST_F8_E8M0, 2, sh[0], nsc);
+      push(o, name, ST_F8_E4M3, 2, sh[0], hd);
+      struct out_tensor *sc = push(o, name2, ST_F8_E8M0, 2, sh[0], nsc), *q = sc - 1; /* after both pushes: realloc moves */
       const uint8_t *in = x;
       for (int64_t r = 0; r < sh[0]; r++) {
         memcpy((uint8_t *)q->own + r * hd, in + r * (hd + nsc), (size_t)hd);
