@@ -158,9 +158,10 @@ static void bind_from_interfaces(struct run *R, const struct node_arg *A, void *
   }
 }
 
-/* The CPU function of every codelet: the node is in cl_arg, its data in
- * the task's interfaces. */
-static void cpu_task(void *buffers[], void *cl_arg) {
+/* A codelet's body on any worker: the node is in cl_arg, its data in the
+ * task's interfaces; `stream` is the CUDA stream its kernels go on (NULL on
+ * a CPU worker). */
+static void run_task(void *buffers[], void *cl_arg, void *stream) {
   struct node_arg *A = cl_arg;
   struct run *R = A->R;
   const struct graph_node *nd = &R->g->node[A->k];
@@ -174,7 +175,7 @@ static void cpu_task(void *buffers[], void *cl_arg) {
     struct rt_bound st;
     struct rt_ring ring;
     bind_from_interfaces(R, A, buffers, buf, &st, &ring, ar);
-    int rc = rt_run_node(R->g, R->M, R->r, nd, buf, &st, R->out, A->out_row, ar);
+    int rc = rt_run_node_stream(R->g, R->M, R->r, nd, buf, &st, R->out, A->out_row, ar, stream);
     if (st.ring == &ring) R->r->ring[nd->layer].r0 = ring.r0;
     int none = 0;
     if (rc && atomic_compare_exchange_strong(&R->failed, &none, A->k + 1)) atomic_store(&R->failed_rc, rc);
@@ -184,6 +185,9 @@ static void cpu_task(void *buffers[], void *cl_arg) {
   atomic_fetch_add(&R->done, 1);
 }
 
+/* The CPU function of every codelet. */
+static void cpu_task(void *buffers[], void *cl_arg) { run_task(buffers, cl_arg, NULL); }
+
 #ifdef STARPU_USE_CUDA
 /* The CUDA function of a codelet whose op group has a CUDA entry: the
  * node's kernels are launched on this worker's StarPU stream and the
@@ -191,28 +195,7 @@ static void cpu_task(void *buffers[], void *cl_arg) {
  * StarPU waits on the stream. Buffers are bound as for the CPU: the
  * interfaces' pointers are device addresses on this worker's memory node. */
 static void cuda_task(void *buffers[], void *cl_arg) {
-  struct node_arg *A = cl_arg;
-  struct run *R = A->R;
-  const struct graph_node *nd = &R->g->node[A->k];
-  int w = starpu_worker_get_id();
-  CEDAR_ASSERT(w >= 0 && w < sp.n_workers);
-  struct rt_arena *ar = &sp.arena[w];
-  A->worker = w;
-  A->t0_us = starpu_timing_now();
-  if (atomic_load(&R->failed) == 0) {
-    void **buf = RT_ALLOC(ar, void *, R->g->n_data);
-    struct rt_bound st;
-    struct rt_ring ring;
-    bind_from_interfaces(R, A, buffers, buf, &st, &ring, ar);
-    int rc = rt_run_node_stream(R->g, R->M, R->r, nd, buf, &st, R->out, A->out_row, ar,
-                                (void *)starpu_cuda_get_local_stream());
-    if (st.ring == &ring) R->r->ring[nd->layer].r0 = ring.r0;
-    int none = 0;
-    if (rc && atomic_compare_exchange_strong(&R->failed, &none, A->k + 1)) atomic_store(&R->failed_rc, rc);
-  }
-  rt_arena_reset(ar);
-  A->t1_us = starpu_timing_now();
-  atomic_fetch_add(&R->done, 1);
+  run_task(buffers, cl_arg, (void *)starpu_cuda_get_local_stream());
 }
 #endif
 

@@ -275,18 +275,6 @@ bool pd_mpi_meet(double dl) {
   (void)dl;
   return true;
 }
-bool pd_mpi_meet(double dl) {
-  if (!mpi_inited) return true;
-  MPI_Request q;
-  MPI_Ibarrier(MPI_COMM_WORLD, &q);
-  double until = pd_now() + dl;
-  for (int done = 0;;) {
-    MPI_Test(&q, &done, MPI_STATUS_IGNORE);
-    if (done) return true;
-    if (pd_now() > until) return false;
-    nanosleep(&(struct timespec){0, 500000}, NULL);
-  }
-}
 
 int rt_pd_mpi_barrier(void) { return CEDAR_EUNSUPPORTED; }
 int rt_pd_mpi_bandwidth(int a, int b, size_t bytes, int reps, double *bytes_per_s) {
