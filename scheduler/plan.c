@@ -67,7 +67,6 @@ void plan__defaults(struct plan *p) {
   s->gpu_cache_bytes = 0, s->host_cache_bytes = 0; /* 0 = no limit set */
   s->global_ttl_hours = 72;                    /* SPEC 5.3 [A] deployment policy */
   s->swa_pool_fraction = 0.10, s->swa_pool_ttl_s = 300; /* SPEC 5.2 [A]: ~10%, minutes */
-  s->max_batch = 8;
   s->batch_max_requests = 8, s->batch_step_tokens = 0, s->batch_chunk = 0; /* 0: derived (plan_check.c) */
   s->prefill_rank = s->decode_rank = 0;
   s->prefill_device = s->decode_device = PLAN_DEV_CPU;

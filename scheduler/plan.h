@@ -178,7 +178,6 @@ struct plan_serving {
   double global_ttl_hours;
   double swa_pool_fraction; /* of host DRAM */
   double swa_pool_ttl_s;
-  int max_batch;
   /* serving.batch (continuous batching, docs/serving.md): at most
    * batch_max_requests requests run at once; one step runs at most
    * batch_step_tokens tokens (a decode row is one, a prefill chunk its

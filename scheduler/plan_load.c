@@ -272,7 +272,6 @@ static const struct field serving_fields[] = {
     BOOL("ced", S(ced)),
     SECTION("replay", 0, replay_fields),
     INT("prefill_chunk", S(prefill_chunk), 1, 1 << 24),
-    INT("max_batch", S(max_batch), 1, 1 << 20),
     SECTION("batch", 0, batch_fields),
     SECTION("cache", 0, cache_fields),
     SECTION("placement", 0, placement_fields),
@@ -409,7 +408,17 @@ void plan__unknown_key(struct plan_ctx *ctx, const struct pnode *k, const char *
     int d = plan__edit_distance(k->str, known[i]);
     if (d < best_d) best_d = d, best = known[i];
   }
+  /* keys a plan may still carry from an older cedar, with what replaced them */
+  static const char *const retired[][2] = {
+      {"max_batch", "`serving.max_batch` was retired: continuous batching reads `serving.batch.max_requests` "
+                    "(docs/serving.md)"},
+  };
   char hint[512];
+  for (size_t i = 0; i < sizeof retired / sizeof retired[0]; i++)
+    if (!strcmp(k->str, retired[i][0])) {
+      plan__error(ctx, k->mark, retired[i][1], "unknown key `%s` %s", k->str, where);
+      return;
+    }
   if (best && best_d <= 1 + (int)strlen(k->str) / 3) {
     snprintf(hint, sizeof hint, "did you mean `%s`?", best);
   } else {

@@ -3,7 +3,8 @@
 # rows 10-15).
 #  - row 11: the cache capacity key is serving.cache.host_bytes in the
 #    loader, `serve-sim --help` and docs/runtime.md; host_cache_bytes is
-#    refused with a did-you-mean;
+#    refused with a did-you-mean; the retired serving.max_batch names
+#    serving.batch.max_requests;
 #  - row 12: a layer override that breaks a rule is blamed at the override's
 #    line, not the base entry's; `ratio: null` unsets an inherited ratio;
 #  - row 13: an extending plan without `name:` is named after its own file;
@@ -37,6 +38,10 @@ expect 1 'did you mean `host_bytes`' -- "$cedar" plan check "$tmp/hc.yaml"
 for f in docs/runtime.md docs/plans.md README.md; do
   grep -q "host_cache_bytes" "$f" && fail "$f names host_cache_bytes, which the loader refuses"
 done
+# serving.max_batch was read by nothing: it is retired, and names its successor
+printf 'extends: %s\nserving: {max_batch: 4}\n' "$base" > "$tmp/mb.yaml"
+expect 1 'serving.batch.max_requests' -- "$cedar" plan check "$tmp/mb.yaml"
+grep -q ':2:' "$tmp/err" || { cat "$tmp/err" >&2; fail "retired max_batch: no file:line in the error"; }
 printf 'extends: %s\nserving: {cache: {host_bytes: 100}}\n' "$base" > "$tmp/hb.yaml"
 "$cedar" plan check "$tmp/hb.yaml" > /dev/null || fail "host_bytes does not load"
 
