@@ -5,6 +5,7 @@
 #include <cJSON.h>
 #include <inttypes.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/check.h"
 
@@ -104,9 +105,11 @@ void run_pd_trace(struct viz_trace *t, const struct plan *p) {
   if (!x) return;
   (void)p;
   const struct graph *g = x->g;
-  char name[96];
-  snprintf(name, sizeof name, "rank %d: decode (%.40s)", x->d_rank, t->process);
-  snprintf(t->process, sizeof t->process, "%s", name);
+  char name[96], old[sizeof t->process];
+  memcpy(old, t->process, sizeof old);
+  old[sizeof old - 1] = 0;
+  /* at most 5 + 11 + 10 + 32 + 1 = 59 bytes: fits the 64 of t->process */
+  snprintf(t->process, sizeof t->process, "rank %d: decode (%.32s)", x->d_rank, old);
   for (int i = 0; i < t->n_slice; i++) /* D's graphs so far: the process becomes D's rank */
     if (t->slice[i].pid == t->pid) t->slice[i].pid = x->d_rank;
   t->pid = x->d_rank;
