@@ -39,6 +39,7 @@
 #include "cli/run_place.h"
 #include "scheduler/plan_place.h"
 #include "runtime/pd.h"
+#include "runtime/round_trace.h"
 #include "scheduler/plan_cost.h"
 #include "viz/trace.h"
 
@@ -53,6 +54,7 @@ static const char default_prompt[] =
 
 struct ropts {
   const char *plan, *weights, *prompt, *tokens, *dump, *sched, *trace, *dot, *model;
+  const char *dump_round; /* --dump-roundings (runtime/round_trace.h) */
   const char *device; /* --device: NULL, "cpu" or "cuda" */
   const char *system, *stops[16]; /* text: --system, --stop */
   int n_stops, top_k;
@@ -98,7 +100,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
       {"device", required_argument, NULL, 'D'},
       {"model", required_argument, NULL, 'M'},       {"tokenizer", required_argument, NULL, 'K'},
       {"speculate", required_argument, NULL, 1001},  {"draft-len", required_argument, NULL, 1002},
-      {"verify-len", required_argument, NULL, 1003},
+      {"verify-len", required_argument, NULL, 1003}, {"dump-roundings", required_argument, NULL, 1004},
       {"raw", no_argument, NULL, 'R'},               {"system", required_argument, NULL, 'Y'},
       {"stop", required_argument, NULL, 'Z'},        {"ids", no_argument, NULL, 'I'},
       {"top-k", required_argument, NULL, 'k' + 256}, {"repetition-penalty", required_argument, NULL, 'R' + 256},
@@ -154,6 +156,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
       break;
     case 'x': o->exact = true; break;
     case 'd': o->dump = optarg; break;
+    case 1004: o->dump_round = optarg; break;
     case 'j': o->json = true; break;
     case 'E':
       if (!rt_executor_parse(optarg, &o->executor))
@@ -214,6 +217,8 @@ static int parse(int argc, char **argv, struct ropts *o) {
   if (o->speculate && (o->exact || o->dump || o->trace || o->dot || o->executor != RT_EXEC_DIRECT))
     return cli_usage_error("run", "--speculate runs on the direct executor and takes none of --exact-replay, --dump, "
                                   "--trace, --dot");
+  if (o->dump_round && (o->speculate || o->exact))
+    return cli_usage_error("run", "--dump-roundings records one plain run; drop --speculate and --exact-replay");
   if (!o->speculate && (o->spec.draft_len || o->spec.verify_len >= 0))
     return cli_usage_error("run", "--draft-len and --verify-len need --speculate");
   o->spec.json = o->json;
@@ -638,7 +643,8 @@ int cmd_run(int argc, char **argv) {
   struct ropts o;
   int rc = parse(argc, argv, &o);
   if (rc >= 0) return rc;
-  if ((o.dump && cli_check_out("run", "--dump", o.dump)) || (o.dot && cli_check_out("run", "--dot", o.dot)) ||
+  if ((o.dump && cli_check_out("run", "--dump", o.dump)) ||
+      (o.dump_round && cli_check_out("run", "--dump-roundings", o.dump_round)) || (o.dot && cli_check_out("run", "--dot", o.dot)) ||
       (o.trace && cli_check_out("run", "--trace", o.trace)))
     return 1;
   char err[1024];
@@ -732,6 +738,7 @@ int cmd_run(int argc, char **argv) {
     status = run_spec(&e, prompt, n, &go, &o.spec);
     goto out;
   }
+  if (o.dump_round) rt_rtrace_begin();
   int grc = rt_engine_generate(&e, &r, prompt, n, &go, &res, err, sizeof err);
   if (grc == 1 && o.dump && plan_has_stages(p) && run_pipe_dump(o.dump, &e.model, &r, &res, err, sizeof err)) {
     fprintf(stderr, "cedar run: --dump: %s\n", err); /* a stage's rank: its own layers' state, DUMP.rankN */
@@ -773,6 +780,10 @@ int cmd_run(int argc, char **argv) {
   }
   if (o.dump && rt_dump_write(o.dump, &e.model, &r, &res, err, sizeof err)) {
     fprintf(stderr, "cedar run: --dump: %s\n", err);
+    goto out;
+  }
+  if (o.dump_round && rt_rtrace_write(o.dump_round, err, sizeof err)) {
+    fprintf(stderr, "cedar run: --dump-roundings: %s\n", err);
     goto out;
   }
   struct rusage ru;
