@@ -71,6 +71,10 @@ class Missing(Exception):
     pass
 
 
+class Stop(Exception):
+    """--stop-at-first: the first disagreement outside the bound ends the run."""
+
+
 class Trace:
     """cedar's --dump-roundings: (point, layer, position) -> one row."""
 
@@ -122,8 +126,8 @@ def _rowwise(x):
 class Follow:
     """Oracle.follow: the hooks oracle.py calls at its rounding points."""
 
-    def __init__(self, trace, cedar, beta):
-        self.t, self.c, self.beta = trace, cedar, beta
+    def __init__(self, trace, cedar, beta, stop=False):
+        self.t, self.c, self.beta, self.stop = trace, cedar, beta, stop
         self.stats, self.bad = {}, []
 
     # ---------------------------------------------------------- bookkeeping
@@ -135,6 +139,8 @@ class Follow:
         self._st(pt)['refused'] += 1
         if len(self.bad) < SHOW:
             self.bad.append('%s L%d: %s' % (pt, l, msg))
+        if self.stop:
+            raise Stop(self.bad[-1])
 
     def _bound(self, x):
         """b = K u (|x| + rms of x's row), elementwise, the shape of x."""
@@ -341,8 +347,8 @@ class Follow:
 # ---------------------------------------------------------------- the comparison
 
 
-def run(cedar_path, trace_path, plan_path, weights, out=None, log=print):
-    """Returns (ok, report dict)."""
+def run(cedar_path, trace_path, plan_path, weights, out=None, stop=False):
+    """Returns (ok, checks, report dict)."""
     c, _, cdt = CMP.load(cedar_path)
     try:
         trace = Trace(trace_path)
@@ -355,10 +361,14 @@ def run(cedar_path, trace_path, plan_path, weights, out=None, log=print):
     N = CMP.prompt_len(c)
     toks = [int(t) for t in c['tokens']]
     orc = O.Oracle(plan_path, weights)
-    fol = Follow(trace, c, beta)
+    fol = Follow(trace, c, beta, stop)
     orc.follow = fol
-    r = orc.prefill(toks[:N])
-    dl = [orc.decode(t) for t in toks[N:]]
+    rep = {'kmax': K, 'beta': beta, 'points': fol.stats}
+    try:
+        r = orc.prefill(toks[:N])
+        dl = [orc.decode(t) for t in toks[N:]]
+    except Stop as e:
+        return False, [(False, 'decisions', 'stopped at the first disagreement outside the fp32 bound: %s' % e)], rep
     path = out or os.path.join(tempfile.mkdtemp(prefix='follow_'), 'oracle.safetensors')
     O.dump(orc, r, dl, path)
     o, _, odt = CMP.load(path)
@@ -407,7 +417,7 @@ def run(cedar_path, trace_path, plan_path, weights, out=None, log=print):
         over += ['%s position %d' % (name, p) for p in shared[np.any(err > bound, axis=1)]]
     checks.append((not over, 'logits', '%d rows, every element within gamma_%d sum|hn||W| (largest error %.3g of '
                    'its bound)%s' % (nrows, d, worst, '; over it: %s' % over[:6] if over else '')))
-    rep = {'kmax': K, 'beta': beta, 'points': fol.stats, 'logit_bound_ratio': worst, 'picks': pc.tolist()}
+    rep.update(logit_bound_ratio=worst, picks=pc.tolist())
     return all(ch[0] for ch in checks), checks, rep
 
 
@@ -423,6 +433,23 @@ def report_text(checks, rep):
     return '\n'.join(out)
 
 
+def tamper(path, pt, layer, pos, factor):
+    """Test hook (tests/cli/oracle_released.sh): multiply the first value of
+    cedar's record (pt, layer, pos) in a --dump-roundings file by factor, in
+    place (1.0 for a zero): a decision no fp32 error explains."""
+    t = Trace(path)
+    kind, off, _ = t.at[(pt, layer)][pos]
+    if kind:
+        raise CMP.Usage('%s is a byte record' % pt)
+    f = ST.SafeTensors(path)
+    begin = f.base + f.entries['values'][2] + 4 * off
+    v = float(t.values[off])
+    del t, f
+    with open(path, 'r+b') as fh:
+        fh.seek(begin)
+        fh.write(np.array([v * factor if v else 1.0], '<f4').tobytes())
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('cedar_dump')
@@ -431,9 +458,15 @@ def main(argv=None):
     ap.add_argument('--weights', required=True, help='the weights both ran on (oracle layout)')
     ap.add_argument('--out', help='also write the followed oracle\'s dump here')
     ap.add_argument('--json', action='store_true')
+    ap.add_argument('--stop-at-first', action='store_true', help='end at the first disagreement outside the bound')
+    ap.add_argument('--tamper', nargs=4, metavar=('POINT', 'LAYER', 'POS', 'FACTOR'),
+                    help='test hook: change one recorded value of ROUNDINGS in place, then exit')
     a = ap.parse_args(argv)
+    if a.tamper:
+        tamper(a.roundings, a.tamper[0], int(a.tamper[1]), int(a.tamper[2]), float(a.tamper[3]))
+        return 0
     try:
-        ok, checks, rep = run(a.cedar_dump, a.roundings, a.plan, a.weights, a.out)
+        ok, checks, rep = run(a.cedar_dump, a.roundings, a.plan, a.weights, a.out, a.stop_at_first)
     except CMP.Usage as e:
         print('follow.py: %s' % e, file=sys.stderr)
         return 2
