@@ -39,7 +39,6 @@
 #include "cli/run_place.h"
 #include "scheduler/plan_place.h"
 #include "runtime/pd.h"
-#include "runtime/round_trace.h"
 #include "scheduler/plan_cost.h"
 #include "viz/trace.h"
 
@@ -53,8 +52,7 @@ static const char default_prompt[] =
  * built-in prompt's length). */
 
 struct ropts {
-  const char *plan, *weights, *prompt, *tokens, *dump, *sched, *trace, *dot, *model;
-  const char *dump_round; /* --dump-roundings (runtime/round_trace.h) */
+  const char *plan, *weights, *prompt, *tokens, *dump, *sched, *trace, *dot, *model, *dump_round;
   const char *device; /* --device: NULL, "cpu" or "cuda" */
   const char *system, *stops[16]; /* text: --system, --stop */
   int n_stops, top_k;
@@ -156,7 +154,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
       break;
     case 'x': o->exact = true; break;
     case 'd': o->dump = optarg; break;
-    case 1004: o->dump_round = optarg; break;
+    case 1004: o->dump_round = optarg; break; /* cli/run_dump.h */
     case 'j': o->json = true; break;
     case 'E':
       if (!rt_executor_parse(optarg, &o->executor))
@@ -214,11 +212,9 @@ static int parse(int argc, char **argv, struct ropts *o) {
     }
   }
   if (optind < argc) return cli_usage_error("run", "unexpected argument '%s'", argv[optind]);
-  if (o->speculate && (o->exact || o->dump || o->trace || o->dot || o->executor != RT_EXEC_DIRECT))
+  if (o->speculate && (o->exact || o->dump || o->dump_round || o->trace || o->dot || o->executor != RT_EXEC_DIRECT))
     return cli_usage_error("run", "--speculate runs on the direct executor and takes none of --exact-replay, --dump, "
-                                  "--trace, --dot");
-  if (o->dump_round && (o->speculate || o->exact))
-    return cli_usage_error("run", "--dump-roundings records one plain run; drop --speculate and --exact-replay");
+                                  "--dump-roundings, --trace, --dot");
   if (!o->speculate && (o->spec.draft_len || o->spec.verify_len >= 0))
     return cli_usage_error("run", "--draft-len and --verify-len need --speculate");
   o->spec.json = o->json;
@@ -643,9 +639,8 @@ int cmd_run(int argc, char **argv) {
   struct ropts o;
   int rc = parse(argc, argv, &o);
   if (rc >= 0) return rc;
-  if ((o.dump && cli_check_out("run", "--dump", o.dump)) ||
-      (o.dump_round && cli_check_out("run", "--dump-roundings", o.dump_round)) || (o.dot && cli_check_out("run", "--dot", o.dot)) ||
-      (o.trace && cli_check_out("run", "--trace", o.trace)))
+  if ((o.dump && cli_check_out("run", "--dump", o.dump)) || (o.dot && cli_check_out("run", "--dot", o.dot)) ||
+      (o.trace && cli_check_out("run", "--trace", o.trace)) || (o.dump_round && run_round_begin(o.dump_round)))
     return 1;
   char err[1024];
   int status = 1;
@@ -738,8 +733,8 @@ int cmd_run(int argc, char **argv) {
     status = run_spec(&e, prompt, n, &go, &o.spec);
     goto out;
   }
-  if (o.dump_round) rt_rtrace_begin();
   int grc = rt_engine_generate(&e, &r, prompt, n, &go, &res, err, sizeof err);
+  if (!grc && o.dump_round && run_round_write(o.dump_round)) goto out; /* before --exact-replay runs again */
   if (grc == 1 && o.dump && plan_has_stages(p) && run_pipe_dump(o.dump, &e.model, &r, &res, err, sizeof err)) {
     fprintf(stderr, "cedar run: --dump: %s\n", err); /* a stage's rank: its own layers' state, DUMP.rankN */
     goto out;
@@ -780,10 +775,6 @@ int cmd_run(int argc, char **argv) {
   }
   if (o.dump && rt_dump_write(o.dump, &e.model, &r, &res, err, sizeof err)) {
     fprintf(stderr, "cedar run: --dump: %s\n", err);
-    goto out;
-  }
-  if (o.dump_round && rt_rtrace_write(o.dump_round, err, sizeof err)) {
-    fprintf(stderr, "cedar run: --dump-roundings: %s\n", err);
     goto out;
   }
   struct rusage ru;
