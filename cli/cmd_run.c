@@ -651,9 +651,9 @@ int cmd_run(int argc, char **argv) {
       return 1;
     }
   }
-  if (o.speculate && (o.prompt || o.top_k || (o.rep_penalty != 0 && o.rep_penalty != 1) || o.n_stops || o.ids)) {
-    fprintf(stderr, "cedar run: --speculate runs on ids (--tokens or --prompt-len) with greedy or temperature/top-p "
-                    "sampling; text prompts, --stop, --ids, --top-k and --repetition-penalty are not wired into it yet\n");
+  if (o.speculate && (o.prompt || o.n_stops || o.ids)) {
+    fprintf(stderr, "cedar run: --speculate runs on ids (--tokens or --prompt-len), greedy or sampled (every sampling "
+                    "option); text prompts, --stop and --ids are not wired into it yet\n");
     return 1;
   }
   struct prompt q = {&o, NULL, 0, NULL};
