@@ -376,6 +376,15 @@ def run(cedar_path, trace_path, plan_path, weights, out=None, stop=False):
     bad = CMP.structure(c, cdt, o, odt)
     checks.append((not bad, 'structure', '; '.join(bad) if bad else 'the same tensors, prompt, ring and tail '
                    'positions'))
+    if not bad:     # the final caches, byte for byte (rings in position order)
+        diff = [n for n in sorted(o) if n.endswith(('.main_kv', '.indexer_k'))
+                and not np.array_equal(c[n], o[n])]
+        for l in CMP.layers_of(o, 'swa_pos'):
+            k = 'L%d.swa' % l
+            if not np.array_equal(c[k][np.argsort(c[k + '_pos'])], o[k][np.argsort(o[k + '_pos'])]):
+                diff.append(k)
+        checks.append((not diff, 'caches', 'every Main-KV, Indexer-K and ring entry byte-identical' if not diff
+                       else 'differ: %s' % diff[:8]))
     refused = sum(v['refused'] for v in fol.stats.values())
     checks.append((refused == 0, 'decisions', '%d disagreement(s) outside the fp32 bound%s' % (
         refused, (': ' + ' | '.join(fol.bad)) if fol.bad else '')))
