@@ -52,7 +52,7 @@ static const char default_prompt[] =
  * built-in prompt's length). */
 
 struct ropts {
-  const char *plan, *weights, *prompt, *tokens, *dump, *sched, *trace, *dot, *model;
+  const char *plan, *weights, *prompt, *tokens, *dump, *sched, *trace, *dot, *model, *dump_round;
   const char *device; /* --device: NULL, "cpu" or "cuda" */
   const char *system, *stops[16]; /* text: --system, --stop */
   int n_stops, top_k;
@@ -98,7 +98,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
       {"device", required_argument, NULL, 'D'},
       {"model", required_argument, NULL, 'M'},       {"tokenizer", required_argument, NULL, 'K'},
       {"speculate", required_argument, NULL, 1001},  {"draft-len", required_argument, NULL, 1002},
-      {"verify-len", required_argument, NULL, 1003},
+      {"verify-len", required_argument, NULL, 1003}, {"dump-roundings", required_argument, NULL, 1004},
       {"raw", no_argument, NULL, 'R'},               {"system", required_argument, NULL, 'Y'},
       {"stop", required_argument, NULL, 'Z'},        {"ids", no_argument, NULL, 'I'},
       {"top-k", required_argument, NULL, 'k' + 256}, {"repetition-penalty", required_argument, NULL, 'R' + 256},
@@ -154,6 +154,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
       break;
     case 'x': o->exact = true; break;
     case 'd': o->dump = optarg; break;
+    case 1004: o->dump_round = optarg; break; /* cli/run_dump.h */
     case 'j': o->json = true; break;
     case 'E':
       if (!rt_executor_parse(optarg, &o->executor))
@@ -211,9 +212,9 @@ static int parse(int argc, char **argv, struct ropts *o) {
     }
   }
   if (optind < argc) return cli_usage_error("run", "unexpected argument '%s'", argv[optind]);
-  if (o->speculate && (o->exact || o->dump || o->trace || o->dot || o->executor != RT_EXEC_DIRECT))
+  if (o->speculate && (o->exact || o->dump || o->dump_round || o->trace || o->dot || o->executor != RT_EXEC_DIRECT))
     return cli_usage_error("run", "--speculate runs on the direct executor and takes none of --exact-replay, --dump, "
-                                  "--trace, --dot");
+                                  "--dump-roundings, --trace, --dot");
   if (!o->speculate && (o->spec.draft_len || o->spec.verify_len >= 0))
     return cli_usage_error("run", "--draft-len and --verify-len need --speculate");
   o->spec.json = o->json;
@@ -639,7 +640,7 @@ int cmd_run(int argc, char **argv) {
   int rc = parse(argc, argv, &o);
   if (rc >= 0) return rc;
   if ((o.dump && cli_check_out("run", "--dump", o.dump)) || (o.dot && cli_check_out("run", "--dot", o.dot)) ||
-      (o.trace && cli_check_out("run", "--trace", o.trace)))
+      (o.trace && cli_check_out("run", "--trace", o.trace)) || (o.dump_round && run_round_begin(o.dump_round)))
     return 1;
   char err[1024];
   int status = 1;
@@ -650,9 +651,9 @@ int cmd_run(int argc, char **argv) {
       return 1;
     }
   }
-  if (o.speculate && (o.prompt || o.top_k || (o.rep_penalty != 0 && o.rep_penalty != 1) || o.n_stops || o.ids)) {
-    fprintf(stderr, "cedar run: --speculate runs on ids (--tokens or --prompt-len) with greedy or temperature/top-p "
-                    "sampling; text prompts, --stop, --ids, --top-k and --repetition-penalty are not wired into it yet\n");
+  if (o.speculate && (o.prompt || o.n_stops || o.ids)) {
+    fprintf(stderr, "cedar run: --speculate runs on ids (--tokens or --prompt-len), greedy or sampled (every sampling "
+                    "option); text prompts, --stop and --ids are not wired into it yet\n");
     return 1;
   }
   struct prompt q = {&o, NULL, 0, NULL};
@@ -733,6 +734,7 @@ int cmd_run(int argc, char **argv) {
     goto out;
   }
   int grc = rt_engine_generate(&e, &r, prompt, n, &go, &res, err, sizeof err);
+  if (!grc && o.dump_round && run_round_write(o.dump_round)) goto out; /* before --exact-replay runs again */
   if (grc == 1 && o.dump && plan_has_stages(p) && run_pipe_dump(o.dump, &e.model, &r, &res, err, sizeof err)) {
     fprintf(stderr, "cedar run: --dump: %s\n", err); /* a stage's rank: its own layers' state, DUMP.rankN */
     goto out;

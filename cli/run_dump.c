@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "cli/cli.h"
+#include "runtime/round_trace.h"
 #include "runtime/safetensors.h"
 
 struct tlist {
@@ -111,4 +113,17 @@ int rt_dump_write(const char *path, const struct rt_model *M, const struct rt_re
   free(L.names);
   free(L.owned);
   return rc;
+}
+
+int run_round_begin(const char *path) {
+  if (cli_check_out("run", "--dump-roundings", path)) return 1;
+  rt_rtrace_begin();
+  return 0;
+}
+
+int run_round_write(const char *path) {
+  char err[512];
+  if (!rt_rtrace_write(path, err, sizeof err)) return 0;
+  fprintf(stderr, "cedar run: --dump-roundings: %s\n", err);
+  return 1;
 }

@@ -24,7 +24,8 @@ const char run_text_usage[] =
     "  --top-k K         keep the K most likely ids (needs --temperature T > 0)\n"
     "  --repetition-penalty R  divide positive logits by R and multiply negative ones by R for every id in\n"
     "                    the prompt and the output so far (R > 0, 1 = off; also with greedy)\n"
-    "  --sample-seed S   the sampling generator's seed (default: --seed's value, as before)\n";
+    "  --sample-seed S   the sampling generator's seed (default: --seed's value, as before)\n"
+    "  (all of them also on P/D plans, bitwise as one process, and with --speculate)\n";
 
 int run_text_open(struct run_text *t, const char *cmd, const char *tokenizer, const char *model) {
   memset(t, 0, sizeof *t);

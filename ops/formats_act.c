@@ -21,6 +21,8 @@ static float pow2_ceil(float v) {
   return ldexpf(1.0f, k);
 }
 
+_Thread_local struct op_qdq_tap op_qdq_tap;
+
 void op_mxfp8_qdq(float *x, int rows, int cols, int ld, int block) {
   CEDAR_ASSERT(block > 0);
   for (int r = 0; r < rows; r++)
@@ -39,4 +41,5 @@ void op_mxfp8_qdq(float *x, int rows, int cols, int ld, int block) {
       float s = pow2_ceil(fmaxf(amax, OP_MXFP8_AMAX_FLOOR) / 448.0f);
       for (int i = 0; i < w; i++) v[i] = op_e4m3_decode(op_e4m3_encode(v[i] / s)) * s;
     }
+  if (op_qdq_tap.fn) op_qdq_tap.fn(op_qdq_tap.ctx, x, rows, cols, ld);
 }

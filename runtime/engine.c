@@ -227,11 +227,10 @@ int rt_engine_generate(struct rt_engine *e, struct rt_request *r, const int32_t 
   go.cache = e->cache;
   go.save_snapshot = e->cache && e->opts.cache.snapshots;
   if (rt_pd_split(&e->plan)) { /* prefill and decode on two homes (runtime/pd.h); 1: this rank prints nothing */
-    if (o->top_k || (o->rep_penalty > 0 && o->rep_penalty != 1.0f) || o->on_token) { /* pd_run.c samples as before */
+    if (o->on_token) { /* pd_run.c samples with the whole sampler (bitwise generate.c's), but streams no text */
       memset(r, 0, sizeof *r), memset(res, 0, sizeof *res);
-      snprintf(err, err_len, "plan %s runs prefill and decode apart, which samples greedy or with temperature and "
-               "top-p only: top-k, the repetition penalty and text output (EOS, --stop) need a one-process plan",
-               e->plan.name);
+      snprintf(err, err_len, "plan %s runs prefill and decode apart, which returns ids only: text output (EOS, "
+               "--stop) needs a one-process plan (--ids, or --tokens)", e->plan.name);
       return CEDAR_EINVAL;
     }
     struct rt_pd_stats st;

@@ -15,6 +15,7 @@
 #include "runtime/exec.h"
 #include "runtime/pd.h"
 #include "runtime/pipeline.h"
+#include "runtime/round_trace.h"
 #include "base/log.h"
 
 static void *at(void *const *buf, int d) { return d < 0 ? NULL : buf[d]; }
@@ -251,5 +252,6 @@ int rt_run_node_stream(const struct graph *g, const struct rt_model *M, struct r
     st = &own;
   }
   struct rt_node_ctx c = {g, M, r, nd, buf, st, out, out_row, ar, stream};
+  rt_rtrace_tile(nd->a); /* the positions of the op groups that are not given them (round_trace.h) */
   return run_guarded(fn, &c, ar);
 }

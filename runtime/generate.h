@@ -46,8 +46,8 @@ struct rt_gen_opts {
   float top_p;         /* 1: off */
   int top_k;           /* 0: off (ops/sample.h) */
   float rep_penalty;   /* repetition penalty over prompt + generated ids (ops/sample.h); 0 or 1: off */
-  /* (top_k, rep_penalty and on_token are rt_generate's: pd_run.c samples with temperature and top_p
-   * only, and rt_engine_generate refuses them on a P/D plan) */
+  /* (pd_run.c samples with all of these, as rt_generate does; on_token is rt_generate's only:
+   * rt_engine_generate refuses it on a P/D plan) */
   uint64_t seed;       /* sampling */
   bool all_logits;     /* keep the logits of every prefill position that ran through every layer */
   rt_progress_cb progress; /* prefill progress, or NULL */

@@ -14,6 +14,7 @@
 #include "ops/formats.h"
 #include "ops/indexer.h"
 #include "ops/qkv.h"
+#include "runtime/round_trace.h"
 #include "base/check.h"
 
 /* Gate floor of the Engram injection (docs/model.md s5, R.8). */
@@ -23,22 +24,32 @@
 
 /* ---- activation numerics (docs/model.md s7, Appendix V #22) ------------- */
 
+/* Each rounding of a computed value is recorded as point pt of layer l at
+ * positions a.. for the oracle's flip accounting (round_trace.h; pt NULL:
+ * not recorded, the input is exact, a < 0: the tile's positions). */
 /* model.numerics.activations: the residual streams after each update. */
-static void round_x(const struct rt_model *M, float *X, int n) {
+static void round_x(const struct rt_model *M, float *X, int n, const char *pt, int l) {
   const struct plan_model *m = &M->p->model;
-  if (m->num_act_bf16) op_bf16_round_n(X, (size_t)n * m->hc_streams * m->hidden);
+  if (!m->num_act_bf16) return;
+  op_bf16_round_n(X, (size_t)n * m->hc_streams * m->hidden);
+  if (pt) rt_rtrace_f32(pt, l, -1, n, m->hc_streams * m->hidden, m->hc_streams * m->hidden, X);
 }
-/* model.numerics.sublayer_io: a sublayer's mixed input, normed input, output. */
-static void round_io(const struct rt_model *M, float *x, size_t count) {
-  if (M->p->model.num_io_bf16) op_bf16_round_n(x, count);
+/* model.numerics.sublayer_io: a sublayer's mixed input, normed input, output (n, hidden). */
+static void round_io(const struct rt_model *M, float *x, int n, const char *pt, int l, int64_t a) {
+  const int d = M->p->model.hidden;
+  if (!M->p->model.num_io_bf16) return;
+  op_bf16_round_n(x, (size_t)n * d);
+  if (pt) rt_rtrace_f32(pt, l, a, n, d, d, x);
 }
 /* model.numerics.linear_inputs: the input an FP8 linear reads, (rows, cols);
  * the same buffer when nothing is quantized, else an MXFP8 copy. */
-static const float *lin_in(const struct rt_model *M, const float *x, int rows, int cols, struct rt_arena *ar) {
+static const float *lin_in(const struct rt_model *M, const float *x, int rows, int cols, struct rt_arena *ar,
+                           const char *pt, int l, int64_t a) {
   if (!M->p->model.num_lin_mxfp8) return x;
   float *q = RT_ALLOC(ar, float, (size_t)rows * cols);
   memcpy(q, x, sizeof(float) * (size_t)rows * cols);
   op_mxfp8_qdq(q, rows, cols, cols, RT_MXFP8_BLOCK);
+  if (pt) rt_rtrace_f32(pt, l, a, rows, cols, cols, q);
   return q;
 }
 
@@ -269,6 +280,8 @@ void rt_model_free(struct rt_model *M) {
 
 struct mhc_step {
   float *u, *post, *C;
+  int k, l; /* sublayer (0 attention, 1 MoE) and layer, for the round trace */
+  int64_t a;
 };
 
 /* Coefficients of sublayer k of layer l from its own fn on the state X
@@ -280,7 +293,7 @@ static struct mhc_step mhc_begin(const struct rt_model *M, const struct graph_no
                                  float *pre, int n, struct rt_arena *ar) {
   const struct rt_layer *L = &M->L[nd->layer];
   int hc = M->mhc.hc, d = M->mhc.hidden, rows = op_mhc_rows(hc);
-  struct mhc_step s;
+  struct mhc_step s = {.k = k, .l = nd->layer, .a = nd->a};
   s.post = RT_ALLOC(ar, float, (size_t)n * hc);
   s.C = RT_ALLOC(ar, float, (size_t)n * hc * hc);
   s.u = RT_ALLOC(ar, float, (size_t)n * d);
@@ -289,7 +302,7 @@ static struct mhc_step mhc_begin(const struct rt_model *M, const struct graph_no
   float *sumsq = RT_ALLOC(ar, float, n);
   RT_TIMED(ar, MHC, op_mhc_coeffs(own, s.post, s.C, dots, sumsq, X, L->hc_fn[k], L->hc_scale[k], L->hc_base[k], n, &M->mhc));
   RT_TIMED(ar, MHC, op_mhc_mix(s.u, X, (nd->flags & GRAPH_F_RESTART) ? own : pre, n, hc, d));
-  round_io(M, s.u, (size_t)n * d);
+  round_io(M, s.u, n, k ? "ffn.u" : "attn.u", nd->layer, nd->a);
   if (nd->flags & GRAPH_F_PRE_NEXT) memcpy(pre, own, sizeof(float) * (size_t)n * hc);
   return s;
 }
@@ -298,7 +311,7 @@ static struct mhc_step mhc_begin(const struct rt_model *M, const struct graph_no
 static void mhc_end(const struct rt_model *M, float *X, const struct mhc_step *s, const float *y, int n,
                     struct rt_arena *ar) {
   RT_TIMED(ar, MHC, op_mhc_update_inplace(X, s->C, s->post, y, n, M->mhc.hc, M->mhc.hidden));
-  round_x(M, X, n);
+  round_x(M, X, n, s->k ? "ffn.x" : "attn.x", s->l);
 }
 
 /* ---- embed, Engram (docs/model.md s1, s5) -------------------------------- */
@@ -310,7 +323,7 @@ void rt_embed(const struct rt_model *M, float *X, float *pre, const int32_t *tok
   CEDAR_ASSERT_MSG(bad < 0, "token id %d at %d is outside the vocabulary (ids are checked before a run)",
                    bad >= 0 ? tok[bad] : 0, bad);
   op_mhc_expand(X, h, n, m->hc_streams, m->hidden);
-  round_x(M, X, n);
+  round_x(M, X, n, NULL, 0); /* embedding rows: exact */
   memset(pre, 0, sizeof(float) * (size_t)n * m->hc_streams); /* the one-hot start (1, 0, ..., 0) */
   for (int i = 0; i < n; i++) pre[(size_t)i * m->hc_streams] = 1.0f;
 }
@@ -335,9 +348,9 @@ void rt_engram_inject(const struct rt_model *M, int l, float *X, const float *e,
   const struct rt_layer *L = &M->L[l];
   int hc = m->hc_streams, d = m->hidden, de = M->e_tables * m->engram_head_dim;
   float *kv = RT_ALLOC(ar, float, (size_t)n * (hc + 1) * d);
-  const float *eq = lin_in(M, e, n, de, ar); /* engram.wkv is FP8 */
+  const float *eq = lin_in(M, e, n, de, ar, NULL, l, -1); /* engram.wkv is FP8; its rows are exact */
   RT_TIMED(ar, ENGRAM, op_engram_inject(X, kv, NULL, eq, L->e_wkv, L->e_qw, L->e_kw, n, de, d, hc, M->eps, RT_ENGRAM_DOT_FLOOR));
-  round_x(M, X, n);
+  round_x(M, X, n, "engram.x", l);
 }
 
 /* ---- attention (docs/model.md s3) ---------------------------------------- */
@@ -387,12 +400,15 @@ static int append_entries(const struct rt_model *M, const struct rt_bound *st, i
 /* indexer.q_mxfp4 (docs/model.md s3, Appendix V #11): each indexer query
  * head through the Indexer-K format (E2M1, an E8M0 scale per block) and
  * back, as the vendor quantizes qI before scoring; the keys already are
- * (they are read from the MXFP4 cache). */
+ * (they are read from the MXFP4 cache). Like the keys, after a bf16 round
+ * when the format says bf16_round (#11: vLLM quantizes q "after a bf16
+ * round"; the oracle's flip accounting found it missing). */
 static void q_mxfp4_roundtrip(const struct rt_model *M, float *qI, int rows, struct rt_arena *ar) {
   const struct plan_model *m = &M->p->model;
   int w = m->idx_head_dim, blk = m->indexer_k.block;
   enum op_mx_rule rule = m->indexer_k.rule == PLAN_RULE_OCP ? OP_MX_OCP : OP_MX_CEIL;
   uint8_t *buf = RT_ALLOC(ar, uint8_t, op_mxfp4_bytes(w, blk));
+  if (m->indexer_k.bf16_round) op_bf16_round_n(qI, (size_t)rows * w);
   for (int i = 0; i < rows; i++) {
     op_mxfp4_pack(buf, qI + (size_t)i * w, w, blk, rule, OP_NIBBLE_EVEN_LOW);
     op_mxfp4_unpack(qI + (size_t)i * w, buf, w, blk, OP_NIBBLE_EVEN_LOW);
@@ -418,6 +434,8 @@ static const int32_t *select_topk(const struct rt_model *M, const struct graph_n
   }
   RT_TIMED(ar, INDEXER, op_q_indexer(qI, cq, L->iq_b, ang, &M->rope_idx, n, m->q_rank, m->idx_heads, m->idx_head_dim));
   if (m->idx_q_mxfp4) RT_TIMED(ar, INDEXER, q_mxfp4_roundtrip(M, qI, n * m->idx_heads, ar));
+  if (m->idx_q_mxfp4) rt_rtrace_f32("idx.qI", nd->layer, pos[0], n, m->idx_heads * m->idx_head_dim,
+                                    m->idx_heads * m->idx_head_dim, qI);
   RT_TIMED(ar, INDEXER, op_index_weights(w, a_in, L->iw, n, m->hidden, m->idx_heads, M->idx_scale));
   if (L->pl->mode == PLAN_REINDEX && b->pool_in) {
     void *work = rt_arena_alloc(ar, op_indexer_reindex_work_bytes(kv, m->cand_block, m->cand_top_blocks));
@@ -430,7 +448,9 @@ static const int32_t *select_topk(const struct rt_model *M, const struct graph_n
     RT_TIMED(ar, INDEXER,
              op_indexer_topk(b->topk_out, pool ? b->pool_out : NULL, work, qI, w, pos, kv, n, m->idx_heads, m->topk,
                              m->cand_block, m->cand_top_blocks, m->cand_pin_newest));
+    if (pool) rt_rtrace_i32("idx.pool", nd->layer, pos[0], n, m->cand_top_blocks, b->pool_out);
   }
+  rt_rtrace_i32("idx.topk", nd->layer, pos[0], n, m->topk, b->topk_out);
   return b->topk_out;
 }
 
@@ -511,7 +531,8 @@ static void attend_tile(const struct rt_model *M, float *o, const float *q, cons
 
 /* The grouped output projection (s3): op_grouped_oproj, or with MXFP8
  * inputs (wo_a and wo_b are FP8) the same two stages with o and z quantized. */
-static void oproj(const struct rt_model *M, float *y, float *z, float *o, const struct rt_layer *L, int n) {
+static void oproj(const struct rt_model *M, float *y, float *z, float *o, const struct rt_layer *L, int n, int l,
+                  int64_t a) {
   const struct plan_model *m = &M->p->model;
   const int d = m->hidden, G = m->o_groups, R = m->o_rank, hd = m->heads * m->head_dim, gw = hd / G;
   if (!m->num_lin_mxfp8) {
@@ -519,9 +540,11 @@ static void oproj(const struct rt_model *M, float *y, float *z, float *o, const 
     return;
   }
   op_mxfp8_qdq(o, n, hd, hd, RT_MXFP8_BLOCK); /* blocks of 32 inside a group when 32 divides its width */
+  rt_rtrace_f32("attn.o", l, a, n, hd, hd, o);
   for (int g = 0; g < G; g++)
     op_linear(z + (size_t)g * R, o + (size_t)g * gw, L->wo_a + (size_t)g * R * gw, n, gw, R, hd, G * R);
   op_mxfp8_qdq(z, n, G * R, G * R, RT_MXFP8_BLOCK);
+  rt_rtrace_f32("attn.z", l, a, n, G * R, G * R, z);
   op_linear(y, z, L->wo_b, n, G * R, d, G * R, d);
 }
 
@@ -536,8 +559,8 @@ int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, flo
 
   float *a_in = RT_ALLOC(ar, float, (size_t)n * d);
   RT_TIMED(ar, OTHER, op_rmsnorm(a_in, s.u, L->attn_norm, n, d, M->eps));
-  round_io(M, a_in, (size_t)n * d);
-  const float *a_q = lin_in(M, a_in, n, d, ar); /* wq_a and wkv are FP8; the BF16 ones read a_in */
+  round_io(M, a_in, n, "attn.a", l, nd->a);
+  const float *a_q = lin_in(M, a_in, n, d, ar, NULL, l, nd->a); /* wq_a and wkv are FP8; the BF16 ones read a_in */
   int64_t *pos = RT_ALLOC(ar, int64_t, n);
   for (int i = 0; i < n; i++) pos[i] = nd->a + i;
   /* The tile's RoPE angles, once for q, kS, the attention's inverse and,
@@ -548,7 +571,7 @@ int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, flo
   float *cq = RT_ALLOC(ar, float, (size_t)n * m->q_rank);
   float *q = RT_ALLOC(ar, float, (size_t)n * hd);
   RT_TIMED(ar, QKV, op_q_latent(cq, a_q, L->wq_a, L->q_norm, n, d, m->q_rank, M->eps));
-  const float *cq_q = lin_in(M, cq, n, m->q_rank, ar); /* wq_b and indexer.wq_b are FP8 */
+  const float *cq_q = lin_in(M, cq, n, m->q_rank, ar, "attn.cq", l, nd->a); /* wq_b and indexer.wq_b are FP8 */
   RT_TIMED(ar, QKV, op_q_main(q, cq_q, L->wq_b, &ang, L->rope, n, m->q_rank, m->heads, m->head_dim, m->q_head_norm, M->eps));
   float *kS = RT_ALLOC(ar, float, (size_t)n * m->head_dim);
   RT_TIMED(ar, QKV, op_swa_kv(kS, a_q, L->wkv, L->kv_norm, &ang, L->rope, n, d, m->head_dim, M->eps));
@@ -556,6 +579,7 @@ int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, flo
   if (nd->r0 > ring->r0) ring->r0 = nd->r0;
   uint8_t *fresh;
   struct op_swa_view sv = swa_view(M, ring, kS, pos, n, ar, &fresh);
+  rt_rtrace_u8("attn.swa", l, nd->a, n, (int)ring->entry_bytes, fresh);
 
   if (nd->flags & GRAPH_F_WRITE_KV) {
     int rc = append_entries(M, st, l, a_in, nd->a, n, &ang, ar);
@@ -586,8 +610,8 @@ int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, flo
   RT_TIMED(ar, ATTENTION, attend_tile(M, o, q, pos, topk, topk ? &kv : NULL, &sv, n, &pr, ar));
   float *y = RT_ALLOC(ar, float, (size_t)n * d);
   float *z = RT_ALLOC(ar, float, (size_t)n * m->o_groups * m->o_rank);
-  RT_TIMED(ar, OPROJ, oproj(M, y, z, o, L, n));
-  round_io(M, y, (size_t)n * d);
+  RT_TIMED(ar, OPROJ, oproj(M, y, z, o, L, n, l, nd->a));
+  round_io(M, y, n, "attn.y", l, nd->a);
   for (int i = 0; i < n; i++) rt_ring_put(ring, pos[i], fresh + (size_t)i * ring->entry_bytes);
   mhc_end(M, X, &s, y, n, ar);
   return 0;
@@ -611,8 +635,8 @@ void rt_attn_rows(const struct rt_model *M, const struct graph_node *const *nds,
   struct mhc_step s = mhc_begin(M, &rows, 0, X, pre, B, ar);
   float *a_in = RT_ALLOC(ar, float, (size_t)B * d);
   RT_TIMED(ar, OTHER, op_rmsnorm(a_in, s.u, L->attn_norm, B, d, M->eps));
-  round_io(M, a_in, (size_t)B * d);
-  const float *a_q = lin_in(M, a_in, B, d, ar); /* as rt_attn: wq_a and wkv are FP8 */
+  round_io(M, a_in, B, NULL, l, 0); /* batched rows are not traced (round_trace.h) */
+  const float *a_q = lin_in(M, a_in, B, d, ar, NULL, l, 0); /* as rt_attn: wq_a and wkv are FP8 */
   int64_t *pos = RT_ALLOC(ar, int64_t, B);
   for (int i = 0; i < B; i++) pos[i] = nds[i]->a;
   struct op_rope_angles ang;
@@ -621,7 +645,7 @@ void rt_attn_rows(const struct rt_model *M, const struct graph_node *const *nds,
   float *cq = RT_ALLOC(ar, float, (size_t)B * m->q_rank);
   float *q = RT_ALLOC(ar, float, (size_t)B * hd);
   RT_TIMED(ar, QKV, op_q_latent(cq, a_q, L->wq_a, L->q_norm, B, d, m->q_rank, M->eps));
-  const float *cq_q = lin_in(M, cq, B, m->q_rank, ar);
+  const float *cq_q = lin_in(M, cq, B, m->q_rank, ar, NULL, l, 0);
   RT_TIMED(ar, QKV, op_q_main(q, cq_q, L->wq_b, &ang, L->rope, B, m->q_rank, m->heads, m->head_dim, m->q_head_norm, M->eps));
   float *kS = RT_ALLOC(ar, float, (size_t)B * m->head_dim);
   RT_TIMED(ar, QKV, op_swa_kv(kS, a_q, L->wkv, L->kv_norm, &ang, L->rope, B, d, m->head_dim, M->eps));
@@ -666,14 +690,26 @@ void rt_attn_rows(const struct rt_model *M, const struct graph_node *const *nds,
   }
   float *y = RT_ALLOC(ar, float, (size_t)B * d);
   float *z = RT_ALLOC(ar, float, (size_t)B * m->o_groups * m->o_rank);
-  RT_TIMED(ar, OPROJ, oproj(M, y, z, o, L, B));
-  round_io(M, y, (size_t)B * d);
+  RT_TIMED(ar, OPROJ, oproj(M, y, z, o, L, B, l, 0));
+  round_io(M, y, B, NULL, l, 0);
   for (int i = 0; i < B; i++)
     if (!rc[i]) rt_ring_put(st[i].ring, pos[i], fresh[i]);
   mhc_end(M, X, &s, y, B, ar);
 }
 
 /* ---- MoE (docs/model.md s4) ---------------------------------------------- */
+
+/* The shared expert's two MXFP8 inputs (x, then the SwiGLU hidden), seen
+ * through op_qdq_tap while the round trace records. */
+struct moe_tap {
+  int l;
+  int64_t a;
+  int calls;
+};
+static void moe_tap(void *ctx, const float *x, int rows, int cols, int ld) {
+  struct moe_tap *t = ctx;
+  rt_rtrace_f32(t->calls++ ? "ffn.sh" : "ffn.sx", t->l, t->a, rows, cols, ld, x);
+}
 
 void rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, struct rt_arena *ar) {
   const struct plan_model *m = &M->p->model;
@@ -682,13 +718,17 @@ void rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, flo
   struct mhc_step s = mhc_begin(M, nd, 1, X, pre, n, ar);
   float *x = RT_ALLOC(ar, float, (size_t)n * d);
   RT_TIMED(ar, OTHER, op_rmsnorm(x, s.u, L->ffn_norm, n, d, M->eps));
-  round_io(M, x, (size_t)n * d);
+  round_io(M, x, n, "ffn.a", nd->layer, nd->a);
   float *y = RT_ALLOC(ar, float, (size_t)n * d);
   int32_t *sel = RT_ALLOC(ar, int32_t, (size_t)n * m->n_active);
   float *wt = RT_ALLOC(ar, float, (size_t)n * m->n_active);
   void *ws = rt_arena_alloc(ar, op_moe_workspace_bytes(n, &M->moe));
+  struct moe_tap tap = {nd->layer, nd->a, 0};
+  if (rt_rtrace_on()) op_qdq_tap = (struct op_qdq_tap){moe_tap, &tap}; /* the shared expert's MXFP8 inputs */
   RT_TIMED(ar, MOE, op_moe_forward(y, sel, wt, x, &L->moe, NULL, n, &M->moe, ws));
-  round_io(M, y, (size_t)n * d);
+  op_qdq_tap.fn = NULL;
+  rt_rtrace_i32("ffn.sel", nd->layer, nd->a, n, m->n_active, sel);
+  round_io(M, y, n, "ffn.y", nd->layer, nd->a);
   unsigned char *hit = RT_ALLOC(ar, unsigned char, M->moe.n_routed);
   memset(hit, 0, (size_t)M->moe.n_routed);
   for (int i = 0; i < n * m->n_active; i++) ar->experts += !hit[sel[i]], hit[sel[i]] = 1;
@@ -712,10 +752,10 @@ int rt_dec_kv(const struct rt_model *M, const struct rt_bound *st, int l, const 
     pre = own;
   }
   RT_TIMED(ar, MHC, op_mhc_mix(u, XE, pre, n, hc, d));
-  round_io(M, u, (size_t)n * d);
+  round_io(M, u, n, "dec.u", l, a);
   float *a_enc = RT_ALLOC(ar, float, (size_t)n * d);
   op_rmsnorm(a_enc, u, L->attn_norm, n, d, M->eps);
-  round_io(M, a_enc, (size_t)n * d);
+  round_io(M, a_enc, n, "dec.a", l, a);
   return append_entries(M, st, l, a_enc, a, n, NULL, ar); /* its one user computes its own angles */
 }
 
@@ -736,10 +776,10 @@ void rt_head(const struct rt_model *M, float *logits, const float *X, const floa
     for (int i = 0; i < n * hc; i++) pre[i] = 1.0f;
     op_mhc_mix(h, X, pre, n, hc, d);
   }
-  round_io(M, h, (size_t)n * d);
+  round_io(M, h, n, "head.h", M->p->n_layers, -1);
   float *hn = RT_ALLOC(ar, float, (size_t)n * d);
   op_rmsnorm(hn, h, M->norm, n, d, M->eps);
-  round_io(M, hn, (size_t)n * d);
+  round_io(M, hn, n, "head.hn", M->p->n_layers, -1);
   op_linear(logits, hn, M->lm_head, n, d, m->vocab, d, m->vocab);
   ar->fam_s[RT_FAM_HEAD] += rt_clock() - t0;
 }

@@ -201,6 +201,27 @@ static void fill_result(struct run *R, struct rt_gen_result *res) {
 
 /* P: prefill (TRANSFER nodes ship as they run), sample y1, make the record.
  * Returns 0 or a negative status with err. */
+/* The next token from logits with o's whole sampler: the repetition penalty
+ * over r's ids (the prompt and every id consumed so far), temperature,
+ * top-k, top-p, one draw from rng: generate.c's ops in generate.c's order,
+ * so P's y1 and D's ids are a single process's, bitwise (P ships its rng
+ * state in the metadata). -1 as op_sample_k gives it, or for an id of r
+ * outside the vocabulary. */
+static int32_t pd_sample(const struct rt_gen_opts *o, const struct rt_request *r, const float *logits, int V,
+                         uint64_t *rng) {
+  float *prob = cedar_xmalloc(sizeof(float) * (size_t)V), *pen = NULL;
+  int32_t *order = cedar_xmalloc(sizeof(int32_t) * (size_t)V), id = -1;
+  if (o->rep_penalty > 0 && o->rep_penalty != 1.0f) {
+    pen = cedar_xmalloc(sizeof(float) * (size_t)V);
+    if (op_sample_penalize(pen, logits, V, r->tokens, r->n_tokens, o->rep_penalty)) goto out;
+    logits = pen;
+  }
+  id = op_sample_k(prob, order, logits, V, o->temperature, o->top_k, o->top_p, rng);
+out:
+  free(prob), free(order), free(pen);
+  return id;
+}
+
 static int run_prefill(struct run *R, struct rt_kv_pool *pools, struct rt_request *rp, struct rt_pd_stats *st,
                        const int32_t *prompt, char *err, size_t err_len) {
   const struct plan *p = R->M->p;
@@ -238,14 +259,8 @@ static int run_prefill(struct run *R, struct rt_kv_pool *pools, struct rt_reques
   rp->n_pos = R->n;
   uint64_t rng = R->o->seed;
   int32_t y1 = -1;
-  if (R->g.out_rows > 0) { /* replay on P: P samples y1 */
-    float *prob = cedar_xmalloc(sizeof(float) * (size_t)V);
-    int32_t *order = cedar_xmalloc(sizeof(int32_t) * (size_t)V);
-    y1 = op_sample(prob, order, R->logits + (size_t)(R->g.out_rows - 1) * V, V, R->o->temperature, R->o->top_p,
-                   &rng);
-    free(prob);
-    free(order);
-  }
+  if (R->g.out_rows > 0) /* replay on P: P samples y1 */
+    y1 = pd_sample(R->o, rp, R->logits + (size_t)(R->g.out_rows - 1) * V, V, &rng);
   double ttft = pd_now() - t0;
   struct rt_exec_stats ps = R->m.prefill;
   pd_meta_fill(&R->m, rp, R->n, y1, rng);
@@ -341,12 +356,7 @@ static int replay_on_d(struct run *R, struct rt_request *r, char *err, size_t er
   for (int k = 0; k < g.n_node; k++) R->d_edges += g.node[k].n_dep;
   R->d_rows = g.out_rows;
   if (!rc) {
-    float *prob = cedar_xmalloc(sizeof(float) * (size_t)V);
-    int32_t *order = cedar_xmalloc(sizeof(int32_t) * (size_t)V);
-    r->pending = op_sample(prob, order, R->logits + (size_t)(g.out_rows - 1) * V, V, o->temperature, o->top_p,
-                           &R->rng);
-    free(prob);
-    free(order);
+    r->pending = pd_sample(o, r, R->logits + (size_t)(g.out_rows - 1) * V, V, &R->rng);
     R->ttft_d = pd_now() - R->m.t_start; /* D delivers y1: the handoff is inside TTFT */
   }
   graph_free(&g);
@@ -360,8 +370,6 @@ static int run_decode(struct run *R, struct rt_request *r, struct rt_gen_result 
   const int V = p->model.vocab;
   res->tokens = cedar_xmalloc(sizeof(int32_t) * (size_t)o->max_new);
   res->decode_logits = cedar_xmalloc(sizeof(float) * (size_t)V * (size_t)(o->max_new > 1 ? o->max_new - 1 : 1));
-  float *prob = cedar_xmalloc(sizeof(float) * (size_t)V);
-  int32_t *order = cedar_xmalloc(sizeof(int32_t) * (size_t)V);
   uint64_t rng = R->rng;
   res->tokens[res->n_tokens++] = r->pending;
   double steady = 0;
@@ -380,7 +388,7 @@ static int run_decode(struct run *R, struct rt_request *r, struct rt_gen_result 
     graph_free(&g);
     if (rc) break;
     r->n_pos++;
-    res->tokens[res->n_tokens++] = r->pending = op_sample(prob, order, lg, V, o->temperature, o->top_p, &rng);
+    res->tokens[res->n_tokens++] = r->pending = pd_sample(o, r, lg, V, &rng);
     double dt = pd_now() - t;
     if (i == 1)
       res->first_itl_s = dt;
@@ -388,8 +396,6 @@ static int run_decode(struct run *R, struct rt_request *r, struct rt_gen_result 
       steady += dt;
   }
   if (res->n_tokens > 2) res->steady_itl_s = steady / (res->n_tokens - 2);
-  free(prob);
-  free(order);
   return rc;
 }
 

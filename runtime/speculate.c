@@ -218,12 +218,26 @@ static int verify(const struct rt_model *M, struct rt_request *r, struct rt_spec
   return rc;
 }
 
-/* Greedy: the drafts agreeing with the argmax of the rows before them, then
- * that row's argmax (correction, or bonus after all L). out (L + 1). */
-static int accept_greedy(const float *logits, const int32_t *draft, int L, int V, int32_t *out, int64_t pos,
-                         char *err, size_t err_len) {
+/* Row i's logits after o's repetition penalty over the ids consumed up to
+ * and including that row's token, seen[0, n_seen + i + 1) (what generate.c
+ * penalizes over at the same position); the row itself when pen is NULL.
+ * NULL for an id outside [0, V). */
+static const float *penalized(const float *logits, int i, int V, const struct rt_gen_opts *o, const int32_t *seen,
+                              int64_t n_seen, float *pen) {
+  const float *li = logits + (size_t)i * V;
+  if (!pen) return li;
+  return op_sample_penalize(pen, li, V, seen, n_seen + i + 1, o->rep_penalty) ? NULL : pen;
+}
+
+/* Greedy: the drafts agreeing with the argmax of the (penalized) rows
+ * before them, then that row's argmax (correction, or bonus after all L).
+ * out (L + 1). */
+static int accept_greedy(const float *logits, const int32_t *draft, int L, int V, const struct rt_gen_opts *o,
+                         const int32_t *seen, int64_t n_seen, float *pen, int32_t *out, int64_t pos, char *err,
+                         size_t err_len) {
   for (int i = 0; i <= L; i++) {
-    int32_t t = op_sample_greedy(logits + (size_t)i * V, V);
+    const float *li = penalized(logits, i, V, o, seen, n_seen, pen);
+    int32_t t = li ? op_sample_greedy(li, V) : -1;
     if (t < 0) {
       snprintf(err, err_len, "the logits of position %lld hold NaN or +inf, or no finite value: this request is "
                "dropped", (long long)(pos + i));
@@ -236,16 +250,22 @@ static int accept_greedy(const float *logits, const int32_t *draft, int L, int V
 }
 
 /* Sampled (Leviathan et al. 2023, Algorithm 1): p_i the target's
- * distribution at row i (temperature, top-p), q_i the draft's (NULL:
- * one-hot at the draft). Accept x_i with probability min(1, p(x)/q(x)); on
- * the first rejection draw from norm(max(0, p_i - q_i)); after L accepted,
- * draw the bonus from p_L. prob, order: (V) workspace; resid (V). */
+ * distribution at row i as the plain sampler draws from it (the repetition
+ * penalty over the ids up to row i, temperature, top-k, top-p: op_sample_k's
+ * filters), q_i the draft's (NULL: one-hot at the draft). Accept x_i with
+ * probability min(1, p(x)/q(x)); on the first rejection draw from
+ * norm(max(0, p_i - q_i)); after L accepted, draw the bonus from p_L. The
+ * rule holds for any p_i fixed by the prefix, so the committed tokens are
+ * distributed as plain sampling's. prob, order: (V) workspace; resid (V). */
 int rt_spec_accept_sampled(const float *logits, const int32_t *draft, const float *q, int L, int V,
-                           const struct rt_gen_opts *o, uint64_t *rng, float *prob, int32_t *order, float *resid,
-                           int32_t *out, int64_t pos, char *err, size_t err_len) {
+                           const struct rt_gen_opts *o, const int32_t *seen, int64_t n_seen, float *pen,
+                           uint64_t *rng, float *prob, int32_t *order, float *resid, int32_t *out, int64_t pos,
+                           char *err, size_t err_len) {
   for (int i = 0; i <= L; i++) {
-    const float *li = logits + (size_t)i * V;
-    if (op_sample_softmax(prob, li, V, o->temperature) || op_sample_top_p(prob, order, V, o->top_p) < 0) {
+    const float *li = penalized(logits, i, V, o, seen, n_seen, pen);
+    bool k = o->top_k > 0 && o->top_k < V;
+    if (!li || op_sample_softmax(prob, li, V, o->temperature) ||
+        (k ? op_sample_top_k(prob, order, V, o->top_k, o->top_p) : op_sample_top_p(prob, order, V, o->top_p)) < 0) {
       snprintf(err, err_len, "the logits of position %lld hold NaN or +inf, or no finite value: this request is "
                "dropped", (long long)(pos + i));
       return CEDAR_EINVAL;
@@ -340,10 +360,12 @@ int rt_generate_spec(const struct rt_model *M, struct rt_kv_pool *pools, struct 
   float *q = malloc(sizeof(float) * (size_t)V * (lmax > 0 ? lmax : 1));
   float *prob = malloc(sizeof(float) * (size_t)V), *resid = malloc(sizeof(float) * (size_t)V);
   int32_t *order = malloc(sizeof(int32_t) * (size_t)V);
+  bool penalty = o->rep_penalty > 0 && o->rep_penalty != 1.0f;
+  float *pen = penalty ? malloc(sizeof(float) * (size_t)V) : NULL;
   struct rt_spec_snap s;
   bool snap_ok = rt_spec_snap_init(&s, M->p, lmax + 1) == 0;
   if (tokens) res->tokens = tokens;
-  if (!tokens || !lg || !q || !prob || !resid || !order || !snap_ok) {
+  if (!tokens || !lg || !q || !prob || !resid || !order || (penalty && !pen) || !snap_ok) {
     snprintf(err, err_len, "out of memory for speculative decoding");
     rc = CEDAR_ENOMEM;
   }
@@ -381,9 +403,11 @@ int rt_generate_spec(const struct rt_model *M, struct rt_kv_pool *pools, struct 
     int64_t pos = r->n_pos;
     rc = verify(M, r, &s, tok, L + 1, lg, o, &res->decode, err, err_len);
     if (rc) break;
+    int64_t seen = r->n_tokens - (L + 1); /* the ids before tok[0]; verify pushed tok after them */
     int a = o->temperature > 0
-                ? rt_spec_accept_sampled(lg, draft, so->drafter.has_q ? q : NULL, L, V, o, &rng, prob, order, resid, acc, pos, err, err_len)
-                : accept_greedy(lg, draft, L, V, acc, pos, err, err_len);
+                ? rt_spec_accept_sampled(lg, draft, so->drafter.has_q ? q : NULL, L, V, o, r->tokens, seen, pen, &rng,
+                                         prob, order, resid, acc, pos, err, err_len)
+                : accept_greedy(lg, draft, L, V, o, r->tokens, seen, pen, acc, pos, err, err_len);
     if (a < 0) {
       rc = a;
       break;
@@ -416,5 +440,6 @@ int rt_generate_spec(const struct rt_model *M, struct rt_kv_pool *pools, struct 
   free(prob);
   free(resid);
   free(order);
+  free(pen);
   return rc;
 }

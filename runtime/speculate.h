@@ -134,13 +134,17 @@ int rt_spec_profile(const struct rt_model *M, struct rt_request *r, const struct
 
 /* The sampled acceptance of one round (speculate.c; exposed for its test):
  * logits (L + 1, V) of the verify rows, the L drafts and their
- * distributions q (L, V) (NULL: one-hot), o's temperature and top-p; out
+ * distributions q (L, V) (NULL: one-hot), o's sampler (temperature, top-k,
+ * top-p, repetition penalty); seen: the n_seen ids consumed before the
+ * round, then the round's L + 1 tokens (row i is penalized over seen[0,
+ * n_seen + i + 1)), pen (V) workspace, NULL when o has no penalty; out
  * (L + 1) receives the accepted drafts then the correction or bonus.
  * prob, resid (V) and order (V) are workspace. Returns the drafts accepted,
  * or CEDAR_EINVAL (non-finite logits) with err. */
 int rt_spec_accept_sampled(const float *logits, const int32_t *draft, const float *q, int L, int V,
-                           const struct rt_gen_opts *o, uint64_t *rng, float *prob, int32_t *order, float *resid,
-                           int32_t *out, int64_t pos, char *err, size_t err_len);
+                           const struct rt_gen_opts *o, const int32_t *seen, int64_t n_seen, float *pen,
+                           uint64_t *rng, float *prob, int32_t *order, float *resid, int32_t *out, int64_t pos,
+                           char *err, size_t err_len);
 
 /* rt_generate's contract, decoding speculatively after the prefill: with a
  * greedy o the tokens equal rt_generate's bit for bit. res->decode_logits

@@ -112,9 +112,9 @@ static int grow_scratch(struct tokenizer *t, size_t n) {
 }
 
 static void push_pair(struct tokenizer *t, size_t *nh, int32_t i) {
-  int32_t j = t->next[i], res;
+  int32_t j = t->next[i];
   if (j < 0) return;
-  int32_t r = tok_merge_find(t, t->sym[i], t->sym[j], &res);
+  int32_t r = tok_merge_find(t, t->sym[i], t->sym[j]);
   if (r >= 0) heap_push(t->heap, nh, (uint64_t)(uint32_t)r << 32 | (uint32_t)i);
 }
 

@@ -287,17 +287,20 @@ static int read_merge(struct tokenizer *t, const cJSON *m, int rank, char *err, 
   if (ia < 0 || ib < 0 || ir < 0)
     return fail(err, el, "model.merges[%d]: \"%.*s\" + \"%.*s\" names a token not in model.vocab", rank, (int)la, a,
                 (int)lb, b);
-  uint64_t key = ((uint64_t)(uint32_t)ia << 32 | (uint32_t)ib) + 1;
+  uint64_t key = tok_pair_key(ia, ib);
   uint32_t i = tok_pair_hash(key) & t->mmask;
-  for (; t->merge[i].key; i = (i + 1) & t->mmask)
-    if (t->merge[i].key == key) return 0; /* a repeated merge keeps its first (lowest) rank */
-  t->merge[i] = (struct tok_merge){key, rank, ir};
+  for (; t->merge[i]; i = (i + 1) & t->mmask)
+    if ((t->merge[i] & TOK_KEY_MASK) == key) return 0; /* a repeated merge keeps its first (lowest) rank */
+  t->merge[i] = key | (uint64_t)rank << (2 * TOK_ID_BITS);
   t->rank_pair[3 * rank] = ia, t->rank_pair[3 * rank + 1] = ib, t->rank_pair[3 * rank + 2] = ir;
   return 0;
 }
 
 static int read_merges(struct tokenizer *t, const cJSON *merges, char *err, size_t el) {
   int n = cJSON_GetArraySize(merges), r = 0;
+  if (t->n_ids > (1 << TOK_ID_BITS) || n >= (1 << 24))
+    return fail(err, el, "%d ids and %d merges: cedar's merge table holds ids below 2^%d and ranks below 2^24",
+                t->n_ids, n, TOK_ID_BITS);
   t->mmask = pow2_above((size_t)n) - 1;
   t->merge = calloc((size_t)t->mmask + 1, sizeof *t->merge);
   t->rank_pair = malloc((size_t)(n > 0 ? n : 1) * 3 * sizeof *t->rank_pair);

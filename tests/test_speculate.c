@@ -177,43 +177,57 @@ static void one_plan(const char *path) {
 
 /* The rejection rule keeps the target's distribution: over N rounds of one
  * draft (one-hot q at x, or a spread q) the first committed token is
- * distributed as p. Each frequency is within 5 binomial standard deviations
- * sqrt(p (1 - p) / N) of p (a false failure has probability < 1e-5 per id),
- * plus the fp32 rounding of p itself (1e-6). */
+ * distributed as p, the distribution the plain sampler draws from: the
+ * softmax of the row, and (second case) of the row after the repetition
+ * penalty over the ids consumed so far (3 and 2 here: 2.0 -> 2.0 / 1.5,
+ * -0.5 -> -0.5 * 1.5) cut to its top 3 (ids 3, 0, 1). Each frequency is
+ * within 5 binomial standard deviations sqrt(p (1 - p) / N) of p (a false
+ * failure has probability < 1e-5 per id), plus the fp32 rounding of p
+ * itself (1e-6). */
 static void check_rejection_rule(void) {
   enum { V = 6, N = 200000 };
   float logits[2 * V] = {1.0f, 0.2f, -0.5f, 2.0f, 0.0f, -3.0f}; /* row 1 (bonus) is never read by a rejection */
   for (int i = 0; i < V; i++) logits[V + i] = logits[i];
   float qrow[V] = {0.05f, 0.6f, 0.05f, 0.1f, 0.1f, 0.1f};
-  double p[V], z = 0;
-  for (int i = 0; i < V; i++) z += exp((double)logits[i]);
-  for (int i = 0; i < V; i++) p[i] = exp((double)logits[i]) / z;
-  struct rt_gen_opts o = {.temperature = 1.0f, .top_p = 1.0f};
-  float prob[V], resid[V];
-  int32_t order[V], out[2];
-  for (int mode = 0; mode < 2; mode++) {
-    const float *q = mode ? qrow : NULL;
-    int32_t draft = 1; /* under q: an id q over-weights, so rejections happen */
-    uint64_t rng = 12345;
-    long cnt[V] = {0};
-    for (int t = 0; t < N; t++) {
-      if (mode) { /* draw the draft from q, as a sampling drafter would */
-        double u = op_rng_uniform(&rng), acc = 0;
-        draft = V - 1;
-        for (int i = 0; i < V; i++)
-          if ((acc += qrow[i]) > u) {
-            draft = i;
-            break;
-          }
-      }
-      int a = rt_spec_accept_sampled(logits, &draft, q, 1, V, &o, &rng, prob, order, resid, out, 0, err, sizeof err);
-      CEDAR_ASSERT(a >= 0);
-      cnt[out[0]]++;
+  for (int c = 0; c < 2; c++) {
+    struct rt_gen_opts o = {.temperature = 1.0f, .top_p = 1.0f, .top_k = c ? 3 : 0, .rep_penalty = c ? 1.5f : 0};
+    double l[V], p[V], z = 0;
+    for (int i = 0; i < V; i++) l[i] = logits[i];
+    if (c) {
+      l[3] = (double)(2.0f / 1.5f), l[2] = (double)(-0.5f * 1.5f);
+      l[2] = l[4] = l[5] = -INFINITY; /* outside the top 3 of (1, 0.2, -0.75, 1.33, 0, -3) */
     }
-    for (int i = 0; i < V; i++) {
-      double f = (double)cnt[i] / N, sd = sqrt(p[i] * (1 - p[i]) / N);
-      EXPECT(fabs(f - p[i]) <= 5 * sd + 1e-6, "rejection rule (%s): id %d drawn %.5f of the time, p = %.5f (5 sd = %.5f)",
-             mode ? "spread q" : "one-hot q", i, f, p[i], 5 * sd);
+    for (int i = 0; i < V; i++) z += exp(l[i]);
+    for (int i = 0; i < V; i++) p[i] = exp(l[i]) / z;
+    float prob[V], resid[V], pen[V];
+    int32_t order[V], out[2], seen[3] = {3, 2, 0}; /* before the round, y0; then the draft */
+    for (int mode = 0; mode < 2; mode++) {
+      const float *q = mode ? qrow : NULL;
+      int32_t draft = 1; /* under q: an id q over-weights, so rejections happen */
+      uint64_t rng = 12345;
+      long cnt[V] = {0};
+      for (int t = 0; t < N; t++) {
+        if (mode) { /* draw the draft from q, as a sampling drafter would */
+          double u = op_rng_uniform(&rng), acc = 0;
+          draft = V - 1;
+          for (int i = 0; i < V; i++)
+            if ((acc += qrow[i]) > u) {
+              draft = i;
+              break;
+            }
+        }
+        seen[2] = draft;
+        int a = rt_spec_accept_sampled(logits, &draft, q, 1, V, &o, seen, 1, c ? pen : NULL, &rng, prob, order,
+                                       resid, out, 0, err, sizeof err);
+        CEDAR_ASSERT(a >= 0);
+        cnt[out[0]]++;
+      }
+      for (int i = 0; i < V; i++) {
+        double f = (double)cnt[i] / N, sd = sqrt(p[i] * (1 - p[i]) / N);
+        EXPECT(fabs(f - p[i]) <= 5 * sd + 1e-6,
+               "rejection rule (%s, %s): id %d drawn %.5f of the time, p = %.5f (5 sd = %.5f)",
+               c ? "penalty 1.5, top-k 3" : "plain", mode ? "spread q" : "one-hot q", i, f, p[i], 5 * sd);
+      }
     }
   }
 }

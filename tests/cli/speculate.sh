@@ -11,7 +11,12 @@
 #     1 + accepted / drafts (vLLM's definition), per-position rate i =
 #     accepted at i / drafts and non-increasing;
 #  3. --verify-len 2 verifies 2 drafts a round (len histogram), fixed;
-#  4. sampled (--temperature 0.8) runs, refused nothing, not compared;
+#  1b. with --repetition-penalty 1.3 (the penalty over each verify row's own
+#     history, runtime/speculate.c) still bitwise plain (penalized) greedy's,
+#     and other tokens than without it;
+#  4. sampled (--temperature 0.8; also with --top-k and the penalty, the
+#     Leviathan rule on the processed distribution: test_speculate checks
+#     the distribution) runs, refused nothing, not compared;
 #  5. refusals: --speculate mtp (the drafter is not wired: exit 2 naming it),
 #     a bad rate, --draft-len without --speculate, --speculate with
 #     --executor starpu.
@@ -43,6 +48,13 @@ for plan in "$tiny" "$t40"; do
   grep -A1 'forced acceptance 0.00' "$tmp/out" | grep -q 'Mean acceptance length: 1.00, Accepted: 0 tokens' ||
     fail "$plan: rate 0 accepted a draft"
 done
+# 1b. greedy with the repetition penalty
+expect_exit 0 run --plan "$tiny" --tokens $toks --max-new 37 --repetition-penalty 1.3 --speculate forced:1,0.5,0
+[ "$(grep -c 'tokens bitwise equal to plain greedy' "$tmp/out")" = 3 ] || fail "penalty: not 3 bitwise-equal runs: $(cat "$tmp/out")"
+expect_exit 0 run --plan "$tiny" --tokens $toks --max-new 37 --repetition-penalty 1.3
+pen=$(grep '^prompt' "$tmp/out")
+expect_exit 0 run --plan "$tiny" --tokens $toks --max-new 37
+[ "$pen" != "$(grep '^prompt' "$tmp/out")" ] || fail "--repetition-penalty 1.3 changed no token on the tiny plan"
 
 # 2. --json
 # a fixed verify length: under auto the chooser may (rightly) verify 0 drafts
@@ -74,6 +86,9 @@ grep -q 'by length L: 0:0 1:0 2:7$' "$tmp/out" || fail "--verify-len 2: not seve
 # 4. sampled
 expect_exit 0 run --plan "$tiny" --tokens $toks --max-new 21 --speculate forced:0.5 --temperature 0.8 --seed 3
 grep -q 'sampled (not compared)' "$tmp/out" || fail "a sampled run is reported as compared"
+expect_exit 0 run --plan "$tiny" --tokens $toks --max-new 21 --speculate forced:0.5 --temperature 0.8 --top-k 5 \
+  --repetition-penalty 1.3 --sample-seed 4
+grep -q 'sampled (not compared)' "$tmp/out" || fail "a sampled run with top-k and the penalty: $(cat "$tmp/out" "$tmp/err")"
 
 # 5. refusals
 expect_exit 2 run --plan "$tiny" --tokens $toks --speculate mtp

@@ -392,6 +392,7 @@ class Oracle:
         self.act_bf16 = nm.get('activations', 'bf16') == 'bf16'
         self.io_bf16 = nm.get('sublayer_io', 'bf16') == 'bf16'
         self.lin_mx = nm.get('linear_inputs', 'mxfp8') == 'mxfp8'
+        self.follow, self._at = None, (0, np.zeros(0, np.int64))   # follow.py
         self.freqs = {'swa': rope_freqs(m['rope']['swa'], self.rd),
                       'csa': rope_freqs(m['rope']['csa'], self.rd)}
         self.ifreqs = {'swa': rope_freqs(m['rope']['swa'], self.rdI),
@@ -446,18 +447,33 @@ class Oracle:
     def lw(self, l, name):
         return self.w('layers.%d.%s' % (l, name))
 
-    # numerics (Appendix V #22): the three rounding points' switches
-    def _rx(self, X):
+    # numerics (Appendix V #22): the three rounding points' switches.  pt names
+    # a point whose input carries rounding error, for the flip accounting
+    # (follow.py: with self.follow set, a value within the fp32 error bound of a
+    # rounding boundary takes cedar's side of it; self._at = (layer, positions))
+    def _rx(self, X, pt=None):
         """numerics.activations: the residual streams after each update."""
-        return to_bf16(X) if self.act_bf16 else X
+        r = to_bf16(X) if self.act_bf16 else X
+        return self.follow.bf16(pt, *self._at, X, r) if self.follow and pt and self.act_bf16 else r
 
-    def _rio(self, x):
+    def _rio(self, x, pt=None):
         """numerics.sublayer_io: a sublayer's mixed input, normed input, output."""
-        return to_bf16(x) if self.io_bf16 else x
+        r = to_bf16(x) if self.io_bf16 else x
+        return self.follow.bf16(pt, *self._at, x, r) if self.follow and pt and self.io_bf16 else r
 
-    def _lin(self, x):
+    def _lin(self, x, pt=None):
         """numerics.linear_inputs: what an FP8-weight linear reads."""
-        return mxfp8(x) if self.lin_mx else x
+        r = mxfp8(x) if self.lin_mx else x
+        return self.follow.mxfp8(pt, *self._at, x, r) if self.follow and pt and self.lin_mx else r
+
+    def _store(self, pt, l, pos, x, fmt):
+        """F.store (a cache entry), or cedar's where follow certifies it."""
+        b, v = F.store(x, fmt, self.nib)
+        return self.follow.store(pt, l, pos, x, fmt, self.nib, b, v) if self.follow else (b, v)
+
+    def _pick(self, pt, scores, cand, sel):
+        """A selection (MoE experts, Top-K, pool blocks), or cedar's where follow certifies it."""
+        return self.follow.select(pt, *self._at, scores, cand, sel) if self.follow else sel
 
     def _rope_kind(self, l):
         return 'swa' if self.plan.layers[l]['mode'] == 'swa_only' else 'csa'
@@ -494,10 +510,11 @@ class Oracle:
         own = self._hc_pre(X, pfx)
         post, C = self._hc_post_res(X, pfx)
         pre = P if self.pairing == 'v41' else own
-        u = self._rio(np.matmul(pre[:, None, :], X)[:, 0])
-        y = self._rio(fn(self._rio(rms(u, self.w(norm_name), self.eps))))
+        k = 'attn' if 'hc_attn' in pfx else 'ffn'
+        u = self._rio(np.matmul(pre[:, None, :], X)[:, 0], k + '.u')
+        y = self._rio(fn(self._rio(rms(u, self.w(norm_name), self.eps), k + '.a')), k + '.y')
         Xn = post[:, :, None] * y[:, None, :] + np.matmul(C.transpose(0, 2, 1), X)
-        return self._rx(Xn), own
+        return self._rx(Xn, k + '.x'), own
 
     def _a_in(self, l, X, P):
         """Layer l's attention input from the state entering it and the pre it
@@ -505,8 +522,8 @@ class Oracle:
         under CED (Appendix V #10; for the first decoder layer exactly its own
         attention input, for a later one (alt plans) the same rule on X^(E))."""
         pre = P if self.pairing == 'v41' else self._hc_pre(X, 'layers.%d.hc_attn' % l)
-        u = self._rio(np.matmul(pre[:, None, :], X)[:, 0])
-        return self._rio(rms(u, self.lw(l, 'attn_norm'), self.eps))
+        u = self._rio(np.matmul(pre[:, None, :], X)[:, 0], 'dec.u')
+        return self._rio(rms(u, self.lw(l, 'attn_norm'), self.eps), 'dec.a')
 
     def _onehot(self, n):
         """Appendix V #2: layer 0's attention mixes stream 0 only."""
@@ -542,7 +559,7 @@ class Oracle:
         qw, kw = self.lw(l, 'engram.q_w'), self.lw(l, 'engram.k_w')
         t = np.sum(rms(X, None, self.eps) * qw * rms(keys, None, self.eps) * kw, axis=-1) / math.sqrt(d)
         gate = sigmoid(np.sign(t) * np.sqrt(np.maximum(np.abs(t), 1e-6)))
-        return self._rx(X + gate[:, :, None] * val[:, None, :])
+        return self._rx(X + gate[:, :, None] * val[:, None, :], 'engram.x')
 
     # ------------------------------------------------------------ MoE (s4)
     def _moe(self, l, x):
@@ -558,22 +575,23 @@ class Oracle:
         else:
             raise ValueError('moe.score %r' % sf)
         k = int(mo['active_experts'])
-        sel = np.argsort(-(s + self.lw(l, 'ffn.bias')[0]), axis=1, kind='stable')[:, :k]
+        sb = s + self.lw(l, 'ffn.bias')[0]
+        sel = self._pick('ffn.sel', sb, np.ones(sb.shape, bool), np.argsort(-sb, axis=1, kind='stable')[:, :k])
         ws = np.take_along_axis(s, sel, axis=1)
         if mo.get('norm_topk', True):
             ws = ws / ws.sum(axis=1, keepdims=True)
         ws = ws * float(mo['route_scale'])
         lim = float(mo.get('swiglu_limit', 0) or 0)
 
-        def ffn(xx, wg, wu, wd, scale=None, q=lambda v: v):
-            xx = q(xx)
+        def ffn(xx, wg, wu, wd, scale=None, q=lambda v, pt=None: v):
+            xx = q(xx, 'ffn.sx')
             g, u = xx @ wg.T, xx @ wu.T
             if lim > 0:
                 g, u = np.minimum(g, lim), np.clip(u, -lim, lim)
             h = silu(g) * u
             if scale is not None:
                 h = h * scale[:, None]
-            return q(h) @ wd.T
+            return q(h, 'ffn.sh') @ wd.T
 
         y = np.zeros_like(x)
         if mo['shared_experts'] > 0:
@@ -617,9 +635,10 @@ class Oracle:
         if self.k_norm:
             kI = rms(kI, self.lw(l, 'attn.indexer.k_norm'), self.eps)
         kI = rope(kI, epos, self.ifreqs[kind], self.rdI, self.ipos)
-        kb, kv = F.store(kI, self.fmt['indexer_k'], self.nib)
+        e0 = len(S['main'])                                    # entries e0 .. e0 + ng - 1
+        kb, kv = self._store('indexer_k', l, np.arange(e0, e0 + ng), kI, self.fmt['indexer_k'])
         kM = rope(c, epos, self.freqs[kind], self.rd, 'last')
-        mb, mv = F.store(kM, self.fmt['main_kv'], self.nib)
+        mb, mv = self._store('main_kv', l, np.arange(e0, e0 + ng), kM, self.fmt['main_kv'])
         S['main'] = np.concatenate([S['main'], mv])
         S['main_bytes'] = np.concatenate([S['main_bytes'], mb])
         S['ik'] = np.concatenate([S['ik'], kv])
@@ -654,7 +673,7 @@ class Oracle:
             nv = vis.sum(axis=1)
             rows = np.nonzero(nv > 0)[0]
             bs[rows, (nv[rows] - 1) // B] = np.inf
-        sel = topk_lower_index(bs, bvis, nb_top)
+        sel = self._pick('idx.pool', bs, bvis, topk_lower_index(bs, bvis, nb_top))
         bm = mask_from_indices(sel, nb)
         return vis & np.repeat(bm, B, axis=1)[:, :E]
 
@@ -666,14 +685,14 @@ class Oracle:
         kind = self._rope_kind(l)
         H, dh = self.H, self.dh
         aq = self._lin(a)                    # wq_a, wkv, wq_b, indexer.wq_b, wo_a, wo_b: FP8 (#22)
-        cq = self._lin(rms(aq @ self.lw(l, 'attn.wq_a').T, self.lw(l, 'attn.q_norm'), self.eps))
+        cq = self._lin(rms(aq @ self.lw(l, 'attn.wq_a').T, self.lw(l, 'attn.q_norm'), self.eps), 'attn.cq')
         q = (cq @ self.lw(l, 'attn.wq_b').T).reshape(nP, H, dh)
         if self.q_head_norm:                                     # V4's; V4.1 has none (#6)
             q = q / np.sqrt(np.mean(q * q, axis=-1, keepdims=True) + self.eps)
         q = rope(q, pos, self.freqs[kind], self.rd, 'last')
         kS = rope(rms(aq @ self.lw(l, 'attn.wkv').T, self.lw(l, 'attn.kv_norm'), self.eps),
                   pos, self.freqs[kind], self.rd, 'last')
-        kb, kv = F.store(kS, self.fmt['swa'], self.nib)
+        kb, kv = self._store('attn.swa', l, pos, kS, self.fmt['swa'])
         ring = self.rings[l]
         if len(ring['pos']) and ring['pos'][-1] >= pos[0]:
             raise AssertionError('L%d: ring already holds position %d' % (l, pos[0]))
@@ -691,7 +710,9 @@ class Oracle:
                 qI = rope((cq @ self.lw(l, 'attn.indexer.wq_b').T).reshape(nP, self.HI, self.dI),
                           pos, self.ifreqs[kind], self.rdI, self.ipos)
                 if self.q_mxfp4:   # #11: qI through MXFP4 (E2M1, E8M0 per block) and back
-                    qI = F.store(qI.reshape(-1, self.dI), self.fmt['indexer_k'], self.nib)[1].reshape(qI.shape)
+                    qI = F.store(qI.reshape(-1, self.dI), self.fmt['indexer_k'], self.nib)[1].reshape(qI.shape) \
+                        if not self.follow else self.follow.store_values(
+                            'idx.qI', l, pos, qI, self.fmt['indexer_k'], self.nib)
                 wI = (a @ self.lw(l, 'attn.indexer.weights_proj').T) * (self.HI * self.dI) ** -0.5
                 scores = self.index_scores(qI, wI, self.src[src]['ik'])
                 vis = self._visible(src, pos)
@@ -704,7 +725,7 @@ class Oracle:
                     cand = fw.pool[L['pool']]
                 else:
                     cand = vis
-                gsel = topk_lower_index(scores, cand, self.topk)
+                gsel = self._pick('idx.topk', scores, cand, topk_lower_index(scores, cand, self.topk))
                 fw.topk[l] = gsel
                 st['scores'] = scores if self.keep_buses else None
             else:
@@ -749,15 +770,16 @@ class Oracle:
                 Z = Z + np.exp(sink[None, :] - m)
             o[b] = num / Z[:, :, None]
         o = rope(o, pos, self.freqs[kind], self.rd, 'last', inverse=True)
-        og = self._lin(o.reshape(nP, H * dh)).reshape(nP, self.G, H * dh // self.G)
+        og = self._lin(o.reshape(nP, H * dh), 'attn.o').reshape(nP, self.G, H * dh // self.G)
         z = np.einsum('pgk,gok->pgo', og, self.lw(l, 'attn.wo_a')).reshape(nP, -1)
         fw.layers.setdefault(l, []).append(st)
-        return self._lin(z) @ self.lw(l, 'attn.wo_b').T
+        return self._lin(z, 'attn.z') @ self.lw(l, 'attn.wo_b').T
 
     # ------------------------------------------------------------ layers
     def _run_layers(self, X, P, pos, layers, fw):
         """Layers in order on (X, carried pre P); returns the final (X, P)."""
         for l in layers:
+            self._at = (l, pos)
             if self.plan.layers[l]['engram']:
                 X = self._engram(l, X, pos)
             X, P = self._sublayer(X, P, 'layers.%d.hc_attn' % l, 'layers.%d.attn_norm' % l,
@@ -765,6 +787,7 @@ class Oracle:
             X, P = self._sublayer(X, P, 'layers.%d.hc_ffn' % l, 'layers.%d.ffn_norm' % l,
                                   lambda x, l=l: self._moe(l, x))
             self.token_layers[l] += len(pos)
+        self._at = (self.n_layers, pos)       # the head, when one follows
         return X, P
 
     def _logits(self, X, P):
@@ -778,8 +801,8 @@ class Oracle:
             mix = (xf @ self.w('head.hc.fn').T) / np.sqrt(np.mean(xf * xf, axis=1, keepdims=True) + self.eps)
             pre = sigmoid(mix * self.w('head.hc.scale')[0] + self.w('head.hc.base')) + self.hc_eps
             h = np.einsum('pi,pid->pd', pre, X[:, :hc])
-        h = self._rio(h)
-        return self._rio(rms(h, self.w('norm'), self.eps)) @ self.w('lm_head').T
+        h = self._rio(h, 'head.h')
+        return self._rio(rms(h, self.w('norm'), self.eps), 'head.hn') @ self.w('lm_head').T
 
     def _embed(self, toks):
         e = self.w('embed')[np.asarray(toks, np.int64)]
@@ -796,6 +819,7 @@ class Oracle:
     def _dec_sources_append(self, XE, PE, pos):
         for l in self.dec:
             if self.plan.layers[l]['mode'] == 'full':
+                self._at = (l, pos)
                 self._append_entries(l, self._a_in(l, XE, PE), pos)
 
     # ------------------------------------------------------------ flows (SPEC 6)

@@ -793,6 +793,73 @@ def mini_plan_200_tokens():
     return 'weights %.1fs, prefill %.1fs, 2 decode steps %.1fs' % (t1 - t0, t2 - t1, t3 - t2)
 
 
+# ================================================================ flip accounting (follow.py)
+
+
+@test
+def follow_certifies_only_within_the_bound():
+    """follow.py takes cedar's side of a rounding or a selection only when the
+    oracle's value lies within b = K u (|x| + rms) of the boundary."""
+    import follow as FL
+
+    class Stub:                      # a trace that answers with fixed rows
+        def __init__(self, rows):
+            self.r = rows
+
+        def rows(self, pt, l, pos):
+            return self.r[pt]
+    beta = 1024 * 2.0 ** -24
+    # bf16: 1 + 2^-8 is the tie between 1 and 1 + 2^-7 (even: 1); the value just
+    # above it rounds up, cedar's neighbour below is certified; at 1 + 3 2^-9
+    # (a quarter step from the tie) it is not
+    near = np.array([[1.0 + 2.0 ** -8 + 1e-6, 1.0]])
+    far = np.array([[1.0 + 3 * 2.0 ** -9, 1.0]])
+    for x, expect in ((near, (1, 0)), (far, (0, 1))):
+        fo = FL.Follow(Stub({'attn.y': np.array([[1.0, 1.0]])}), {}, beta)
+        r = O.to_bf16(x)
+        got = fo.bf16('attn.y', 3, np.array([7]), x, r)
+        st = fo.stats['attn.y']
+        assert (st['adopted'], st['refused']) == expect, (x, st)
+        assert got[0, 0] == (1.0 if expect[0] else r[0, 0])
+    # MXFP8: one block, amax 448 (scale 1); 1.0625 = 1 + 2^-4 is the E4M3 tie
+    # between 1 and 1.125
+    x = np.full((1, 32), 0.5)
+    x[0, 0] = 448.0
+    for v, expect in ((1.0625 + 1e-6, (1, 0)), (1.09, (0, 1))):
+        x[0, 1] = v
+        c = O.mxfp8(x).copy()
+        c[0, 1] = 1.0
+        fo = FL.Follow(Stub({'attn.o': c}), {}, beta)
+        fo.mxfp8('attn.o', 0, np.array([0]), x, O.mxfp8(x))
+        st = fo.stats['attn.o']
+        assert (st['adopted'], st['refused']) == expect, (v, st)
+    # a selection: top-1 of scores whose two best differ by 1e-7 (within b of
+    # each other) may go either way; by 0.1 it may not
+    for s1, expect in ((1.0 - 1e-7, (1, 0)), (0.9, (0, 1))):
+        sc = np.array([[1.0, s1, 0.5]])
+        fo = FL.Follow(Stub({'ffn.sel': np.array([[1]])}), {}, beta)
+        got = fo.select('ffn.sel', 2, np.array([0]), sc, np.ones((1, 3), bool), np.array([[0]]))
+        st = fo.stats['ffn.sel']
+        assert (st['adopted'], st['refused']) == expect, (s1, st)
+        assert got[0, 0] == (1 if expect[0] else 0)
+    # a cache entry (E4M3, E8M0 per 32, bf16 first): an element at the tie of
+    # two E4M3 codes may take either; a whole code away it may not
+    fmt = {'element': 'e4m3', 'scale': 'e8m0', 'block': 32}
+    x = np.full((1, 32), 0.25)
+    x[0, 0] = 400.0                                    # scale 1
+    x[0, 1] = 1.0625                                   # the tie: bf16-exact, RNE to 1
+    for dv, expect in ((0.125, (1, 0)), (0.25, (0, 1))):
+        bo, vo = F.store(x, fmt)
+        xc = x.copy()
+        xc[0, 1] = 1.0 + dv
+        bc, _ = F.store(xc, fmt)
+        fo = FL.Follow(Stub({'attn.swa': bc}), {}, beta)
+        fo.store('attn.swa', 1, np.array([5]), x, fmt, 'low_first', bo, vo)
+        st = fo.stats['attn.swa']
+        assert (st['adopted'], st['refused']) == expect, (dv, st)
+    return 'bf16, MXFP8, selection and cache entry, each certified and refused'
+
+
 # ================================================================ runner
 
 def main(argv):
