@@ -15,6 +15,7 @@
 #include "ops/indexer.h"
 #include "ops/qkv.h"
 #include "base/check.h"
+#include "runtime/expert_par.h"
 
 /* Gate floor of the Engram injection (docs/model.md s5, R.8). */
 #define RT_ENGRAM_DOT_FLOOR 1e-6f
@@ -675,7 +676,8 @@ void rt_attn_rows(const struct rt_model *M, const struct graph_node *const *nds,
 
 /* ---- MoE (docs/model.md s4) ---------------------------------------------- */
 
-void rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, struct rt_arena *ar) {
+int rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, struct rt_arena *ar) {
+  if (rt_ep_helper(M, nd)) return rt_ep_serve(M, nd, ar); /* a shard of another rank's node (expert_par.h) */
   const struct plan_model *m = &M->p->model;
   const int n = nd->n, d = m->hidden;
   const struct rt_layer *L = &M->L[nd->layer];
@@ -686,13 +688,19 @@ void rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, flo
   float *y = RT_ALLOC(ar, float, (size_t)n * d);
   int32_t *sel = RT_ALLOC(ar, int32_t, (size_t)n * m->n_active);
   float *wt = RT_ALLOC(ar, float, (size_t)n * m->n_active);
-  void *ws = rt_arena_alloc(ar, op_moe_workspace_bytes(n, &M->moe));
-  RT_TIMED(ar, MOE, op_moe_forward(y, sel, wt, x, &L->moe, NULL, n, &M->moe, ws));
+  if (rt_ep_layer(M->p, nd->layer)) { /* routed experts on their shards, combined in the same order */
+    int rc = rt_ep_forward(M, nd, y, sel, wt, x, ar);
+    if (rc) return rc;
+  } else {
+    void *ws = rt_arena_alloc(ar, op_moe_workspace_bytes(n, &M->moe));
+    RT_TIMED(ar, MOE, op_moe_forward(y, sel, wt, x, &L->moe, NULL, n, &M->moe, ws));
+  }
   round_io(M, y, (size_t)n * d);
   unsigned char *hit = RT_ALLOC(ar, unsigned char, M->moe.n_routed);
   memset(hit, 0, (size_t)M->moe.n_routed);
   for (int i = 0; i < n * m->n_active; i++) ar->experts += !hit[sel[i]], hit[sel[i]] = 1;
   mhc_end(M, X, &s, y, n, ar);
+  return 0;
 }
 
 /* ---- decoder global from the encoder output (docs/model.md s3.1) -------- */
