@@ -32,6 +32,7 @@ struct ep_hdr {
 /* One message: its buffer and completion, kept until pd_mpi_stop. */
 struct ep_msg {
   void *buf;
+  bool posted;
   struct pd_msg_state st;
 };
 
@@ -131,7 +132,20 @@ enum { EP_HDR = 0, EP_BODY = 1, EP_OUT = 2, EP_STATS = 3 };
 static int tag_of(int kind, int64_t cnt) { return (1 << 30) | (kind << 28) | (int)(cnt & 0x0fffffff); }
 
 static int post(struct ep_msg *m, size_t n, int peer, int tag, bool send) {
+  m->posted = true;
   return send ? pd_mpi_send(m->buf, n, peer, tag, &m->st) : pd_mpi_recv(m->buf, n, peer, tag, &m->st);
+}
+
+/* Every message of this request completed (each within the deadline): what
+ * pd_mpi_stop needs to shut StarPU-MPI down. */
+static int all_done(char *err, size_t err_len) {
+  for (int i = 0; i < ep.n_m; i++)
+    if (ep.m[i]->posted && !wait_done(&ep.m[i]->st, deadline_s())) {
+      snprintf(err, err_len, "rank %d: an expert-parallel message did not complete in %.0f s (CEDAR_PD_DEADLINE_S)",
+               ep.me, deadline_s());
+      return CEDAR_EIO;
+    }
+  return 0;
 }
 
 int rt_ep_gather(char *err, size_t err_len) {
@@ -141,7 +155,7 @@ int rt_ep_gather(char *err, size_t err_len) {
     memcpy(m->buf, &last, sizeof last);
     int rc = post(m, sizeof last, 0, tag_of(EP_STATS, 0), true);
     if (rc) snprintf(err, err_len, "rank %d: sending the expert-parallel figures failed", ep.me);
-    return rc;
+    return rc ? rc : all_done(err, err_len);
   }
   for (int r = 1; r < ep.world; r++) {
     struct ep_msg *m = new_msg(sizeof last);
@@ -162,7 +176,7 @@ int rt_ep_gather(char *err, size_t err_len) {
       a->combine_bytes += b->combine_bytes, a->messages += b->messages;
     }
   }
-  return 0;
+  return all_done(err, err_len);
 }
 
 /* ---- placement ------------------------------------------------------------------ */
