@@ -391,7 +391,9 @@ int rt_ep_serve(const struct rt_model *M, const struct graph_node *nd, struct rt
   }
   struct ep_hdr h;
   memcpy(&h, hm->buf, sizeof h);
-  if (rc || h.magic != EP_MAGIC || h.layer != nd->layer || h.a != nd->a || h.n != nd->n || h.shard != s) {
+  int64_t most = (int64_t)nd->n * M->moe.n_active; /* pairs a shard can get */
+  if (rc || h.magic != EP_MAGIC || h.layer != nd->layer || h.a != nd->a || h.n != nd->n || h.shard != s ||
+      h.rows < 0 || h.rows > nd->n || h.pairs < h.rows || h.pairs > most) {
     LOG_ERROR("rank %d: moe L%d: the dispatch from rank %d is for layer %d, position %lld, shard %d: the ranks "
               "disagree on the graph; this request fails", ep.me, nd->layer, owner, h.layer, (long long)h.a, h.shard);
     return CEDAR_EIO;

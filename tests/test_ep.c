@@ -17,7 +17,8 @@
  *    x 4; for ep2 only the owner dispatches and only rank 1 answers;
  *    the same with fp32 numerics (tiny-40-f32), where no bf16 rounding of
  *    the MoE output could hide a combine in another order;
- *  - refusals: across ranks on the StarPU executor, with the reason.
+ *  - refusals: across ranks on the StarPU executor, with the reason;
+ *    experts with prefill and decode on different homes, at the key.
  * Under mpirun: tests/cli/ep_mpi.sh.
  */
 #include <stdio.h>
@@ -144,6 +145,17 @@ static void attribution(struct fx *ep) {
 
 static void refusals(void) {
   struct plan p;
+  /* experts with P/D: refused at the experts key */
+  static const char text[] = "extends: tests/oracle/plans/tiny-40.yaml\nname: t\nserving:\n  placement:\n"
+                             "    prefill: {rank: 0}\n    decode: {rank: 1}\n    experts: {ranks: [0, 1]}\n";
+  struct plan_diags dg = {0};
+  int lrc = plan_load_string("pd.yaml", text, strlen(text), &p, &dg);
+  bool said = false;
+  for (size_t i = 0; i < dg.n; i++)
+    said |= strstr(dg.d[i].msg, "(P/D) is not built yet") && dg.d[i].mark.line == 7 && dg.d[i].hint;
+  EXPECT(lrc != 0 && said, "experts with P/D: rc %d, %s", lrc, dg.n ? dg.d[0].msg : "no diagnostic");
+  if (lrc == 0) plan_free(&p);
+  plan_diags_free(&dg);
   if (!h_load_plan("tests/plans/ep2-tiny-40.yaml", &p)) return;
   struct rt_gen_opts o = {.executor = RT_EXEC_STARPU};
   int rc = rt_ep_begin(&p, &o, true, err, sizeof err);
