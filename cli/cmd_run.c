@@ -441,6 +441,7 @@ static void report_text(const struct plan *p, const struct ropts *o, const struc
            dr->max_abs, dr->rel_rms, dr->same_top1 ? "same" : "differs");
   if (rt_pd_split(p)) run_pd_text(stdout, p);
   if (plan_has_stages(p)) run_pipe_text(stdout, p, res->n_tokens - 1);
+  if (p->serving.place.n_ep_ranks) run_ep_text(stdout, p); /* routed experts on ranks (cli/run_ep.c) */
 }
 
 static void report_json(const struct plan *p, const struct ropts *o, const struct weights *w, int64_t n,
@@ -513,6 +514,7 @@ static void report_json(const struct plan *p, const struct ropts *o, const struc
   }
   if (rt_pd_split(p)) run_pd_json(j, p);
   if (plan_has_stages(p)) run_pipe_json(j, p);
+  if (p->serving.place.n_ep_ranks) run_ep_json(j, p);
   cli_print_json(j);
 }
 
@@ -735,7 +737,8 @@ int cmd_run(int argc, char **argv) {
   }
   int grc = rt_engine_generate(&e, &r, prompt, n, &go, &res, err, sizeof err);
   if (!grc && o.dump_round && run_round_write(o.dump_round)) goto out; /* before --exact-replay runs again */
-  if (grc == 1 && o.dump && plan_has_stages(p) && run_pipe_dump(o.dump, &e.model, &r, &res, err, sizeof err)) {
+  if (grc == 1 && o.dump && (plan_has_stages(p) || p->serving.place.n_ep_ranks) &&
+      run_pipe_dump(o.dump, &e.model, &r, &res, err, sizeof err)) {
     fprintf(stderr, "cedar run: --dump: %s\n", err); /* a stage's rank: its own layers' state, DUMP.rankN */
     goto out;
   }

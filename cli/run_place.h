@@ -2,7 +2,8 @@
  * `cedar plan cost --per-rank` (runtime/place_cost.h) as a table or JSON,
  * `cedar plan diff --per-rank` side by side, and the pipeline section of
  * `cedar run` (runtime/pipeline.h: stages, bytes moved, busy time and
- * bubbles per rank, the efficiency against the ideal). */
+ * bubbles per rank, the efficiency against the ideal), and its expert-parallel
+ * section (cli/run_ep.c). */
 #ifndef CEDAR_CLI_RUN_PLACE_H
 #define CEDAR_CLI_RUN_PLACE_H
 
@@ -21,6 +22,9 @@ struct cJSON *place_cost_json(const struct plan *p, const struct rt_place_cost *
 void place_cost_diff(FILE *f, const struct plan *pa, const struct rt_place_cost *a, const struct plan *pb,
                      const struct rt_place_cost *b);
 
+/* The expert-parallel section (cli/run_ep.c, runtime/expert_par.h). */
+void run_ep_text(FILE *f, const struct plan *p);
+void run_ep_json(struct cJSON *j, const struct plan *p);
 void run_pipe_text(FILE *f, const struct plan *p, int64_t decode_steps);
 void run_pipe_json(struct cJSON *j, const struct plan *p);
 /* Under mpirun with stages: the global entries of every rank's layers

@@ -76,5 +76,8 @@ const char run_usage[] =
     "process (docs/runtime.md).\n"
     "A plan with serving.placement.stages (plans/v41-mini-pp2.yaml) runs its layer stages on the ranks of\n"
     "`mpirun -np N` (rank 0 prints the report with busy time and bubbles per rank; --dump writes rank N's\n"
-    "layers to DUMP.rankN), or every stage in this process without mpirun; serving.placement.experts is\n"
-    "refused (accounted only: cedar plan cost --per-rank; docs/placement.md).\n";
+    "layers to DUMP.rankN), or every stage in this process without mpirun. A plan with\n"
+    "serving.placement.experts (plans/v41-mini-ep2.yaml) runs each MoE layer's routed experts on their\n"
+    "ranks the same way, stages or not (dispatch and combine through StarPU-MPI on the direct executor;\n"
+    "the report adds rows, expert-rows and bytes per rank), or every shard in this process without\n"
+    "mpirun (docs/placement.md).\n";

@@ -173,15 +173,11 @@ static void group_by_expert(struct moe_ws *w, const int32_t *sel, int n, const s
   w->start[0] = 0;
 }
 
-void op_moe_forward(float *y, int32_t *sel, float *weight, const float *x, const struct op_moe_weights *w,
-                    const uint8_t *modality, int n, const struct op_moe_cfg *c, void *ws) {
+void op_moe_shared(float *y, const float *x, const struct op_moe_weights *w, int n, const struct op_moe_cfg *c,
+                   void *ws) {
   if (n <= 0) return;
   struct moe_ws s = ws_carve(ws, n, c);
-  int d = c->hidden, I = c->inter, S = shared_width(c), k = c->n_active;
-
-  op_moe_scores(s.scores, x, w->router, n, c);
-  op_moe_select(sel, weight, s.scores, w->bias, modality, n, c);
-
+  int d = c->hidden, S = shared_width(c);
   if (S > 0 && c->shared_mxfp8 > 0) { /* op_moe_ffn with MXFP8 inputs to each linear (s.xg is free here) */
     float *g = s.gu, *u = s.gu + (size_t)n * S;
     memcpy(s.xg, x, (size_t)n * d * sizeof *x);
@@ -195,6 +191,17 @@ void op_moe_forward(float *y, int32_t *sel, float *weight, const float *x, const
     op_moe_ffn(y, x, w->shared_gate, w->shared_up, w->shared_down, NULL, n, d, S, c->limit, s.gu);
   else
     memset(y, 0, (size_t)n * d * sizeof *y);
+}
+
+void op_moe_forward(float *y, int32_t *sel, float *weight, const float *x, const struct op_moe_weights *w,
+                    const uint8_t *modality, int n, const struct op_moe_cfg *c, void *ws) {
+  if (n <= 0) return;
+  struct moe_ws s = ws_carve(ws, n, c);
+  int d = c->hidden, I = c->inter, k = c->n_active;
+
+  op_moe_scores(s.scores, x, w->router, n, c);
+  op_moe_select(sel, weight, s.scores, w->bias, modality, n, c);
+  op_moe_shared(y, x, w, n, c, ws); /* uses xg and gu only: the scores are done with */
 
   /* routed experts in ascending id order, each once over its tokens */
   group_by_expert(&s, sel, n, c);

@@ -13,6 +13,7 @@
 #include "base/check.h"
 #include "runtime/backend.h"
 #include "runtime/exec.h"
+#include "runtime/expert_par.h"
 #include "runtime/pd.h"
 #include "runtime/pipeline.h"
 #include "runtime/round_trace.h"
@@ -111,9 +112,9 @@ static int cpu_attn(const struct rt_node_ctx *c) {
 }
 
 static int cpu_moe(const struct rt_node_ctx *c) {
-  rt_moe(c->M, c->nd, at(c->buf, c->nd->x), at(c->buf, c->nd->aux), c->ar);
-  if (cedar_log_level() >= CEDAR_LOG_DEBUG) log_rms(c->M, c->nd, at(c->buf, c->nd->x));
-  return 0;
+  int rc = rt_moe(c->M, c->nd, at(c->buf, c->nd->x), at(c->buf, c->nd->aux), c->ar);
+  if (!rc && cedar_log_level() >= CEDAR_LOG_DEBUG && !rt_ep_helper(c->M, c->nd)) log_rms(c->M, c->nd, at(c->buf, c->nd->x));
+  return rc;
 }
 
 static int cpu_dec_kv(const struct rt_node_ctx *c) {

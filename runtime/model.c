@@ -16,6 +16,7 @@
 #include "ops/qkv.h"
 #include "runtime/round_trace.h"
 #include "base/check.h"
+#include "runtime/expert_par.h"
 
 /* Gate floor of the Engram injection (docs/model.md s5, R.8). */
 #define RT_ENGRAM_DOT_FLOOR 1e-6f
@@ -711,7 +712,8 @@ static void moe_tap(void *ctx, const float *x, int rows, int cols, int ld) {
   rt_rtrace_f32(t->calls++ ? "ffn.sh" : "ffn.sx", t->l, t->a, rows, cols, ld, x);
 }
 
-void rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, struct rt_arena *ar) {
+int rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, struct rt_arena *ar) {
+  if (rt_ep_helper(M, nd)) return rt_ep_serve(M, nd, ar); /* a shard of another rank's node (expert_par.h) */
   const struct plan_model *m = &M->p->model;
   const int n = nd->n, d = m->hidden;
   const struct rt_layer *L = &M->L[nd->layer];
@@ -722,10 +724,18 @@ void rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, flo
   float *y = RT_ALLOC(ar, float, (size_t)n * d);
   int32_t *sel = RT_ALLOC(ar, int32_t, (size_t)n * m->n_active);
   float *wt = RT_ALLOC(ar, float, (size_t)n * m->n_active);
-  void *ws = rt_arena_alloc(ar, op_moe_workspace_bytes(n, &M->moe));
   struct moe_tap tap = {nd->layer, nd->a, 0};
   if (rt_rtrace_on()) op_qdq_tap = (struct op_qdq_tap){moe_tap, &tap}; /* the shared expert's MXFP8 inputs */
-  RT_TIMED(ar, MOE, op_moe_forward(y, sel, wt, x, &L->moe, NULL, n, &M->moe, ws));
+  if (rt_ep_layer(M->p, nd->layer)) { /* routed experts on their shards, combined in the same order */
+    int rc = rt_ep_forward(M, nd, y, sel, wt, x, ar);
+    if (rc) {
+      op_qdq_tap.fn = NULL;
+      return rc;
+    }
+  } else {
+    void *ws = rt_arena_alloc(ar, op_moe_workspace_bytes(n, &M->moe));
+    RT_TIMED(ar, MOE, op_moe_forward(y, sel, wt, x, &L->moe, NULL, n, &M->moe, ws));
+  }
   op_qdq_tap.fn = NULL;
   rt_rtrace_i32("ffn.sel", nd->layer, nd->a, n, m->n_active, sel);
   round_io(M, y, n, "ffn.y", nd->layer, nd->a);
@@ -733,6 +743,7 @@ void rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, flo
   memset(hit, 0, (size_t)M->moe.n_routed);
   for (int i = 0; i < n * m->n_active; i++) ar->experts += !hit[sel[i]], hit[sel[i]] = 1;
   mhc_end(M, X, &s, y, n, ar);
+  return 0;
 }
 
 /* ---- decoder global from the encoder output (docs/model.md s3.1) -------- */

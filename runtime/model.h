@@ -139,7 +139,10 @@ int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, flo
 void rt_attn_rows(const struct rt_model *M, const struct graph_node *const *nds, int B, float *X, float *pre,
                   const struct rt_buses *b, const struct rt_bound *st, int *rc, struct rt_arena *ar);
 /* The MoE sublayer of node nd (GRAPH_MOE). */
-void rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, struct rt_arena *ar);
+/* The MoE sublayer of node nd (GRAPH_MOE); its routed experts on their
+ * shards for an expert-parallel layer (runtime/expert_par.h). 0, or
+ * CEDAR_EIO when a shard's rank failed. */
+int rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, struct rt_arena *ar);
 /* Decoder KV source l appends the entries of positions [a, a + n) projected
  * from the encoder output XE (n, hc, d) and the pre it carries (n, hc)
  * (docs/model.md s3.1: the first decoder layer's own attention input) to

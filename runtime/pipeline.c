@@ -11,6 +11,7 @@
 
 #include "base/check.h"
 #include "kernels/device.h"
+#include "runtime/expert_par.h"
 #include "runtime/pd.h"
 #include "runtime/pd_internal.h"
 #include "scheduler/plan_place.h"
@@ -44,7 +45,9 @@ static double deadline_s(void) {
   return d > 0 ? d : 60;
 }
 
-bool rt_pipe_multi(const struct plan *p) { return plan_has_stages(p) && rt_pd_world_size() > 1; }
+bool rt_pipe_multi(const struct plan *p) {
+  return (plan_has_stages(p) || p->serving.place.n_ep_ranks) && rt_pd_world_size() > 1;
+}
 
 /* ---- the placement check -------------------------------------------------- */
 
@@ -97,7 +100,7 @@ int rt_pipe_placement_check(const struct plan *p, struct plan_mark *at, char *er
 /* ---- nodes ------------------------------------------------------------------ */
 
 bool rt_pipe_skip(const struct graph *g, const struct graph_node *nd) {
-  return pp.on && !graph_runs_on(g, nd, pp.me);
+  return pp.on && !graph_runs_on(g, nd, pp.me) && !rt_ep_serves(g, nd, pp.me); /* expert shards: expert_par.h */
 }
 
 static void fail(int rc, const char *fmt, const char *a, int b, double c) {
@@ -283,13 +286,8 @@ int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct 
   last.stages = p->serving.place.n_stages;
   int chunk = o->chunk > 0 ? o->chunk : p->serving.prefill_chunk;
   last.chunks = (int)((n + chunk - 1) / chunk);
-  if (p->serving.place.n_ep_ranks) {
-    char w[320];
-    snprintf(err, err_len, "%sserving.placement.experts: running experts on other ranks (dispatch and combine "
-             "nodes) is not built yet; `cedar plan cost --per-rank` accounts this placement. Drop experts: to run it",
-             where(&p->serving.place.mark_experts, w, sizeof w));
-    return CEDAR_EUNSUPPORTED;
-  }
+  int rc = rt_ep_begin(p, o, rt_pipe_multi(p), err, err_len); /* routed experts on ranks (expert_par.h) */
+  if (rc) return rc;
   if (!rt_pipe_multi(p)) return rt_generate(M, pools, r, prompt, n, o, res, err, err_len);
   if (o->cache) {
     snprintf(err, err_len, "layer stages on several ranks run without the prefix cache (each rank would cache only "
@@ -301,7 +299,7 @@ int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct 
              rt_pd_world_size());
     return CEDAR_EUNSUPPORTED;
   }
-  int rc = pd_mpi_start(err, err_len);
+  rc = pd_mpi_start(err, err_len);
   if (rc) return rc;
   last.mpi = true;
   pp.me = rt_pd_world_rank();
@@ -319,11 +317,13 @@ int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct 
     last.rank[pp.me].kv_entry_bytes = b.kv_entry_bytes;
     last.rank[pp.me].kv_page_bytes = b.kv_page_bytes;
     gather_figures();
+    rc = rt_ep_gather(err, err_len);
   }
   pp.on = false;
   bool idle = sends_done() && pd_mpi_stop();
   if (!idle) pd_mpi_abort(rc ? err : "a pipeline message is still posted");
   msgs_free();
+  rt_ep_end();
   if (rc) return rc;
   return pp.me == 0 ? 0 : 1;
 }

@@ -19,9 +19,9 @@
  *
  * Rank 0 prints the report; the figures (busy time over rank time per
  * rank, bytes sent) are gathered there.
- * Not here: expert parallelism (serving.placement.experts is accounted by
- * plan cost --per-rank; running it is refused until dispatch/combine nodes
- * exist).
+ * Expert parallelism (serving.placement.experts) rides on the same driver:
+ * a plan with experts on ranks runs here even without stages, and the MoE
+ * nodes of its layers also run on the shard ranks (runtime/expert_par.h).
  * Test: tests/test_place.c (one process), tests/cli/pp_mpi.sh (mpirun).
  */
 #ifndef CEDAR_RUNTIME_PIPELINE_H

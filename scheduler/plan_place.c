@@ -281,6 +281,13 @@ void plan__check_placement(struct plan_ctx *ctx, struct plan *p) {
     }
     check_sharing(ctx, p);
   }
+  const struct plan_serving *sv = &p->serving;
+  if (pl->n_ep_ranks && (sv->prefill_rank != sv->decode_rank || sv->prefill_device != sv->decode_device)) {
+    plan__error(ctx, pl->mark_experts, "drop experts, or place prefill and decode on one home",
+                "serving.placement.experts with prefill and decode on different homes (P/D) is not built yet: "
+                "the shards would serve two owners (runtime/expert_par.h)");
+    return;
+  }
   if (pl->n_ep_ranks > p->model.n_routed)
     plan__error(ctx, pl->mark_experts, "name at most as many ranks as there are routed experts",
                 "serving.placement.experts names %d ranks for %d routed experts", pl->n_ep_ranks, p->model.n_routed);

@@ -9,8 +9,8 @@
  *   experts  {ranks: [0, 1], layers: 0-39}: the routed experts of those
  *            layers (all when `layers` is absent) split into equal contiguous
  *            blocks over the ranks; router and shared expert stay with the
- *            layer's stage. Accounted (plan cost --per-rank); running it needs
- *            dispatch/combine nodes that are not built yet (refused by run).
+ *            layer's stage. Accounted (plan cost --per-rank) and run
+ *            (runtime/expert_par.h: dispatch, shards, combine).
  *   engram   {rank: 0, memory: host | file}: where the Engram tables live.
  *
  * The loader reads them (plan__read_placement, after the layer table) and

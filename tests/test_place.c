@@ -242,27 +242,12 @@ static void accounting(void) {
   free(c);
 }
 
-/* An expert placement is refused by the runner, saying what to do. */
-static void ep_refused(void) {
-  struct fx f;
-  if (!fx_open(&f, "plans/v41-mini-ep2.yaml")) return;
-  int32_t tok[4] = {1, 2, 3, 4};
-  struct rt_gen_opts o = {.replay = -1, .max_new = 2};
-  struct rt_request r = {0};
-  struct rt_gen_result res;
-  int rc = rt_pipe_generate(&f.M, f.pools, &r, tok, 4, &o, &res, err, sizeof err);
-  EXPECT(rc == CEDAR_EUNSUPPORTED && strstr(err, "v41-mini-ep2.yaml:") && strstr(err, "not built yet"),
-         "ep2 run: rc %d: %s", rc, err);
-  fx_close(&f);
-}
-
 int main(void) {
   plan_language();
   graph_checks("tests/plans/pp2-tiny-40.yaml", 37, 16);
   graph_checks("tests/plans/pp3-tiny-40.yaml", 37, 7);
   graph_checks("tests/plans/pp4-tiny-40.yaml", 101, 40);
-  accounting();
-  ep_refused();
+  accounting(); /* expert placement runs: tests/test_ep.c */
   struct fx one;
   if (fx_open(&one, PLAN_T40)) {
     static const char *const plans[] = {"tests/plans/pp2-tiny-40.yaml", "tests/plans/pp3-tiny-40.yaml",

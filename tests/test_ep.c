@@ -1,0 +1,220 @@
+/* test_ep.c: routed experts on several ranks, in one process
+ * (runtime/expert_par.h; serving.placement.experts).
+ *
+ *  - equivalence: tiny-40 with its experts in 2 shards, in 4 shards named
+ *    out of rank order, with 2 stages whose ranks serve each other's
+ *    experts, and with 2 stages plus an experts-only rank for layers 4-39,
+ *    run through the expert-parallel path (every shard from its dispatch
+ *    packet, combined in ascending expert id) gives tokens, prefill and
+ *    decode logits and every byte of request state bitwise equal to the
+ *    plan without placement, on the direct executor for several prompt
+ *    lengths and chunk sizes, and on the StarPU executor (2 workers: MoE
+ *    nodes of different chunks at once);
+ *  - load: each (token, expert) pair is computed once (expert-rows add up
+ *    to passes x active experts), only by ranks holding experts; a
+ *    shard's rows are at most its pairs; the dispatch bytes are the remote
+ *    shards' rows x hidden x 4 and the combine bytes their pairs x hidden
+ *    x 4; for ep2 only the owner dispatches and only rank 1 answers;
+ *    the same with fp32 numerics (tiny-40-f32), where no bf16 rounding of
+ *    the MoE output could hide a combine in another order;
+ *  - refusals: across ranks on the StarPU executor, with the reason;
+ *    experts with prefill and decode on different homes, at the key.
+ * Under mpirun: tests/cli/ep_mpi.sh.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/expert_par.h"
+#include "runtime/pipeline.h"
+#include "scheduler/plan_place.h"
+#include "tests/model_fixture.h"
+
+static bool same(const void *a, const void *b, size_t n) { return memcmp(a, b, n) == 0; }
+
+static void expect_same_state(const struct plan *p, const struct rt_request *a, const struct rt_request *b,
+                              const char *what) {
+  EXPECT(same(a->tokens, b->tokens, 4 * (size_t)b->n_tokens) && a->n_pos == b->n_pos, "%s: tokens/positions", what);
+  for (int l = 0; l < p->n_layers; l++) {
+    const struct rt_kv_seq *x = &a->seq[l], *y = &b->seq[l];
+    if (y->pool) {
+      EXPECT(x->n_entries == y->n_entries, "%s: L%d entries", what, l);
+      for (int64_t e = 0; e < x->n_entries && e < y->n_entries; e++)
+        if (!same(rt_kv_entry(x, e), rt_kv_entry(y, e), y->pool->entry_bytes)) {
+          EXPECT(false, "%s: L%d entry %lld differs", what, l, (long long)e);
+          break;
+        }
+      if (y->pool->ratio > 1)
+        EXPECT(a->tail[l].count == b->tail[l].count &&
+                   same(a->tail_buf[l], b->tail_buf[l], 4 * (size_t)op_comp_tail_floats(y->pool->ratio, p->model.head_dim)),
+               "%s: L%d tail differs", what, l);
+    }
+    const struct rt_ring *r = &a->ring[l], *s = &b->ring[l];
+    bool ok = r->r0 == s->r0 && same(r->pos, s->pos, 8 * (size_t)s->window);
+    for (int i = 0; ok && i < s->window; i++)
+      ok = s->pos[i] < 0 || same(r->slot + (size_t)i * s->entry_bytes, s->slot + (size_t)i * s->entry_bytes, s->entry_bytes);
+    EXPECT(ok, "%s: L%d ring differs", what, l);
+  }
+}
+
+/* The load figures of the last run against the placement. */
+static void check_load(const struct plan *p, const char *what) {
+  const struct rt_ep_stats *s = rt_ep_last_stats();
+  const struct plan_placement *pl = &p->serving.place;
+  int d = p->model.hidden, k = p->model.n_active;
+  int64_t pairs = 0, rows = 0, disp = 0, comb = 0, remote_rows = 0, remote_pairs = 0;
+  EXPECT(s->passes > 0, "%s: no expert-parallel pass", what);
+  for (int r = 0; r < RT_EP_MAX_RANKS; r++) {
+    const struct rt_ep_rank *x = &s->rank[r];
+    pairs += x->expert_rows, rows += x->rows, disp += x->dispatch_bytes, comb += x->combine_bytes;
+    EXPECT(x->rows <= x->expert_rows, "%s: rank %d: %lld rows for %lld pairs", what, r, (long long)x->rows,
+           (long long)x->expert_rows);
+    bool shard = false;
+    for (int i = 0; i < pl->n_ep_ranks; i++) shard |= pl->ep_rank[i] == r;
+    EXPECT(shard || x->expert_rows == 0, "%s: rank %d holds no experts but computed %lld", what, r,
+           (long long)x->expert_rows);
+    if (shard && plan_has_stages(p)) continue;
+    if (shard && r != 0) remote_rows += x->rows, remote_pairs += x->expert_rows; /* owner: rank 0 (no stages) */
+  }
+  EXPECT_EQ(pairs, s->passes * k, what);
+  EXPECT(rows <= pairs && rows >= s->passes, "%s: %lld rows for %lld passes", what, (long long)rows,
+         (long long)s->passes);
+  if (!plan_has_stages(p)) {
+    EXPECT_EQ(disp, remote_rows * d * 4, "dispatch bytes = remote rows x hidden x 4");
+    EXPECT_EQ(comb, remote_pairs * d * 4, "combine bytes = remote pairs x hidden x 4");
+  }
+  EXPECT(!s->mpi, "%s: one process says it went through MPI", what);
+}
+
+static void equivalence(struct fx *ep, struct fx *one, enum rt_executor ex, bool all) {
+  static const int64_t lens[] = {1, 16, 37, 101};
+  static const int chunks[] = {40, 16, 7};
+  for (size_t i = 0; i < sizeof lens / sizeof *lens; i++)
+    for (size_t c = 0; c < sizeof chunks / sizeof *chunks; c++) {
+      if (!all && (i != 2 || c != 1)) continue;
+      int64_t n = lens[i];
+      int32_t *tok = malloc(sizeof(int32_t) * (size_t)n);
+      make_prompt(tok, n, ep->V, PROMPT_SEED + (uint64_t)n);
+      struct rt_gen_opts o = {.chunk = chunks[c], .replay = -1, .max_new = 4, .all_logits = true, .executor = ex};
+      struct rt_request ra = {0}, rb = {0};
+      struct rt_gen_result a, b;
+      char what[128];
+      snprintf(what, sizeof what, "%s %s n=%lld chunk=%d", ep->path, rt_executor_name(ex), (long long)n, chunks[c]);
+      int rc = rt_pipe_generate(&ep->M, ep->pools, &ra, tok, n, &o, &a, err, sizeof err);
+      EXPECT(rc == 0, "%s: expert-parallel run: %s", what, err);
+      if (!rc) check_load(ep->p, what);
+      int rc2 = rt_generate(&one->M, one->pools, &rb, tok, n, &o, &b, err, sizeof err);
+      EXPECT(rc2 == 0, "%s: one process: %s", what, err);
+      if (!rc && !rc2) {
+        EXPECT(a.n_tokens == b.n_tokens && same(a.tokens, b.tokens, 4 * (size_t)b.n_tokens), "%s: tokens", what);
+        EXPECT(a.prefill_rows == b.prefill_rows && same(a.prefill_logits, b.prefill_logits, 4 * (size_t)(b.prefill_rows * ep->V)),
+               "%s: prefill logits differ", what);
+        EXPECT(same(a.decode_logits, b.decode_logits, 4 * (size_t)((b.n_tokens - 1) * ep->V)), "%s: decode logits", what);
+        expect_same_state(ep->p, &ra, &rb, what);
+      }
+      rt_gen_result_free(&a);
+      rt_gen_result_free(&b);
+      rt_request_free(&ra);
+      rt_request_free(&rb);
+      free(tok);
+    }
+}
+
+/* Who computed and who sent what, for ep2 (experts 0-1 on rank 0, the
+ * owner; 2-3 on rank 1): both shards computed, only the owner dispatched,
+ * only rank 1 sent outputs back. */
+static void attribution(struct fx *ep) {
+  int32_t tok[37];
+  make_prompt(tok, 37, ep->V, PROMPT_SEED + 37);
+  struct rt_gen_opts o = {.chunk = 16, .replay = -1, .max_new = 1};
+  struct rt_request r = {0};
+  struct rt_gen_result res;
+  int rc = rt_pipe_generate(&ep->M, ep->pools, &r, tok, 37, &o, &res, err, sizeof err);
+  EXPECT(rc == 0, "attribution run: %s", err);
+  if (!rc) {
+    const struct rt_ep_stats *s = rt_ep_last_stats();
+    int64_t a = s->rank[0].expert_rows, b = s->rank[1].expert_rows;
+    EXPECT(a > 0 && b > 0, "ep2: both shards computed (%lld, %lld)", (long long)a, (long long)b);
+    EXPECT(s->rank[1].dispatch_bytes == 0 && s->rank[0].combine_bytes == 0,
+           "ep2: rank 1 dispatches nothing, rank 0 sends no combine");
+    EXPECT(s->layers == ep->p->n_layers && s->shards == 2, "ep2: %d layers, %d shards", s->layers, s->shards);
+  }
+  rt_gen_result_free(&res);
+  rt_request_free(&r);
+}
+
+static void refusals(void) {
+  struct plan p;
+  /* experts with P/D: refused at the experts key */
+  static const char text[] = "extends: tests/oracle/plans/tiny-40.yaml\nname: t\nserving:\n  placement:\n"
+                             "    prefill: {rank: 0}\n    decode: {rank: 1}\n    experts: {ranks: [0, 1]}\n";
+  struct plan_diags dg = {0};
+  int lrc = plan_load_string("pd.yaml", text, strlen(text), &p, &dg);
+  bool said = false;
+  for (size_t i = 0; i < dg.n; i++)
+    said |= strstr(dg.d[i].msg, "(P/D) is not built yet") && dg.d[i].mark.line == 7 && dg.d[i].hint;
+  EXPECT(lrc != 0 && said, "experts with P/D: rc %d, %s", lrc, dg.n ? dg.d[0].msg : "no diagnostic");
+  if (lrc == 0) plan_free(&p);
+  plan_diags_free(&dg);
+  if (!h_load_plan("tests/plans/ep2-tiny-40.yaml", &p)) return;
+  struct rt_gen_opts o = {.executor = RT_EXEC_STARPU};
+  int rc = rt_ep_begin(&p, &o, true, err, sizeof err);
+  EXPECT(rc == CEDAR_EUNSUPPORTED && strstr(err, "--executor direct"), "starpu across ranks: rc %d: %s", rc, err);
+  rt_ep_end();
+  o.executor = RT_EXEC_DIRECT;
+  EXPECT(rt_ep_begin(&p, &o, false, err, sizeof err) == 0, "one process: %s", err);
+  rt_ep_end();
+  EXPECT(rt_ep_layer(&p, 0) && rt_ep_layer(&p, 39) && !rt_ep_layer(&p, 40), "ep2 layers");
+  EXPECT_EQ(plan_expert_rank(&p, 5, 1), 0, "expert 1 of ep2 on rank 0");
+  EXPECT_EQ(plan_expert_rank(&p, 5, 2), 1, "expert 2 of ep2 on rank 1");
+  plan_free(&p);
+  if (!h_load_plan("tests/plans/ppep3-tiny-40.yaml", &p)) return;
+  EXPECT(!rt_ep_layer(&p, 3) && rt_ep_layer(&p, 4), "ppep3: layers 4-39 only");
+  EXPECT_EQ(plan_place_ranks(&p), 3, "ppep3 ranks");
+  EXPECT_EQ(plan_expert_rank(&p, 20, 0), 2, "ppep3: expert 0 on rank 2");
+  EXPECT_EQ(plan_expert_rank(&p, 2, 0), 0, "ppep3: L2's experts with its stage");
+  plan_free(&p);
+}
+
+int main(void) {
+  refusals();
+  struct fx one;
+  if (fx_open(&one, PLAN_T40)) {
+    static const char *const plans[] = {"tests/plans/ep2-tiny-40.yaml", "tests/plans/ep4-tiny-40.yaml",
+                                        "tests/plans/ppep2-tiny-40.yaml", "tests/plans/ppep3-tiny-40.yaml"};
+    for (size_t i = 0; i < 4; i++) {
+      struct fx ep;
+      if (!fx_open(&ep, plans[i])) {
+        EXPECT(0, "%s: %s", plans[i], err);
+        continue;
+      }
+      equivalence(&ep, &one, RT_EXEC_DIRECT, i == 0); /* every length and chunk for ep2, one for the rest */
+      if (i == 0) {
+        attribution(&ep);
+        int rc = rt_starpu_init(&(struct rt_starpu_opts){.workers = 2, .sched = "lws"}, err, sizeof err);
+        if (rc == 0) {
+          equivalence(&ep, &one, RT_EXEC_STARPU, false);
+          rt_starpu_shutdown();
+        } else {
+          EXPECT(0, "StarPU: %s", err);
+        }
+      }
+      fx_close(&ep);
+    }
+    fx_close(&one);
+  }
+  /* fp32 numerics: the MoE output is not rounded to bf16, so a combine in
+   * another order than the op's (even the two experts of a token swapped)
+   * changes bits */
+  if (fx_open(&one, "tests/plans/tiny-40-f32.yaml")) {
+    struct fx ep;
+    if (fx_open(&ep, "tests/plans/ep2-tiny-40-f32.yaml")) {
+      equivalence(&ep, &one, RT_EXEC_DIRECT, true);
+      fx_close(&ep);
+    } else {
+      EXPECT(0, "ep2-tiny-40-f32: %s", err);
+    }
+    fx_close(&one);
+  }
+  return h_report("ep");
+}
