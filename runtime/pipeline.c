@@ -33,7 +33,14 @@ static struct {
   pthread_mutex_t mu;
   char err[256];
   int rc;
+  bool trace;         /* record the nodes' times for one trace (rt_pipe_trace) */
+  double *arrive;     /* (cap_arrive) this graph's receives: when each message arrived (CLOCK_MONOTONIC s), by node */
+  int cap_arrive;
 } pp = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static struct rt_pipe_trace ptr; /* rank 0: the last graph's records */
+static double *ptr_rec;
+static int ptr_cap;
 
 static struct rt_pipe_stats last;
 const struct rt_pipe_stats *rt_pipe_last_stats(void) { return &last; }
@@ -137,26 +144,44 @@ static struct sent *new_msg(const void *src, size_t n) {
 /* One tag per (graph, node): the low 20 bits the node, the rest the graph. */
 static int tag_of(int k) { return ((pp.seq % 1024) << 20) | (k & 0xfffff); }
 
+/* A KV transfer's entries [e0, e1) of source layer l (the copy's write). */
+static void kv_range(const struct graph_node *nd, int64_t *e0, int64_t *e1) {
+  *e0 = *e1 = 0;
+  for (int u = 0; u < nd->n_use; u++)
+    if (nd->use[u].data == nd->xfer_dst) *e0 = nd->use[u].e_w0, *e1 = nd->use[u].e_w1;
+}
+
 int rt_pipe_transfer_node(const struct rt_node_ctx *c) {
   const struct graph *g = c->g;
   const struct graph_node *nd = c->nd;
   int src = nd->xfer_src, dst = nd->xfer_dst;
+  bool kv = g->data[src].kind == GRAPH_STATE;
   size_t bytes = (size_t)g->data[src].bytes;
-  if (!pp.on) { /* one process plays every rank */
-    memcpy(c->buf[dst], c->buf[src], bytes);
+  int64_t e0 = 0, e1 = 0;
+  struct rt_kv_seq *seq = NULL;
+  if (kv) { /* a KV source's entries for a reader stage: the same request's pages on both ranks */
+    CEDAR_ASSERT(g->data[src].state == GRAPH_ST_KV);
+    kv_range(nd, &e0, &e1);
+    seq = &c->r->seq[g->data[src].layer];
+    bytes = (size_t)(e1 - e0) * (size_t)seq->pool->entry_bytes;
+  }
+  if (!pp.on) { /* one process plays every rank: its one request already holds the entries */
+    if (!kv) memcpy(c->buf[dst], c->buf[src], bytes);
     return 0;
   }
   int k = (int)(nd - g->node), from = g->data[src].home.rank, to = g->data[dst].home.rank;
   if (pp.me == from) { /* detached: the next chunk computes while it travels */
-    struct sent *s = new_msg(c->buf[src], bytes);
+    struct sent *s = new_msg(kv ? NULL : c->buf[src], bytes);
+    for (int64_t e = e0; kv && e < e1; e++)
+      memcpy((uint8_t *)s->buf + (size_t)(e - e0) * seq->pool->entry_bytes, rt_kv_entry(seq, e),
+             seq->pool->entry_bytes);
     pthread_mutex_lock(&pp.mu);
     struct rt_pipe_rank *rk = &last.rank[pp.me];
     rk->bytes_sent += (int64_t)bytes;
     rk->messages++;
-    if (g->flow != GRAPH_DECODE)
-      last.act_bytes_prefill += (int64_t)bytes;
-    else
-      last.act_bytes_decode += (int64_t)bytes;
+    int64_t *tot = kv ? (g->flow != GRAPH_DECODE ? &last.kv_bytes_prefill : &last.kv_bytes_decode)
+                      : (g->flow != GRAPH_DECODE ? &last.act_bytes_prefill : &last.act_bytes_decode);
+    *tot += (int64_t)bytes;
     pthread_mutex_unlock(&pp.mu);
     const char *fault = getenv("CEDAR_PIPE_TEST_FAULT"); /* a test: this rank's first decode transfer never leaves */
     if (fault && !strcmp(fault, "hold") && g->flow == GRAPH_DECODE && !pp.held) {
@@ -175,10 +200,31 @@ int rt_pipe_transfer_node(const struct rt_node_ctx *c) {
          "this request fails", nd->name, from, dl);
     return CEDAR_EIO;
   }
-  memcpy(c->buf[dst], m->buf, bytes);
+  if (pp.trace) {
+    pthread_mutex_lock(&pp.mu);
+    if (k >= pp.cap_arrive) {
+      int cap = k + 1 > 2 * pp.cap_arrive ? k + 1 : 2 * pp.cap_arrive;
+      pp.arrive = cedar_xrealloc(pp.arrive, sizeof(double) * (size_t)cap);
+      memset(pp.arrive + pp.cap_arrive, 0, sizeof(double) * (size_t)(cap - pp.cap_arrive));
+      pp.cap_arrive = cap;
+    }
+    pp.arrive[k] = m->st.t_done;
+    pthread_mutex_unlock(&pp.mu);
+  }
+  if (kv && seq->n_entries != e0) {
+    fail(CEDAR_EINVAL, "%s: the entries do not follow the %d this rank holds (a KV copy grows in order); this "
+         "request fails", nd->name, (int)seq->n_entries, 0.0);
+    rc = CEDAR_EINVAL;
+  } else if (kv && e1 > e0 && rt_kv_append(seq, m->buf, (int)(e1 - e0))) {
+    fail(CEDAR_ENOMEM, "%s: this rank's KV page pool is exhausted (%d entries held); this request fails", nd->name,
+         (int)seq->n_entries, 0.0);
+    rc = CEDAR_ENOMEM;
+  } else if (!kv) {
+    memcpy(c->buf[dst], m->buf, bytes);
+  }
   free(m->buf); /* the payload is no longer needed; the handle goes at pd_mpi_stop */
   m->buf = NULL;
-  return 0;
+  return rc;
 }
 
 /* ---- after a graph ------------------------------------------------------------ */
@@ -228,8 +274,44 @@ static int xchg(void *buf, size_t n, int peer, int tag, bool send) {
   return 0;
 }
 
-int rt_pipe_after_graph(const struct graph *g, struct rt_exec_out *out, const struct rt_exec_stats *st, int rc,
-                        char *err, size_t err_len) {
+/* CLOCK_MONOTONIC microseconds minus struct rt_task_time's clock, now. */
+static double clock_offset_us(void) { return 1e6 * pd_now() - rt_starpu_now_us(); }
+
+/* The nodes' times of graph g to rank 0 (see rt_pipe_trace). */
+static int trace_graph(const struct graph *g, const struct rt_task_time *times) {
+  int n = g->n_node, W = pp.world;
+  if (ptr_cap < n * 4 * W) {
+    ptr_cap = n * 4 * W;
+    ptr_rec = cedar_xrealloc(ptr_rec, sizeof(double) * (size_t)ptr_cap);
+  }
+  double off = clock_offset_us(), *mine = ptr_rec + (size_t)pp.me * n * 4;
+  for (int k = 0; k < n; k++) {
+    bool ran = graph_runs_on(g, &g->node[k], pp.me);
+    double *x = mine + 4 * k;
+    x[0] = ran ? times[k].worker : -1;
+    x[1] = ran ? times[k].start_us + off : 0;
+    x[2] = ran ? times[k].end_us + off : 0;
+    x[3] = k < pp.cap_arrive && pp.arrive[k] > 0 ? 1e6 * pp.arrive[k] : 0;
+  }
+  int rc = 0, tag = tag_of(0xffffc);
+  size_t bytes = sizeof(double) * 4 * (size_t)n;
+  if (pp.me != 0) return xchg(mine, bytes, 0, tag, true);
+  for (int r = 1; r < W && !rc; r++) rc = xchg(ptr_rec + (size_t)r * n * 4, bytes, r, tag, false);
+  if (rc) return rc;
+  for (int i = 0; i < n * W; i++) /* back to this process's task clock */
+    for (int j = 1; j < 4; j++)
+      if (ptr_rec[4 * i + j] != 0) ptr_rec[4 * i + j] -= off;
+  ptr = (struct rt_pipe_trace){g, W, n, ptr_rec};
+  return 0;
+}
+
+const struct rt_pipe_trace *rt_pipe_graph_trace(const struct graph *g) {
+  return ptr.g && ptr.g == g && pp.me == 0 ? &ptr : NULL;
+}
+
+int rt_pipe_after_graph(const struct graph *g, struct rt_exec_out *out, const struct rt_exec_stats *st,
+                        const struct rt_task_time *times, int rc, char *err, size_t err_len) {
+  ptr.g = NULL;
   if (!pp.on) return rc;
   if (!rc && st) {
     double busy = 0;
@@ -256,6 +338,8 @@ int rt_pipe_after_graph(const struct graph *g, struct rt_exec_out *out, const st
     if (out->logits) rc = xchg(out->logits, sizeof(float) * (size_t)g->out_rows * V, send ? r : hr, tag, send);
     if (!rc && out->pos) rc = xchg(out->pos, sizeof(int64_t) * (size_t)g->out_rows, send ? r : hr, tag - 1, send);
   }
+  if (!rc && !pp.rc && pp.trace && times) rc = trace_graph(g, times);
+  if (pp.cap_arrive) memset(pp.arrive, 0, sizeof(double) * (size_t)pp.cap_arrive); /* the next graph's */
   pp.seq++;
   if (pp.rc) {
     snprintf(err, err_len, "rank %d: %s", pp.me, pp.err);
@@ -310,20 +394,28 @@ int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct 
   pp.held = false;
   pp.rc = 0;
   pp.err[0] = 0;
+  pp.trace = o->on_graph && o->executor == RT_EXEC_STARPU;
   pp.on = true;
   rc = rt_generate(M, pools, r, prompt, n, o, res, err, err_len);
-  if (!rc) {
-    struct rt_state_bytes b;
-    rt_request_bytes(r, &b);
-    last.rank[pp.me].kv_entries = b.kv_entries;
-    last.rank[pp.me].kv_entry_bytes = b.kv_entry_bytes;
-    last.rank[pp.me].kv_page_bytes = b.kv_page_bytes;
+  if (!rc) { /* the entries of the sources this rank holds (not the copies it received for its readers) */
+    struct rt_pipe_rank *k = &last.rank[pp.me];
+    for (int l = 0; l < p->n_layers; l++) {
+      const struct rt_kv_seq *s = &r->seq[l];
+      if (!s->pool || p->serving.place.stage[plan_stage_of(p, l)].rank != pp.me) continue;
+      k->kv_entries += s->n_entries;
+      k->kv_entry_bytes += s->n_entries * (int64_t)s->pool->entry_bytes;
+      k->kv_page_bytes += (int64_t)s->n_pages * (int64_t)rt_kv_page_bytes(s->pool);
+    }
     gather_figures();
   }
   pp.on = false;
   bool idle = sends_done() && pd_mpi_stop();
   if (!idle) pd_mpi_abort(rc ? err : "a pipeline message is still posted");
   msgs_free();
+  free(pp.arrive);
+  pp.arrive = NULL;
+  pp.cap_arrive = 0;
+  pp.trace = false;
   if (rc) return rc;
   return pp.me == 0 ? 0 : 1;
 }
