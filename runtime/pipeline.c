@@ -19,6 +19,7 @@
  * let go of them (pd_mpi_stop, at the end of the request). */
 struct sent {
   void *buf;
+  int peer;
   struct pd_msg_state st;
 };
 
@@ -30,6 +31,8 @@ static struct {
   int n_sent, cap_sent;
   int first_open;     /* messages before it completed (sends_done) */
   bool held;          /* CEDAR_PIPE_TEST_FAULT=hold: a transfer was held back */
+  int die_rank, die_at; /* CEDAR_PIPE_TEST_FAULT=die:R:K: rank R kills itself at its K-th transfer (-1: none) */
+  atomic_int n_xfer;  /* transfers this rank ran in this request (sent or received) */
   pthread_mutex_t mu;
   char err[256];
   int rc;
@@ -126,9 +129,10 @@ static bool wait_done(struct pd_msg_state *s, double dl) {
   return true;
 }
 
-/* A new message of n bytes (copied from src when not NULL). */
-static struct sent *new_msg(const void *src, size_t n) {
+/* A new message of n bytes to or from rank peer (copied from src when not NULL). */
+static struct sent *new_msg(const void *src, size_t n, int peer) {
   struct sent *s = cedar_xcalloc(1, sizeof *s);
+  s->peer = peer;
   s->buf = cedar_xmalloc(n ? n : 1);
   if (src) memcpy(s->buf, src, n);
   pthread_mutex_lock(&pp.mu);
@@ -170,8 +174,10 @@ int rt_pipe_transfer_node(const struct rt_node_ctx *c) {
     return 0;
   }
   int k = (int)(nd - g->node), from = g->data[src].home.rank, to = g->data[dst].home.rank;
+  int nth = atomic_fetch_add(&pp.n_xfer, 1) + 1;
+  if (pp.me == pp.die_rank && nth == pp.die_at) pd_die("a pipeline rank", nth); /* a test: dies mid-step */
   if (pp.me == from) { /* detached: the next chunk computes while it travels */
-    struct sent *s = new_msg(kv ? NULL : c->buf[src], bytes);
+    struct sent *s = new_msg(kv ? NULL : c->buf[src], bytes, to);
     for (int64_t e = e0; kv && e < e1; e++)
       memcpy((uint8_t *)s->buf + (size_t)(e - e0) * seq->pool->entry_bytes, rt_kv_entry(seq, e),
              seq->pool->entry_bytes);
@@ -191,7 +197,7 @@ int rt_pipe_transfer_node(const struct rt_node_ctx *c) {
     }
     return pd_mpi_send(s->buf, bytes, to, tag_of(k), &s->st);
   }
-  struct sent *m = new_msg(NULL, bytes);
+  struct sent *m = new_msg(NULL, bytes, from);
   int rc = pd_mpi_recv(m->buf, bytes, from, tag_of(k), &m->st);
   if (rc) return rc;
   double dl = deadline_s();
@@ -236,10 +242,14 @@ static int head_rank(const struct graph *g) {
 }
 
 /* Every message posted so far completed, within the deadline (the
- * deadline restarts at each completion); their payloads are freed. */
-static bool sends_done(void) {
+ * deadline dl restarts at each completion); their payloads are freed. *peer:
+ * the rank of the first that did not (when not NULL). */
+static bool sends_done(int *peer, double dl) {
   for (int i = pp.first_open; i < pp.n_sent; i++) {
-    if (!wait_done(&pp.sent[i]->st, deadline_s())) return false;
+    if (!wait_done(&pp.sent[i]->st, dl)) {
+      if (peer) *peer = pp.sent[i]->peer;
+      return false;
+    }
     free(pp.sent[i]->buf);
     pp.sent[i]->buf = NULL;
     pp.first_open = i + 1;
@@ -260,7 +270,7 @@ static void msgs_free(void) {
 
 /* Send / receive n bytes at buf between this rank and peer, waiting. */
 static int xchg(void *buf, size_t n, int peer, int tag, bool send) {
-  struct sent *m = new_msg(send ? buf : NULL, n);
+  struct sent *m = new_msg(send ? buf : NULL, n, peer);
   int rc = send ? pd_mpi_send(m->buf, n, peer, tag, &m->st) : pd_mpi_recv(m->buf, n, peer, tag, &m->st);
   if (rc) return rc;
   if (!wait_done(&m->st, deadline_s())) {
@@ -327,9 +337,10 @@ int rt_pipe_after_graph(const struct graph *g, struct rt_exec_out *out, const st
       rk->prefill_t0 = rk->prefill_t1 - st->seconds;
     }
   }
-  if (!rc && !sends_done())
-    fail(CEDAR_EIO, "%s: a transfer to rank %d did not complete in %.0f s; this request fails", "the pipeline", -1,
-         deadline_s());
+  int peer = -1;
+  if (!rc && !sends_done(&peer, deadline_s()))
+    fail(CEDAR_EIO, "%s: a message to or from rank %d did not complete in %.0f s (CEDAR_PD_DEADLINE_S): that rank "
+         "died or is stuck; this request fails", "the pipeline", peer, deadline_s());
   const int V = g->plan->model.vocab;
   int hr = head_rank(g), tag = tag_of(0xfffff);
   for (int r = 0; r < pp.world && !rc && !pp.rc; r++) {
@@ -350,18 +361,35 @@ int rt_pipe_after_graph(const struct graph *g, struct rt_exec_out *out, const st
 
 /* ---- the request -------------------------------------------------------------- */
 
-/* Rank 0 gathers every rank's figures. */
-static void gather_figures(void) {
-  if (pp.me != 0) {
-    xchg(&last.rank[pp.me], sizeof last.rank[0], 0, tag_of(0xffffd), true);
-    return;
+/* Rank 0 gathers every rank's figures (each within the deadline). */
+static int gather_figures(void) {
+  int rc = 0;
+  if (pp.me != 0) return xchg(&last.rank[pp.me], sizeof last.rank[0], 0, tag_of(0xffffd), true);
+  for (int r = 1; r < pp.world && r < RT_PIPE_MAX_RANKS && !rc; r++)
+    rc = xchg(&last.rank[r], sizeof last.rank[0], r, tag_of(0xffffd), false);
+  return rc;
+}
+
+/* CEDAR_PIPE_TEST_FAULT (tests/cli/pp_mpi.sh): hold (a rank's first
+ * decode transfer never leaves) or die:R:K (rank R SIGKILLs itself as it
+ * runs its K-th transfer). 0, or CEDAR_EINVAL naming the values. */
+static int fault_parse(char *err, size_t err_len) {
+  const char *f = getenv("CEDAR_PIPE_TEST_FAULT");
+  pp.die_rank = pp.die_at = -1;
+  if (!f || !strcmp(f, "hold")) return 0;
+  int r, k, used = 0;
+  if (sscanf(f, "die:%d:%d%n", &r, &k, &used) == 2 && !f[used] && r >= 0 && k >= 1) {
+    pp.die_rank = r, pp.die_at = k;
+    return 0;
   }
-  for (int r = 1; r < pp.world && r < RT_PIPE_MAX_RANKS; r++) xchg(&last.rank[r], sizeof last.rank[0], r, tag_of(0xffffd), false);
+  snprintf(err, err_len, "CEDAR_PIPE_TEST_FAULT=%s: want hold or die:RANK:K (K >= 1)", f);
+  return CEDAR_EINVAL;
 }
 
 int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
                      int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len) {
   const struct plan *p = M->p;
+  if (fault_parse(err, err_len)) return CEDAR_EINVAL;
   memset(&last, 0, sizeof last);
   last.ranks = plan_place_ranks(p);
   last.stages = p->serving.place.n_stages;
@@ -385,6 +413,14 @@ int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct 
              rt_pd_world_size());
     return CEDAR_EUNSUPPORTED;
   }
+  /* every rank's engine up before any deadline counts (a slow start is not
+   * a dead peer); a rank that never comes ends the job, bounded */
+  if (!pd_mpi_meet(deadline_s())) {
+    snprintf(err, err_len, "rank %d: the other ranks did not start the request within %.0f s (CEDAR_PD_DEADLINE_S): "
+             "one died or is stuck; ending the job", rt_pd_world_rank(), deadline_s());
+    pd_mpi_abort(err);
+    return CEDAR_EIO;
+  }
   int rc = pd_mpi_start(err, err_len);
   if (rc) return rc;
   last.mpi = true;
@@ -392,6 +428,7 @@ int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct 
   pp.world = rt_pd_world_size();
   pp.seq = 0;
   pp.held = false;
+  atomic_store(&pp.n_xfer, 0);
   pp.rc = 0;
   pp.err[0] = 0;
   pp.trace = o->on_graph && o->executor == RT_EXEC_STARPU;
@@ -406,11 +443,32 @@ int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct 
       k->kv_entry_bytes += s->n_entries * (int64_t)s->pool->entry_bytes;
       k->kv_page_bytes += (int64_t)s->n_pages * (int64_t)rt_kv_page_bytes(s->pool);
     }
-    gather_figures();
+    rc = gather_figures();
+    if (rc) snprintf(err, err_len, "rank %d: %s", pp.me, pp.err);
   }
   pp.on = false;
-  bool idle = sends_done() && pd_mpi_stop();
-  if (!idle) pd_mpi_abort(rc ? err : "a pipeline message is still posted");
+  /* The end: every message completed, then every rank meets within the
+   * deadline before StarPU-MPI stops, because starpu_mpi_shutdown's barrier
+   * (starpu_mpi_wait_for_all) waits for every rank without one: a rank that
+   * died would hold the others there for ever (under orte_enable_recovery,
+   * or before mpirun notices). A rank that failed waits two deadlines (a
+   * peer waiting for its messages fails one deadline later). A message
+   * still posted, or a rank that does not come, ends the job (MPI_Abort). */
+  bool idle = sends_done(NULL, rc ? 1 : deadline_s()); /* failed: what is still posted stays so */
+  double dl = rc ? 2 * deadline_s() : deadline_s();
+  bool met = idle && pd_mpi_meet(dl);
+  if (met) idle = pd_mpi_stop();
+  if (!idle || !met) {
+    char why[1200];
+    snprintf(why, sizeof why, "%s%s", rc ? err : "",
+             !idle ? (rc ? "; a pipeline message is still posted" : "a pipeline message is still posted")
+                   : (rc ? "; the other ranks did not end the request in time" : "the other ranks did not end the request within the deadline (CEDAR_PD_DEADLINE_S): one died or is stuck"));
+    pd_mpi_abort(why);
+    if (!rc) { /* (without MPI pd_mpi_abort returns) */
+      snprintf(err, err_len, "%s", why);
+      rc = CEDAR_EIO;
+    }
+  }
   msgs_free();
   free(pp.arrive);
   pp.arrive = NULL;
