@@ -1,8 +1,10 @@
 /* pipeline.c: layer stages on several ranks (pipeline.h): the skip rule,
- * the activation transfer, the logits after each graph, the placement
- * check and the request driver. Messages go through pd_mpi.c. */
+ * the activation and KV transfers, the logits after each graph, the trace
+ * records, the placement check and the request driver. Messages go through
+ * rank_msg.h (pd_mpi.c). */
 #include "runtime/pipeline.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,7 +14,7 @@
 #include "base/check.h"
 #include "kernels/device.h"
 #include "runtime/pd.h"
-#include "runtime/pd_internal.h"
+#include "runtime/rank_msg.h"
 #include "scheduler/plan_place.h"
 
 /* One message: its buffer and completion, both kept until StarPU-MPI has
