@@ -71,6 +71,9 @@ const char run_usage[] =
     "CEDAR_PD_DEADLINE_S bounds every wait, default 60), or without mpirun as both roles in this\n"
     "process (docs/runtime.md).\n"
     "A plan with serving.placement.stages (plans/v41-mini-pp2.yaml) runs its layer stages on the ranks of\n"
-    "`mpirun -np N` (rank 0 prints the report with busy time and bubbles per rank; --dump writes rank N's\n"
-    "layers to DUMP.rankN), or every stage in this process without mpirun; serving.placement.experts is\n"
-    "refused (accounted only: cedar plan cost --per-rank; docs/placement.md).\n";
+    "`mpirun -np N` (activations and a KV source's entries for readers in another stage move as transfers;\n"
+    "rank 0 prints the report with busy time per rank and the bubbles against the ideal; --dump writes rank\n"
+    "N's layers to DUMP.rankN; with --executor starpu, --trace writes one trace with a process per rank and\n"
+    "a flow per transfer; CEDAR_PD_DEADLINE_S bounds every wait), or every stage in this process without\n"
+    "mpirun; stages with prefill and decode on different ranks are refused, and serving.placement.experts\n"
+    "is refused (accounted only: cedar plan cost --per-rank; docs/placement.md).\n";
