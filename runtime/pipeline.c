@@ -163,17 +163,17 @@ int rt_pipe_transfer_node(const struct rt_node_ctx *c) {
   int src = nd->xfer_src, dst = nd->xfer_dst;
   bool kv = g->data[src].kind == GRAPH_STATE;
   size_t bytes = (size_t)g->data[src].bytes;
+  if (!pp.on) { /* one process plays every rank: its one request already holds a KV source's entries */
+    if (!kv) memcpy(c->buf[dst], c->buf[src], bytes);
+    return 0;
+  }
   int64_t e0 = 0, e1 = 0;
   struct rt_kv_seq *seq = NULL;
   if (kv) { /* a KV source's entries for a reader stage: the same request's pages on both ranks */
-    CEDAR_ASSERT(g->data[src].state == GRAPH_ST_KV);
+    CEDAR_ASSERT(g->data[src].state == GRAPH_ST_KV && c->r);
     kv_range(nd, &e0, &e1);
     seq = &c->r->seq[g->data[src].layer];
     bytes = (size_t)(e1 - e0) * (size_t)seq->pool->entry_bytes;
-  }
-  if (!pp.on) { /* one process plays every rank: its one request already holds the entries */
-    if (!kv) memcpy(c->buf[dst], c->buf[src], bytes);
-    return 0;
   }
   int k = (int)(nd - g->node), from = g->data[src].home.rank, to = g->data[dst].home.rank;
   int nth = atomic_fetch_add(&pp.n_xfer, 1) + 1;
