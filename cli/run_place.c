@@ -50,6 +50,10 @@ void place_cost_print(FILE *f, const struct plan *p, const struct rt_place_cost 
             c->capacity / 1e9);
   else
     fprintf(f, "\nevery rank fits in %.1f GB\n", c->capacity / 1e9);
+  for (int r = 0; r < c->ranks; r++)
+    if (c->r[r].kv_ship_per_token > 0)
+      fprintf(f, "rank %d ships its KV sources' entries to reader stages: %.2f B a token, %" PRId64 " B at N (the "
+              "receiving ranks' KV GB count the copies)\n", r, c->r[r].kv_ship_per_token, c->r[r].kv_ship);
   fprintf(f, "(act B/tok: residual streams + carried mHC pre, and buses, sent across the rank's stage boundary; "
           "EP out B/tok: expected expert-parallel dispatch + combine bytes the rank sends per token, uniform "
           "routing)\n");
@@ -80,6 +84,8 @@ cJSON *place_cost_json(const struct plan *p, const struct rt_place_cost *c) {
     cJSON_AddNumberToObject(o, "tail_bytes", (double)k->tails);
     cJSON_AddNumberToObject(o, "resident_bytes", (double)k->resident);
     cJSON_AddNumberToObject(o, "act_bytes_per_token", (double)k->act_per_token);
+    cJSON_AddNumberToObject(o, "kv_ship_bytes_per_token", k->kv_ship_per_token);
+    cJSON_AddNumberToObject(o, "kv_ship_bytes", (double)k->kv_ship);
     cJSON_AddNumberToObject(o, "ep_dispatch_bytes_per_token", k->ep_dispatch_per_token);
     cJSON_AddNumberToObject(o, "ep_combine_bytes_per_token", k->ep_combine_per_token);
     cJSON_AddBoolToObject(o, "fits", k->fits);

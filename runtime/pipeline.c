@@ -187,8 +187,8 @@ int rt_pipe_transfer_node(const struct rt_node_ctx *c) {
     struct rt_pipe_rank *rk = &last.rank[pp.me];
     rk->bytes_sent += (int64_t)bytes;
     rk->messages++;
-    int64_t *tot = kv ? (g->flow != GRAPH_DECODE ? &last.kv_bytes_prefill : &last.kv_bytes_decode)
-                      : (g->flow != GRAPH_DECODE ? &last.act_bytes_prefill : &last.act_bytes_decode);
+    int64_t *tot = kv ? (g->flow != GRAPH_DECODE ? &rk->kv_prefill : &rk->kv_decode)
+                      : (g->flow != GRAPH_DECODE ? &rk->act_prefill : &rk->act_decode);
     *tot += (int64_t)bytes;
     pthread_mutex_unlock(&pp.mu);
     const char *fault = getenv("CEDAR_PIPE_TEST_FAULT"); /* a test: this rank's first decode transfer never leaves */
@@ -270,12 +270,13 @@ static void msgs_free(void) {
   pp.n_sent = pp.cap_sent = pp.first_open = 0;
 }
 
-/* Send / receive n bytes at buf between this rank and peer, waiting. */
-static int xchg(void *buf, size_t n, int peer, int tag, bool send) {
+/* Send / receive n bytes at buf between this rank and peer, waiting at
+ * most dl seconds. */
+static int xchg_dl(void *buf, size_t n, int peer, int tag, bool send, double dl) {
   struct sent *m = new_msg(send ? buf : NULL, n, peer);
   int rc = send ? pd_mpi_send(m->buf, n, peer, tag, &m->st) : pd_mpi_recv(m->buf, n, peer, tag, &m->st);
   if (rc) return rc;
-  if (!wait_done(&m->st, deadline_s())) {
+  if (!wait_done(&m->st, dl)) {
     fail(CEDAR_EIO, "%s: no answer from rank %d for %.0f s (CEDAR_PD_DEADLINE_S): that rank died or is stuck; this "
          "request fails", send ? "sending the logits" : "waiting for the logits", peer, deadline_s());
     return CEDAR_EIO;
@@ -284,6 +285,22 @@ static int xchg(void *buf, size_t n, int peer, int tag, bool send) {
   free(m->buf);
   m->buf = NULL;
   return 0;
+}
+
+static int xchg(void *buf, size_t n, int peer, int tag, bool send) { return xchg_dl(buf, n, peer, tag, send, deadline_s()); }
+
+/* Every rank meets, through StarPU-MPI (no MPI call beside its progress
+ * thread): each tells rank 0, rank 0 answers each; false when one does not
+ * come within dl seconds. */
+static bool meet_all(double dl) {
+  char b = 1;
+  int tag = tag_of(0xffffb);
+  if (pp.me != 0) return !xchg_dl(&b, 1, 0, tag, true, dl) && !xchg_dl(&b, 1, 0, tag - 1, false, dl);
+  for (int r = 1; r < pp.world; r++)
+    if (xchg_dl(&b, 1, r, tag, false, dl)) return false;
+  for (int r = 1; r < pp.world; r++)
+    if (xchg_dl(&b, 1, r, tag - 1, true, dl)) return false;
+  return true;
 }
 
 /* CLOCK_MONOTONIC microseconds minus struct rt_task_time's clock, now. */
@@ -369,6 +386,12 @@ static int gather_figures(void) {
   if (pp.me != 0) return xchg(&last.rank[pp.me], sizeof last.rank[0], 0, tag_of(0xffffd), true);
   for (int r = 1; r < pp.world && r < RT_PIPE_MAX_RANKS && !rc; r++)
     rc = xchg(&last.rank[r], sizeof last.rank[0], r, tag_of(0xffffd), false);
+  for (int r = 0; r < pp.world && r < RT_PIPE_MAX_RANKS && !rc; r++) { /* what every sender moved */
+    last.act_bytes_prefill += last.rank[r].act_prefill;
+    last.act_bytes_decode += last.rank[r].act_decode;
+    last.kv_bytes_prefill += last.rank[r].kv_prefill;
+    last.kv_bytes_decode += last.rank[r].kv_decode;
+  }
   return rc;
 }
 
@@ -458,7 +481,7 @@ int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct 
    * still posted, or a rank that does not come, ends the job (MPI_Abort). */
   bool idle = sends_done(NULL, rc ? 1 : deadline_s()); /* failed: what is still posted stays so */
   double dl = rc ? 2 * deadline_s() : deadline_s();
-  bool met = idle && pd_mpi_meet(dl);
+  bool met = idle && meet_all(dl) && sends_done(NULL, dl);
   if (met) idle = pd_mpi_stop();
   if (!idle || !met) {
     char why[1200];

@@ -42,6 +42,7 @@ struct rt_pipe_rank {
   double prefill_t0, prefill_t1;         /* its prefill graph's start and end (CLOCK_MONOTONIC: one host's clock) */
   double decode_busy_s, decode_wall_s;   /* summed over the decode steps */
   int64_t bytes_sent, messages;
+  int64_t act_prefill, act_decode, kv_prefill, kv_decode; /* of which activations / KV entries, prefill / decode */
   int64_t kv_entries, kv_entry_bytes, kv_page_bytes; /* the global entries its layers hold after the request */
 };
 
@@ -49,7 +50,7 @@ struct rt_pipe_stats {
   bool mpi;                       /* the ranks were processes under mpirun (else one process) */
   int ranks, stages, chunks;      /* prefill chunks of the request */
   struct rt_pipe_rank rank[RT_PIPE_MAX_RANKS];
-  int64_t act_bytes_prefill;      /* activation bytes the prefill's transfers moved */
+  int64_t act_bytes_prefill;      /* activation bytes the prefill's transfers moved (all ranks' on rank 0) */
   int64_t act_bytes_decode;       /* summed over the decode steps */
   int64_t kv_bytes_prefill;       /* a KV source's entries shipped to reader stages, prefill */
   int64_t kv_bytes_decode;        /* the same, summed over the decode steps */

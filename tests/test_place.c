@@ -30,6 +30,7 @@
 
 #include "runtime/pipeline.h"
 #include "runtime/place_cost.h"
+#include "scheduler/plan_cost.h"
 #include "scheduler/plan_place.h"
 #include "tests/model_fixture.h"
 
@@ -242,6 +243,33 @@ static void accounting(void) {
   if (h_load_plan("plans/gpu/v41-flash-4stage.yaml", &p)) {
     EXPECT(rt_place_cost(&p, 1000000, 141e9, c) == 0, "4stage: %s", c->error);
     EXPECT(!c->r[3].fits, "4stage: the decoder stage (20 layers of experts) fits?");
+    plan_free(&p);
+  }
+  /* KV readers in another stage: L8's pool copied to rank 1, L20's to rank 2,
+   * each entry shipped once; no stage plan without such readers ships any */
+  if (h_load_plan("tests/plans/pp3kv-tiny-40.yaml", &p)) {
+    struct plan_cost pc;
+    struct plan_cost_query q;
+    plan_cost_query_init(&q);
+    q.tokens = 37;
+    EXPECT(rt_place_cost(&p, 37, 141e9, c) == 0 && plan_cost_compute(&p, &q, &pc) == 0, "pp3kv cost");
+    int64_t l8 = 0, l20 = 0, all = 0;
+    double t8 = 0, t20 = 0;
+    for (int i = 0; i < pc.n_sources; i++) {
+      all += pc.src[i].bytes;
+      if (pc.src[i].layer == 8) l8 = pc.src[i].bytes, t8 = pc.src[i].bytes_per_token;
+      if (pc.src[i].layer == 20) l20 = pc.src[i].bytes, t20 = pc.src[i].bytes_per_token;
+    }
+    EXPECT(l8 > 0 && l20 > 0, "pp3kv: sources L8 and L20");
+    EXPECT(c->r[0].kv_ship == l8 && c->r[0].kv_ship_per_token == t8, "rank 0 ships L8: %lld", (long long)c->r[0].kv_ship);
+    EXPECT(c->r[1].kv_ship == l20 && c->r[1].kv_ship_per_token == t20, "rank 1 ships L20: %lld", (long long)c->r[1].kv_ship);
+    EXPECT_EQ(c->r[2].kv_ship, 0, "rank 2 ships none");
+    EXPECT_EQ(c->r[0].kv + c->r[1].kv + c->r[2].kv, all + l8 + l20, "every pool once, plus the two copies");
+    plan_free(&p);
+  }
+  if (h_load_plan("tests/plans/pp4-tiny-40.yaml", &p)) {
+    EXPECT(rt_place_cost(&p, 37, 141e9, c) == 0, "pp4 cost");
+    for (int r = 0; r < c->ranks; r++) EXPECT_EQ(c->r[r].kv_ship, 0, "pp4 cuts at sources: nothing shipped");
     plan_free(&p);
   }
   /* dispatch: count, over every selection of k of E experts, the ranks other

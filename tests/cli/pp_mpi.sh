@@ -30,7 +30,8 @@
 #     a process per rank and a transfer flow per transfer message
 #     (trace_check.py: the rules Perfetto and speedscope apply; the count
 #     from --json), readable by `cedar view`; --json carries the bubbles
-#     (efficiency + bubble fraction = 1, the ideal C / (C + S - 1)).
+#     (efficiency + bubble fraction = 1, the ideal C / (C + S - 1)) and the
+#     KV bytes shipped, equal to `plan cost --per-rank`'s kv_ship_bytes.
 # Every mpirun runs under `timeout`, so a hang fails the test. Skips (77)
 # where mpirun is missing or cedar was built without StarPU-MPI.
 # Run from the repository root: bash tests/cli/pp_mpi.sh build/cedar (~3-5 min).
@@ -184,6 +185,13 @@ assert p["transfers"] == sum(r["messages"] for r in p["rank"]) > 0, p
 print(p["transfers"])
 PY
 ) || fail "--json pipeline figures"
+"$cedar" plan cost tests/plans/pp3kv-tiny-40.yaml --per-rank --tokens 37 --json > "$tmp/pc.json" || fail "plan cost --per-rank"
+"$py" - "$tmp/t.out" "$tmp/pc.json" <<'PY' || fail "the KV bytes shipped differ from plan cost --per-rank"
+import json, sys
+run, pc = json.load(open(sys.argv[1]))["pipeline"], json.load(open(sys.argv[2]))
+want = sum(r["kv_ship_bytes"] for r in pc["ranks"])
+assert run["kv_bytes_prefill"] == want > 0, (run["kv_bytes_prefill"], want)
+PY
 "$py" tests/cli/trace_check.py "$tmp/t.json" --ranks 3 --transfers "$xfers" || fail "the pipeline trace (above)"
 "$cedar" view "$tmp/t.json" -o "$tmp/t.html" > /dev/null || fail "cedar view cannot read the pipeline trace"
 echo "pp_mpi: ok"
