@@ -15,8 +15,8 @@
 #     receiver fails the request once nothing came for CEDAR_PD_DEADLINE_S,
 #     naming the node, and the job ends (exit != 0), never hangs;
 #  5. a rank dying mid-step (CEDAR_PIPE_TEST_FAULT=die:R:K: rank R SIGKILLs
-#     itself at its K-th transfer, R and K random; CEDAR_PP_KILLS runs,
-#     default 3) under --mca orte_enable_recovery 1, so Open MPI does not end
+#     itself at its K-th transfer, R cycling from a random rank, K random;
+#     CEDAR_PP_KILLS runs, default 3) under --mca orte_enable_recovery 1, so Open MPI does not end
 #     the job for us: every other rank fails the request on its own within
 #     the deadline (CEDAR_PD_DEADLINE_S=10) and exits non-zero, naming the
 #     deadline; none hangs (the end of a request meets every rank with a
@@ -123,8 +123,9 @@ grep -q "nothing arrived from rank 0 for 5 s" "$tmp/hold.err" || { cat "$tmp/hol
 # 5. a rank dies mid-step; the others fail on their own within the deadline
 export HWLOC_COMPONENTS=${HWLOC_COMPONENTS:--pci}
 kills=${CEDAR_PP_KILLS:-3}
+first=$RANDOM # the dying rank cycles from a random one, so three runs see three ranks die
 for ((i = 0; i < kills; i++)); do
-  who=$((RANDOM % 4)) k=$((1 + RANDOM % 60)) d=$tmp/die$i
+  who=$(( (first + i) % 4 )) k=$((1 + RANDOM % 60)) d=$tmp/die$i
   mkdir -p "$d"
   t0=$(date +%s) rc=0
   CEDAR_PD_DEADLINE_S=10 timeout -k 10 240 mpirun --allow-run-as-root --oversubscribe --mca orte_enable_recovery 1 \
