@@ -29,6 +29,7 @@ static void usage(FILE *f) {
           "       cedar bench model [--plan P]... [--prompt-len N] [--decode S]  (the whole model; --help)\n"
           "       cedar bench tokenizer [--file F] [--mb N] [--no-js]  (encode MB/s against JS; --help)\n"
           "       mpirun -np 2 cedar bench pd [--plan P] [--prompt-len N]  (P/D against one process; --help)\n"
+          "       mpirun -np S cedar bench pp [--plan P] [--prompt-len N]  (layer stages: bubbles, against one process; --help)\n"
           "\n"
           "Times every CPU op at a plan's widths against this machine's peaks, measured first in\n"
           "the same run: a one-thread OpenBLAS sgemm (1024x1024x1024) in GFLOP/s and a 256 MiB\n"
@@ -85,7 +86,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a) {
   *a = (struct bench_args){.reps = DEFAULT_REPS};
   if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) return usage(stdout), -1;
   if (argc < 2 || strcmp(argv[1], "ops"))
-    return cli_usage_error("bench", argc < 2 ? "expected 'ops', 'model' or 'tokenizer'" : "unknown benchmark '%s' (expected 'ops', 'model' or 'tokenizer')",
+    return cli_usage_error("bench", argc < 2 ? "expected 'ops', 'model', 'tokenizer', 'pd' or 'pp'" : "unknown benchmark '%s' (expected 'ops', 'model', 'tokenizer', 'pd' or 'pp')",
                            argc < 2 ? "" : argv[1]);
   optind = 2;
   opterr = 0;
@@ -163,6 +164,7 @@ int cmd_bench(int argc, char **argv) {
   if (argc >= 2 && !strcmp(argv[1], "model")) return cmd_bench_model(argc - 1, argv + 1);
   if (argc >= 2 && !strcmp(argv[1], "tokenizer")) return cmd_bench_tokenizer(argc - 1, argv + 1);
   if (argc >= 2 && !strcmp(argv[1], "pd")) return cmd_bench_pd(argc - 1, argv + 1);
+  if (argc >= 2 && !strcmp(argv[1], "pp")) return cmd_bench_pp(argc - 1, argv + 1);
   struct bench_args a;
   int rc = parse_args(argc, argv, &a);
   if (rc) return rc < 0 ? 0 : rc;

@@ -588,6 +588,7 @@ static void on_graph(void *user, const struct graph *g, const struct rt_task_tim
     s->dot = NULL;
   }
   if (!s->tracing || !times) return;
+  if (run_pipe_trace_graph(&s->trace, g, s->request)) return; /* layer stages under mpirun: a process per rank */
   struct viz_task_time *vt = cedar_xmalloc(sizeof(*vt) * (size_t)(g->n_node > 0 ? g->n_node : 1));
   for (int k = 0; k < g->n_node; k++) vt[k] = (struct viz_task_time){times[k].worker, times[k].start_us, times[k].end_us};
   viz_trace_add_graph(&s->trace, g, vt, s->request);

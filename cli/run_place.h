@@ -7,6 +7,7 @@
 #ifndef CEDAR_CLI_RUN_PLACE_H
 #define CEDAR_CLI_RUN_PLACE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -25,11 +26,29 @@ void place_cost_diff(FILE *f, const struct plan *pa, const struct rt_place_cost 
 /* The expert-parallel section (cli/run_ep.c, runtime/expert_par.h). */
 void run_ep_text(FILE *f, const struct plan *p);
 void run_ep_json(struct cJSON *j, const struct plan *p);
+/* The last pipeline request's prefill bubbles (under mpirun; zeros else). */
+struct run_pipe_fig {
+  int ranks, stages, chunks;
+  double busy_s;          /* every rank's own non-transfer node time, summed */
+  double rank_time_s;     /* the first stage's start to the last rank's end */
+  double efficiency;      /* busy / (rank-time x ranks) */
+  double bubble;          /* 1 - efficiency */
+  double ideal, ideal_bubble; /* C / (C + S - 1) for C chunks through S equal stages; 1 - that */
+  double decode_wall_s;   /* the longest rank's summed decode step time */
+};
+void run_pipe_figures(const struct plan *p, struct run_pipe_fig *f);
 void run_pipe_text(FILE *f, const struct plan *p, int64_t decode_steps);
 void run_pipe_json(struct cJSON *j, const struct plan *p);
 /* Under mpirun with stages: the global entries of every rank's layers
  * (gathered on rank 0) replace this rank's own in b; nothing otherwise. */
 void run_pipe_state_bytes(struct rt_state_bytes *b);
+/* `cedar run --trace` on rank 0 of layer stages under mpirun: graph g's
+ * nodes on the rank that ran each (a process per rank, a track per StarPU
+ * worker), each transfer's arrival on its receiving rank's "StarPU-MPI
+ * receives" track with a flow from the send. false (nothing added) when g
+ * has no such record (runtime/pipeline.h: rt_pipe_graph_trace). */
+struct viz_trace;
+bool run_pipe_trace_graph(struct viz_trace *t, const struct graph *g, int request);
 /* A rank other than 0 writes its --dump to PATH.rankN (its layers' state,
  * the logits and tokens every rank has). */
 int run_pipe_dump(const char *path, const struct rt_model *M, const struct rt_request *r,

@@ -75,9 +75,12 @@ const char run_usage[] =
     "CEDAR_PD_DEADLINE_S bounds every wait, default 60), or without mpirun as both roles in this\n"
     "process (docs/runtime.md).\n"
     "A plan with serving.placement.stages (plans/v41-mini-pp2.yaml) runs its layer stages on the ranks of\n"
-    "`mpirun -np N` (rank 0 prints the report with busy time and bubbles per rank; --dump writes rank N's\n"
-    "layers to DUMP.rankN), or every stage in this process without mpirun. A plan with\n"
+    "`mpirun -np N` (activations and a KV source's entries for readers in another stage move as transfers;\n"
+    "rank 0 prints the report with busy time per rank and the bubbles against the ideal; --dump writes rank\n"
+    "N's layers to DUMP.rankN; with --executor starpu, --trace writes one trace with a process per rank and\n"
+    "a flow per transfer; CEDAR_PD_DEADLINE_S bounds every wait), or every stage in this process without\n"
+    "mpirun; stages with prefill and decode on different ranks are refused. A plan with\n"
     "serving.placement.experts (plans/v41-mini-ep2.yaml) runs each MoE layer's routed experts on their\n"
     "ranks the same way, stages or not (dispatch and combine through StarPU-MPI on the direct executor;\n"
     "the report adds rows, expert-rows and bytes per rank), or every shard in this process without\n"
-    "mpirun (docs/placement.md).\n";
+    "mpirun; experts with prefill and decode on different ranks are refused (docs/placement.md).\n";

@@ -147,11 +147,10 @@ static int cpu_head(const struct rt_node_ctx *c) {
   return 0;
 }
 
-/* TRANSFER of an activation between layer stages (runtime/pipeline.h), or
- * of a P/D plan's state (runtime/pd.c). */
+/* TRANSFER between layer stages (an activation, a bus, a KV source's
+ * entries: runtime/pipeline.h), or of a P/D plan's state (runtime/pd.c). */
 static int cpu_transfer(const struct rt_node_ctx *c) {
-  enum graph_data_kind k = c->g->data[c->nd->xfer_src].kind;
-  return k == GRAPH_ACT || k == GRAPH_BUS ? rt_pipe_transfer_node(c) : rt_pd_transfer_node(c);
+  return c->nd->flags & GRAPH_F_STAGE ? rt_pipe_transfer_node(c) : rt_pd_transfer_node(c);
 }
 
 /* TRANSFER: a P/D plan's state package (runtime/pd.c: a local copy to the

@@ -40,13 +40,13 @@ static int run_graph(const struct graph *g, const struct rt_model *M, struct rt_
                      size_t err_len) {
   if (o->executor == RT_EXEC_DIRECT) {
     int rc = rt_exec_direct(g, M, r, out, st, progress, o->user, err, err_len);
-    rc = rt_pipe_after_graph(g, out, st, rc, err, err_len); /* layer stages on ranks: the logits everywhere */
+    rc = rt_pipe_after_graph(g, out, st, NULL, rc, err, err_len); /* layer stages on ranks: the logits everywhere */
     if (!rc && o->on_graph) o->on_graph(o->graph_user, g, NULL);
     return rc;
   }
   struct rt_task_time *times = o->on_graph ? cedar_xcalloc((size_t)g->n_node + 1, sizeof(*times)) : NULL;
   int rc = rt_exec_starpu(g, M, r, out, st, times, progress, o->user, err, err_len);
-  rc = rt_pipe_after_graph(g, out, st, rc, err, err_len);
+  rc = rt_pipe_after_graph(g, out, st, times, rc, err, err_len);
   if (!rc && o->on_graph) o->on_graph(o->graph_user, g, times);
   free(times);
   return rc;

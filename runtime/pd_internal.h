@@ -1,6 +1,6 @@
 /* pd_internal.h: what pd.c, pd_run.c and pd_mpi.c share: the message
- * header, the link TRANSFER nodes run through, a message's completion state
- * and the StarPU-MPI calls (pd_mpi.c). Not for other files. */
+ * header and the link TRANSFER nodes run through (the messages between
+ * ranks themselves: rank_msg.h). Not for other files. */
 #ifndef CEDAR_RUNTIME_PD_INTERNAL_H
 #define CEDAR_RUNTIME_PD_INTERNAL_H
 
@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "runtime/pd.h"
+#include "runtime/rank_msg.h"
 
 #define PD_MSG_MAGIC 0x44504443u /* "CDPD" */
 
@@ -56,8 +57,6 @@ struct pd_link {
 extern struct pd_link *pd_cur;      /* the P/D request running now (one per process) */
 extern enum rt_pd_fault pd_fault;   /* rt_pd_set_fault */
 extern int pd_fault_at;             /* its K (P_DIES, D_DIES) */
-/* A test fault: say so on stderr, then SIGKILL this process. */
-void pd_die(const char *who, int nth);
 
 /* The payload / message bytes of transfer node nd, from request r's shapes. */
 int64_t pd_payload_bytes(const struct graph *g, const struct graph_node *nd, const struct rt_request *r);
@@ -71,30 +70,5 @@ void pd_meta_seal(struct rt_pd_meta *m);
  * record, the version, condition 5 and condition 1. */
 int pd_ready_check(const struct plan *p, const struct rt_pd_meta *m, const struct rt_request *r,
                    const struct rt_pd_rx *rx, bool all, char *err, size_t err_len);
-
-/* One message's completion, written by StarPU-MPI's progress thread. */
-struct pd_msg_state {
-  atomic_int done;
-  double t_post, t_done; /* pd_now() */
-};
-
-double pd_now(void);
-/* Every rank of the world meets here before a request's messages (so a
- * slow start on one rank is not counted against the transfer's deadline);
- * false when the others did not come within dl seconds (the barrier stays
- * posted: the caller ends the job). */
-bool pd_mpi_meet(double dl);
-/* Start StarPU-MPI (StarPU too when the executor is direct). */
-int pd_mpi_start(char *err, size_t err_len);
-/* Post a detached send / receive of bytes at buf; s->done turns 1 when it
- * completes. */
-int pd_mpi_send(void *buf, size_t bytes, int dest, int tag, struct pd_msg_state *s);
-int pd_mpi_recv(void *buf, size_t bytes, int src, int tag, struct pd_msg_state *s);
-/* Release the messages' handles and stop StarPU-MPI; false when a message
- * was still in flight (then StarPU-MPI stays up). */
-bool pd_mpi_stop(void);
-/* After a failed transfer with messages still posted: log why and end the
- * MPI job (MPI_Abort), since neither side could shut StarPU-MPI down. */
-void pd_mpi_abort(const char *why);
 
 #endif

@@ -222,7 +222,8 @@ int pd_mpi_recv(void *buf, size_t bytes, int src, int tag, struct pd_msg_state *
 
 void pd_mpi_abort(const char *why) {
   LOG_ERROR("%s", why);
-  LOG_ERROR("rank %d: a P/D message is still posted and StarPU-MPI cannot cancel it: ending the job (MPI_Abort)",
+  LOG_ERROR("rank %d: a message between ranks is still posted and StarPU-MPI cannot cancel it: ending the job "
+            "(MPI_Abort)",
             world_rank);
   MPI_Abort(MPI_COMM_WORLD, 1);
 }

@@ -42,6 +42,7 @@ struct rt_pipe_rank {
   double prefill_t0, prefill_t1;         /* its prefill graph's start and end (CLOCK_MONOTONIC: one host's clock) */
   double decode_busy_s, decode_wall_s;   /* summed over the decode steps */
   int64_t bytes_sent, messages;
+  int64_t act_prefill, act_decode, kv_prefill, kv_decode; /* of which activations / KV entries, prefill / decode */
   int64_t kv_entries, kv_entry_bytes, kv_page_bytes; /* the global entries its layers hold after the request */
 };
 
@@ -49,8 +50,10 @@ struct rt_pipe_stats {
   bool mpi;                       /* the ranks were processes under mpirun (else one process) */
   int ranks, stages, chunks;      /* prefill chunks of the request */
   struct rt_pipe_rank rank[RT_PIPE_MAX_RANKS];
-  int64_t act_bytes_prefill;      /* activation bytes the prefill's transfers moved */
-  int64_t act_bytes_decode;       /* per decode step */
+  int64_t act_bytes_prefill;      /* activation bytes the prefill's transfers moved (all ranks' on rank 0) */
+  int64_t act_bytes_decode;       /* summed over the decode steps */
+  int64_t kv_bytes_prefill;       /* a KV source's entries shipped to reader stages, prefill */
+  int64_t kv_bytes_decode;        /* the same, summed over the decode steps */
 };
 
 /* This process runs the stages of plan p as ranks of an MPI job. */
@@ -68,9 +71,24 @@ int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct 
 bool rt_pipe_skip(const struct graph *g, const struct graph_node *nd);
 int rt_pipe_transfer_node(const struct rt_node_ctx *c);
 /* After graph g ran (rc its result): every rank gets the logits; the
- * transfer's own message replaces err when one failed. */
-int rt_pipe_after_graph(const struct graph *g, struct rt_exec_out *out, const struct rt_exec_stats *st, int rc,
-                        char *err, size_t err_len);
+ * transfer's own message replaces err when one failed. times: the nodes'
+ * times on this rank (StarPU executor with a trace asked for), or NULL. */
+int rt_pipe_after_graph(const struct graph *g, struct rt_exec_out *out, const struct rt_exec_stats *st,
+                        const struct rt_task_time *times, int rc, char *err, size_t err_len);
+
+/* A trace of layer stages under mpirun (--trace, StarPU executor): after
+ * each graph every rank sends its nodes' times to rank 0, where the graph
+ * that just ran (g, until the next one) has rec[(r * n_node + k) * 4 + i]:
+ * i = 0 the worker rank r ran node k on (-1: not r's node), 1 and 2 its
+ * start and end, 3 when a transfer's message arrived on its receiving rank
+ * r (0 otherwise); times in microseconds on this process's struct
+ * rt_task_time clock (one host: one CLOCK_MONOTONIC). NULL elsewhere. */
+struct rt_pipe_trace {
+  const struct graph *g;
+  int ranks, n_node;
+  const double *rec;
+};
+const struct rt_pipe_trace *rt_pipe_graph_trace(const struct graph *g);
 
 /* The last request's figures (rank 0 has every rank's). */
 const struct rt_pipe_stats *rt_pipe_last_stats(void);

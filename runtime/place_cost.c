@@ -119,9 +119,21 @@ int rt_place_cost(const struct plan *p, int64_t tokens, double capacity, struct 
     return CEDAR_EINVAL;
   }
   for (int i = 0; i < c->n_sources; i++) {
-    struct rt_rank_cost *rk = &out->r[layer_rank(p, c->src[i].layer)];
+    int home = layer_rank(p, c->src[i].layer);
+    struct rt_rank_cost *rk = &out->r[home];
     rk->kv += c->src[i].bytes;
     rk->tails += c->src[i].tail_bytes;
+    /* readers in another stage: a copy of the pool on each such rank, every
+     * entry shipped there once (scheduler/graph_place.c) */
+    bool to[RT_PLACE_MAX_RANKS] = {false};
+    for (int l = 0; l < p->n_layers; l++) {
+      int r = layer_rank(p, l);
+      if (p->layer[l].kv_src != c->src[i].layer || !plan_is_csa(&p->layer[l]) || r == home || to[r]) continue;
+      to[r] = true;
+      out->r[r].kv += c->src[i].bytes;
+      rk->kv_ship_per_token += c->src[i].bytes_per_token;
+      rk->kv_ship += c->src[i].bytes;
+    }
   }
   for (int l = 0; l < p->n_layers; l++)
     out->r[layer_rank(p, l)].swa += c->swa_payload_per_layer + c->swa_scale_bytes / (p->n_layers ? p->n_layers : 1);

@@ -42,7 +42,9 @@ struct rt_rank_cost {
   int64_t engram_device;   /* of which Engram tables (engram memory: device, the default) */
   int64_t engram_host;     /* Engram tables in the rank's host memory (engram: {memory: host}) */
   int64_t engram_file;     /* Engram tables read from a file (engram: {memory: file}) */
-  int64_t kv, swa, tails;  /* one request of N tokens */
+  int64_t kv, swa, tails;  /* one request of N tokens (kv: with the copies of other stages' sources its layers read) */
+  double kv_ship_per_token; /* its sources' KV entry bytes shipped to reader stages per token */
+  int64_t kv_ship;         /* the same after N tokens (floor(N / ratio) entries to each reader rank) */
   int64_t resident;        /* weights + kv + swa + tails */
   int64_t act_per_token;   /* activation bytes sent across its stage boundary per token */
   double ep_dispatch_per_token, ep_combine_per_token; /* expected bytes sent per token of the whole batch */

@@ -130,6 +130,7 @@ enum graph_bus_slot { GRAPH_TOPK_OUT = 0, GRAPH_POOL_OUT, GRAPH_TOPK_IN, GRAPH_P
 #define GRAPH_F_PRE_NEXT 4u    /* sublayer carries its own pre to the next one (pairing: v41) */
 #define GRAPH_F_BUILD_POOL 8u  /* ATTN of a pool-building layer */
 #define GRAPH_F_REPLAY 16u     /* tile of a decoder bounded replay */
+#define GRAPH_F_STAGE 64u      /* TRANSFER between layer stages (graph_place.c; runtime/pipeline.h), not P->D */
 #define GRAPH_F_RING_RESET 32u /* first replay tile: the layer's ring starts empty at r0 (SPEC 5.2: decoder
                                   SWA is rebuilt by every prefill's replay, never carried over) */
 
@@ -163,6 +164,7 @@ struct graph {
   struct graph_place peer;    /* prefill: where decode runs (transfers go there); decode: = place */
   int n_transfer;             /* TRANSFER nodes (prefill with peer != place) */
   int n_act_transfer;         /* TRANSFER nodes of activations between layer stages (graph_place.c) */
+  int n_kv_transfer;          /* TRANSFER nodes of a KV source's entries to a reader stage (graph_place.c) */
   int64_t n_prompt;  /* prefill: prompt length; decode: the position run */
   int chunk;         /* positions per tile */
   int64_t replay;    /* CED: decoder replay length R */

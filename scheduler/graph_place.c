@@ -4,9 +4,13 @@
  * layer's stage, and an activation or bus read on another rank than the
  * one that last wrote it gets a TRANSFER node first (the residual streams
  * and the carried mHC pre at a stage boundary; a Top-K or candidate bus
- * read across one). Runs on a graph whose nodes are emitted but whose
- * edges are not derived yet: the transfers then get explicit edges like
- * every node (read after the write they ship, the copy's readers after it).
+ * read across one). A KV source's pages live with its stage; a reader in
+ * another stage (a CSA layer reading the source's global KV) reads a copy
+ * on its own rank, and before each such read a TRANSFER ships the entries
+ * committed since the last one it received ([e_w0, e_w1) of the copy's
+ * write). Runs on a graph whose nodes are emitted but whose edges are not
+ * derived yet: the transfers then get explicit edges like every node (read
+ * after the write they ship, the copy's readers after it).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -98,7 +102,49 @@ static void push_transfer(struct graph *g, const struct graph_node *nd, int d, i
   t->use[0] = (struct graph_use){src, GRAPH_R, 0, 0, 0};
   t->use[1] = (struct graph_use){dst, GRAPH_W, 0, 0, 0};
   t->n_use = 2;
+  t->flags = GRAPH_F_STAGE;
   g->n_act_transfer++;
+}
+
+static bool is_kv(const struct graph_data *d) { return d->kind == GRAPH_STATE && d->state == GRAPH_ST_KV; }
+
+/* A TRANSFER of KV source d's entries [e0, e1) from its home (rank
+ * `from`) to its copy dst on rank `to`, before node nd. */
+static void push_kv_transfer(struct graph *g, const struct graph_node *nd, int d, int dst, int from, int to,
+                             int64_t e0, int64_t e1) {
+  grow(g);
+  struct graph_node *t = &g->node[g->n_node++];
+  memset(t, 0, sizeof *t);
+  t->op = GRAPH_TRANSFER;
+  t->layer = g->data[d].layer;
+  t->chunk = nd->chunk;
+  t->a = nd->a;
+  t->n = nd->n;
+  t->x = t->aux = t->pre = -1;
+  for (int i = 0; i < 4; i++) t->bus[i] = -1;
+  t->n_slots = 1;
+  t->xfer_src = d;
+  t->xfer_dst = dst;
+  t->place = g->data[d].home;
+  t->flags = GRAPH_F_STAGE;
+  snprintf(t->name, sizeof t->name, "xfer L%d.kv c%d r%d>r%d", t->layer, nd->chunk & 0xffff, from & 0xff, to & 0xff);
+  t->use = cedar_xmalloc(sizeof(*t->use) * 2);
+  t->use[0] = (struct graph_use){d, GRAPH_R, e1, 0, 0};
+  t->use[1] = (struct graph_use){dst, GRAPH_W, 0, e0, e1};
+  t->n_use = 2;
+  g->n_kv_transfer++;
+}
+
+/* The entries source d had committed when the graph began: its first
+ * access says (an append starts there; a read sees them all). -1: unused. */
+static void kv_start(const struct graph *g, const struct graph_node *node, int n_node, int64_t *start) {
+  for (int d = 0; d < g->n_data; d++) start[d] = -1;
+  for (int k = 0; k < n_node; k++)
+    for (int u = 0; u < node[k].n_use; u++) {
+      const struct graph_use *us = &node[k].use[u];
+      if (!is_kv(&g->data[us->data]) || start[us->data] >= 0) continue;
+      start[us->data] = us->mode == GRAPH_APPEND ? us->e_w0 : us->e_read;
+    }
 }
 
 void graph__place_stages(struct graph *g) {
@@ -121,15 +167,34 @@ void graph__place_stages(struct graph *g) {
   for (int i = 0; i < n0 * R; i++) own[i] = -1;
   struct graph_node *old = g->node;
   int n_old = g->n_node;
+  /* KV sources: shipped[d * R + r], the entries rank r's copy holds (the
+   * graph's start: every earlier graph shipped what its readers read) */
+  int64_t *start = cedar_xmalloc(sizeof(int64_t) * (size_t)n0), *shipped = cedar_xmalloc(sizeof(int64_t) * (size_t)n0 * R);
+  kv_start(g, old, n_old, start);
+  for (int d = 0; d < n0; d++)
+    for (int r = 0; r < R; r++) shipped[d * R + r] = start[d];
   g->node = NULL;
   g->n_node = g->cap_node = 0;
-  g->n_act_transfer = 0;
+  g->n_act_transfer = g->n_kv_transfer = 0;
   for (int k = 0; k < n_old; k++) {
     struct graph_node nd = old[k];
     nd.place = node_place(p, &nd);
     int me = nd.place.rank;
     for (int u = 0; u < nd.n_use; u++) {
       int d = nd.use[u].data;
+      if (d < n0 && is_kv(&g->data[d]) && g->data[d].home.rank != me) { /* a reader in another stage */
+        CEDAR_ASSERT_MSG(nd.use[u].mode == GRAPH_R, "%s writes %s, which another stage holds", nd.name,
+                         g->data[d].name);
+        int *o = &own[d * R];
+        if (o[me] < 0) o[me] = add_copy(g, d, nd.place);
+        int64_t *sh = &shipped[d * R + me], need = nd.use[u].e_read;
+        if (need > *sh) {
+          push_kv_transfer(g, &nd, d, o[me], g->data[d].home.rank, me, *sh, need);
+          *sh = need;
+        }
+        nd.use[u].data = o[me];
+        continue;
+      }
       if (d >= n0 || !movable(&g->data[d])) continue;
       int *o = &own[d * R];
       bool *c = &cur[d * R];
@@ -160,6 +225,8 @@ void graph__place_stages(struct graph *g) {
   free(own);
   free(cur);
   free(taken);
+  free(start);
+  free(shipped);
   for (int d = 0; d < g->n_data; d++) g->data[d].last_use = -1; /* finish() derives them */
   free(old);
 }

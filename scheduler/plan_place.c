@@ -229,26 +229,6 @@ void plan__read_placement(struct plan_ctx *ctx, const struct pnode *root, struct
 
 /* ---- checking ---------------------------------------------------------------- */
 
-/* A layer reading state another stage owns: its KV source's pages. Buses
- * (Top-K, candidate pools) and activations move as transfers. */
-static void check_sharing(struct plan_ctx *ctx, const struct plan *p) {
-  const struct plan_placement *pl = &p->serving.place;
-  for (int l = 0; l < p->n_layers; l++) {
-    int src = p->layer[l].kv_src;
-    if (src < 0 || !plan_is_csa(&p->layer[l])) continue;
-    int a = plan_stage_of(p, l), b = plan_stage_of(p, src);
-    if (a == b) continue;
-    char hint[200];
-    snprintf(hint, sizeof hint, "move the stage boundary so layers %d and %d share a stage (a boundary at a KV "
-             "source: a `mode: full` layer)", src, l);
-    plan__error(ctx, pl->stage[a].mark, hint,
-                "layer %d (stage %d, rank %d) reads the global KV of layer %d, which stage %d (rank %d) holds: a "
-                "KV source's pages live with its stage, and shipping them to readers in another stage is not "
-                "built yet", l, a, pl->stage[a].rank, src, b, pl->stage[b].rank);
-    return;
-  }
-}
-
 void plan__check_placement(struct plan_ctx *ctx, struct plan *p) {
   struct plan_placement *pl = &p->serving.place;
   if (pl->n_stages) {
@@ -279,7 +259,6 @@ void plan__check_placement(struct plan_ctx *ctx, struct plan *p) {
                   "each stage would need a prefill and a decode home");
       return;
     }
-    check_sharing(ctx, p);
   }
   const struct plan_serving *sv = &p->serving;
   if (pl->n_ep_ranks && (sv->prefill_rank != sv->decode_rank || sv->prefill_device != sv->decode_device)) {

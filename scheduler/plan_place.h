@@ -5,7 +5,8 @@
  *            contiguous layer groups, in order, covering every layer once;
  *            each runs on its rank (and device). The embedding runs with the
  *            first layer, the head with the last; a KV source's pages live
- *            with its stage and its readers must share that stage.
+ *            with its stage, and its readers in other stages receive its
+ *            entries as transfers (scheduler/graph_place.c).
  *   experts  {ranks: [0, 1], layers: 0-39}: the routed experts of those
  *            layers (all when `layers` is absent) split into equal contiguous
  *            blocks over the ranks; router and shared expert stay with the

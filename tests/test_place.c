@@ -2,15 +2,18 @@
  * (scheduler/plan_place.h, scheduler/graph_place.c, runtime/pipeline.h,
  * runtime/place_cost.h).
  *
- *  - plan language: stages that overlap, leave a gap, stop short, split a
- *    KV source from its readers, name an unknown key, or come with a P/D
- *    split, and experts over a number of ranks that does not divide the
+ *  - plan language: stages that overlap, leave a gap, stop short, name an
+ *    unknown key, or come with a P/D split, and experts over a number of ranks that does not divide the
  *    routed experts, are each refused at their file:line:col with a fix;
- *  - the compiler: every node on its stage's rank, every activation or bus
- *    a node reads homed on that node's rank, each boundary crossed by
- *    TRANSFER nodes whose copy's reader waits for them (explicit edges);
- *  - equivalence: tiny-40 on 2, 3 (ranks out of layer order) and 4 stages
- *    (one boundary at the encoder/decoder cut), the same graph mpirun runs
+ *  - the compiler: every node on its stage's rank, every activation, bus or
+ *    KV source a node reads homed on that node's rank, each boundary crossed
+ *    by TRANSFER nodes whose copy's reader waits for them (explicit edges);
+ *    a KV source's readers in another stage (pp3kv: L8 -> L11-13, L20 ->
+ *    L23-39) get its entries by KV transfers that ship each entry once, in
+ *    order, before the first read that needs it;
+ *  - equivalence: tiny-40 on 2, 3 (ranks out of layer order), 3 cut inside
+ *    KV readers' groups and 4 stages (one boundary at the encoder/decoder
+ *    cut), the same graph mpirun runs
  *    with its transfers as copies, gives tokens, prefill and decode logits
  *    and every byte of request state bitwise equal to the plan without
  *    stages, on the direct and the StarPU executor, for several prompt
@@ -27,6 +30,7 @@
 
 #include "runtime/pipeline.h"
 #include "runtime/place_cost.h"
+#include "scheduler/plan_cost.h"
 #include "scheduler/plan_place.h"
 #include "tests/model_fixture.h"
 
@@ -63,8 +67,6 @@ static void plan_language(void) {
                  "in no stage", "gap");
   expect_refused("    stages:\n      - {layers: 0-13, rank: 0}\n      - {layers: 14-30, rank: 1}\n", 7, 9,
                  "the plan has 40 layers", "short");
-  expect_refused("    stages:\n      - {layers: 0-10, rank: 0}\n      - {layers: 11-39, rank: 1}\n", 7, 9,
-                 "reads the global KV of layer 8", "KV split");
   expect_refused("    stages:\n      - {layers: 0-13, rank: 0, gpu: 1}\n      - {layers: 14-39, rank: 1}\n", 6, 33,
                  "gpu", "unknown key");
   expect_refused("    prefill: {rank: 0}\n    decode: {rank: 1}\n    stages:\n      - {layers: 0-13, rank: 0}\n"
@@ -83,7 +85,7 @@ static void plan_language(void) {
 
 /* ---- the compiler ------------------------------------------------------------ */
 
-static void graph_checks(const char *path, int64_t n, int chunk) {
+static void graph_checks(const char *path, int64_t n, int chunk, bool kv_split) {
   struct plan p;
   if (!h_load_plan(path, &p)) return;
   struct graph g;
@@ -93,6 +95,23 @@ static void graph_checks(const char *path, int64_t n, int chunk) {
     EXPECT(rc == 0, "%s: build: %s", path, err);
     if (rc) continue;
     EXPECT(g.n_act_transfer > 0, "%s %s: no activation transfer", path, flow ? "decode" : "prefill");
+    /* prefill: L8's entries reach rank 1 and L20's rank 2; decode (ratio 1): L20's new entry */
+    if (kv_split) EXPECT(g.n_kv_transfer >= 2 - flow, "%s %s: %d KV transfers", path, flow ? "decode" : "prefill", g.n_kv_transfer);
+    else EXPECT_EQ(g.n_kv_transfer, 0, "KV transfers with no reader in another stage");
+    /* each KV copy: entries shipped once each, in order, starting where the graph's did */
+    int64_t next[PLAN_MAX_LAYERS][8];
+    for (int l = 0; l < PLAN_MAX_LAYERS; l++)
+      for (int r = 0; r < 8; r++) next[l][r] = -1;
+    for (int k = 0; k < g.n_node; k++) {
+      const struct graph_node *nd = &g.node[k];
+      if (nd->op != GRAPH_TRANSFER || g.data[nd->xfer_src].kind != GRAPH_STATE) continue;
+      const struct graph_use *w = &nd->use[1];
+      int l = g.data[nd->xfer_src].layer, to = g.data[nd->xfer_dst].home.rank;
+      EXPECT(w->data == nd->xfer_dst && w->e_w1 > w->e_w0 && (next[l][to & 7] < 0 || next[l][to & 7] == w->e_w0),
+             "%s: %s ships [%lld, %lld) after %lld", path, nd->name, (long long)w->e_w0, (long long)w->e_w1,
+             (long long)next[l][to & 7]);
+      next[l][to & 7] = w->e_w1;
+    }
     for (int k = 0; k < g.n_node; k++) {
       const struct graph_node *nd = &g.node[k];
       if (nd->op == GRAPH_TRANSFER) {
@@ -104,9 +123,18 @@ static void graph_checks(const char *path, int64_t n, int chunk) {
       if (nd->layer >= 0) EXPECT_EQ(nd->place.rank, p.serving.place.stage[plan_stage_of(&p, nd->layer)].rank, nd->name);
       for (int u = 0; u < nd->n_use; u++) {
         const struct graph_data *d = &g.data[nd->use[u].data];
-        if (d->kind != GRAPH_ACT && d->kind != GRAPH_BUS) continue;
+        bool kv = d->kind == GRAPH_STATE && d->state == GRAPH_ST_KV;
+        if (d->kind != GRAPH_ACT && d->kind != GRAPH_BUS && !kv) continue;
         EXPECT(d->home.rank == nd->place.rank, "%s: %s on rank %d uses %s homed on rank %d", path, nd->name,
                nd->place.rank, d->name, d->home.rank);
+        /* a reader's entries: all shipped before it (its copy's last write ends at or past them) */
+        if (kv && nd->use[u].mode == GRAPH_R && d->layer >= 0 && plan_stage_of(&p, d->layer) != plan_stage_of(&p, nd->layer)) {
+          int64_t have = -1;
+          for (int j = k - 1; j >= 0 && have < 0; j--)
+            if (g.node[j].op == GRAPH_TRANSFER && g.node[j].xfer_dst == nd->use[u].data) have = g.node[j].use[1].e_w1;
+          EXPECT(have < 0 ? flow == 1 : have >= nd->use[u].e_read, "%s: %s reads %lld entries of %s, %lld shipped",
+                 path, nd->name, (long long)nd->use[u].e_read, d->name, (long long)have);
+        }
       }
     }
     /* a copy's reader waits for the transfer that filled it */
@@ -217,6 +245,33 @@ static void accounting(void) {
     EXPECT(!c->r[3].fits, "4stage: the decoder stage (20 layers of experts) fits?");
     plan_free(&p);
   }
+  /* KV readers in another stage: L8's pool copied to rank 1, L20's to rank 2,
+   * each entry shipped once; no stage plan without such readers ships any */
+  if (h_load_plan("tests/plans/pp3kv-tiny-40.yaml", &p)) {
+    struct plan_cost pc;
+    struct plan_cost_query q;
+    plan_cost_query_init(&q);
+    q.tokens = 37;
+    EXPECT(rt_place_cost(&p, 37, 141e9, c) == 0 && plan_cost_compute(&p, &q, &pc) == 0, "pp3kv cost");
+    int64_t l8 = 0, l20 = 0, all = 0;
+    double t8 = 0, t20 = 0;
+    for (int i = 0; i < pc.n_sources; i++) {
+      all += pc.src[i].bytes;
+      if (pc.src[i].layer == 8) l8 = pc.src[i].bytes, t8 = pc.src[i].bytes_per_token;
+      if (pc.src[i].layer == 20) l20 = pc.src[i].bytes, t20 = pc.src[i].bytes_per_token;
+    }
+    EXPECT(l8 > 0 && l20 > 0, "pp3kv: sources L8 and L20");
+    EXPECT(c->r[0].kv_ship == l8 && c->r[0].kv_ship_per_token == t8, "rank 0 ships L8: %lld", (long long)c->r[0].kv_ship);
+    EXPECT(c->r[1].kv_ship == l20 && c->r[1].kv_ship_per_token == t20, "rank 1 ships L20: %lld", (long long)c->r[1].kv_ship);
+    EXPECT_EQ(c->r[2].kv_ship, 0, "rank 2 ships none");
+    EXPECT_EQ(c->r[0].kv + c->r[1].kv + c->r[2].kv, all + l8 + l20, "every pool once, plus the two copies");
+    plan_free(&p);
+  }
+  if (h_load_plan("tests/plans/pp4-tiny-40.yaml", &p)) {
+    EXPECT(rt_place_cost(&p, 37, 141e9, c) == 0, "pp4 cost");
+    for (int r = 0; r < c->ranks; r++) EXPECT_EQ(c->r[r].kv_ship, 0, "pp4 cuts at sources: nothing shipped");
+    plan_free(&p);
+  }
   /* dispatch: count, over every selection of k of E experts, the ranks other
    * than home (rank 0) holding one of them; uniform routing = the mean */
   if (h_load_plan("plans/v41-mini-ep2.yaml", &p)) {
@@ -244,19 +299,21 @@ static void accounting(void) {
 
 int main(void) {
   plan_language();
-  graph_checks("tests/plans/pp2-tiny-40.yaml", 37, 16);
-  graph_checks("tests/plans/pp3-tiny-40.yaml", 37, 7);
-  graph_checks("tests/plans/pp4-tiny-40.yaml", 101, 40);
+  graph_checks("tests/plans/pp2-tiny-40.yaml", 37, 16, false);
+  graph_checks("tests/plans/pp3-tiny-40.yaml", 37, 7, false);
+  graph_checks("tests/plans/pp4-tiny-40.yaml", 101, 40, false);
+  graph_checks("tests/plans/pp3kv-tiny-40.yaml", 37, 7, true);
+  graph_checks("tests/plans/pp3kv-tiny-40.yaml", 101, 40, true);
   accounting(); /* expert placement runs: tests/test_ep.c */
   struct fx one;
   if (fx_open(&one, PLAN_T40)) {
     static const char *const plans[] = {"tests/plans/pp2-tiny-40.yaml", "tests/plans/pp3-tiny-40.yaml",
-                                        "tests/plans/pp4-tiny-40.yaml"};
-    for (size_t i = 0; i < 3; i++) {
+                                        "tests/plans/pp4-tiny-40.yaml", "tests/plans/pp3kv-tiny-40.yaml"};
+    for (size_t i = 0; i < 4; i++) {
       struct fx pp;
       if (!fx_open(&pp, plans[i])) continue;
       equivalence(&pp, &one, RT_EXEC_DIRECT);
-      if (i == 0) {
+      if (i == 0 || i == 3) {
         int rc = rt_starpu_init(&(struct rt_starpu_opts){.workers = 2, .sched = "lws"}, err, sizeof err);
         if (rc == 0) {
           equivalence(&pp, &one, RT_EXEC_STARPU);

@@ -90,15 +90,22 @@ static void add_flow(struct viz_trace *t, int from, int to, const char *cat) {
 
 void viz_trace_add_flow(struct viz_trace *t, int from, int to, const char *cat) { add_flow(t, from, to, cat); }
 
-int viz_trace_add_graph_at(struct viz_trace *t, const struct graph *g, const struct viz_task_time *times,
-                           int request, int pid) {
-  int base = t->n_slice;
+/* The nodes of g as slices: every node on process pid, or, with pid_of,
+ * node k on process pid_of[k] (skipped when negative); slice_of[k] gets
+ * node k's slice index (-1 when skipped). A graph edge between two tracks
+ * of one process becomes a "dep" flow. */
+static void add_nodes(struct viz_trace *t, const struct graph *g, const struct viz_task_time *times, int request,
+                      int pid, const int *pid_of, int *slice_of) {
   if (t->n_slice + g->n_node > t->cap_slice) {
     t->cap_slice = 2 * (t->n_slice + g->n_node);
     t->slice = cedar_xrealloc(t->slice, sizeof(*t->slice) * (size_t)t->cap_slice);
   }
   for (int k = 0; k < g->n_node; k++) {
     const struct graph_node *nd = &g->node[k];
+    int to = pid_of ? pid_of[k] : pid;
+    slice_of[k] = -1;
+    if (to < 0) continue;
+    slice_of[k] = t->n_slice;
     struct viz_slice *s = &t->slice[t->n_slice++];
     memset(s, 0, sizeof(*s));
     s->tid = times[k].tid;
@@ -117,17 +124,31 @@ int viz_trace_add_graph_at(struct viz_trace *t, const struct graph *g, const str
     s->n = nd->n;
     s->flops = nd->flops;
     s->bytes = node_bytes(g, nd);
-    s->pid = pid;
-    if (s->tid >= t->n_thread) viz_trace_thread_of(t, s->tid, pid == t->pid ? -1 : pid, "");
+    s->pid = to;
+    if (s->tid >= t->n_thread) viz_trace_thread_of(t, s->tid, to == t->pid ? -1 : to, "");
     if (!t->thread[s->tid][0]) snprintf(t->thread[s->tid], sizeof t->thread[s->tid], "worker %d", s->tid);
   }
   for (int k = 0; k < g->n_node; k++)
     for (int i = 0; i < g->node[k].n_dep; i++) {
       int j = g->node[k].dep[i];
-      if (times[j].tid == times[k].tid) continue;
-      add_flow(t, base + j, base + k, NULL);
+      if (slice_of[j] < 0 || slice_of[k] < 0 || times[j].tid == times[k].tid) continue;
+      if (t->slice[slice_of[j]].pid != t->slice[slice_of[k]].pid) continue; /* another rank's: a transfer's flow */
+      add_flow(t, slice_of[j], slice_of[k], NULL);
     }
+}
+
+int viz_trace_add_graph_at(struct viz_trace *t, const struct graph *g, const struct viz_task_time *times,
+                           int request, int pid) {
+  int base = t->n_slice;
+  int *slice_of = cedar_xmalloc(sizeof(int) * (size_t)(g->n_node > 0 ? g->n_node : 1));
+  add_nodes(t, g, times, request, pid, NULL, slice_of);
+  free(slice_of);
   return base;
+}
+
+void viz_trace_add_graph_split(struct viz_trace *t, const struct graph *g, const struct viz_task_time *times,
+                               int request, const int *pid_of, int *slice_of) {
+  add_nodes(t, g, times, request, t->pid, pid_of, slice_of);
 }
 
 /* ---- writing -------------------------------------------------------------- */

@@ -87,6 +87,12 @@ void viz_trace_thread_of(struct viz_trace *t, int tid, int pid, const char *name
  * (node k's is that + k). */
 int viz_trace_add_graph_at(struct viz_trace *t, const struct graph *g, const struct viz_task_time *times,
                            int request, int pid);
+/* The nodes of one graph split over processes (layer stages under mpirun:
+ * a process per rank): node k on process pid_of[k], skipped when negative;
+ * slice_of (g->n_node) receives each node's slice index or -1. Graph edges
+ * inside one process become "dep" flows; none crosses processes. */
+void viz_trace_add_graph_split(struct viz_trace *t, const struct graph *g, const struct viz_task_time *times,
+                               int request, const int *pid_of, int *slice_of);
 /* One slice of its own (s->pid, s->tid); returns its index. */
 int viz_trace_add_slice(struct viz_trace *t, const struct viz_slice *s);
 /* A flow from slice `from` to slice `to`, in category cat (e.g. "transfer"). */

@@ -14,10 +14,27 @@
 #  4. a transfer a rank never sends (CEDAR_PIPE_TEST_FAULT=hold): the
 #     receiver fails the request once nothing came for CEDAR_PD_DEADLINE_S,
 #     naming the node, and the job ends (exit != 0), never hangs;
-#  5. a rank killed mid-request: the job ends, no hang.
+#  5. a rank dying mid-step (CEDAR_PIPE_TEST_FAULT=die:R:K: rank R SIGKILLs
+#     itself at its K-th transfer, R cycling from a random rank, K random;
+#     CEDAR_PP_KILLS runs, default 3) under --mca orte_enable_recovery 1, so Open MPI does not end
+#     the job for us: every other rank fails the request on its own within
+#     the deadline (CEDAR_PD_DEADLINE_S=10) and exits non-zero, naming the
+#     deadline; none hangs (the end of a request meets every rank with a
+#     deadline before StarPU-MPI's shutdown barrier, which has none);
+#  6. a rank killed from outside (SIGKILL by pid) under plain mpirun: the job
+#     ends, no hang;
+#  7. layer stages cut inside KV readers' groups (pp3kv-tiny-40: L8's
+#     entries to rank 1, L20's to rank 2) on 3 ranks, direct and StarPU,
+#     bitwise as in 1, the KV bytes reported;
+#  8. --trace under mpirun (StarPU, one worker a rank): one Chrome trace with
+#     a process per rank and a transfer flow per transfer message
+#     (trace_check.py: the rules Perfetto and speedscope apply; the count
+#     from --json), readable by `cedar view`; --json carries the bubbles
+#     (efficiency + bubble fraction = 1, the ideal C / (C + S - 1)) and the
+#     KV bytes shipped, equal to `plan cost --per-rank`'s kv_ship_bytes.
 # Every mpirun runs under `timeout`, so a hang fails the test. Skips (77)
 # where mpirun is missing or cedar was built without StarPU-MPI.
-# Run from the repository root: bash tests/cli/pp_mpi.sh build/cedar (~1-2 min).
+# Run from the repository root: bash tests/cli/pp_mpi.sh build/cedar (~3-5 min).
 set -euo pipefail
 cedar=${1:?usage: pp_mpi.sh /path/to/cedar}
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -103,7 +120,33 @@ CEDAR_PD_DEADLINE_S=5 mpi -x CEDAR_PD_DEADLINE_S -x CEDAR_PIPE_TEST_FAULT=hold -
 grep -q "nothing arrived from rank 0 for 5 s" "$tmp/hold.err" || { cat "$tmp/hold.err"; fail "no deadline message"; }
 [ $(( $(date +%s) - start )) -lt 120 ] || fail "the held transfer took over 120 s to fail"
 
-# 5. a rank killed mid-request (by its pid): the job ends, nobody hangs
+# 5. a rank dies mid-step; the others fail on their own within the deadline
+export HWLOC_COMPONENTS=${HWLOC_COMPONENTS:--pci}
+kills=${CEDAR_PP_KILLS:-3}
+first=$RANDOM # the dying rank cycles from a random one, so three runs see three ranks die
+for ((i = 0; i < kills; i++)); do
+  who=$(( (first + i) % 4 )) k=$((1 + RANDOM % 60)) d=$tmp/die$i
+  mkdir -p "$d"
+  t0=$(date +%s) rc=0
+  CEDAR_PD_DEADLINE_S=10 timeout -k 10 240 mpirun --allow-run-as-root --oversubscribe --mca orte_enable_recovery 1 \
+    -x CEDAR_PD_DEADLINE_S -x CEDAR_PIPE_TEST_FAULT="die:$who:$k" -np 4 \
+    bash -c '"$@"; echo $? > '"$d"'/rc.$OMPI_COMM_WORLD_RANK' _ "$cedar" run --plan tests/plans/pp4-tiny-40.yaml \
+    --tokens "$toks101" --chunk 7 --max-new 40 --executor direct > /dev/null 2> "$d/err" || rc=$?
+  secs=$(( $(date +%s) - t0 ))
+  [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || { tail -20 "$d/err" >&2; fail "die:$who:$k: the job hung (timeout)"; }
+  grep -q "kills itself (SIGKILL) at message $k" "$d/err" || { tail -20 "$d/err" >&2; fail "die:$who:$k: rank $who did not die"; }
+  for r in 0 1 2 3; do
+    [ "$r" -eq "$who" ] && continue
+    [ -f "$d/rc.$r" ] || { tail -20 "$d/err" >&2; fail "die:$who:$k: rank $r never ended"; }
+    [ "$(cat "$d/rc.$r")" -ne 0 ] || { tail -20 "$d/err" >&2; fail "die:$who:$k: rank $r reported success"; }
+  done
+  grep -q "for 10 s (CEDAR_PD_DEADLINE_S)\|did not complete in 10 s\|did not end the request" "$d/err" \
+    || { tail -20 "$d/err" >&2; fail "die:$who:$k: no rank named the deadline"; }
+  [ "$secs" -lt 120 ] || fail "die:$who:$k: the others took $secs s to fail"
+  echo "rank $who died at its transfer $k: every other rank failed on its own, the job ended in $secs s"
+done
+
+# 6. a rank killed from outside (by its pid) under plain mpirun: the job ends, nobody hangs
 for who in 1 3; do
   rm -f "$tmp"/pid.*
   rc=0
@@ -120,4 +163,36 @@ for who in 1 3; do
   [ "$rc" -ne 0 ] || fail "rank $who killed: the job reported success"
   echo "rank $who killed: the job ended in $(( $(date +%s) - t0 )) s (exit $rc)"
 done
+
+# 7. KV readers in another stage
+run 3 tests/plans/pp3kv-tiny-40.yaml direct 0-10 11-22 23-39
+grep -q "KV entries shipped to reader stages: prefill [1-9]" "$tmp/pp3.txt" || { cat "$tmp/pp3.txt"; fail "pp3kv: no KV bytes shipped"; }
+run 3 tests/plans/pp3kv-tiny-40.yaml starpu 0-10 11-22 23-39
+
+# 8. one trace for every rank, the bubbles in --json
+rc=0
+mpi -np 3 "$cedar" run --plan tests/plans/pp3kv-tiny-40.yaml "${common[@]}" --executor starpu --workers 1 \
+  --trace "$tmp/t.json" --json > "$tmp/t.out" 2> "$tmp/t.err" || rc=$?
+[ "$rc" -eq 0 ] || { cat "$tmp/t.err" >&2; fail "mpirun --trace: exit $rc"; }
+xfers=$("$py" - "$tmp/t.out" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))["pipeline"]
+assert p["ranks"] == 3 and p["chunks"] == 3, p
+assert 0 < p["prefill_efficiency"] <= 1 and abs(p["prefill_efficiency"] + p["prefill_bubble_fraction"] - 1) < 1e-12, p
+assert abs(p["ideal_efficiency"] - 3 / (3 + 3 - 1)) < 1e-12 and abs(p["ideal_bubble_fraction"] - 0.4) < 1e-12, p
+assert p["kv_bytes_prefill"] > 0 and p["kv_bytes_decode"] > 0, p
+assert all(0 <= r["prefill_idle_fraction"] < 1 for r in p["rank"]), p
+assert p["transfers"] == sum(r["messages"] for r in p["rank"]) > 0, p
+print(p["transfers"])
+PY
+) || fail "--json pipeline figures"
+"$cedar" plan cost tests/plans/pp3kv-tiny-40.yaml --per-rank --tokens 37 --json > "$tmp/pc.json" || fail "plan cost --per-rank"
+"$py" - "$tmp/t.out" "$tmp/pc.json" <<'PY' || fail "the KV bytes shipped differ from plan cost --per-rank"
+import json, sys
+run, pc = json.load(open(sys.argv[1]))["pipeline"], json.load(open(sys.argv[2]))
+want = sum(r["kv_ship_bytes"] for r in pc["ranks"])
+assert run["kv_bytes_prefill"] == want > 0, (run["kv_bytes_prefill"], want)
+PY
+"$py" tests/cli/trace_check.py "$tmp/t.json" --ranks 3 --transfers "$xfers" || fail "the pipeline trace (above)"
+"$cedar" view "$tmp/t.json" -o "$tmp/t.html" > /dev/null || fail "cedar view cannot read the pipeline trace"
 echo "pp_mpi: ok"
