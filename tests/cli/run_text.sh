@@ -22,7 +22,8 @@
 #  6. refusals: a prompt whose ids pass the plan's vocab (v41-mini, 512) is
 #     refused naming both sizes, before any weights; no
 #     tokenizer_config.json: the chat format is refused, --raw runs; a P/D
-#     plan refuses --top-k; usage errors exit 2; --help lists the options.
+#     plan samples with --top-k as one process; usage errors exit 2; --help
+#     lists the options.
 # Skips (77) without the npm tokenizer (make install-deps).
 # Run from the repository root: bash tests/cli/run_text.sh build/cedar
 set -euo pipefail
@@ -181,8 +182,11 @@ mkdir "$tmp/tk" && cp "$tj" "$tmp/tk/tokenizer.json"
 expect_exit 1 run --plan $plan --tokenizer "$tmp/tk/tokenizer.json" --prompt "Hi" --max-new 1
 grep -q "no tokenizer_config.json" "$tmp/err" || fail "no config: $(cat "$tmp/err")"
 expect_exit 0 run --plan $plan --tokenizer "$tmp/tk/tokenizer.json" --raw --prompt "Hi" --max-new 2
-expect_exit 1 run --plan tests/plans/pd-tiny-40.yaml --tokens 1,2 --temperature 1 --top-k 3 --max-new 2
-grep -q "top-k, the repetition penalty and text output" "$tmp/err" || fail "P/D + top-k: $(cat "$tmp/err")"
+# a P/D plan samples with top-k as one process does (tests/cli/pd_sample.sh: bitwise, every option)
+expect_exit 0 run --plan tests/plans/pd-tiny-40.yaml --tokens 1,2 --temperature 1 --top-k 3 --max-new 4
+pd=$(grep '^prompt' "$tmp/out")
+expect_exit 0 run --plan tests/oracle/plans/tiny-40.yaml --tokens 1,2 --temperature 1 --top-k 3 --max-new 4
+[ "$pd" = "$(grep '^prompt' "$tmp/out")" ] || fail "P/D + top-k: other tokens than one process"
 expect_exit 2 run --raw --tokens 1
 expect_exit 2 run --plan $plan --prompt x --raw --system s
 expect_exit 2 run --plan $plan --tokens 1 --top-k 3
