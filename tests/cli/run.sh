@@ -3,7 +3,7 @@
 # synthetic weights), and `cedar graph show|dot` (cli/cmd_run.c,
 # cli/cmd_graph.c).
 #
-#  1. --help names every long option of cmd_run.c's option table;
+#  1. --help names every long option of cli/run_opts.c's option table;
 #  2. a default run prints the generated ids, TTFT, ITL, the token-layers of
 #     SPEC 6.2 (20 N + 20 min(N, 128)) and state bytes that agree with
 #     `cedar plan cost`;
@@ -47,8 +47,8 @@ token_layers() { local n=$1; echo $((20 * n + 20 * (n < 128 ? n : 128))); }
 
 # 1. --help names every long option the parser accepts.
 expect_exit 0 run --help
-opts=$(grep -o '{"[a-z][a-z-]*", *\(required\|no\|optional\)_argument' cli/cmd_run.c | sed 's/{"\([^"]*\)".*/\1/')
-[ "$(echo "$opts" | wc -w)" -ge 14 ] || fail "found only $(echo "$opts" | wc -w) options in cli/cmd_run.c's table"
+opts=$(grep -o '{"[a-z][a-z-]*", *\(required\|no\|optional\)_argument' cli/run_opts.c | sed 's/{"\([^"]*\)".*/\1/')
+[ "$(echo "$opts" | wc -w)" -ge 14 ] || fail "found only $(echo "$opts" | wc -w) options in cli/run_opts.c's table"
 for o in $opts; do
   [ "$o" = help ] && continue # --help itself: the text it prints is the proof
   grep -q -- "--$o\b" "$tmp/out" || fail "run --help does not mention --$o"
