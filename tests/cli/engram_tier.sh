@@ -7,7 +7,8 @@
 #     them resident in the memory tier and mapped (not resident) in mmap;
 #  2. `cedar run --dump` of tiny-40 in memory, mmap and with the prefetch
 #     off, on the direct executor and on StarPU (2 workers), are the same
-#     tensors bitwise (logits, tokens, KV, rings, tails);
+#     tensors bitwise (logits, tokens, KV, rings, tails); so are memory and
+#     mmap over a weights file (--weights: the tables read in place);
 #  3. --trace on StarPU: the trace has the "Engram prefetch" counter lane
 #     and otherData.engram_prefetch (tasks, time, overlap fraction, started
 #     ahead of the first layer = all of them), and run prints the figure;
@@ -40,7 +41,8 @@ assert m["table_bytes"] == m["rows"] * m["row_bytes"] and m["rows_per_token"] ==
 PY
 
 # 2. bitwise across tiers, prefetch and executors
-common=(--prompt-len 45 --chunk 16 --max-new 4)
+ids=$("$py" -c 'print(",".join(str((i * 13 + 5) % 97) for i in range(45)))') # tiny-40's vocab is 97
+common=(--tokens "$ids" --chunk 16 --max-new 4)
 "$cedar" run --plan "$T40" "${common[@]}" --dump "$tmp/base.st" > /dev/null
 cmp_dumps() {
   "$py" - "$1" "$2" <<'PY'
@@ -65,6 +67,11 @@ for cfg in "$MMAP|direct" "$NOPF|direct" "$MMAP|starpu" "$NOPF|starpu" "$T40|sta
   cmp_dumps "$tmp/base.st" "$tmp/d$i.st" || fail "$plan on $ex differs from tiny-40 (memory, direct)"
 done
 ls "$tmp"/cedar-engram-*.safetensors > /dev/null || fail "no derived tables file in \$TMPDIR"
+# the mmap tier over a weights file: its tables read in place from the file's mapping
+"$cedar" weights init --plan "$T40" --seed 4 --out "$tmp/w.st" > /dev/null
+"$cedar" run --plan "$T40" --weights "$tmp/w.st" "${common[@]}" --dump "$tmp/wr.st" > /dev/null
+"$cedar" run --plan "$MMAP" --weights "$tmp/w.st" "${common[@]}" --dump "$tmp/wm.st" > /dev/null
+cmp_dumps "$tmp/wr.st" "$tmp/wm.st" || fail "--weights: the mmap tier differs from the memory tier"
 
 # 3. the trace
 "$cedar" run --plan "$MMAP" "${common[@]}" --workers 2 --trace "$tmp/t.json" > /dev/null 2> "$tmp/t.err" ||
@@ -89,7 +96,7 @@ f=$(ls "$tmp"/cedar-engram-*.safetensors | head -1)
 size=$(stat -c %s "$f")
 cp "$f" "$tmp/keep.st"
 head -c $((size - 64)) "$tmp/keep.st" > "$f"
-rc=0; "$cedar" run --plan "$MMAP" --prompt-len 8 --max-new 1 > /dev/null 2> "$tmp/bad.err" || rc=$?
+rc=0; "$cedar" run --plan "$MMAP" --tokens 1,2,3,4,5,6,7,8 --max-new 1 > /dev/null 2> "$tmp/bad.err" || rc=$?
 [ "$rc" -eq 1 ] || { cat "$tmp/bad.err"; fail "a truncated tables file: exit $rc, want 1"; }
 grep -q "the Engram tables file" "$tmp/bad.err" && grep -q "delete it" "$tmp/bad.err" || { cat "$tmp/bad.err"; fail "truncated: no reason or fix"; }
 [ "$(stat -c %s "$f")" -eq $((size - 64)) ] || fail "the refused file was rewritten"
@@ -100,7 +107,7 @@ extends: $PWD/$MMAP
 serving:
   engram: {file: $f}
 EOF
-rc=0; "$cedar" run --plan "$tmp/other-seed.yaml" --seed 9 --prompt-len 8 --max-new 1 > /dev/null 2> "$tmp/seed.err" || rc=$?
+rc=0; "$cedar" run --plan "$tmp/other-seed.yaml" --seed 9 --tokens 1,2,3,4,5,6,7,8 --max-new 1 > /dev/null 2> "$tmp/seed.err" || rc=$?
 [ "$rc" -eq 1 ] && grep -q "Engram tables of seed" "$tmp/seed.err" || { cat "$tmp/seed.err"; fail "another seed's tables: exit $rc"; }
 
 # 5. P/D under mpirun
