@@ -16,7 +16,8 @@
  * prefetch time a layer task ran beside it (viz/trace.h's measure). Every variant must give the memory
  * variant's tokens and logits bit for bit; the run fails otherwise.
  * The plans are the given plan extended by a temporary file (table_base,
- * tier, the tables file in a temporary directory).
+ * tier, the tables file in a temporary directory: one per mmap variant, as
+ * a page the warm variant maps could not be dropped for the cold one).
  */
 #define _GNU_SOURCE /* mkdtemp, realpath, setenv */
 #include <cJSON.h>
@@ -201,6 +202,7 @@ static int parse(int argc, char **argv, struct bargs *a) {
 
 /* dir/NAME.yaml extending the plan (its absolute path) with the overrides. */
 static void write_plan(char *out, size_t len, const char *dir, const char *name, const struct bargs *a, bool mmap) {
+  /* each mmap variant maps a file of its own: a page another mapping holds cannot leave the page cache */
   char abs[4096];
   if (!realpath(a->plan, abs)) snprintf(abs, sizeof abs, "%s", a->plan);
   snprintf(out, len, "%s/%s.yaml", dir, name);
@@ -208,7 +210,7 @@ static void write_plan(char *out, size_t len, const char *dir, const char *name,
   CEDAR_ASSERT_MSG(f, "cannot write %s", out);
   fprintf(f, "extends: %s\n", abs);
   if (a->table_base) fprintf(f, "model:\n  engram: {table_base: %lld}\n", (long long)a->table_base);
-  if (mmap) fprintf(f, "serving:\n  engram: {tier: mmap, file: %s/tables.safetensors}\n", dir);
+  if (mmap) fprintf(f, "serving:\n  engram: {tier: mmap, file: %s/%s.safetensors}\n", dir, name);
   fclose(f);
 }
 
@@ -217,15 +219,16 @@ int cmd_bench_engram(int argc, char **argv) {
   int rc = parse(argc, argv, &a);
   if (rc >= 0) return rc;
   op_blas_init();
-  char dir[] = "/tmp/cedar-bench-engram-XXXXXX", pmem[4200], pmap[4200], err[1024];
+  char dir[] = "/tmp/cedar-bench-engram-XXXXXX", pmem[4200], pwarm[4200], pcold[4200], err[1024];
   if (!mkdtemp(dir)) return fprintf(stderr, "cedar bench engram: cannot make a temporary directory\n"), 1;
   write_plan(pmem, sizeof pmem, dir, "memory", &a, false);
-  write_plan(pmap, sizeof pmap, dir, "mmap", &a, true);
+  write_plan(pwarm, sizeof pwarm, dir, "warm", &a, true);
+  write_plan(pcold, sizeof pcold, dir, "cold", &a, true);
   struct variant v[3] = {{.name = "memory"}, {.name = "mmap warm", .mmap = true}, {.name = "mmap cold", .mmap = true, .cold = true}};
   int status = 0;
   for (int i = 0; i < 3 && !status; i++) { /* all three open at once (direct), so the rounds interleave them */
     v[i].step_s = cedar_xcalloc((size_t)(a.rounds * a.steps), sizeof(double));
-    if (rt_engine_open(&v[i].e, &(struct rt_engine_opts){.plan = v[i].mmap ? pmap : pmem, .seed = 1}, err, sizeof err)) {
+    if (rt_engine_open(&v[i].e, &(struct rt_engine_opts){.plan = v[i].cold ? pcold : v[i].mmap ? pwarm : pmem, .seed = 1}, err, sizeof err)) {
       fprintf(stderr, "cedar bench engram: %s: %s\n", v[i].name, err);
       status = 1;
       break;
