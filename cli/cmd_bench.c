@@ -30,6 +30,7 @@ static void usage(FILE *f) {
           "       cedar bench tokenizer [--file F] [--mb N] [--no-js]  (encode MB/s against JS; --help)\n"
           "       mpirun -np 2 cedar bench pd [--plan P] [--prompt-len N]  (P/D against one process; --help)\n"
           "       mpirun -np S cedar bench pp [--plan P] [--prompt-len N]  (layer stages: bubbles, against one process; --help)\n"
+          "       cedar bench engram [--plan P] [--table-base B] [--workers W]  (Engram tiers side by side; --help)\n"
           "\n"
           "Times every CPU op at a plan's widths against this machine's peaks, measured first in\n"
           "the same run: a one-thread OpenBLAS sgemm (1024x1024x1024) in GFLOP/s and a 256 MiB\n"
@@ -165,6 +166,7 @@ int cmd_bench(int argc, char **argv) {
   if (argc >= 2 && !strcmp(argv[1], "tokenizer")) return cmd_bench_tokenizer(argc - 1, argv + 1);
   if (argc >= 2 && !strcmp(argv[1], "pd")) return cmd_bench_pd(argc - 1, argv + 1);
   if (argc >= 2 && !strcmp(argv[1], "pp")) return cmd_bench_pp(argc - 1, argv + 1);
+  if (argc >= 2 && !strcmp(argv[1], "engram")) return cmd_bench_engram(argc - 1, argv + 1);
   struct bench_args a;
   int rc = parse_args(argc, argv, &a);
   if (rc) return rc < 0 ? 0 : rc;

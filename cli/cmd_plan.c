@@ -65,6 +65,17 @@ static cJSON *diags_json(const struct plan_diags *d, bool warnings) {
   return arr;
 }
 
+/* Where the plan's Engram tables live (serving.engram, docs/runtime.md). */
+static const char *engram_where(const struct plan *p, char *buf, size_t len) {
+  if (p->serving.engram_tier != PLAN_ENGRAM_TIER_MMAP)
+    snprintf(buf, len, "memory (with the other weights; resident)");
+  else
+    snprintf(buf, len, "mmap (%s%s; paged in by the prefetch, not counted resident)",
+             p->serving.engram_file ? "file " : "the weights file, or for synthetic weights the derived file",
+             p->serving.engram_file ? p->serving.engram_file : "");
+  return buf;
+}
+
 int cmd_plan_check(int argc, char **argv) {
   static const char usage[] =
       "usage: cedar plan check [--json] FILE...\n"
@@ -101,6 +112,7 @@ int cmd_plan_check(int argc, char **argv) {
         cJSON_AddItemToArray(errs, e);
       }
       cJSON_AddItemToObject(o, "errors", errs);
+      if (!lrc) cJSON_AddStringToObject(o, "engram_tier", engram_where(&p, perr, sizeof perr));
       cJSON_AddItemToArray(arr, o);
     } else if (lrc) {
       plan_diags_print(&d, stderr);
@@ -109,6 +121,9 @@ int cmd_plan_check(int argc, char **argv) {
     } else {
       plan_diags_print(&d, stderr); /* warnings */
       printf("%s: ok (%s, %d layers)\n", argv[i], p.name, p.n_layers);
+      struct plan_totals t;
+      plan_totals(&p, &t);
+      if (t.engram) printf("  Engram tables: %s\n", engram_where(&p, perr, sizeof perr));
     }
     if (!lrc) plan_free(&p);
     plan_diags_free(&d);

@@ -92,6 +92,15 @@ static const struct row rows[] = {
     ROW("indexer", "key_dots", "total", ROW_I64, idx_key_dots),
     ROW("indexer", "per_layer_key_dots", "per-layer full indexing (every CSA2 layer)", ROW_I64,
         idx_per_layer_key_dots),
+    ROW("engram", "modules", "Engram modules", ROW_I32, engram_modules),
+    ROW("engram", "rows", "table rows, all modules", ROW_I64, engram_rows),
+    ROW("engram", "row_bytes", "bytes per row (E4M3 + E8M0 per 32)", ROW_I64, engram_row_bytes),
+    ROW("engram", "table_bytes", "table bytes", ROW_I64, engram_table_bytes),
+    ROW("engram", "mmap", "tier mmap (1) or memory (0)", ROW_I32, engram_mmap),
+    ROW("engram", "resident_bytes", "counted resident (memory tier)", ROW_I64, engram_resident_bytes),
+    ROW("engram", "mapped_bytes", "mapped from a file, not resident (mmap tier)", ROW_I64, engram_mapped_bytes),
+    ROW("engram", "rows_per_token", "rows one token's prefetch reads", ROW_I64, engram_rows_per_token),
+    ROW("engram", "bytes_per_token", "bytes one token's prefetch reads", ROW_I64, engram_bytes_per_token),
 };
 #define N_ROWS (sizeof rows / sizeof rows[0])
 
@@ -105,10 +114,12 @@ static const struct section {
     {"cold_prefill", "Cold prefill of n = --prompt tokens"},
     {"prefix_hit", "Prefix hit: c = --hit of n = --prompt tokens cached"},
     {"indexer", "Indexer key-dots per decode token (per query head-set)"},
+    {"engram", "Engram tables (serving.engram.tier; model weights, not request state)"},
 };
 #define N_SECTIONS (sizeof sections / sizeof sections[0])
 
 static bool section_shown(const char *section, const struct plan_cost *c) {
+  if (!strcmp(section, "engram")) return c->engram_modules > 0;
   return c->q.has_hit || strcmp(section, "prefix_hit") != 0;
 }
 

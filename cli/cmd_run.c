@@ -443,6 +443,8 @@ static int sink_close(struct sink *s, const struct ropts *o, bool ok) {
   if (ok && s->tracing && viz_trace_write(&s->trace, o->trace, err, sizeof err)) {
     fprintf(stderr, "cedar run: --trace: %s\n", err);
     status = 1;
+  } else if (ok && s->tracing && viz_trace_prefetch_text(&s->trace, err, sizeof err)) {
+    fprintf(stderr, "cedar run: --trace: %s\n", err);
   }
   if (s->tracing) viz_trace_free(&s->trace);
   return status;

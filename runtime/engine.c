@@ -47,10 +47,17 @@ static int open_plan(struct rt_engine *e, char *err, size_t len) {
 
 static int open_weights(struct rt_engine *e, char *err, size_t len) {
   const struct rt_engine_opts *o = &e->opts;
-  if (o->model) return ckpt_load(&e->weights, &e->plan, o->model, true, o->problems, NULL, err, len);
-  if (o->weights) return weights_load(&e->weights, &e->plan, o->weights, o->problems, err, len);
+  int rc;
   uint64_t max = o->synth_max_bytes ? o->synth_max_bytes : WEIGHTS_DEFAULT_MAX_BYTES;
-  return weights_synth(&e->weights, &e->plan, o->seed, max, err, len);
+  if (o->model)
+    rc = ckpt_load(&e->weights, &e->plan, o->model, true, o->problems, NULL, err, len);
+  else if (o->weights)
+    rc = weights_load(&e->weights, &e->plan, o->weights, o->problems, err, len);
+  else if (e->plan.serving.engram_tier == PLAN_ENGRAM_TIER_MMAP) /* the tables come from their file */
+    rc = weights_synth_no_engram(&e->weights, &e->plan, o->seed, max, err, len);
+  else
+    rc = weights_synth(&e->weights, &e->plan, o->seed, max, err, len);
+  return rc ? rc : rt_engram_tier_open(&e->engram, &e->plan, &e->weights, err, len);
 }
 
 /* The tokenizer whose Engram token map the model takes: the one given, else
@@ -204,6 +211,7 @@ void rt_engine_close(struct rt_engine *e) {
   rt_model_free(&e->model);
   tok_free(e->tok);
   weights_free(&e->weights);
+  rt_engram_tier_close(&e->engram);
   plan_free(&e->plan);
   char name[sizeof e->name];
   memcpy(name, e->name, sizeof name);

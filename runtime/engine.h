@@ -35,6 +35,7 @@
 
 #include "runtime/checkpoint.h"
 #include "runtime/disk_tier.h"
+#include "runtime/engram_tier.h"
 #include "runtime/exec.h"
 #include "runtime/generate.h"
 #include "runtime/model.h"
@@ -107,6 +108,7 @@ struct rt_engine {
   struct rt_engine_opts opts;   /* as opened (strings the caller's; diags, problems, on_plan cleared) */
   struct plan plan;
   struct weights weights;
+  struct rt_engram_tier engram; /* where the Engram tables live (serving.engram.tier) */
   struct rt_model model;        /* model.p == &plan */
   struct tokenizer *tok;        /* opts.tokenizer loaded, or NULL */
   struct rt_kv_pool *pools;     /* (PLAN_MAX_LAYERS) by source layer */

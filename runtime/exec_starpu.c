@@ -385,7 +385,8 @@ static struct starpu_task *make_task(struct run *R, int k, uint64_t tag0, int ti
 }
 
 /* Create every task, declare the graph's edges, and submit: Engram row
- * gathers first (they wait for nothing), then the rest in graph order. */
+ * gathers first (they wait for nothing) under serving.engram.prefetch, then
+ * the rest in graph order. */
 static void submit_graph(struct run *R) {
   const struct graph *g = R->g;
   uint64_t tag0 = (uint64_t)atomic_fetch_add(&sp.runs, 1) << 32;
@@ -402,7 +403,7 @@ static void submit_graph(struct run *R) {
   for (int pass = 0; pass < 2; pass++)
     for (int k = 0; k < g->n_node; k++) {
       const struct graph_node *nd = &g->node[k];
-      if ((nd->op == GRAPH_ENGRAM_GATHER) != (pass == 0)) continue;
+      if ((nd->op == GRAPH_ENGRAM_GATHER && g->plan->serving.engram_prefetch) != (pass == 0)) continue;
       for (int i = 0; i < nd->n_dep; i++) deps[i] = R->task[nd->dep[i]];
       if (nd->n_dep) starpu_task_declare_deps_array(R->task[k], (unsigned)nd->n_dep, deps);
       STARPU_CHECK(starpu_task_submit(R->task[k]));

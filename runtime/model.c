@@ -17,6 +17,7 @@
 #include "runtime/round_trace.h"
 #include "base/check.h"
 #include "runtime/expert_par.h"
+#include "runtime/engram_tier.h"
 
 /* Gate floor of the Engram injection (docs/model.md s5, R.8). */
 #define RT_ENGRAM_DOT_FLOOR 1e-6f
@@ -341,6 +342,9 @@ void rt_engram_rows(const struct rt_model *M, int l, float *e, const struct rt_r
                            op_engram_primes_of(&M->eng, L->e_module), op_engram_offsets_of(&M->eng, L->e_module),
                            hist, n, m->vocab, m->engram_n_orders, m->engram_heads, M->cmap[m->engram_pad_id]));
   CEDAR_ASSERT(bad < 0);
+  if (M->p->serving.engram_tier == PLAN_ENGRAM_TIER_MMAP) /* the prefetch faults the rows in here, not the layer */
+    rt_engram_willneed(L->e_table, op_engram_row_bytes(m->engram_head_dim, WEIGHTS_ENGRAM_BLOCK), rows,
+                       n * M->e_tables);
   RT_TIMED(ar, ENGRAM, op_engram_gather(e, L->e_table, rows, n, M->e_tables, m->engram_head_dim, WEIGHTS_ENGRAM_BLOCK, L->e_rows));
 }
 

@@ -97,7 +97,7 @@ int rt_place_cost(const struct plan *p, int64_t tokens, double capacity, struct 
       }
     } else if (!strcmp(leaf, "engram.table")) {
       struct rt_rank_cost *rk = &out->r[pl->engram_set ? eng : layer_rank(p, s->layer)];
-      if (pl->engram_set && pl->engram_memory == PLAN_ENGRAM_FILE)
+      if (p->serving.engram_tier == PLAN_ENGRAM_TIER_MMAP) /* = engram: {memory: file} (plan_check.c) */
         rk->engram_file += b;
       else if (pl->engram_set)
         rk->engram_host += b;

@@ -454,6 +454,8 @@ static void check_fingerprint(const struct weights_list *l, const st_file_t *f, 
                           : "the dimensions differ; make weights for this plan with `cedar weights init --plan ...`");
 }
 
+static bool is_engram_table(const struct weights_spec *s) { return s->init == WEIGHTS_ENGRAM_ROWS; }
+
 /* Every tensor against the plan (pr NULL: only count the problems). */
 static void check_tensors(const struct weights_list *l, const st_file_t *f, struct weights_problems *pr,
                           size_t *count_out) {
@@ -485,6 +487,8 @@ static void check_tensors(const struct weights_list *l, const st_file_t *f, stru
     char key[WEIGHTS_NAME_MAX + 300], hex[17];
     weights_hash_key(key, sizeof key, t->name);
     const char *rec = st_meta_get(f, key);
+    const struct weights_spec *ws = l->engram_in_file ? weights_list_find(l, t->name) : NULL;
+    if (ws && is_engram_table(ws)) rec = NULL; /* mmap tier: hashing would read every row (engram_tier.h) */
     if (rec && (weights_hash_hex(hex, t->data, t->nbytes), strcmp(rec, hex)))
       problem(pr, &count, "%s: content hash %s, the file records %s: the tensor's data is damaged", t->name, hex, rec);
   }
@@ -511,13 +515,13 @@ static void human_bytes(char *buf, size_t len, uint64_t n) {
   snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
 }
 
-int weights_synth(struct weights *w, const struct plan *p, uint64_t seed, uint64_t max_bytes, char *err,
-                  size_t err_len) {
+static int synth(struct weights *w, const struct plan *p, uint64_t seed, uint64_t max_bytes, bool no_engram, char *err,
+                 size_t err_len) {
   memset(w, 0, sizeof *w);
   int rc = weights_list_init(&w->list, p, err, err_len);
   if (rc) return rc;
   const struct weights_list *l = &w->list;
-  if (l->total_bytes > max_bytes) {
+  if (l->total_bytes - (no_engram ? l->engram_bytes : 0) > max_bytes) {
     char total[32], eng[32], lim[32];
     human_bytes(total, sizeof total, l->total_bytes);
     human_bytes(eng, sizeof eng, l->engram_bytes);
@@ -531,7 +535,8 @@ int weights_synth(struct weights *w, const struct plan *p, uint64_t seed, uint64
     return CEDAR_EINVAL;
   }
   uint64_t arena = 0;
-  for (size_t i = 0; i < l->n; i++) arena += round_align(l->t[i].nbytes);
+  for (size_t i = 0; i < l->n; i++)
+    if (!(no_engram && is_engram_table(&l->t[i]))) arena += round_align(l->t[i].nbytes);
   w->data = calloc(l->n ? l->n : 1, sizeof *w->data);
   if (!w->data || arena > SIZE_MAX || posix_memalign(&w->arena, WEIGHTS_ALIGN, (size_t)(arena ? arena : 1))) {
     snprintf(err, err_len, "plan '%s': cannot allocate %" PRIu64 " bytes of weights", l->plan_name, arena);
@@ -541,6 +546,7 @@ int weights_synth(struct weights *w, const struct plan *p, uint64_t seed, uint64
   }
   uint8_t *at = w->arena;
   for (size_t i = 0; i < l->n; i++) {
+    if (no_engram && is_engram_table(&l->t[i])) continue; /* the mmap tier's file holds them (engram_tier.h) */
     weights_fill(at, &l->t[i], seed);
     w->data[i] = at;
     at += round_align(l->t[i].nbytes);
@@ -548,6 +554,16 @@ int weights_synth(struct weights *w, const struct plan *p, uint64_t seed, uint64
   w->synthetic = true;
   w->seed = seed;
   return CEDAR_OK;
+}
+
+int weights_synth(struct weights *w, const struct plan *p, uint64_t seed, uint64_t max_bytes, char *err,
+                  size_t err_len) {
+  return synth(w, p, seed, max_bytes, false, err, err_len);
+}
+
+int weights_synth_no_engram(struct weights *w, const struct plan *p, uint64_t seed, uint64_t max_bytes, char *err,
+                            size_t err_len) {
+  return synth(w, p, seed, max_bytes, true, err, err_len);
 }
 
 int weights_save(const struct weights *w, const char *path, char *err, size_t err_len) {
@@ -588,7 +604,8 @@ static int place_tensors(struct weights *w, const char *path, char *err, size_t 
   uint64_t arena = 0;
   for (size_t i = 0; i < l->n; i++) {
     const struct st_tensor *t = st_find(w->file, l->t[i].name);
-    if ((uintptr_t)t->data % WEIGHTS_ALIGN) arena += round_align(t->nbytes);
+    if ((uintptr_t)t->data % WEIGHTS_ALIGN && !(l->engram_in_file && is_engram_table(&l->t[i])))
+      arena += round_align(t->nbytes);
   }
   w->data = calloc(l->n ? l->n : 1, sizeof *w->data);
   if (!w->data || arena > SIZE_MAX || posix_memalign(&w->arena, WEIGHTS_ALIGN, (size_t)(arena ? arena : 1))) {
@@ -599,8 +616,8 @@ static int place_tensors(struct weights *w, const char *path, char *err, size_t 
   uint8_t *at = w->arena;
   for (size_t i = 0; i < l->n; i++) {
     const struct st_tensor *t = st_find(w->file, l->t[i].name);
-    if ((uintptr_t)t->data % WEIGHTS_ALIGN == 0) {
-      w->data[i] = t->data;
+    if ((uintptr_t)t->data % WEIGHTS_ALIGN == 0 || (l->engram_in_file && is_engram_table(&l->t[i]))) {
+      w->data[i] = t->data; /* an mmap-tier table is read in place, aligned or not (bytes) */
       continue;
     }
     memcpy(at, t->data, t->nbytes);
@@ -616,6 +633,7 @@ int weights_load(struct weights *w, const struct plan *p, const char *path, stru
   memset(w, 0, sizeof *w);
   int rc = weights_list_init(&w->list, p, err, err_len);
   if (rc) return rc;
+  w->list.engram_in_file = p->serving.engram_tier == PLAN_ENGRAM_TIER_MMAP;
   rc = st_open(path, &w->file, err, err_len);
   if (rc) {
     weights_free(w);

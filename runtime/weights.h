@@ -98,6 +98,10 @@ struct weights_list {
   uint64_t engram_bytes;  /* of which Engram tables */
   uint64_t fingerprint;
   char *plan_name;
+  /* Set by weights_load under serving.engram.tier: mmap: the Engram tables
+   * are read in place from the file's mapping (never copied) and their
+   * content hashes are not checked at load (runtime/engram_tier.h). */
+  bool engram_in_file;
 };
 
 /* Enumerate the plan's tensors. Returns 0, or CEDAR_EINVAL (a plan whose
@@ -154,6 +158,11 @@ struct weights {
  * when they would take more than max_bytes. */
 int weights_synth(struct weights *w, const struct plan *p, uint64_t seed, uint64_t max_bytes, char *err,
                   size_t err_len);
+/* The same without the Engram tables (their data NULL, not counted
+ * against max_bytes): the mmap tier maps them from a file of their own
+ * (runtime/engram_tier.h). */
+int weights_synth_no_engram(struct weights *w, const struct plan *p, uint64_t seed, uint64_t max_bytes, char *err,
+                            size_t err_len);
 /* Write w as safetensors (atomically, st_write) with metadata cedar.plan,
  * cedar.fingerprint and, for synthetic weights, cedar.seed. */
 int weights_save(const struct weights *w, const char *path, char *err, size_t err_len);

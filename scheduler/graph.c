@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "scheduler/plan_place.h"
 
 static const char *const op_names[] = {
 #define X(e, s) s,
@@ -83,6 +84,8 @@ struct tile {
   int64_t r0;
   int x, pre;
   int topk[PLAN_MAX_LAYERS], pool[PLAN_MAX_LAYERS];
+  int eng[PLAN_MAX_LAYERS]; /* each Engram layer's gathered rows, -1 before */
+  bool laid;                /* its first layer is emitted */
   char tag[16]; /* "c2", "rp1", "dec" */
 };
 
@@ -214,7 +217,10 @@ static void mhc_flags(const struct ctx *c, struct graph_node *nd) {
   nd->flags |= c->p->model.hc_pairing == PLAN_PAIRING_V4 ? GRAPH_F_RESTART : GRAPH_F_PRE_NEXT;
 }
 
-static void emit_engram(struct ctx *c, struct tile *t, int l) {
+/* The Engram prefetch of layer l on tile t: hash and gather the rows from
+ * the token ids alone (SPEC 3.15, 8.6.28), emitted at the tile's start so
+ * it runs ahead of the layers (docs/runtime.md, "Engram prefetch"). */
+static void emit_engram_gather(struct ctx *c, struct tile *t, int l) {
   const struct plan_model *m = &c->p->model;
   int e = add_data(c->g, GRAPH_ACT, l, t->chunk, (int64_t)t->n * engram_tables(m) * m->engram_head_dim * 4,
                    "L%d.engram_e %s", l, t->tag);
@@ -224,7 +230,14 @@ static void emit_engram(struct ctx *c, struct tile *t, int l) {
   use(nd, c->id.tokens, GRAPH_R);
   use(nd, c->id.w[l], GRAPH_R);
   use(nd, e, GRAPH_W);
-  nd = add_node(c->g, GRAPH_ENGRAM, l, t);
+  t->eng[l] = e;
+}
+
+static void emit_engram(struct ctx *c, struct tile *t, int l) {
+  const struct plan_model *m = &c->p->model;
+  if (t->eng[l] < 0) emit_engram_gather(c, t, l);
+  int e = t->eng[l];
+  struct graph_node *nd = add_node(c->g, GRAPH_ENGRAM, l, t);
   nd->aux = e;
   use(nd, t->x, GRAPH_RW);
   use(nd, e, GRAPH_R);
@@ -247,6 +260,13 @@ static void emit_layer(struct ctx *c, struct tile *t, int l, bool write_kv) {
   use(nd, t->pre, GRAPH_RW);
   use(nd, c->id.w[l], GRAPH_R);
   use(nd, c->id.ring[l], GRAPH_RW);
+  /* Under serving.engram.prefetch the tile's first layer reads (waits for)
+   * its prefetches on its stage: rows are fetched before it under every
+   * StarPU policy, not only those that read priorities (docs/runtime.md,
+   * "Engram tiers and prefetch"). */
+  for (int j = 0; j < p->n_layers && !t->laid && p->serving.engram_prefetch; j++)
+    if (t->eng[j] >= 0 && plan_stage_of(p, j) == plan_stage_of(p, l)) use(nd, t->eng[j], GRAPH_R);
+  t->laid = true;
   mhc_flags(c, nd);
   if (t->r0 > 0) nd->flags |= GRAPH_F_REPLAY;
   if (plan_is_kv_source(L) && write_kv) {
@@ -301,7 +321,7 @@ static void tile_init(struct ctx *c, struct tile *t, int chunk, int64_t a, int n
   t->pre = add_data(c->g, GRAPH_ACT, -1, chunk, (int64_t)n * m->hc_streams * 4, "pre %s", tag);
   c->g->data[t->x].a0 = c->g->data[t->pre].a0 = a;
   c->g->data[t->pre].pre = true;
-  for (int l = 0; l < PLAN_MAX_LAYERS; l++) t->topk[l] = t->pool[l] = -1;
+  for (int l = 0; l < PLAN_MAX_LAYERS; l++) t->topk[l] = t->pool[l] = t->eng[l] = -1;
 }
 
 static void emit_head(struct ctx *c, struct tile *t, int64_t a, int n) {
@@ -324,11 +344,18 @@ static void emit_head(struct ctx *c, struct tile *t, int64_t a, int n) {
   nd->flops = 2.0 * n * m->vocab * m->hidden;
 }
 
-/* Layers [lo, hi) of a tile, Engram rows gathered first. KV sources append
+/* The Engram prefetches of layers [lo, hi) not yet emitted for the tile. */
+static void emit_prefetch(struct ctx *c, struct tile *t, int lo, int hi) {
+  for (int l = lo; l < hi && c->p->serving.engram_prefetch; l++)
+    if (c->p->layer[l].engram && t->eng[l] < 0) emit_engram_gather(c, t, l);
+}
+
+/* Layers [lo, hi) of a tile, the Engram prefetches of the range first. KV sources append
  * from their own input where their region's flag says so: encoder sources
  * unless the tile replays cached positions, decoder sources only without
  * CED (under CED dec_kv appends for them). */
 static void emit_layers(struct ctx *c, struct tile *t, int lo, int hi, bool write_enc, bool write_dec) {
+  emit_prefetch(c, t, lo, hi);
   for (int l = lo; l < hi; l++) {
     if (c->p->layer[l].engram) emit_engram(c, t, l);
     emit_layer(c, t, l, c->p->layer[l].region == PLAN_ENCODER ? write_enc : write_dec);
@@ -547,6 +574,7 @@ static void emit_prefix_tile(struct ctx *c, struct xlist *xs, const char *kind, 
   xs->pre[xs->count] = t.pre;
   xs->a[xs->count] = a;
   xs->n[xs->count++] = len;
+  emit_prefetch(c, &t, 0, hi);
   emit_embed(c, &t);
   emit_layers(c, &t, 0, hi, write, write && dense);
   if (dense) {
@@ -701,6 +729,7 @@ int graph_build_verify(struct graph *g, const struct plan *p, int64_t pos, int n
     if (plan_is_kv_source(&p->layer[l])) c.kv_entries[l] = pos / p->layer[l].ratio;
   struct tile t;
   tile_init(&c, &t, 0, pos, n, 0, "dec");
+  emit_prefetch(&c, &t, 0, p->n_layers); /* step t+1's rows as soon as token t is known */
   emit_embed(&c, &t);
   if (c.ced && c.first_dec < p->n_layers) {
     emit_layers(&c, &t, 0, c.first_dec, true, false);

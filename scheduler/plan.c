@@ -62,6 +62,7 @@ void plan__defaults(struct plan *p) {
   s->ced = true;
   s->replay_encoder = s->replay_decoder = -1; /* = window unless set */
   s->prefill_chunk = 512;
+  s->engram_prefetch = true; /* serving.engram.prefetch (docs/runtime.md, Engram tiers) */
   s->page_tokens = 64;                         /* even: SPEC 5.4 [R] */
   s->prefix_block_tokens = 256;
   s->gpu_cache_bytes = 0, s->host_cache_bytes = 0; /* 0 = no limit set */
@@ -160,6 +161,7 @@ void plan_free(struct plan *p) {
   if (!p) return;
   free(p->name);
   free(p->description);
+  free(p->serving.engram_file);
   for (size_t i = 0; i < p->n_strings; i++) free(p->strings[i]);
   free(p->strings);
   memset(p, 0, sizeof *p);

@@ -195,6 +195,17 @@ struct plan_serving {
   /* Where each placement value was written (file NULL: the default), for
    * runtime/backend.h's refusals. */
   struct plan_mark mark_prefill_rank, mark_prefill_device, mark_decode_rank, mark_decode_device;
+  /* serving.engram (scheduler/plan_engram.c, docs/runtime.md "Engram
+   * tiers"): where the Engram tables live at run time. memory: with the
+   * other weights; mmap: in a memory-mapped file (the weights file, or for
+   * synthetic weights engram_file, NULL: derived), faulted in by the
+   * prefetch tasks. Marks: file NULL = not written. */
+  enum { PLAN_ENGRAM_TIER_MEMORY = 0, PLAN_ENGRAM_TIER_MMAP } engram_tier;
+  char *engram_file;
+  /* true (default): the row gathers are prefetches, emitted at the tile's
+   * start and run first; false: each just before the layer that reads it */
+  bool engram_prefetch;
+  struct plan_mark mark_engram_tier;
   /* Layer and expert placement (scheduler/plan_place.c, docs/placement.md):
    * the pipeline stages, the routed experts' ranks, the Engram tables' home. */
   struct plan_placement place;

@@ -381,6 +381,39 @@ static void check_mhc(struct plan_ctx *ctx, const struct plan *p) {
         "model.mhc.merge: carried needs pairing: v41 (under pairing: v4 no pre is carried to the head)");
 }
 
+/* serving.engram.tier against serving.placement.engram.memory (issue 19's
+ * home of the tables): `memory: file` is the mmap tier; one written without
+ * the other takes it, and the two written differently are refused. */
+static void check_engram_tier(struct plan_ctx *ctx, struct plan *p) {
+  struct plan_serving *s = &p->serving;
+  struct plan_placement *pl = &s->place;
+  bool tier_set = s->mark_engram_tier.file != NULL, engram = false;
+  const struct pnode *v = plan__map_get(ctx->root, "serving");
+  v = v && v->kind == PN_MAP ? plan__map_get(v, "placement") : NULL;
+  v = v && v->kind == PN_MAP ? plan__map_get(v, "engram") : NULL;
+  bool memory_set = v && v->kind == PN_MAP && plan__map_get(v, "memory");
+  for (int i = 0; i < p->n_layers; i++) engram |= p->layer[i].engram;
+  bool mmap_tier = s->engram_tier == PLAN_ENGRAM_TIER_MMAP, file_home = pl->engram_memory == PLAN_ENGRAM_FILE;
+  if (tier_set && memory_set && mmap_tier != file_home) {
+    struct plan_mark mm = mark_of(ctx, "serving.placement.engram.memory");
+    ERR(ctx, s->mark_engram_tier, "write tier: mmap with memory: file, or tier: memory with memory: host",
+        "serving.engram.tier = %s contradicts serving.placement.engram.memory = %s (%s:%d:%d)",
+        mmap_tier ? "mmap" : "memory", file_home ? "file" : "host", mm.file, mm.line, mm.col);
+    return;
+  }
+  if (memory_set && file_home) s->engram_tier = PLAN_ENGRAM_TIER_MMAP, mmap_tier = true;
+  if (mmap_tier && pl->engram_set) pl->engram_memory = PLAN_ENGRAM_FILE;
+  struct plan_mark at = mark_of(ctx, "serving.engram.file");
+  if (s->engram_file && !mmap_tier)
+    ERR(ctx, at, "set serving.engram.tier: mmap, or drop `file`",
+        "serving.engram.file is read only by the mmap tier, and the tier is memory");
+  else if (s->engram_file && !s->engram_file[0])
+    ERR(ctx, at, "name a file, or drop `file` for the derived one", "serving.engram.file is empty");
+  else if (mmap_tier && !engram)
+    plan__warn(ctx, tier_set ? s->mark_engram_tier : at, "drop serving.engram, or give a layer `engram: true`",
+               "serving.engram.tier = mmap, but the plan has no Engram layer: there is nothing to map");
+}
+
 void plan__check(struct plan_ctx *ctx, struct plan *p) {
   check_widths(ctx, p);
   check_mhc(ctx, p);
@@ -388,6 +421,7 @@ void plan__check(struct plan_ctx *ctx, struct plan *p) {
   check_format(ctx, "indexer_k", &p->model.indexer_k, p->model.idx_head_dim);
   check_format(ctx, "swa", &p->model.swa, p->model.head_dim);
   check_serving(ctx, p);
+  check_engram_tier(ctx, p);
   check_regions(ctx, p);
   for (int i = 0; i < p->n_layers; i++) check_layer_shape(ctx, p, &p->layer[i]);
   if (ctx->n_errors) return;

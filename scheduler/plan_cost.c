@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "ops/engram.h"
 
 /* ---- storage formats (plan.h) ---------------------------------------- */
 
@@ -317,6 +318,29 @@ static void account_indexer(const struct plan *p, struct plan_cost *c) {
 
 /* ---- entry point --------------------------------------------------------- */
 
+/* The Engram tables (SPEC 3.15, 8.6.30) and where serving.engram.tier puts
+ * them: memory counts them resident; mmap maps them from a file, so they
+ * are not resident and only the rows a token's prefetch reads are paged in
+ * (at most one or two pages a row). Weights are otherwise not accounted. */
+static void account_engram(const struct plan *p, struct plan_cost *out) {
+  const struct plan_model *m = &p->model;
+  for (int i = 0; i < p->n_layers; i++) out->engram_modules += p->layer[i].engram;
+  size_t rb = op_engram_row_bytes(m->engram_head_dim, 32); /* E4M3 + one E8M0 per 32 (docs/weights.md) */
+  struct op_engram_tables et;
+  if (!out->engram_modules || !rb ||
+      op_engram_tables_init(&et, out->engram_modules, m->engram_n_orders, m->engram_heads, m->engram_table_base))
+    return;
+  for (int i = 0; i < out->engram_modules; i++) out->engram_rows += et.rows[i];
+  op_engram_tables_free(&et);
+  out->engram_row_bytes = (int64_t)rb;
+  out->engram_table_bytes = out->engram_rows * out->engram_row_bytes;
+  out->engram_mmap = p->serving.engram_tier == PLAN_ENGRAM_TIER_MMAP;
+  out->engram_resident_bytes = out->engram_mmap ? 0 : out->engram_table_bytes;
+  out->engram_mapped_bytes = out->engram_mmap ? out->engram_table_bytes : 0;
+  out->engram_rows_per_token = (int64_t)out->engram_modules * m->engram_n_orders * m->engram_heads;
+  out->engram_bytes_per_token = out->engram_rows_per_token * out->engram_row_bytes;
+}
+
 int plan_cost_compute(const struct plan *p, const struct plan_cost_query *q,
                       struct plan_cost *out) {
   memset(out, 0, sizeof *out);
@@ -338,5 +362,6 @@ int plan_cost_compute(const struct plan *p, const struct plan_cost_query *q,
   account_prefill(p, out, q->prompt, 0, false, &out->cold);
   if (q->has_hit) account_prefill(p, out, q->prompt, q->hit, q->swa_miss, &out->hit);
   account_indexer(p, out);
+  account_engram(p, out);
   return CEDAR_OK;
 }

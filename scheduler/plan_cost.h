@@ -130,6 +130,14 @@ struct plan_cost {
   int64_t idx_key_dots;             /* total */
   int64_t idx_per_layer_key_dots;   /* every CSA2 layer a full scan of its own entries */
 
+  /* Engram tables (serving.engram.tier): resident in memory, or mapped
+   * from a file and paged in row by row by the prefetch */
+  int engram_modules, engram_mmap;  /* mmap: 1 when the tier is mmap */
+  int64_t engram_rows, engram_row_bytes, engram_table_bytes;
+  int64_t engram_resident_bytes;    /* memory tier: the tables; mmap: 0 */
+  int64_t engram_mapped_bytes;      /* mmap tier: the tables, file-backed */
+  int64_t engram_rows_per_token, engram_bytes_per_token; /* read by one token's prefetch */
+
   char error[256]; /* why plan_cost_compute failed */
 };
 

@@ -58,6 +58,7 @@ static const char *const nibble_names[] = {"high_first", "low_first", NULL};
 static const char *const device_names[] = {"cpu", "cuda", NULL};
 static const char *const engram_mult_names[] = {"numpy", "splitmix64", NULL};
 static const char *const replay_place_names[] = {"prefill", "decode", NULL};
+static const char *const engram_tier_names[] = {"memory", "mmap", NULL};
 static const char *const act_names[] = {"f32", "bf16", NULL};
 static const char *const lin_names[] = {"f32", "mxfp8", NULL};
 
@@ -268,6 +269,13 @@ static const struct field batch_fields[] = {
     END,
 };
 
+static const struct field serving_engram_fields[] = {
+    {"tier", F_ENUM, S(engram_tier), 0, 0, engram_tier_names, NULL, 0, 0, S(mark_engram_tier), true},
+    STR("file", S(engram_file)),
+    BOOL("prefetch", S(engram_prefetch)),
+    END,
+};
+
 static const struct field serving_fields[] = {
     BOOL("ced", S(ced)),
     SECTION("replay", 0, replay_fields),
@@ -275,6 +283,7 @@ static const struct field serving_fields[] = {
     SECTION("batch", 0, batch_fields),
     SECTION("cache", 0, cache_fields),
     SECTION("placement", 0, placement_fields),
+    SECTION("engram", 0, serving_engram_fields),
     END,
 };
 

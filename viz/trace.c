@@ -90,6 +90,56 @@ static void add_flow(struct viz_trace *t, int from, int to, const char *cat) {
 
 void viz_trace_add_flow(struct viz_trace *t, int from, int to, const char *cat) { add_flow(t, from, to, cat); }
 
+/* Of [a, b), the time some non-prefetch node on another track ran: the
+ * union of those intervals clipped to [a, b) (a sweep over sorted starts). */
+static int cmp_iv(const void *x, const void *y) {
+  const double *a = x, *b = y;
+  return a[0] < b[0] ? -1 : a[0] > b[0];
+}
+
+static double covered(const struct graph *g, const struct viz_task_time *times, int k, double (*iv)[2]) {
+  double a = times[k].start_us, b = times[k].end_us, sum = 0, hi = a;
+  int n = 0;
+  for (int j = 0; j < g->n_node; j++)
+    if (g->node[j].op != GRAPH_ENGRAM_GATHER && times[j].tid != times[k].tid && times[j].end_us > a &&
+        times[j].start_us < b)
+      iv[n][0] = times[j].start_us > a ? times[j].start_us : a, iv[n++][1] = times[j].end_us < b ? times[j].end_us : b;
+  qsort(iv, (size_t)n, sizeof *iv, cmp_iv);
+  for (int i = 0; i < n; i++) {
+    double s0 = iv[i][0] > hi ? iv[i][0] : hi;
+    if (iv[i][1] > s0) sum += iv[i][1] - s0, hi = iv[i][1];
+  }
+  return sum;
+}
+
+static void measure_prefetch(struct viz_prefetch *pf, const struct graph *g, const struct viz_task_time *times) {
+  double (*iv)[2] = NULL;
+  for (int k = 0; k < g->n_node; k++) {
+    const struct graph_node *nd = &g->node[k];
+    if (nd->op != GRAPH_ENGRAM_GATHER) continue;
+    if (!iv) iv = cedar_xmalloc(sizeof(*iv) * (size_t)g->n_node);
+    int first = -1; /* the tile's first layer: its lowest-layer attention */
+    for (int j = 0; j < g->n_node; j++)
+      if (g->node[j].op == GRAPH_ATTN && g->node[j].chunk == nd->chunk && g->node[j].a == nd->a &&
+          (first < 0 || g->node[j].layer < g->node[first].layer))
+        first = j;
+    pf->tasks++;
+    pf->ahead += first < 0 || times[k].start_us <= times[first].start_us;
+    pf->us += times[k].end_us > times[k].start_us ? times[k].end_us - times[k].start_us : 0;
+    pf->overlapped_us += covered(g, times, k, iv);
+  }
+  free(iv);
+}
+
+bool viz_trace_prefetch_text(const struct viz_trace *t, char *out, size_t len) {
+  const struct viz_prefetch *p = &t->prefetch;
+  if (!p->tasks) return false;
+  snprintf(out, len, "Engram prefetch: %d tasks, %.0f us, %.1f%% of it beside layer compute on another worker; "
+           "%d of %d started no later than their tile's first layer", p->tasks, p->us,
+           p->us > 0 ? 100.0 * p->overlapped_us / p->us : 0.0, p->ahead, p->tasks);
+  return true;
+}
+
 /* The nodes of g as slices: every node on process pid, or, with pid_of,
  * node k on process pid_of[k] (skipped when negative); slice_of[k] gets
  * node k's slice index (-1 when skipped). A graph edge between two tracks
@@ -128,6 +178,7 @@ static void add_nodes(struct viz_trace *t, const struct graph *g, const struct v
     if (s->tid >= t->n_thread) viz_trace_thread_of(t, s->tid, to == t->pid ? -1 : to, "");
     if (!t->thread[s->tid][0]) snprintf(t->thread[s->tid], sizeof t->thread[s->tid], "worker %d", s->tid);
   }
+  measure_prefetch(&t->prefetch, g, times);
   for (int k = 0; k < g->n_node; k++)
     for (int i = 0; i < g->node[k].n_dep; i++) {
       int j = g->node[k].dep[i];
@@ -232,19 +283,49 @@ static cJSON *build(const struct viz_trace *t) {
     cJSON_AddItemToArray(evs, metadata(t, "thread_name", i, "name", cJSON_CreateString(t->thread[i])));
     cJSON_AddItemToArray(evs, metadata(t, "thread_sort_index", i, "sort_index", cJSON_CreateNumber(i)));
   }
-  int n = t->n_slice + 2 * t->n_flow;
+  int n = 3 * t->n_slice + 2 * t->n_flow;
   struct ev *e = cedar_xmalloc(sizeof(*e) * (size_t)(n > 0 ? n : 1));
   int m = 0;
-  for (int i = 0; i < t->n_slice; i++) e[m++] = (struct ev){t->slice[i].ts, 0, i};
+  for (int i = 0; i < t->n_slice; i++) {
+    e[m++] = (struct ev){t->slice[i].ts, 0, i};
+    if (!strcmp(t->slice[i].op, graph_op_name(GRAPH_ENGRAM_GATHER))) { /* the counter lane: end, then start */
+      e[m++] = (struct ev){t->slice[i].ts + t->slice[i].dur, 3, i};
+      e[m++] = (struct ev){t->slice[i].ts, 4, i};
+    }
+  }
   for (int f = 0; f < t->n_flow; f++) {
     e[m++] = (struct ev){t->slice[t->flow[f].from].ts, 1, f};
     e[m++] = (struct ev){t->slice[t->flow[f].to].ts, 2, f};
   }
   qsort(e, (size_t)m, sizeof(*e), cmp_ev);
-  for (int i = 0; i < m; i++)
+  int *running = cedar_xcalloc((size_t)(t->n_proc + 1), sizeof *running); /* by process: the trace's, then proc[] */
+  for (int i = 0; i < m; i++) {
+    if (e[i].kind >= 3) {
+      const struct viz_slice *s = &t->slice[e[i].idx];
+      int p = 0;
+      for (int q = 0; q < t->n_proc; q++)
+        if (t->proc_pid[q] == s->pid) p = q + 1;
+      running[p] += e[i].kind == 4 ? 1 : -1;
+      cJSON *c = event_of(s->pid, "Engram prefetch", "C", 0);
+      cJSON_AddNumberToObject(c, "ts", e[i].ts);
+      cJSON_AddNumberToObject(cJSON_AddObjectToObject(c, "args"), "running", running[p]);
+      cJSON_AddItemToArray(evs, c);
+      continue;
+    }
     cJSON_AddItemToArray(evs, e[i].kind == 0 ? slice_event(&t->slice[e[i].idx]) : flow_event(t, e[i].idx, e[i].kind == 1));
+  }
+  free(running);
   free(e);
   cJSON_AddStringToObject(root, "displayTimeUnit", "ms");
+  if (t->prefetch.tasks) {
+    const struct viz_prefetch *p = &t->prefetch;
+    cJSON *o = cJSON_AddObjectToObject(cJSON_AddObjectToObject(root, "otherData"), "engram_prefetch");
+    cJSON_AddNumberToObject(o, "tasks", p->tasks);
+    cJSON_AddNumberToObject(o, "us", p->us);
+    cJSON_AddNumberToObject(o, "overlapped_us", p->overlapped_us);
+    cJSON_AddNumberToObject(o, "overlap_fraction", p->us > 0 ? p->overlapped_us / p->us : 0);
+    cJSON_AddNumberToObject(o, "started_ahead_of_first_layer", p->ahead);
+  }
   return root;
 }
 

@@ -12,7 +12,8 @@
  * positions) and rank (the MPI rank it ran on; 0 when one process runs); one flow pair ("ph":"s" / "ph":"f", bound to the
  * enclosing slices) per graph edge whose two ends ran on different tracks
  * (category "dep"), and any flow a caller adds (a P/D transfer: "transfer",
- * from the send on P's process to the receive on D's).
+ * from the send on P's process to the receive on D's); the Engram prefetch
+ * as a counter lane and a measured overlap (struct viz_prefetch).
  * Events are written in timestamp order, so every track's timestamps are
  * non-decreasing; slices of one track come from one worker and never
  * overlap.
@@ -26,6 +27,7 @@
 #ifndef CEDAR_VIZ_TRACE_H
 #define CEDAR_VIZ_TRACE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -54,6 +56,16 @@ struct viz_flow {
   const char *cat; /* "dep" (a graph edge) unless given (viz_trace_add_flow) */
 };
 
+/* The Engram prefetch (graph nodes engram_rows), measured over the graphs
+ * added: tasks, their time, the part of it during which a non-prefetch
+ * task of the same graph ran on another track (overlapped with compute),
+ * and how many started no later than the first layer of their tile (the
+ * lowest-layer attention node of the same chunk). */
+struct viz_prefetch {
+  int tasks, ahead;
+  double us, overlapped_us;
+};
+
 struct viz_trace {
   char process[64];
   int pid;
@@ -68,6 +80,7 @@ struct viz_trace {
   char (*proc)[64];
   int *proc_pid;
   int n_proc;
+  struct viz_prefetch prefetch;
 };
 
 void viz_trace_init(struct viz_trace *t, const char *process, int pid);
@@ -97,6 +110,10 @@ void viz_trace_add_graph_split(struct viz_trace *t, const struct graph *g, const
 int viz_trace_add_slice(struct viz_trace *t, const struct viz_slice *s);
 /* A flow from slice `from` to slice `to`, in category cat (e.g. "transfer"). */
 void viz_trace_add_flow(struct viz_trace *t, int from, int to, const char *cat);
+/* One line on the prefetch ("Engram prefetch: ..."); false when none ran.
+ * The trace carries the same figures as otherData.engram_prefetch and a
+ * counter lane per process ("ph":"C", "Engram prefetch": tasks running). */
+bool viz_trace_prefetch_text(const struct viz_trace *t, char *out, size_t len);
 /* Write the JSON to path. Returns 0, or CEDAR_EIO with a message. */
 int viz_trace_write(const struct viz_trace *t, const char *path, char *err, size_t err_len);
 

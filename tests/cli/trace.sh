@@ -83,6 +83,11 @@ def problems(path, want_slices):
             if e["name"] in ("process_name", "thread_name"):
                 names[(e["name"], e["pid"] if e["name"] == "process_name" else track)] = e["args"].get("name")
             continue
+        if ph == "C":  # a counter lane (the Engram prefetch): numeric ts and numeric args
+            if not isinstance(e.get("ts"), num) or not isinstance(e.get("args"), dict) or \
+                    not all(isinstance(v, num) for v in e["args"].values()):
+                return f"counter event {i} lacks a numeric ts or numeric args"
+            continue
         if ph not in ("X", "s", "f"):
             return f"event {i}: phase {ph} is not one cedar writes"
         if not isinstance(e.get("ts"), num) or isinstance(e.get("ts"), bool):

@@ -47,6 +47,11 @@ def problems(doc, ranks=None, transfers=None):
             elif e["name"] == "thread_name":
                 names[("t", track)] = e["args"]["name"]
             continue
+        if ph == "C":  # a counter lane (the Engram prefetch): numeric ts and numeric args
+            if not isinstance(e.get("ts"), num) or not isinstance(e.get("args"), dict) or \
+                    not all(isinstance(v, num) for v in e["args"].values()):
+                return f"counter event {i} lacks a numeric ts or numeric args"
+            continue
         if ph not in ("X", "s", "f"):
             return f"event {i}: phase {ph} is not one cedar writes"
         if not isinstance(e.get("ts"), num) or isinstance(e.get("ts"), bool):
