@@ -2,7 +2,7 @@
  *
  * kern_backend_cuda is defined twice, one per build: kernels/backend_cuda.cu
  * (CEDAR_CUDA=ON), available when the CUDA runtime sees a device, with a run
- * slot per CUDA twin as the twins land (none yet: every slot NULL), and
+ * slot per registered op (each its CUDA twin: docs/kernels.md), and
  * kernels/backend_nocuda.c (CEDAR_CUDA=OFF), never available ("built
  * without CUDA"). Callers list it beside op_backend_cpu and ask available()
  * first; they need no #ifdef.

@@ -20,11 +20,14 @@
 #include "kernels/attention.cuh"
 #include "kernels/backend.h"
 #include "kernels/basic.cuh"
+#include "kernels/compressor.cuh"
+#include "kernels/dspark.cuh"
 #include "kernels/engram.cuh"
 #include "kernels/formats.cuh"
 #include "kernels/indexer.cuh"
 #include "kernels/mhc.cuh"
 #include "kernels/moe.cuh"
+#include "kernels/qkv.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/sample.cuh"
 
@@ -66,6 +69,12 @@ KERN_SLOT(mxfp4_pack, kern_mxfp4_pack_run)
 KERN_SLOT(mxfp4_unpack, kern_mxfp4_unpack_run)
 KERN_SLOT(fp8_pack, kern_fp8_pack_run)
 KERN_SLOT(fp8_unpack, kern_fp8_unpack_run)
+KERN_SLOT(q_latent, kern_q_latent_run)
+KERN_SLOT(q_main, kern_q_main_run)
+KERN_SLOT(q_indexer, kern_q_indexer_run)
+KERN_SLOT(index_weights, kern_index_weights_run)
+KERN_SLOT(swa_kv, kern_swa_kv_run)
+KERN_SLOT(compress, kern_compress_run)
 KERN_SLOT(indexer_topk, kern_indexer_topk_run)
 KERN_SLOT(reindex, kern_reindex_run)
 KERN_SLOT(sparse_attn, kern_sparse_attn_run)
@@ -78,6 +87,9 @@ KERN_SLOT(mhc_merge, kern_mhc_merge_run)
 KERN_SLOT(engram_hash, kern_engram_hash_run)
 KERN_SLOT(engram_gather, kern_engram_gather_run)
 KERN_SLOT(engram_inject, kern_engram_inject_run)
+KERN_SLOT(dspark_draft, kern_dspark_draft_run)
+KERN_SLOT(dspark_confidence, kern_dspark_confidence_run)
+KERN_SLOT(dspark_verify_len, kern_dspark_verify_len_run)
 KERN_SLOT(sample, kern_sample_run)
 #undef KERN_SLOT
 

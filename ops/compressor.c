@@ -286,26 +286,19 @@ static bool in_vector(const struct op_desc *self, struct op_io *io, const char *
   return true;
 }
 
-/* Everything of one call: the layer, its ropes, the inputs and the start. */
-struct comp_call {
-  struct op_comp_layer L;
-  struct op_rope rope, rope_i;
-  const float *u;
-  int n;
-  int64_t start;
-};
-
-static int comp_params(const struct op_desc *self, struct op_io *io, struct comp_call *c) {
-  double ratio, start, eps, mb, ib, rule, nibble, k_norm;
+static int comp_params(const struct op_desc *self, struct op_io *io, struct op_compress_call *c) {
+  double ratio, start, eps, mb, ib, rule, nibble, k_norm, floats;
   if (!op_io_param_in(self, io, "ratio", 1, INT_MAX, &ratio) || !op_io_param_in(self, io, "start", 0, 0x1p53, &start) ||
       !op_io_param_in(self, io, "eps", 0, DBL_MAX, &eps) || !op_io_param_in(self, io, "main_block", 2, INT_MAX, &mb) ||
       !op_io_param_in(self, io, "idx_block", 2, INT_MAX, &ib) || !op_io_param_in(self, io, "scale_rule", 0, 1, &rule) ||
-      !op_io_param_in(self, io, "nibble", 0, 1, &nibble) || !op_io_param_in(self, io, "k_norm", 0, 1, &k_norm))
+      !op_io_param_in(self, io, "nibble", 0, 1, &nibble) || !op_io_param_in(self, io, "k_norm", 0, 1, &k_norm) ||
+      !op_io_param_in(self, io, "floats", 0, 1, &floats))
     return CEDAR_EINVAL;
   if ((int64_t)start % (int64_t)ratio != 0)
     return op_io_fail(io, "compress: start %lld is not a multiple of ratio %d (a group cannot begin mid-group)",
                       (long long)start, (int)ratio);
   c->start = (int64_t)start;
+  c->floats = floats != 0;
   c->L = (struct op_comp_layer){.ratio = (int)ratio, .k_norm = k_norm != 0, .eps = (float)eps,
                                 .rope = &c->rope, .rope_i = &c->rope_i,
                                 .main_fmt = op_kv_fp4_format((int)mb, (enum op_nibble_order)nibble),
@@ -315,7 +308,7 @@ static int comp_params(const struct op_desc *self, struct op_io *io, struct comp
 }
 
 /* The tensors, checked against W_kv (d, hidden) and W_ik (idx_dim, d). */
-static int comp_inputs(const struct op_desc *self, struct op_io *io, struct comp_call *c) {
+static int comp_inputs(const struct op_desc *self, struct op_io *io, struct op_compress_call *c) {
   struct op_comp_layer *L = &c->L;
   int64_t ud[2], kd[2], id[2];
   const struct op_tensor *u = op_io_in(self, io, "u", 2, ud);
@@ -349,21 +342,41 @@ static int comp_inputs(const struct op_desc *self, struct op_io *io, struct comp
   return 0;
 }
 
-/* Run the call into the outputs: entries (Main-KV part first, then the
- * Indexer-K part), their positions and the tail left behind. */
-static int comp_outputs(const struct op_desc *self, struct op_io *io, struct comp_call *c) {
+/* The outputs: entries (Main-KV part first, then the Indexer-K part), their
+ * positions (filled here: integer work), the tail left behind, and with
+ * floats=1 kM and kI. */
+static int comp_outputs(const struct op_desc *self, struct op_io *io, struct op_compress_call *c) {
   const struct op_comp_layer *L = &c->L;
-  const int r = L->ratio, d = L->d, n_emit = c->n / r, left = c->n % r;
+  const int r = L->ratio, d = L->d;
+  c->n_emit = c->n / r, c->left = c->n % r;
   size_t mb = op_kv_bytes(&L->main_fmt, d), ib = op_kv_bytes(&L->idx_fmt, L->idx_dim);
-  struct op_comp_out out = {.entry_bytes = mb + ib, .main_off = 0, .idx_off = mb, .max_entries = n_emit};
-  float *tv = NULL, *tg = NULL;
-  int64_t *tpos = NULL;
-  if (!(out.entries = op_io_out(self, io, "entries", 2, (int64_t[]){n_emit, (int64_t)(mb + ib)})) ||
-      !(out.pos = op_io_out(self, io, "pos", 1, (int64_t[]){n_emit})) ||
-      !(tv = op_io_out(self, io, "tail_v", 2, (int64_t[]){left, d})) ||
-      !(tg = op_io_out(self, io, "tail_g", 2, (int64_t[]){left, d})) ||
-      !(tpos = op_io_out(self, io, "tail_pos", 1, (int64_t[]){left})))
+  c->out = (struct op_comp_out){.entry_bytes = mb + ib, .main_off = 0, .idx_off = mb, .max_entries = c->n_emit};
+  if (!(c->out.entries = op_io_out(self, io, "entries", 2, (int64_t[]){c->n_emit, (int64_t)(mb + ib)})) ||
+      !(c->out.pos = op_io_out(self, io, "pos", 1, (int64_t[]){c->n_emit})) ||
+      !(c->tail_v = op_io_out(self, io, "tail_v", 2, (int64_t[]){c->left, d})) ||
+      !(c->tail_g = op_io_out(self, io, "tail_g", 2, (int64_t[]){c->left, d})) ||
+      !(c->tail_pos = op_io_out(self, io, "tail_pos", 1, (int64_t[]){c->left})) ||
+      (c->floats && (!(c->out.kM = op_io_out(self, io, "kM", 2, (int64_t[]){c->n_emit, d})) ||
+                     !(c->out.kI = op_io_out(self, io, "kI", 2, (int64_t[]){c->n_emit, L->idx_dim})))))
     return CEDAR_ENOMEM;
+  for (int e = 0; e < c->n_emit; e++) c->out.pos[e] = c->start + (int64_t)e * r;
+  for (int i = 0; i < c->left; i++) c->tail_pos[i] = c->start + (int64_t)c->n_emit * r + i;
+  return 0;
+}
+
+int op_compress_prepare(const struct op_desc *self, struct op_io *io, struct op_compress_call *c) {
+  memset(c, 0, sizeof *c);
+  int rc = comp_params(self, io, c);
+  if (!rc) rc = comp_inputs(self, io, c);
+  if (!rc) rc = comp_outputs(self, io, c);
+  return rc;
+}
+
+/* Run the prepared call: one op_compress from an empty tail at start, its
+ * tail copied out. */
+static int comp_compute(struct op_io *io, struct op_compress_call *c) {
+  const struct op_comp_layer *L = &c->L;
+  const int r = L->ratio, d = L->d, left = c->left;
   float *scratch = calloc(op_comp_scratch_floats(c->n, r, d, L->idx_dim), sizeof *scratch);
   float *tbuf = r > 1 ? calloc(op_comp_tail_floats(r, d), sizeof *tbuf) : NULL;
   if (!scratch || (r > 1 && !tbuf)) {
@@ -372,23 +385,20 @@ static int comp_outputs(const struct op_desc *self, struct op_io *io, struct com
   }
   struct op_comp_tail tail;
   int rc = op_comp_tail_init(&tail, tbuf, r, d, c->start);
-  if (rc == 0) rc = op_compress(&out, &tail, scratch, c->u, c->start, c->n, L, NULL);
-  CEDAR_ASSERT_MSG(rc == n_emit && tail.count == left, "compress: emitted %d of %d", rc, n_emit);
+  if (rc == 0) rc = op_compress(&c->out, &tail, scratch, c->u, c->start, c->n, L, NULL);
+  CEDAR_ASSERT_MSG(rc == c->n_emit && tail.count == left, "compress: emitted %d of %d", rc, c->n_emit);
   if (left) {
-    memcpy(tv, tail.v, (size_t)left * d * sizeof *tv);
-    memcpy(tg, tail.g, (size_t)left * d * sizeof *tg);
+    memcpy(c->tail_v, tail.v, (size_t)left * d * sizeof *c->tail_v);
+    memcpy(c->tail_g, tail.g, (size_t)left * d * sizeof *c->tail_g);
   }
-  for (int i = 0; i < left; i++) tpos[i] = tail.pos0 + i;
   free(scratch), free(tbuf);
   return 0;
 }
 
 static int compress_run(const struct op_desc *self, struct op_io *io) {
-  struct comp_call c;
-  int rc = comp_params(self, io, &c);
-  if (!rc) rc = comp_inputs(self, io, &c);
-  if (!rc) rc = comp_outputs(self, io, &c);
-  return rc;
+  struct op_compress_call c;
+  int rc = op_compress_prepare(self, io, &c);
+  return rc ? rc : comp_compute(io, &c);
 }
 
 const struct op_desc op_desc_compress = {
@@ -409,6 +419,8 @@ const struct op_desc op_desc_compress = {
         {"tail_v", OP_F32, "(n%ratio, d)", "the tail after the call: projected values of the pending rows"},
         {"tail_g", OP_F32, "(n%ratio, d)", "their gate scores"},
         {"tail_pos", OP_I64, "(n%ratio)", "their positions (the next call starts after the last)"},
+        {"kM", OP_F32, "(n/ratio, d)", "with floats=1: Main KV after RoPE, before FP4 (the encoder's input)"},
+        {"kI", OP_F32, "(n/ratio, idx_dim)", "with floats=1: Indexer K after k_norm and RoPE, before MXFP4"},
         {0}},
     .params = (const struct op_param[]){
         {"ratio", OP_PARAM_INT, 2, "tokens per entry r [A]: 2 encoder sources, 1 L20"},
@@ -424,6 +436,7 @@ const struct op_desc op_desc_compress = {
         {"idx_rope_dim", OP_PARAM_INT, 64, "indexer RoPE channels of idx_dim [R-cfg]"},
         {"idx_rope_last", OP_PARAM_BOOL, 1, "indexer RoPE on the last channels; theta and YaRN below are both "
                                             "RoPEs' [R-cfg]"},
+        {"floats", OP_PARAM_BOOL, 0, "also write kM and kI, the values the packers encoded [cedar]"},
         OP_ROPE_PARAM_LIST,
         {0}},
     .run = compress_run,

@@ -42,6 +42,10 @@
 #include "ops/formats.h"
 #include "ops/rope.h"
 
+#ifdef __cplusplus /* the CUDA twin in kernels/ includes it */
+extern "C" {
+#endif
+
 /* An unfinished group, carried across calls. Caller-owned: the rows live in a
  * caller buffer of op_comp_tail_floats(ratio, d) floats. A ratio-1 tail has
  * no rows (v = g = NULL) and only tracks the next position. */
@@ -131,5 +135,32 @@ int op_comp_push(const struct op_comp_out *out, struct op_comp_tail *tail, float
 int op_compress(const struct op_comp_out *out, struct op_comp_tail *tail,
                 float *scratch /* (op_comp_scratch_floats(n, ratio, d, idx_dim)) */, const float *u /* (n, hidden) */,
                 int64_t a, int n, const struct op_comp_layer *L, const struct op_rope_angles *ang /* or NULL */);
+
+/* ---- the descriptor's checked call --------------------------------------- */
+/* What the compress descriptor reads from an op_io once every input and
+ * parameter is checked and the outputs allocated (entry and tail positions
+ * already filled: integer work), shared by the CPU run (ops/compressor.c)
+ * and the CUDA twin (kernels/compressor.cu), so both refuse the same calls
+ * with the same status and message: 0 or the status after op_io_fail.
+ * L.rope and L.rope_i point into the struct itself: use it where
+ * op_compress_prepare filled it, never a copy. */
+struct op_desc;
+struct op_io;
+struct op_compress_call {
+  struct op_comp_layer L;
+  struct op_rope rope, rope_i;
+  const float *u;       /* (n, hidden), positions start .. start + n - 1 */
+  int n, n_emit, left;  /* rows; entries emitted (n / ratio); tail rows (n % ratio) */
+  int64_t start;
+  bool floats;          /* out.kM and out.kI are outputs */
+  struct op_comp_out out; /* entries, pos (filled), kM/kI with floats; main part at 0, index part after */
+  float *tail_v, *tail_g; /* (left, d) */
+  int64_t *tail_pos;      /* (left), filled */
+};
+int op_compress_prepare(const struct op_desc *self, struct op_io *io, struct op_compress_call *c);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -75,7 +75,7 @@ int op_dspark_verify_len(float *score, const float *a, const float *t_round, int
  * sampling distribution (the op keeps only the last), which acceptance
  * needs. */
 
-static int dspark_draft_run(const struct op_desc *self, struct op_io *io) {
+int op_dspark_draft_prepare(const struct op_desc *self, struct op_io *io, struct op_dspark_draft_call *c) {
   int64_t bd[2], ad[2], ud[2], y0;
   double given;
   const struct op_tensor *base = op_io_in(self, io, "base", 2, bd), *A = NULL, *U = NULL;
@@ -99,18 +99,33 @@ static int dspark_draft_run(const struct op_desc *self, struct op_io *io) {
   float *logits = draft ? op_io_out(self, io, "logits", 2, bd) : NULL;
   float *prob = logits ? op_io_out(self, io, "prob", 2, bd) : NULL;
   if (!prob) return CEDAR_ENOMEM;
+  *c = (struct op_dspark_draft_call){.base = base->data, .A = A->data, .U = U->data, .L = (int)L, .V = (int)V,
+                                     .rank = (int)rank, .y0 = (int32_t)y0, .temperature = temperature,
+                                     .top_p = top_p, .seed = rng, .draft = draft, .logits = logits, .prob = prob};
+  return 0;
+}
+
+int op_dspark_draft_bad_position(struct op_io *io, int64_t i) {
+  return op_io_fail(io, "dspark_draft: the logits of draft position %lld hold NaN or +inf, or no finite value",
+                    (long long)i);
+}
+
+static int dspark_draft_run(const struct op_desc *self, struct op_io *io) {
+  struct op_dspark_draft_call c;
+  int rc = op_dspark_draft_prepare(self, io, &c);
+  if (rc) return rc;
+  const int64_t V = c.V;
   int32_t *order = malloc((size_t)V * sizeof *order);
   if (!order) return op_io_fail(io, "dspark_draft: cannot allocate %lld ids of workspace", (long long)V), CEDAR_ENOMEM;
-  int rc = 0;
-  int32_t prev = (int32_t)y0;
-  for (int64_t i = 0; i < L; i++) {
-    if (op_dspark_markov_draft(draft + i, logits + i * V, prob + i * V, order, (const float *)base->data + i * V,
-                               A->data, U->data, prev, 1, (int)V, (int)rank, temperature, top_p, &rng)) {
-      rc = op_io_fail(io, "dspark_draft: the logits of draft position %lld hold NaN or +inf, or no finite value",
-                      (long long)i);
+  uint64_t rng = c.seed;
+  int32_t prev = c.y0;
+  for (int64_t i = 0; i < c.L; i++) {
+    if (op_dspark_markov_draft(c.draft + i, c.logits + i * V, c.prob + i * V, order, c.base + i * V, c.A, c.U, prev,
+                               1, c.V, c.rank, c.temperature, c.top_p, &rng)) {
+      rc = op_dspark_draft_bad_position(io, i);
       break;
     }
-    prev = draft[i];
+    prev = c.draft[i];
   }
   free(order);
   return rc;
@@ -138,7 +153,8 @@ const struct op_desc op_desc_dspark_draft = {
 
 /* -- dspark_confidence -- */
 
-static int dspark_confidence_run(const struct op_desc *self, struct op_io *io) {
+int op_dspark_confidence_prepare(const struct op_desc *self, struct op_io *io,
+                                 struct op_dspark_confidence_call *c) {
   int64_t hd[2], wd[1], bd[1];
   const struct op_tensor *h = op_io_in(self, io, "h", 2, hd), *w = NULL, *b = NULL;
   if (!h || !(w = op_io_in(self, io, "w_c", 1, wd)) || !(b = op_io_in(self, io, "b_c", 1, bd)) ||
@@ -148,8 +164,16 @@ static int dspark_confidence_run(const struct op_desc *self, struct op_io *io) {
     return CEDAR_EINVAL;
   float *a = op_io_out(self, io, "a", 1, (int64_t[]){hd[0]});
   if (!a) return CEDAR_ENOMEM;
-  op_dspark_confidence(a, h->data, w->data, ((const float *)b->data)[0], (int)hd[0], (int)hd[1]);
+  *c = (struct op_dspark_confidence_call){.h = h->data, .w_c = w->data, .b_c = ((const float *)b->data)[0],
+                                          .L = (int)hd[0], .d = (int)hd[1], .a = a};
   return 0;
+}
+
+static int dspark_confidence_run(const struct op_desc *self, struct op_io *io) {
+  struct op_dspark_confidence_call c;
+  int rc = op_dspark_confidence_prepare(self, io, &c);
+  if (!rc) op_dspark_confidence(c.a, c.h, c.w_c, c.b_c, c.L, c.d);
+  return rc;
 }
 
 const struct op_desc op_desc_dspark_confidence = {
@@ -165,25 +189,38 @@ const struct op_desc op_desc_dspark_confidence = {
 
 /* -- dspark_verify_len -- */
 
-static int dspark_verify_len_run(const struct op_desc *self, struct op_io *io) {
+int op_dspark_verify_len_prepare(const struct op_desc *self, struct op_io *io,
+                                 struct op_dspark_verify_len_call *c) {
   int64_t ad[1], td[1];
   const struct op_tensor *a = op_io_in(self, io, "a", 1, ad), *t = NULL;
   if (!a || !(t = op_io_in(self, io, "t_round", 1, td)) || !op_io_dims_fit_int(io, self->name, "a", ad, 1) ||
       !op_io_dims_match(io, self->name, "t_round", td, (int64_t[]){ad[0] + 1}, 1, "a (Lmax + 1 lengths 0..Lmax)", ad, 1))
     return CEDAR_EINVAL;
-  int Lmax = (int)ad[0];
   float *e = op_io_out(self, io, "expected", 1, td);
   float *score = e ? op_io_out(self, io, "score", 1, td) : NULL;
   int32_t *best = score ? op_io_out(self, io, "L_star", 1, (int64_t[]){1}) : NULL;
   if (!best) return CEDAR_ENOMEM;
-  op_dspark_expected_accept(e, a->data, Lmax);
-  best[0] = op_dspark_verify_len(score, a->data, t->data, Lmax);
-  const float *tr = t->data;
-  for (int L = 0; best[0] < 0 && L <= Lmax; L++)
+  *c = (struct op_dspark_verify_len_call){.a = a->data, .t_round = t->data, .Lmax = (int)ad[0], .expected = e,
+                                          .score = score, .L_star = best};
+  return 0;
+}
+
+int op_dspark_verify_len_check_t(struct op_io *io, const struct op_dspark_verify_len_call *c) {
+  const float *tr = c->t_round;
+  for (int L = 0; L <= c->Lmax; L++)
     if (!(tr[L] > 0.0f) || !isfinite(tr[L]))
       return op_io_fail(io, "dspark_verify_len: t_round[%d] = %g is not positive and finite (a measurement bug)", L,
                         (double)tr[L]);
   return 0;
+}
+
+static int dspark_verify_len_run(const struct op_desc *self, struct op_io *io) {
+  struct op_dspark_verify_len_call c;
+  int rc = op_dspark_verify_len_prepare(self, io, &c);
+  if (rc) return rc;
+  op_dspark_expected_accept(c.expected, c.a, c.Lmax);
+  c.L_star[0] = op_dspark_verify_len(c.score, c.a, c.t_round, c.Lmax);
+  return c.L_star[0] < 0 ? op_dspark_verify_len_check_t(io, &c) : 0;
 }
 
 const struct op_desc op_desc_dspark_verify_len = {

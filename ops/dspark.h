@@ -28,6 +28,10 @@
 
 #include <stdint.h>
 
+#ifdef __cplusplus /* the CUDA twins in kernels/ include it */
+extern "C" {
+#endif
+
 /* Draft L tokens left to right. Position i's logits (row i of `logits`, no
  * aliasing with base) are base_i + U A[y_{i-1}]; the token is chosen by
  * op_sample with (temperature, top_p, rng), temperature <= 0 being greedy.
@@ -54,5 +58,48 @@ void op_dspark_expected_accept(float *e /* (Lmax + 1) */, const float *a /* (Lma
  * positive and finite (a measurement bug, reported, not guessed around). */
 int op_dspark_verify_len(float *score /* (Lmax + 1) or NULL */, const float *a /* (Lmax) */,
                          const float *t_round /* (Lmax + 1) */, int Lmax);
+
+/* ---- the descriptors' checked calls -------------------------------------- */
+/* What dspark_draft, dspark_confidence and dspark_verify_len's descriptors
+ * read from an op_io once inputs and parameters are checked and the outputs
+ * allocated, shared by the CPU runs (ops/dspark.c) and the CUDA twins
+ * (kernels/dspark.cu), so both refuse the same calls with the same status
+ * and message: 0 or the status after op_io_fail. */
+struct op_desc;
+struct op_io;
+struct op_dspark_draft_call {
+  const float *base, *A, *U; /* (L, V), (V, rank), (V, rank) */
+  int L, V, rank;
+  int32_t y0;
+  float temperature, top_p;
+  uint64_t seed;             /* the generator's state before position 0's draw */
+  int32_t *draft;            /* (L) */
+  float *logits, *prob;      /* (L, V) each */
+};
+int op_dspark_draft_prepare(const struct op_desc *self, struct op_io *io, struct op_dspark_draft_call *c);
+/* The refusal of draft position i whose logits the sampler cannot use
+ * (op_sample_row_usable false), after op_io_fail. */
+int op_dspark_draft_bad_position(struct op_io *io, int64_t i);
+struct op_dspark_confidence_call {
+  const float *h, *w_c; /* (L, d), (d) */
+  float b_c;
+  int L, d;
+  float *a; /* (L) */
+};
+int op_dspark_confidence_prepare(const struct op_desc *self, struct op_io *io, struct op_dspark_confidence_call *c);
+struct op_dspark_verify_len_call {
+  const float *a, *t_round; /* (Lmax), (Lmax + 1) */
+  int Lmax;
+  float *expected, *score; /* (Lmax + 1) each */
+  int32_t *L_star;         /* (1) */
+};
+int op_dspark_verify_len_prepare(const struct op_desc *self, struct op_io *io, struct op_dspark_verify_len_call *c);
+/* The refusal of the first t_round[L] that is not positive and finite (after
+ * op_io_fail), or 0 when every one is. */
+int op_dspark_verify_len_check_t(struct op_io *io, const struct op_dspark_verify_len_call *c);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

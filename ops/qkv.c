@@ -129,7 +129,7 @@ static bool angles_at(struct op_rope_angles *a, float **buf, const struct op_rop
   return true;
 }
 
-static int q_latent_run(const struct op_desc *self, struct op_io *io) {
+int op_q_latent_prepare(const struct op_desc *self, struct op_io *io, struct op_qkv_call *c) {
   const struct op_tensor *u, *W;
   int64_t ud[2], wd[2];
   const float *gamma;
@@ -139,13 +139,21 @@ static int q_latent_run(const struct op_desc *self, struct op_io *io) {
     return CEDAR_EINVAL;
   float *cq = op_io_out(self, io, "cq", 2, (int64_t[]){ud[0], wd[0]});
   if (!cq) return CEDAR_ENOMEM;
-  op_q_latent(cq, u->data, W->data, gamma, (int)ud[0], (int)ud[1], (int)wd[0], (float)eps);
+  *c = (struct op_qkv_call){.x = u->data, .W = W->data, .gamma = gamma, .out = cq, .n = (int)ud[0],
+                            .in = (int)ud[1], .rows = (int)wd[0], .eps = (float)eps};
   return 0;
+}
+
+static int q_latent_run(const struct op_desc *self, struct op_io *io) {
+  struct op_qkv_call c;
+  int rc = op_q_latent_prepare(self, io, &c);
+  if (!rc) op_q_latent(c.out, c.x, c.W, c.gamma, c.n, c.in, c.rows, c.eps);
+  return rc;
 }
 
 /* q_main and q_indexer: cq (n, q_rank) through W (heads*head_dim, q_rank),
  * per-head norm (main only), RoPE at pos. */
-static int q_heads_run(const struct op_desc *self, struct op_io *io, bool main) {
+int op_q_heads_prepare(const struct op_desc *self, struct op_io *io, bool main, struct op_qkv_call *c) {
   const char *wname = main ? "W_qb" : "W_iq";
   int64_t cd[2], wd[2];
   double heads, hd, norm = 0, eps = 0;
@@ -159,17 +167,26 @@ static int q_heads_run(const struct op_desc *self, struct op_io *io, bool main) 
     return op_io_fail(io, "%s: %s is (%lld, %lld) but heads %g x head_dim %g over cq (%lld, %lld) needs (%lld, %lld)",
                       self->name, wname, (long long)wd[0], (long long)wd[1], heads, hd, (long long)cd[0],
                       (long long)cd[1], (long long)(heads * hd), (long long)cd[1]);
-  struct op_rope rope;
-  if (!op_rope_from_params(self, io, "rope_dim", "last", (int)hd, &rope)) return CEDAR_EINVAL;
+  memset(c, 0, sizeof *c);
+  if (!op_rope_from_params(self, io, "rope_dim", "last", (int)hd, &c->rope)) return CEDAR_EINVAL;
   float *q = op_io_out(self, io, main ? "q" : "qI", 3, (int64_t[]){cd[0], (int64_t)heads, (int64_t)hd});
   if (!q) return CEDAR_ENOMEM;
+  c->x = cq->data, c->W = W->data, c->pos = pos, c->out = q, c->n = (int)cd[0], c->in = (int)cd[1];
+  c->rows = (int)wd[0], c->heads = (int)heads, c->head_dim = (int)hd, c->head_norm = norm != 0, c->eps = (float)eps;
+  return 0;
+}
+
+static int q_heads_run(const struct op_desc *self, struct op_io *io, bool main) {
+  struct op_qkv_call c;
+  int rc = op_q_heads_prepare(self, io, main, &c);
+  if (rc) return rc;
   struct op_rope_angles ang;
   float *abuf;
-  if (!angles_at(&ang, &abuf, &rope, pos, (int)cd[0])) return CEDAR_ENOMEM;
+  if (!angles_at(&ang, &abuf, &c.rope, c.pos, c.n)) return CEDAR_ENOMEM;
   if (main)
-    op_q_main(q, cq->data, W->data, &ang, &rope, (int)cd[0], (int)cd[1], (int)heads, (int)hd, norm != 0, (float)eps);
+    op_q_main(c.out, c.x, c.W, &ang, &c.rope, c.n, c.in, c.heads, c.head_dim, c.head_norm, c.eps);
   else
-    op_q_indexer(q, cq->data, W->data, &ang, &rope, (int)cd[0], (int)cd[1], (int)heads, (int)hd);
+    op_q_indexer(c.out, c.x, c.W, &ang, &c.rope, c.n, c.in, c.heads, c.head_dim);
   free(abuf);
   return 0;
 }
@@ -177,7 +194,7 @@ static int q_heads_run(const struct op_desc *self, struct op_io *io, bool main) 
 static int q_main_run(const struct op_desc *self, struct op_io *io) { return q_heads_run(self, io, true); }
 static int q_indexer_run(const struct op_desc *self, struct op_io *io) { return q_heads_run(self, io, false); }
 
-static int index_weights_run(const struct op_desc *self, struct op_io *io) {
+int op_index_weights_prepare(const struct op_desc *self, struct op_io *io, struct op_qkv_call *c) {
   const struct op_tensor *u, *W;
   int64_t ud[2], wd[2];
   double scale;
@@ -185,21 +202,29 @@ static int index_weights_run(const struct op_desc *self, struct op_io *io) {
     return CEDAR_EINVAL;
   float *w = op_io_out(self, io, "w", 2, (int64_t[]){ud[0], wd[0]});
   if (!w) return CEDAR_ENOMEM;
-  op_index_weights(w, u->data, W->data, (int)ud[0], (int)ud[1], (int)wd[0], (float)scale);
+  *c = (struct op_qkv_call){.x = u->data, .W = W->data, .out = w, .n = (int)ud[0], .in = (int)ud[1],
+                            .rows = (int)wd[0], .scale = (float)scale};
   return 0;
 }
 
-static int swa_kv_run(const struct op_desc *self, struct op_io *io) {
+static int index_weights_run(const struct op_desc *self, struct op_io *io) {
+  struct op_qkv_call c;
+  int rc = op_index_weights_prepare(self, io, &c);
+  if (!rc) op_index_weights(c.out, c.x, c.W, c.n, c.in, c.rows, c.scale);
+  return rc;
+}
+
+int op_swa_kv_prepare(const struct op_desc *self, struct op_io *io, struct op_qkv_call *c) {
   const struct op_tensor *u, *W;
   int64_t ud[2], wd[2];
   const float *gamma;
   const int64_t *pos;
   double eps, pack, block, scale;
-  struct op_rope rope;
+  memset(c, 0, sizeof *c);
   if (!read_proj(self, io, "W_kv", &u, ud, &W, wd) || !read_gamma(self, io, "gamma", wd[0], "W_kv", &gamma) ||
       !(pos = read_pos(self, io, ud[0], "u")) || !op_io_param_in(self, io, "eps", 0, DBL_MAX, &eps) ||
       !op_io_param_in(self, io, "pack", 0, 1, &pack) || !op_io_param_in(self, io, "block", 0, INT_MAX, &block) ||
-      !op_io_param_in(self, io, "scale", 0, 1, &scale) || !op_rope_from_params(self, io, "rope_dim", "last", (int)wd[0], &rope))
+      !op_io_param_in(self, io, "scale", 0, 1, &scale) || !op_rope_from_params(self, io, "rope_dim", "last", (int)wd[0], &c->rope))
     return CEDAR_EINVAL;
   const int n = (int)ud[0], hd = (int)wd[0], blk = block ? (int)block : hd;
   size_t bytes = op_fp8_bytes(hd, blk, (enum op_scale_kind)scale);
@@ -208,13 +233,22 @@ static int swa_kv_run(const struct op_desc *self, struct op_io *io) {
   float *kS = op_io_out(self, io, "kS", 2, (int64_t[]){n, hd});
   uint8_t *entries = kS && pack ? op_io_out(self, io, "entries", 2, (int64_t[]){n, (int64_t)bytes}) : NULL;
   if (!kS || (pack && !entries)) return CEDAR_ENOMEM;
+  c->x = u->data, c->W = W->data, c->gamma = gamma, c->pos = pos, c->out = kS, c->entries = entries;
+  c->n = n, c->in = (int)ud[1], c->rows = hd, c->heads = 1, c->head_dim = hd, c->eps = (float)eps;
+  c->fmt = op_kv_fp8_format(blk, (enum op_scale_kind)scale), c->bytes = bytes;
+  return 0;
+}
+
+static int swa_kv_run(const struct op_desc *self, struct op_io *io) {
+  struct op_qkv_call c;
+  int rc = op_swa_kv_prepare(self, io, &c);
+  if (rc) return rc;
   struct op_rope_angles ang;
   float *abuf;
-  if (!angles_at(&ang, &abuf, &rope, pos, n)) return CEDAR_ENOMEM;
-  op_swa_kv(kS, u->data, W->data, gamma, &ang, &rope, n, (int)ud[1], hd, (float)eps);
+  if (!angles_at(&ang, &abuf, &c.rope, c.pos, c.n)) return CEDAR_ENOMEM;
+  op_swa_kv(c.out, c.x, c.W, c.gamma, &ang, &c.rope, c.n, c.in, c.head_dim, c.eps);
   free(abuf);
-  const struct op_kv_format fmt = op_kv_fp8_format(blk, (enum op_scale_kind)scale);
-  if (pack) op_swa_pack(entries, kS, n, hd, &fmt, bytes);
+  if (c.entries) op_swa_pack(c.entries, c.out, c.n, c.head_dim, &c.fmt, c.bytes);
   return 0;
 }
 

@@ -36,6 +36,10 @@
 #include "ops/formats.h"
 #include "ops/rope.h"
 
+#ifdef __cplusplus /* the CUDA twins in kernels/ include it */
+extern "C" {
+#endif
+
 /* c_q = RMSNorm(W_qa u) * gamma_q, the query latent (SPEC 3.5; q_rank 1280
  * [A]). eps: model.norm_eps (default 1e-6 [R]). */
 void op_q_latent(float *cq /* (n, q_rank) */, const float *u /* (n, hidden) */,
@@ -85,5 +89,39 @@ void op_swa_kv(float *kS /* (n, head_dim) */, const float *u /* (n, hidden) */,
  * untouched. The V4.1 plans store E4M3 with one E8M0 scale per 32 (528 B). */
 void op_swa_pack(uint8_t *out /* (n, stride) */, const float *kS /* (n, w) */, int n, int w,
                  const struct op_kv_format *fmt, size_t stride);
+
+/* ---- the descriptors' checked calls -------------------------------------- */
+/* What q_latent, q_main, q_indexer, index_weights and swa_kv's descriptors
+ * read from an op_io once every input and parameter is checked and the
+ * outputs allocated: one function per op, shared by the CPU runs (below in
+ * ops/qkv.c) and the CUDA twins (kernels/qkv.cu), so both refuse the same
+ * calls with the same status and message. Each returns 0 or the status after
+ * op_io_fail. The angles are not part of it: each side makes its own. */
+struct op_desc;
+struct op_io;
+struct op_qkv_call {
+  const float *x;      /* u (n, in), or cq for q_main / q_indexer */
+  const float *W;      /* (rows, in) */
+  const float *gamma;  /* (rows) or NULL: q_latent's gamma_q, swa_kv's gamma */
+  const int64_t *pos;  /* (n): q_main, q_indexer, swa_kv */
+  float *out;          /* (n, rows): cq, q, qI, w or kS */
+  uint8_t *entries;    /* swa_kv with pack=1: (n, bytes); else NULL */
+  int n, in, rows;     /* rows = heads * head_dim for the head ops */
+  int heads, head_dim; /* the head ops */
+  bool head_norm;      /* q_main */
+  float eps, scale;    /* eps: q_latent, q_main, swa_kv; scale: index_weights */
+  struct op_rope rope; /* q_main, q_indexer, swa_kv */
+  struct op_kv_format fmt; /* swa_kv with pack=1: the FP8 format */
+  size_t bytes;        /* its entry bytes */
+};
+int op_q_latent_prepare(const struct op_desc *self, struct op_io *io, struct op_qkv_call *c);
+/* main: q_main (W_qb, head norm), else q_indexer (W_iq). */
+int op_q_heads_prepare(const struct op_desc *self, struct op_io *io, bool main, struct op_qkv_call *c);
+int op_index_weights_prepare(const struct op_desc *self, struct op_io *io, struct op_qkv_call *c);
+int op_swa_kv_prepare(const struct op_desc *self, struct op_io *io, struct op_qkv_call *c);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

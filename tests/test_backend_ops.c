@@ -213,18 +213,21 @@ static void build_swa_kv(struct h_io *h) {
   h_io_param(h, "pack", 1), h_io_param(h, "block", 8), h_io_param(h, "scale", 1);
 }
 
-/* Ratio 2 from start 4, seven rows: three entries and a tail of one. */
+/* Ratio 2 from start 4, seven rows: three entries and a tail of one. (The
+ * names D and DI are the compressor's; packed_compress reads them back from
+ * the shapes.) */
 static void build_compress(struct h_io *h) {
   enum { N = 7, D = 32, DI = 16 };
   IN(h, "u", OP_F32, frand(N * HID, -2, 2), N, HID);
   IN(h, "W_kv", OP_F32, frand(D * HID, -0.3f, 0.3f), D, HID);
-  IN(h, "W_gate", OP_F32, frand(D * HID, -1, 1), D, HID);
+  IN(h, "W_gate", OP_F32, frand(D * HID, -0.1f, 0.1f), D, HID); /* gates of ~0.4: the k of its case */
   IN(h, "gamma_c", OP_F32, frand(D, -1.5f, 1.5f), D);
   IN(h, "W_ik", OP_F32, frand(DI * D, -0.3f, 0.3f), DI, D);
   IN(h, "k_gamma", OP_F32, frand(DI, 0.5f, 1.5f), DI);
   h_io_param(h, "ratio", 2), h_io_param(h, "start", 4), h_io_param(h, "k_norm", 1);
   h_io_param(h, "main_block", 16), h_io_param(h, "idx_block", 8);
   h_io_param(h, "rope_dim", 8), h_io_param(h, "idx_rope_dim", 4);
+  h_io_param(h, "floats", 1); /* kM and kI, the packers' inputs: the entries' check below */
 }
 
 enum { IS = 5, IH = 3, IW = 16, IBLK = 8, IE = 23 };
@@ -507,16 +510,15 @@ static void ref_rope(const struct h_io *in, const struct h_io *out) {
  *   + 2^-22 |x|; E8M0 scale s < 2 amax/448: <= max(2^-10 s, 2^-4 |x|). */
 enum fmt { FMT_FP4, FMT_MXFP4, FMT_FP8 };
 
-static void roundtrip_within(enum fmt f, const float *x, const float *back, int n, int W, int block, int e8m0,
-                             const char *what) {
-  double *ref = h_keep(malloc((size_t)n * W * sizeof *ref)), *bound = h_keep(malloc((size_t)n * W * sizeof *bound));
+/* The round-trip bound of every value of n rows of W (blocks of `block`,
+ * 0 = the row) into bound. */
+static void roundtrip_bounds(enum fmt f, const float *x, int n, int W, int block, int e8m0, double *bound) {
   const int B = block ? block : W;
   for (int i = 0; i < n * W; i += B) {
     double amax = 0;
     for (int j = i; j < i + B; j++) amax = fmax(amax, fabs(x[j]));
     for (int j = i; j < i + B; j++) {
       const double ax = fabs(x[j]);
-      ref[j] = x[j];
       if (f == FMT_FP4 || f == FMT_MXFP4) {
         const double s = f == FMT_FP4 ? amax / 6 * 9 / 8 : amax / 3;
         bound[j] = fmax(s / 4, ax / 4);
@@ -527,6 +529,13 @@ static void roundtrip_within(enum fmt f, const float *x, const float *back, int 
       }
     }
   }
+}
+
+static void roundtrip_within(enum fmt f, const float *x, const float *back, int n, int W, int block, int e8m0,
+                             const char *what) {
+  double *ref = h_keep(malloc((size_t)n * W * sizeof *ref)), *bound = h_keep(malloc((size_t)n * W * sizeof *bound));
+  for (int j = 0; j < n * W; j++) ref[j] = x[j];
+  roundtrip_bounds(f, x, n, W, block, e8m0, bound);
   h_within(back, ref, bound, (size_t)n * W, what);
 }
 
@@ -586,18 +595,103 @@ static void ref_mxfp4_unpack(const struct h_io *in, const struct h_io *out) {
 }
 static void ref_fp8_unpack(const struct h_io *in, const struct h_io *out) { ref_unpack(OP_ID_fp8_unpack, 0, in, out); }
 
+/* ---- entries packed from a GEMM's result: swa_kv, compress ----------------- */
+/* A twin packs KV from its own floats (kS; kM and kI), which differ from the
+ * CPU's by the GEMM's rounding, so one code may move a step: entries are not
+ * compared bitwise across backends. Instead, per part of every entry:
+ * 1. codes: the twin's bytes are the CPU packer's encoding (op_kv_pack) of
+ *    the twin's own float output, byte for byte (codes are bitwise wherever
+ *    the encoder's input is bitwise equal);
+ * 2. values: the twin's entries decoded and the CPU's decoded differ by at
+ *    most |x_twin - x_cpu| + rt(x_twin) + rt(x_cpu) per value, rt being the
+ *    format's round-trip bound from the block's amax (roundtrip_bounds,
+ *    docs/formats.md section 5), and x_twin - x_cpu the GEMM's difference,
+ *    itself held to close_to_cpu's tolerance on the float output (compare). */
+static void packed_part(const struct op_kv_format *f, enum fmt kind, const uint8_t *got, const uint8_t *ref,
+                        size_t stride, size_t off, const float *xg, const float *xr, int n, int W, const char *what) {
+  const size_t bytes = op_kv_bytes(f, W), nw = (size_t)n * W;
+  const int e8m0 = f->scale == OP_KV_SCALE_E8M0;
+  uint8_t *enc = h_kept_zeros(bytes + 1);
+  float *dg = h_keep(malloc((nw + 1) * sizeof *dg)), *dr = h_keep(malloc((nw + 1) * sizeof *dr));
+  double *bg = h_keep(malloc((nw + 1) * sizeof *bg)), *br = h_keep(malloc((nw + 1) * sizeof *br));
+  double *r64 = h_keep(malloc((nw + 1) * sizeof *r64));
+  for (int i = 0; i < n; i++) {
+    op_kv_pack(f, enc, xg + (size_t)i * W, W);
+    EXPECT(!memcmp(enc, got + (size_t)i * stride + off, bytes),
+           "%s: entry %d's codes are not the CPU packer's for the twin's own floats", what, i);
+    op_kv_unpack(f, dg + (size_t)i * W, got + (size_t)i * stride + off, W);
+    op_kv_unpack(f, dr + (size_t)i * W, ref + (size_t)i * stride + off, W);
+  }
+  roundtrip_bounds(kind, xg, n, W, f->block, e8m0, bg);
+  roundtrip_bounds(kind, xr, n, W, f->block, e8m0, br);
+  for (size_t j = 0; j < nw; j++) r64[j] = dr[j], bg[j] += br[j] + fabs((double)xg[j] - (double)xr[j]);
+  h_within(dg, r64, bg, nw, what);
+}
+
+static bool outputs_of(const struct h_io *h, const char *a, const struct op_tensor **ta, const char *b,
+                       const struct op_tensor **tb) {
+  *ta = op_io_mem_output(h, a), *tb = op_io_mem_output(h, b);
+  return *ta && *tb;
+}
+
+static void packed_swa_kv(const struct h_io *in, const struct h_io *got, const struct h_io *ref, const char *what) {
+  const struct op_tensor *eg, *xg, *er, *xr;
+  if (!outputs_of(got, "entries", &eg, "kS", &xg) || !outputs_of(ref, "entries", &er, "kS", &xr)) {
+    EXPECT(0, "swa_kv %s: entries or kS missing", what);
+    return;
+  }
+  const int n = (int)xg->shape[0], W = (int)xg->shape[1], blk = (int)pget(in, "block", 0);
+  const struct op_kv_format f = op_kv_fp8_format(blk ? blk : W, (enum op_scale_kind)pget(in, "scale", 0));
+  char w[96];
+  snprintf(w, sizeof w, "swa_kv %s: FP8 entries", what);
+  packed_part(&f, FMT_FP8, eg->data, er->data, (size_t)eg->shape[1], 0, xg->data, xr->data, n, W, w);
+}
+
+static void packed_compress(const struct h_io *in, const struct h_io *got, const struct h_io *ref, const char *what) {
+  const struct op_tensor *eg, *mg, *ig, *er, *mr, *ir;
+  ig = op_io_mem_output(got, "kI"), ir = op_io_mem_output(ref, "kI");
+  if (!outputs_of(got, "entries", &eg, "kM", &mg) || !outputs_of(ref, "entries", &er, "kM", &mr) || !ig || !ir) {
+    EXPECT(0, "compress %s: entries, kM or kI missing (the case sets floats=1)", what);
+    return;
+  }
+  const int n = (int)mg->shape[0], d = (int)mg->shape[1], di = (int)ig->shape[1];
+  const enum op_nibble_order nib = (enum op_nibble_order)pget(in, "nibble", 0);
+  EXPECT(pget(in, "scale_rule", 0) == 0, "compress %s: rt bounds are the ceil rule's", what);
+  const struct op_kv_format mf = op_kv_fp4_format((int)pget(in, "main_block", 16), nib);
+  const struct op_kv_format xf = op_kv_mxfp4_format((int)pget(in, "idx_block", 32), OP_MX_CEIL, nib);
+  const size_t stride = (size_t)eg->shape[1];
+  char w[96];
+  snprintf(w, sizeof w, "compress %s: Main-KV FP4 part", what);
+  packed_part(&mf, FMT_FP4, eg->data, er->data, stride, 0, mg->data, mr->data, n, d, w);
+  snprintf(w, sizeof w, "compress %s: Indexer-K MXFP4 part", what);
+  packed_part(&xf, FMT_MXFP4, eg->data, er->data, stride, op_kv_bytes(&mf, d), ig->data, ir->data, n, di, w);
+}
+
 /* ---- the table ------------------------------------------------------------ */
 
 struct bo_case {
   void (*build)(struct h_io *h); /* inputs and parameters */
   /* The longest fp32 reduction behind one output element (1 for elementwise
-   * ops): sizes the tolerance for backends without the CPU's bits. */
+   * ops): sizes the tolerance for backends without the CPU's bits. Where an
+   * output comes from a chain of reductions (a GEMM, then a norm, a softmax
+   * or a second GEMM), k is the sum of the chain's lengths: to first order
+   * the chain's normalized error is the sum of its stages' (a norm divides
+   * a relative error out, a rotation keeps it, a second GEMM over random
+   * weights maps it at about unit gain), and 2 gamma(k) sqrt(k) grows faster
+   * than k, so the bound of the sum covers the sum of the bounds. A stage
+   * that amplifies (an exp of a value with an error) counts its input's
+   * length once more per unit of gain, as the table says. */
   int k;
   /* The CPU's output against a float64 reference, where one is simple. */
   void (*ref)(const struct h_io *in, const struct h_io *out);
+  /* For ops whose U8 "entries" are packed from a GEMM's result: their check
+   * against the CPU's on a backend without the CPU's bits (above), in place
+   * of the bitwise one. */
+  void (*packed)(const struct h_io *in, const struct h_io *got, const struct h_io *ref, const char *what);
 };
 
 #define CASE_(op, kk, reff) [OP_ID_##op] = {.build = build_##op, .k = (kk), .ref = (reff)}
+#define PACKED_(op, kk) [OP_ID_##op] = {.build = build_##op, .k = (kk), .packed = packed_##op}
 static const struct bo_case cases[OP_COUNT] = {
     CASE_(embed, 1, ref_embed),
     CASE_(rmsnorm, HID, ref_rmsnorm),
@@ -609,12 +703,15 @@ static const struct bo_case cases[OP_COUNT] = {
     CASE_(mxfp4_unpack, 1, ref_mxfp4_unpack),
     CASE_(fp8_pack, 1, ref_fp8_pack),
     CASE_(fp8_unpack, 1, ref_fp8_unpack),
-    CASE_(q_latent, HID, NULL),
-    CASE_(q_main, QR, NULL),
-    CASE_(q_indexer, QR, NULL),
-    CASE_(index_weights, HID, NULL),
-    CASE_(swa_kv, HID, NULL),
-    CASE_(compress, HID, NULL),
+    CASE_(q_latent, HID + QR, NULL),    /* W_qa, then RMSNorm over q_rank */
+    CASE_(q_main, QR + 16, NULL),       /* W_qb, then the head norm over head_dim 16 (RoPE: 3u) */
+    CASE_(q_indexer, QR, NULL),         /* W_iq (RoPE: 3u) */
+    CASE_(index_weights, HID, NULL),    /* W_w (the scale: one rounding) */
+    PACKED_(swa_kv, HID + 16),          /* W_kv, then RMSNorm over head_dim 16 */
+    /* W_kv; W_gate through the softmax's exp, whose weights move by 2 |dg|
+     * relative (max and slot): |g| <= 37 * 2 * 0.1 = 7.4, ~0.4 typical, so
+     * 2 HID more; RMSNorm_C over D = 32; W_ik over 32; k_norm over 16. */
+    PACKED_(compress, 3 * HID + 2 * 32 + 16),
     CASE_(indexer_topk, IH * IW, NULL),
     CASE_(reindex, IH * IW, NULL),
     CASE_(sparse_attn, (AK + ASL) * AD, NULL),
@@ -627,12 +724,18 @@ static const struct bo_case cases[OP_COUNT] = {
     CASE_(engram_hash, 1, NULL),
     CASE_(engram_gather, 1, NULL),
     CASE_(engram_inject, 40, NULL),
-    CASE_(dspark_draft, 7, NULL),
-    CASE_(dspark_confidence, 33, NULL),
+    /* U A[prev] over rank 7; the softmax's exp((l - m) / T) moves p by
+     * |dl| / T relative, |l| <= 3 + 7 and T = 1.3: two ranks more; then the
+     * sum over V = 53. */
+    CASE_(dspark_draft, 3 * 7 + 53, NULL),
+    /* w_c . h over 33; the sigmoid moves a by |x| (1 - a) |dx / x| relative,
+     * |x| ~ 2 (33 terms in [-1, 1]^2): twice more. */
+    CASE_(dspark_confidence, 3 * 33, NULL),
     CASE_(dspark_verify_len, 6, NULL),
     CASE_(sample, 61, NULL),
 };
 #undef CASE_
+#undef PACKED_
 
 /* ---- the checks ------------------------------------------------------------ */
 
@@ -677,7 +780,7 @@ static void check_outputs(const struct op_desc *d, const struct h_io *r, const c
  * outputs of a backend without the CPU's bits, a normalized error within
  * close_to_cpu's bound. */
 static void compare(const struct op_desc *d, const struct h_io *a, const struct h_io *ref, bool bitwise, int k,
-                    const char *what) {
+                    const char *what, const char *skip) {
   EXPECT(a->n_out == ref->n_out, "%s %s: %d outputs, reference %d", d->name, what, a->n_out, ref->n_out);
   for (int i = 0; i < ref->n_out; i++) {
     const struct op_tensor *r = &ref->out[i], *t = op_io_mem_output(a, ref->out_name[i]);
@@ -687,6 +790,7 @@ static void compare(const struct op_desc *d, const struct h_io *a, const struct 
       continue;
     }
     const size_t bytes = op_io_mem_bytes(r);
+    if (skip && !strcmp(ref->out_name[i], skip)) continue; /* the case's packed check instead */
     if (bitwise || r->dtype != OP_F32) {
       /* Ids, codes and counts have no tolerance: a backend whose rounding
        * can move one across a boundary must promise the CPU's bits. */
@@ -738,14 +842,16 @@ static enum cell run_on(enum op_id id, const struct bo_case *c, const struct h_i
     check_outputs(d, &r1, b->name);
     char what[64];
     snprintf(what, sizeof what, "on %s, run twice", b->name);
-    compare(d, &r2, &r1, true, c->k, what);
+    compare(d, &r2, &r1, true, c->k, what, NULL);
     if (b == &op_backend_cpu) {
       if (c->ref) c->ref(in, &r1);
       *ref = r1, ref->io.ctx = ref; /* keep the outputs as the reference */
       r1.n_out = 0;
     } else if (have_ref) {
       snprintf(what, sizeof what, "on %s vs cpu", b->name);
-      compare(d, &r1, ref, b->cpu_bits, c->k, what);
+      const bool packed = c->packed && !b->cpu_bits;
+      compare(d, &r1, ref, b->cpu_bits, c->k, what, packed ? "entries" : NULL);
+      if (packed) c->packed(in, &r1, ref, what);
     }
   }
   h_io_free(&r1), h_io_free(&r2);
@@ -759,6 +865,25 @@ static enum cell run_on(enum op_id id, const struct bo_case *c, const struct h_i
          bad.error);
   h_io_free(&bad);
   return h_failures == before ? CELL_OK : CELL_FAIL;
+}
+
+/* The packed checks on the CPU's own outputs (so they run, and can fail,
+ * without a GPU): the CPU against itself passes; with one payload byte of
+ * the entries flipped, the codes check must fail. */
+static void packed_selftest(enum op_id id, const struct bo_case *c, const struct h_io *in, const struct h_io *ref) {
+  const int before = h_failures;
+  c->packed(in, ref, ref, "cpu vs itself");
+  EXPECT(h_failures == before, "%s: the packed check fails the CPU against itself", op_name(id));
+  const struct op_tensor *e = op_io_mem_output(ref, "entries");
+  if (!e || !op_io_mem_bytes(e)) return;
+  uint8_t *b = e->data;
+  b[0] ^= 0x11;
+  printf("%s: packed-check self-test, a failure is expected next:\n", op_name(id));
+  const int mid = h_failures;
+  c->packed(in, ref, ref, "self-test, one byte flipped");
+  const bool caught = h_failures > mid;
+  h_failures = mid, b[0] ^= 0x11;
+  EXPECT(caught, "%s: the packed check accepts an entry byte that is not the packer's", op_name(id));
 }
 
 int main(void) {
@@ -783,6 +908,7 @@ int main(void) {
       grid[i][j] = avail[j] ? run_on((enum op_id)i, c, &in, backends[j], &ref, have_ref) : CELL_SKIP;
       have_ref = have_ref || (j == 0 && grid[i][j] == CELL_OK);
     }
+    if (have_ref && c->packed) packed_selftest((enum op_id)i, c, &in, &ref);
     h_io_free(&ref);
     h_kept_free();
   }

@@ -122,6 +122,43 @@ static bool build(enum op_id id, struct h_io *h) {
       h_io_param(h, "idx_block", 8), h_io_param(h, "k", 2), h_io_param(h, "pool_block", 2);
       return true;
     }
+    case OP_ID_q_latent:
+      IN(h, "u", OP_F32, fl(3 * 8), 3, 8), IN(h, "W_qa", OP_F32, fl(5 * 8), 5, 8), IN(h, "gamma_q", OP_F32, fl(5), 5);
+      return true;
+    case OP_ID_q_main:
+    case OP_ID_q_indexer:
+      IN(h, "cq", OP_F32, fl(3 * 8), 3, 8), IN(h, "pos", OP_I64, pos, 3);
+      IN(h, id == OP_ID_q_main ? "W_qb" : "W_iq", OP_F32, fl(2 * 16 * 8), 2 * 16, 8);
+      h_io_param(h, "heads", 2), h_io_param(h, "head_dim", 16), h_io_param(h, "rope_dim", 8);
+      return true;
+    case OP_ID_index_weights: IN(h, "u", OP_F32, fl(3 * 8), 3, 8), IN(h, "W_w", OP_F32, fl(4 * 8), 4, 8); return true;
+    case OP_ID_swa_kv:
+      IN(h, "u", OP_F32, fl(3 * 8), 3, 8), IN(h, "W_kv", OP_F32, fl(16 * 8), 16, 8), IN(h, "gamma", OP_F32, fl(16), 16);
+      IN(h, "pos", OP_I64, pos, 3);
+      h_io_param(h, "rope_dim", 8), h_io_param(h, "pack", 1), h_io_param(h, "block", 8), h_io_param(h, "scale", 1);
+      return true;
+    case OP_ID_compress:
+      IN(h, "u", OP_F32, fl(5 * 8), 5, 8), IN(h, "W_kv", OP_F32, fl(16 * 8), 16, 8);
+      IN(h, "W_gate", OP_F32, fl(16 * 8), 16, 8), IN(h, "gamma_c", OP_F32, fl(16), 16);
+      IN(h, "W_ik", OP_F32, fl(8 * 16), 8, 16), IN(h, "k_gamma", OP_F32, fl(8), 8);
+      h_io_param(h, "ratio", 2), h_io_param(h, "start", 2), h_io_param(h, "k_norm", 1), h_io_param(h, "floats", 1);
+      h_io_param(h, "main_block", 16), h_io_param(h, "idx_block", 8), h_io_param(h, "rope_dim", 8);
+      h_io_param(h, "idx_rope_dim", 4);
+      return true;
+    case OP_ID_dspark_draft:
+      IN(h, "base", OP_F32, fl(2 * 9), 2, 9), IN(h, "A", OP_F32, fl(9 * 3), 9, 3), IN(h, "U", OP_F32, fl(9 * 3), 9, 3);
+      h_io_param(h, "y0", 4), h_io_param(h, "temperature", 0.7);
+      return true;
+    case OP_ID_dspark_confidence: {
+      static float b[1] = {0.5f};
+      IN(h, "h", OP_F32, fl(3 * 8), 3, 8), IN(h, "w_c", OP_F32, fl(8), 8), IN(h, "b_c", OP_F32, b, 1);
+      return true;
+    }
+    case OP_ID_dspark_verify_len: {
+      static float t[4] = {1.0f, 1.1f, 1.25f, 1.5f};
+      IN(h, "a", OP_F32, fl(3), 3), IN(h, "t_round", OP_F32, t, 4);
+      return true;
+    }
     default: return false;
   }
 }
@@ -149,6 +186,15 @@ static int n_bad_variants(enum op_id id) {
     case OP_ID_fp4_pack:
     case OP_ID_mxfp4_pack:
     case OP_ID_fp8_pack: return 2;
+    case OP_ID_q_latent:
+    case OP_ID_q_main:
+    case OP_ID_swa_kv: return 3;
+    case OP_ID_q_indexer:
+    case OP_ID_index_weights:
+    case OP_ID_dspark_confidence: return 2;
+    case OP_ID_compress: return 5;
+    case OP_ID_dspark_draft: return 4;
+    case OP_ID_dspark_verify_len: return 3;
     default: return 1;
   }
 }
@@ -252,6 +298,52 @@ static void build_bad(enum op_id id, int v, struct h_io *h) {
       IN(h, "q", OP_F32, fl(3 * 2 * 16), 3, 2, 16), IN(h, "w", OP_F32, fl(6), 3, 2), IN(h, "pos", OP_I64, pos3, 3);
       IN(h, "keys", OP_U8, h_kept_zeros(4 * kb), 4, (int64_t)kb), IN(h, "pool", OP_I32, pool, v ? 2 : 3, 2);
       h_io_param(h, "idx_block", 8), h_io_param(h, "k", 2), h_io_param(h, "pool_block", 2);
+      return;
+    }
+    case OP_ID_q_latent:
+      IN(h, "u", OP_F32, fl(3 * 8), 3, 8), IN(h, "W_qa", OP_F32, fl(5 * 8), 5, v == 0 ? 7 : 8); /* 7 columns */
+      IN(h, "gamma_q", OP_F32, fl(5), v == 1 ? 4 : 5);                                          /* 4 weights */
+      if (v == 2) h_io_param(h, "eps", -1);
+      return;
+    case OP_ID_q_main:
+    case OP_ID_q_indexer:
+      IN(h, "cq", OP_F32, fl(3 * 8), 3, 8), IN(h, "pos", OP_I64, pos3, v == 1 ? 2 : 3); /* 2 positions, 3 rows */
+      IN(h, id == OP_ID_q_main ? "W_qb" : "W_iq", OP_F32, fl(2 * 16 * 8), v == 0 ? 31 : 32, 8); /* not heads x dim */
+      h_io_param(h, "heads", 2), h_io_param(h, "head_dim", 16), h_io_param(h, "rope_dim", v == 2 ? 7 : 8); /* odd */
+      return;
+    case OP_ID_index_weights:
+      if (v == 0) IN(h, "u", OP_F32, fl(3 * 8), 3, 8), IN(h, "W_w", OP_F32, fl(4 * 8), 4, 7); /* widths differ */
+      if (v == 1) IN(h, "u", OP_F32, fl(3 * 8), 24), IN(h, "W_w", OP_F32, fl(4 * 8), 4, 8);  /* rank */
+      return;
+    case OP_ID_swa_kv:
+      IN(h, "u", OP_F32, fl(3 * 8), 3, 8), IN(h, "W_kv", OP_F32, fl(16 * 8), 16, 8);
+      IN(h, "pos", v == 1 ? OP_I32 : OP_I64, pos3, 3); /* then a dtype */
+      h_io_param(h, "pack", 1), h_io_param(h, "block", v == 0 ? 5 : 8); /* 5 does not divide 16 */
+      if (v == 2) h_io_param(h, "scale", 2);
+      return;
+    case OP_ID_compress:
+      IN(h, "u", OP_F32, fl(5 * 8), 5, 8), IN(h, "W_kv", OP_F32, fl(16 * 8), 16, 8);
+      IN(h, "W_gate", OP_F32, fl(16 * 8), 16, 8), IN(h, "W_ik", OP_F32, fl(8 * 16), 8, 16);
+      h_io_param(h, "ratio", v == 0 ? 1 : 2); /* W_gate at ratio 1 */
+      h_io_param(h, "start", v == 1 ? 3 : 2); /* mid-group */
+      h_io_param(h, "main_block", v == 2 ? 6 : 16), h_io_param(h, "idx_block", 8); /* 6 does not divide 16 */
+      if (v == 3) IN(h, "k_gamma", OP_F32, fl(8), 8);                             /* k_norm off */
+      if (v == 4) h_io_param(h, "floats", 2);
+      return;
+    case OP_ID_dspark_draft:
+      IN(h, "base", OP_F32, fl(2 * 9), 2, 9), IN(h, "A", OP_F32, fl(9 * 3), 9, 3);
+      IN(h, "U", OP_F32, fl(9 * 4), 9, v == 2 ? 4 : 3); /* U's rank differs from A's */
+      if (v != 0) h_io_param(h, "y0", v == 1 ? 9 : 4); /* y0 missing, then past V */
+      if (v == 3) h_io_param(h, "top_p", 0);
+      return;
+    case OP_ID_dspark_confidence: {
+      static float b[2] = {0.5f, 0.5f};
+      IN(h, "h", OP_F32, fl(3 * 8), 3, 8), IN(h, "w_c", OP_F32, fl(8), v == 0 ? 7 : 8), IN(h, "b_c", OP_F32, b, v ? 2 : 1);
+      return;
+    }
+    case OP_ID_dspark_verify_len: {
+      static float t[3][4] = {{1, 1, 1, 1}, {1, 0, 1, 1}, {1, 1, NAN, 1}}; /* 3 lengths for Lmax 3; t = 0; NaN */
+      IN(h, "a", OP_F32, fl(3), 3), IN(h, "t_round", OP_F32, t[v], v == 0 ? 3 : 4);
       return;
     }
     default: /* no W packs to 37 bytes (fp8: 8 values and a 4-byte scale per block) */

@@ -351,7 +351,9 @@ static void check_compress_case(const struct comp_case *c) {
                             .idx_fmt = op_kv_mxfp4_format(c->idx_block, OP_MX_CEIL, OP_NIBBLE_EVEN_LOW)};
   const size_t mb = op_fp4_bytes(d, c->main_block), ib = op_mxfp4_bytes(di, c->idx_block);
   struct op_comp_out out = {.entries = h_kept_zeros((size_t)n_emit * (mb + ib)), .entry_bytes = mb + ib, .idx_off = mb,
-                            .max_entries = n_emit, .pos = h_kept_zeros((size_t)n_emit * sizeof(int64_t))};
+                            .max_entries = n_emit, .pos = h_kept_zeros((size_t)n_emit * sizeof(int64_t)),
+                            .kM = h_kept_zeros((size_t)n_emit * d * sizeof(float)),
+                            .kI = h_kept_zeros((size_t)n_emit * di * sizeof(float))};
   float *tbuf = h_kept_zeros(op_comp_tail_floats(c->ratio, d) * sizeof(float));
   float *scratch = h_kept_zeros(op_comp_scratch_floats(c->n, c->ratio, d, di) * sizeof(float));
   struct op_comp_tail tail;
@@ -376,6 +378,16 @@ static void check_compress_case(const struct comp_case *c) {
   const struct op_tensor *p = h_io_output(&h, "pos");
   EXPECT(p && n_emit > 0 && ((int64_t *)p->data)[n_emit - 1] == c->start + (int64_t)(n_emit - 1) * c->ratio,
          "compress: entry positions");
+  EXPECT(!h_io_output(&h, "kM") && !h_io_output(&h, "kI"), "compress: kM / kI written without floats=1");
+  h_io_free(&h);
+  /* floats=1: the packers' inputs, the same bits as the direct call's; the entries unchanged. */
+  h_io_init(&h);
+  comp_inputs(&h, c, u, Wkv, Wg, gc, Wik, kg);
+  h_io_param(&h, "floats", 1);
+  runs(&h, "compress");
+  same(&h, "compress", "kM", OP_F32, 2, (int64_t[]){n_emit, d}, out.kM);
+  same(&h, "compress", "kI", OP_F32, 2, (int64_t[]){n_emit, di}, out.kI);
+  same(&h, "compress", "entries", OP_U8, 2, (int64_t[]){n_emit, (int64_t)(mb + ib)}, out.entries);
   h_io_free(&h);
   /* Refusals. */
   h_io_init(&h);

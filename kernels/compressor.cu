@@ -1,0 +1,149 @@
+/* compressor.cu: the KV-source compressor on CUDA (see compressor.cuh;
+ * ops/compressor.c is the rule). */
+#include "kernels/compressor.cuh"
+
+#include "base/check.h"
+#include "kernels/basic.cuh"
+#include "kernels/formats.cuh"
+#include "kernels/kcall.cuh"
+#include "kernels/rope.cuh"
+
+enum { COMP_THREADS = 128 };
+
+size_t kern_compress_scratch_floats(int n, int ratio, int d, int idx_dim) {
+  const size_t rows = (size_t)n * d, ne = (size_t)(n / ratio);
+  /* v, g (ratio > 1), c_hat, c, kI before k_norm */
+  return rows * (ratio > 1 ? 2 : 1) + 2 * ne * d + ne * idx_dim + 1;
+}
+
+/* c_hat of entry e, channel c: ops/compressor.c's pool_group (and pool_pair,
+ * the same operations at ratio 2: the max's slot has z = +0, exp(+0) = 1). */
+__global__ void comp_pool_kernel(float *__restrict__ c_hat, const float *__restrict__ v, const float *__restrict__ g,
+                                 int n_emit, int r, int d) {
+  const long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= (long long)n_emit * d) return;
+  const int e = (int)(k / d), c = (int)(k % d);
+  const size_t row0 = (size_t)e * r;
+  if (r == 1) {
+    c_hat[k] = v[row0 * d + c];
+    return;
+  }
+  float m = g[row0 * d + c];
+  for (int s = 1; s < r; s++) {
+    const float gs = g[(row0 + s) * d + c];
+    m = gs > m ? gs : m;
+  }
+  float sum = 0.0f, acc = 0.0f;
+  for (int s = 0; s < r; s++) {
+    const size_t i = (row0 + s) * d + c;
+    const float w = expf(__fsub_rn(g[i], m));
+    sum = __fadd_rn(sum, w);
+    acc = __fadd_rn(acc, __fmul_rn(w, v[i]));
+  }
+  c_hat[k] = __fdiv_rn(acc, sum);
+}
+
+/* Block b of entry e: the Main-KV blocks first, then the Indexer-K ones. */
+__global__ void comp_pack_kernel(const struct op_kv_format mf, const struct op_kv_format xf, uint8_t *entries,
+                                 size_t entry_bytes, size_t main_off, size_t idx_off, const float *__restrict__ kM,
+                                 const float *__restrict__ kI, int n_emit, int d, int di) {
+  const int nbm = d / mf.block, nbi = di / xf.block;
+  const long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= (long long)n_emit * (nbm + nbi)) return;
+  const int e = (int)(k / (nbm + nbi)), b = (int)(k % (nbm + nbi));
+  uint8_t *entry = entries + (size_t)e * entry_bytes;
+  if (b < nbm)
+    kern_kv_pack_block(mf, entry + main_off, kM + (size_t)e * d, d, b);
+  else
+    kern_kv_pack_block(xf, entry + idx_off, kI + (size_t)e * di, di, b - nbm);
+}
+
+static cublasStatus_t launched(cudaError_t e) {
+  return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+}
+
+cublasStatus_t kern_compress(cublasHandle_t h, uint8_t *entries, size_t entry_bytes, size_t main_off, size_t idx_off,
+                             float *kM, float *kI, float *tail_v, float *tail_g, const float *u, const int64_t *pos,
+                             int n, const struct op_comp_layer *L, float *scratch, cudaStream_t st) {
+  const int r = L->ratio, d = L->d, di = L->idx_dim, n_emit = n / r, left = n % r;
+  if (n <= 0) return CUBLAS_STATUS_SUCCESS;
+  if (kern_kv_pack_supported(&L->main_fmt) || kern_kv_pack_supported(&L->idx_fmt)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  const size_t rows = (size_t)n * d;
+  float *v = scratch, *g = r > 1 ? v + rows : NULL;
+  float *c_hat = v + rows * (r > 1 ? 2 : 1), *c = c_hat + (size_t)n_emit * d, *kI0 = c + (size_t)n_emit * d;
+  cublasStatus_t s = kern_linear(h, v, u, L->W_kv, n, L->hidden, d, L->hidden, d, st);
+  if (s == CUBLAS_STATUS_SUCCESS && r > 1) s = kern_linear(h, g, u, L->W_gate, n, L->hidden, d, L->hidden, d, st);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  if (left) { /* the tail: the projected rows after the last whole group */
+    const size_t off = (size_t)n_emit * r * d, bytes = (size_t)left * d * sizeof(float);
+    if ((s = launched(cudaMemcpyAsync(tail_v, v + off, bytes, cudaMemcpyDeviceToDevice, st))) != CUBLAS_STATUS_SUCCESS ||
+        (r > 1 && (s = launched(cudaMemcpyAsync(tail_g, g + off, bytes, cudaMemcpyDeviceToDevice, st))) !=
+                      CUBLAS_STATUS_SUCCESS))
+      return s;
+  }
+  if (n_emit == 0) return CUBLAS_STATUS_SUCCESS;
+  comp_pool_kernel<<<kcall_blocks((long long)n_emit * d, COMP_THREADS), COMP_THREADS, 0, st>>>(c_hat, v, g, n_emit, r,
+                                                                                               d);
+  if ((s = launched(cudaGetLastError())) != CUBLAS_STATUS_SUCCESS ||
+      (s = launched(kern_rmsnorm(c, c_hat, L->gamma, n_emit, d, L->eps, st))) != CUBLAS_STATUS_SUCCESS)
+    return s;
+  /* kI from c before any RoPE or quantization (SPEC 3.8, 8.10) */
+  if ((s = kern_linear(h, L->k_norm ? kI0 : kI, c, L->W_ik, n_emit, d, di, d, di, st)) != CUBLAS_STATUS_SUCCESS ||
+      (L->k_norm && (s = launched(kern_rmsnorm(kI, kI0, L->k_gamma, n_emit, di, L->eps, st))) != CUBLAS_STATUS_SUCCESS))
+    return s;
+  if ((s = launched(cudaMemcpyAsync(kM, c, (size_t)n_emit * d * sizeof(float), cudaMemcpyDeviceToDevice, st))) !=
+          CUBLAS_STATUS_SUCCESS ||
+      (s = launched(kern_rope_apply(kM, L->rope, pos, n_emit, 1, d, +1, st))) != CUBLAS_STATUS_SUCCESS ||
+      (s = launched(kern_rope_apply(kI, L->rope_i, pos, n_emit, 1, di, +1, st))) != CUBLAS_STATUS_SUCCESS)
+    return s;
+  const long long blocks = (long long)n_emit * (d / L->main_fmt.block + di / L->idx_fmt.block);
+  comp_pack_kernel<<<kcall_blocks(blocks, COMP_THREADS), COMP_THREADS, 0, st>>>(
+      L->main_fmt, L->idx_fmt, entries, entry_bytes, main_off, idx_off, kM, kI, n_emit, d, di);
+  return launched(cudaGetLastError());
+}
+
+/* ---- op slot ---------------------------------------------------------------------- */
+
+int kern_compress_run(const struct op_desc *self, struct op_io *io) {
+  struct op_compress_call a;
+  int rc = op_compress_prepare(self, io, &a);
+  if (rc) return rc;
+  const struct op_comp_layer *H = &a.L;
+  const int r = H->ratio, d = H->d, di = H->idx_dim, ne = a.n_emit;
+  const size_t wb = (size_t)d * H->hidden * sizeof(float), eb = (size_t)ne * a.out.entry_bytes;
+  struct kcall c;
+  kcall_begin(&c, self, io);
+  struct op_comp_layer L = *H; /* the device copy: weights on the device, ropes still a's */
+  L.rope = &a.rope, L.rope_i = &a.rope_i;
+  const float *u = (const float *)kcall_upload(&c, a.u, (size_t)a.n * H->hidden * sizeof(float), "u");
+  L.W_kv = (const float *)kcall_upload(&c, H->W_kv, wb, "W_kv");
+  L.W_gate = r > 1 ? (const float *)kcall_upload(&c, H->W_gate, wb, "W_gate") : NULL;
+  L.gamma = H->gamma ? (const float *)kcall_upload(&c, H->gamma, (size_t)d * sizeof(float), "gamma_c") : NULL;
+  L.W_ik = (const float *)kcall_upload(&c, H->W_ik, (size_t)di * d * sizeof(float), "W_ik");
+  L.k_gamma = H->k_gamma ? (const float *)kcall_upload(&c, H->k_gamma, (size_t)di * sizeof(float), "k_gamma") : NULL;
+  const int64_t *pos = (const int64_t *)kcall_upload(&c, a.out.pos, (size_t)ne * sizeof(int64_t), "pos");
+  uint8_t *entries = (uint8_t *)kcall_alloc(&c, eb, "entries");
+  float *kM = (float *)kcall_alloc(&c, (size_t)ne * d * sizeof(float), "kM");
+  float *kI = (float *)kcall_alloc(&c, (size_t)ne * di * sizeof(float), "kI");
+  const size_t tb = (size_t)a.left * d * sizeof(float);
+  float *tv = (float *)kcall_alloc(&c, tb, "tail_v"), *tg = (float *)kcall_alloc(&c, tb, "tail_g");
+  float *scratch = (float *)kcall_alloc(&c, kern_compress_scratch_floats(a.n, r, d, di) * sizeof(float), "scratch");
+  cublasHandle_t h = NULL;
+  if (kcall_ok(&c)) {
+    cublasStatus_t s = cublasCreate(&h);
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = kern_compress(h, entries, a.out.entry_bytes, a.out.main_off, a.out.idx_off, kM, kI, tv, tg, u, pos, a.n, &L,
+                        scratch, c.stream);
+    if (s != CUBLAS_STATUS_SUCCESS) kcall_fail(&c, CEDAR_EIO, "compressor kernels", cublasGetStatusString(s));
+  }
+  kcall_download(&c, a.out.entries, entries, eb, "entries");
+  kcall_download(&c, a.tail_v, tv, tb, "tail_v");
+  kcall_download(&c, a.tail_g, tg, tb, "tail_g");
+  if (a.floats) {
+    kcall_download(&c, a.out.kM, kM, (size_t)ne * d * sizeof(float), "kM");
+    kcall_download(&c, a.out.kI, kI, (size_t)ne * di * sizeof(float), "kI");
+  }
+  rc = kcall_end(&c); /* synchronizes before the handle goes */
+  if (h) cublasDestroy(h);
+  return rc;
+}

@@ -1,0 +1,56 @@
+/* compressor.cuh: the CUDA twin of ops/compressor.h's KV-source compressor
+ * (SPEC 3.7-3.9, R.3, R.4) for one call from an empty tail, with device
+ * pointers, a cuBLAS handle and a stream, and the compress op's slot.
+ *
+ *   project  v = u W_kv^T and, at ratio > 1, g = u W_gate^T: kern_linear
+ *            (cuBLAS, pedantic fp32);
+ *   pool     one thread per (entry, channel): m = the max of the group's
+ *            gates (slots in position order, the first of equal values),
+ *            e_k = expf(g_k - m), s and acc summed slot by slot in position
+ *            order, c_hat = acc / s, each step one IEEE rounding as
+ *            ops/compressor.c's pool_group / pool_pair (ratio 1 copies v);
+ *   norm     c = RMSNorm_C(c_hat) by kern_rmsnorm; kI = c W_ik^T by
+ *            kern_linear over all the call's entries (the CPU runs it one
+ *            row at a time: op_linear is row-invariant, so the same values);
+ *            k_norm by kern_rmsnorm; kM = c;
+ *   rope     kern_rope_apply on kM (main RoPE) and kI (indexer RoPE) at the
+ *            entries' positions start + e ratio;
+ *   pack     one thread per (entry, block) over both parts: kern_kv_pack_block
+ *            writes the Main-KV FP4 part at main_off and the Indexer-K MXFP4
+ *            part at idx_off of each entry, in place where KV is made.
+ * The tail (the n % ratio rows after the last group) is the projected v and
+ * g rows themselves, as the CPU keeps them.
+ *
+ * Bits: the projections' and W_ik's order are cuBLAS's, expf is CUDA's, so
+ * every float differs from the CPU's by a derived tolerance, and a packed
+ * code can move one step where its input differs; the codes equal the CPU
+ * packer's for the same kM / kI bits (ops/num_codec.h). The harness checks
+ * exactly that, with the op's floats=1 outputs (tests/test_backend_ops.c).
+ *
+ * Scratch: kern_compress_scratch_floats(n, ratio, d, idx_dim) device floats.
+ */
+#ifndef CEDAR_KERN_COMPRESSOR_CUH
+#define CEDAR_KERN_COMPRESSOR_CUH
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "ops/backend.h"
+#include "ops/compressor.h"
+
+size_t kern_compress_scratch_floats(int n, int ratio, int d, int idx_dim);
+
+/* Device pointers throughout; L's weight pointers are device pointers, its
+ * ropes and formats host structs (passed by value to the kernels). Writes
+ * entries (n / ratio of out_entry_bytes, parts at main_off and idx_off),
+ * kM (n/ratio, d) and kI (n/ratio, idx_dim) (both required: they are where
+ * the packers read), tail_v and tail_g ((n % ratio, d), may be NULL at
+ * ratio 1). pos: the n / ratio entry positions. */
+cublasStatus_t kern_compress(cublasHandle_t h, uint8_t *entries, size_t entry_bytes, size_t main_off, size_t idx_off,
+                             float *kM, float *kI, float *tail_v, float *tail_g, const float *u, const int64_t *pos,
+                             int n, const struct op_comp_layer *L, float *scratch, cudaStream_t st);
+
+extern "C" int kern_compress_run(const struct op_desc *self, struct op_io *io);
+
+#endif
