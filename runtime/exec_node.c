@@ -13,6 +13,7 @@
 #include "base/check.h"
 #include "runtime/backend.h"
 #include "runtime/exec.h"
+#include "runtime/mtp.h"
 #include "runtime/pd.h"
 #include "runtime/pipeline.h"
 #include "base/log.h"
@@ -106,6 +107,8 @@ static int cpu_attn(const struct rt_node_ctx *c) {
   void *const *buf = c->buf;
   struct rt_buses bs = {at(buf, nd->bus[GRAPH_TOPK_OUT]), at(buf, nd->bus[GRAPH_POOL_OUT]),
                         at(buf, nd->bus[GRAPH_TOPK_IN]), at(buf, nd->bus[GRAPH_POOL_IN])};
+  if (c->r && c->r->mtp_cap) /* the state entering the layer (after Engram): the drafter's rows */
+    rt_mtp_capture(c->r->mtp_cap, nd->layer, nd->a, nd->n, at(buf, nd->x), c->M->p->model.hc_streams);
   return rt_attn(c->M, nd, at(buf, nd->x), at(buf, nd->aux), &bs, c->st, c->ar);
 }
 
