@@ -108,14 +108,14 @@ static void print_json(const struct spec_run *sr, int nr, int lmax, double plain
     const struct spec_run *s = &sr[k];
     const struct rt_spec_stats *st = &s->st;
     if (s->rate < 0)
-      printf("%s{\"drafter\": \"mtp\", \"draft_blocks\": %lld, \"drafter_s\": %.6f, ", k ? ", " : "",
-             (long long)s->mtp_runs, s->mtp_s);
+      printf("%s{\"drafter\": \"mtp\", \"draft_blocks\": %lld, \"drafter_s\": %.6f, \"forced_acceptance\": null, ",
+             k ? ", " : "", (long long)s->mtp_runs, s->mtp_s);
     else
-      printf("%s{\"drafter\": \"forced\", ", k ? ", " : "");
-    printf("\"forced_acceptance\": %.4f, \"tokens\": %d, \"tokens_per_s\": %.4f, \"speedup\": %.4f, "
+      printf("%s{\"drafter\": \"forced\", \"forced_acceptance\": %.4f, ", k ? ", " : "", (double)s->rate);
+    printf("\"tokens\": %d, \"tokens_per_s\": %.4f, \"speedup\": %.4f, "
            "\"equal_to_plain\": %s, \"mean_acceptance_length\": %.4f, \"num_drafts\": %lld, \"num_draft_tokens\": "
            "%lld, \"num_accepted_tokens\": %lld, \"per_position_acceptance_rate\": [",
-           (double)s->rate, s->n_tokens, s->tok_s, plain_tok_s > 0 ? s->tok_s / plain_tok_s : 0.0,
+           s->n_tokens, s->tok_s, plain_tok_s > 0 ? s->tok_s / plain_tok_s : 0.0,
            greedy ? (s->equal ? "true" : "false") : "null", rt_spec_mean_accept_len(st), (long long)st->num_drafts,
            (long long)st->num_draft_tokens, (long long)st->num_accepted_tokens);
     for (int i = 0; i < lmax; i++)
