@@ -17,6 +17,7 @@
 #include "base/check.h"
 
 #define MTP_MXFP8_BLOCK 32 /* as runtime/model.c: values per E8M0 scale of an FP8 linear's input */
+_Static_assert(RT_MTP_SLACK > RT_SPEC_LMAX + 1, "a verify step must not overwrite the capture window a draft reads");
 
 /* ---- binding ---------------------------------------------------------------- */
 
