@@ -10,6 +10,7 @@
 
 #include "base/check.h"
 #include "cli/bench.h"
+#include "runtime/mtp.h"
 #include "runtime/speculate.h"
 
 static double now_s(void) {
@@ -19,11 +20,13 @@ static double now_s(void) {
 }
 
 bool run_spec_parse(const char *arg, struct run_spec_opts *o, char *err, size_t err_len) {
-  if (!strcmp(arg, "mtp") || !strcmp(arg, "dspark")) {
-    snprintf(err, err_len, "the model's DSpark drafter (its mtp.0..2 blocks) is not wired yet; --speculate "
-             "forced:R drafts the plain greedy continuation at acceptance R instead");
-    return false;
+  if (!strcmp(arg, "mtp") || !strcmp(arg, "dspark")) { /* the model's own drafter (runtime/mtp.h) */
+    o->mtp = true;
+    o->n_rates = 1;
+    o->rate[0] = -1;
+    return true;
   }
+  o->mtp = false;
   if (strncmp(arg, "forced:", 7)) {
     snprintf(err, err_len, "--speculate takes forced:R[,R...] with R in [0, 1] (got '%s')", arg);
     return false;
@@ -55,6 +58,9 @@ struct spec_run {
   double tok_s;
   bool equal;
   int n_tokens;
+  int mtp_blocks;          /* rate < 0: the DSpark drafter's */
+  int64_t mtp_runs;
+  double mtp_s;
 };
 
 static void print_text(const struct spec_run *sr, int nr, int lmax, double plain_tok_s, int plain_n, bool greedy,
@@ -67,8 +73,13 @@ static void print_text(const struct spec_run *sr, int nr, int lmax, double plain
   for (int k = 0; k < nr; k++) {
     const struct spec_run *s = &sr[k];
     const struct rt_spec_stats *st = &s->st;
-    printf("speculative (forced acceptance %.2f, %s verify length): %d tokens, %.2f tokens/s, %.2fx plain; tokens %s\n",
-           (double)s->rate, verify_len < 0 ? "chosen" : "fixed", s->n_tokens, s->tok_s,
+    char who[64];
+    if (s->rate < 0)
+      snprintf(who, sizeof who, "DSpark drafter mtp.0..%d", s->mtp_blocks - 1);
+    else
+      snprintf(who, sizeof who, "forced acceptance %.2f", (double)s->rate);
+    printf("speculative (%s, %s verify length): %d tokens, %.2f tokens/s, %.2fx plain; tokens %s\n",
+           who, verify_len < 0 ? "chosen" : "fixed", s->n_tokens, s->tok_s,
            plain_tok_s > 0 ? s->tok_s / plain_tok_s : 0.0,
            greedy ? (s->equal ? "bitwise equal to plain greedy" : "DIFFER from plain greedy") : "sampled (not compared)");
     printf("  SpecDecoding metrics: Mean acceptance length: %.2f, Accepted: %lld tokens, Drafted: %lld tokens, "
@@ -78,6 +89,9 @@ static void print_text(const struct spec_run *sr, int nr, int lmax, double plain
            st->num_draft_tokens ? 100.0 * (double)st->num_accepted_tokens / (double)st->num_draft_tokens : 0.0);
     for (int i = 0; i < lmax; i++)
       printf(" %.3f", st->num_drafts ? (double)st->accepted_per_pos[i] / (double)st->num_drafts : 0.0);
+    if (s->rate < 0)
+      printf("\n  drafter: %lld draft blocks, %.3f s of the %.3f s decode (%.2f ms a block)", (long long)s->mtp_runs,
+             s->mtp_s, st->decode_s, s->mtp_runs ? 1e3 * s->mtp_s / (double)s->mtp_runs : 0.0);
     printf("\n  verify rounds: %lld; by length L:", (long long)st->rounds);
     for (int L = 0; L <= lmax; L++) printf(" %d:%lld", L, (long long)st->len_hist[L]);
     if (verify_len < 0) {
@@ -93,10 +107,15 @@ static void print_json(const struct spec_run *sr, int nr, int lmax, double plain
   for (int k = 0; k < nr; k++) {
     const struct spec_run *s = &sr[k];
     const struct rt_spec_stats *st = &s->st;
-    printf("%s{\"forced_acceptance\": %.4f, \"tokens\": %d, \"tokens_per_s\": %.4f, \"speedup\": %.4f, "
+    if (s->rate < 0)
+      printf("%s{\"drafter\": \"mtp\", \"draft_blocks\": %lld, \"drafter_s\": %.6f, \"forced_acceptance\": null, ",
+             k ? ", " : "", (long long)s->mtp_runs, s->mtp_s);
+    else
+      printf("%s{\"drafter\": \"forced\", \"forced_acceptance\": %.4f, ", k ? ", " : "", (double)s->rate);
+    printf("\"tokens\": %d, \"tokens_per_s\": %.4f, \"speedup\": %.4f, "
            "\"equal_to_plain\": %s, \"mean_acceptance_length\": %.4f, \"num_drafts\": %lld, \"num_draft_tokens\": "
            "%lld, \"num_accepted_tokens\": %lld, \"per_position_acceptance_rate\": [",
-           k ? ", " : "", (double)s->rate, s->n_tokens, s->tok_s, plain_tok_s > 0 ? s->tok_s / plain_tok_s : 0.0,
+           s->n_tokens, s->tok_s, plain_tok_s > 0 ? s->tok_s / plain_tok_s : 0.0,
            greedy ? (s->equal ? "true" : "false") : "null", rt_spec_mean_accept_len(st), (long long)st->num_drafts,
            (long long)st->num_draft_tokens, (long long)st->num_accepted_tokens);
     for (int i = 0; i < lmax; i++)
@@ -150,15 +169,34 @@ int run_spec(struct rt_engine *e, const int32_t *prompt, int64_t n, const struct
   struct spec_run sr[RUN_SPEC_MAX_RATES];
   int status = 0;
   double t_round[RT_SPEC_LMAX + 1] = {0}; /* measured once, on the first run's request, reused */
+  struct rt_mtp D;
+  struct rt_mtp_cap cap = {0};
+  struct rt_mtp_drafter md = {0};
+  if (so->mtp) {
+    if (rt_mtp_init(&D, &e->model, err, sizeof err)) {
+      fprintf(stderr, "cedar run: --speculate mtp: %s\n", err);
+      status = 1;
+    } else if (rt_mtp_cap_init(&cap, p)) {
+      fprintf(stderr, "cedar run: --speculate mtp: out of memory for the drafter's rows\n");
+      status = 1;
+    } else {
+      rt_mtp_drafter_init(&md, &D, &cap);
+    }
+  }
   for (int k = 0; k < so->n_rates && !status; k++) {
     struct rt_forced fd = {.ref = ref, .n_ref = plain_n, .ref_pos0 = n, .rate = so->rate[k], .rng = go->seed + 1,
                            .V = p->model.vocab};
-    struct rt_spec_opts sp = {.drafter = rt_forced_drafter(&fd, lmax), .lmax = so->verify_len >= 0 ? so->verify_len : lmax,
-                              .adaptive = so->verify_len < 0};
+    struct rt_spec_opts sp = {.drafter = so->mtp ? rt_mtp_drafter(&md) : rt_forced_drafter(&fd, lmax),
+                              .lmax = so->verify_len >= 0 ? so->verify_len : lmax, .adaptive = so->verify_len < 0};
     memcpy(sp.t_round, t_round, sizeof t_round);
     struct rt_request rs = {0};
     struct rt_gen_result rr = {0};
-    rc = rt_generate_spec(&e->model, e->pools, &rs, prompt, n, go, &sp, &rr, &sr[k].st, err, sizeof err);
+    struct rt_gen_opts gs = *go;
+    gs.mtp_cap = so->mtp ? &cap : NULL;
+    rc = rt_generate_spec(&e->model, e->pools, &rs, prompt, n, &gs, &sp, &rr, &sr[k].st, err, sizeof err);
+    sr[k].mtp_blocks = so->mtp ? D.blocks : 0;
+    sr[k].mtp_runs = md.blocks;
+    sr[k].mtp_s = md.draft_s;
     if (rc) {
       fprintf(stderr, "cedar run: --speculate: %s\n", err);
       status = 1;
@@ -196,6 +234,10 @@ int run_spec(struct rt_engine *e, const int32_t *prompt, int64_t n, const struct
       print_text(sr, nr, shown, plain_tok_s, plain_n, greedy, so->verify_len);
   }
   if (status == 2) fprintf(stderr, "cedar run: --speculate: greedy speculative tokens differ from plain greedy\n");
+  if (so->mtp) {
+    rt_mtp_drafter_free(&md);
+    rt_mtp_cap_free(&cap);
+  }
   free(ref);
   return status;
 }

@@ -5,8 +5,8 @@
  *
  * Drafters: `forced:R[,R...]` drafts the plain greedy continuation, each
  * draft agreeing with probability R (1: all, 0.5: half; docs/speculative.md),
- * one speculative run per R. The model's own DSpark drafter (the mtp
- * blocks) is refused with a message until it is wired.
+ * one speculative run per R; `mtp` drafts with the model's own DSpark
+ * drafter (its mtp blocks, runtime/mtp.h), one speculative run.
  * Test: tests/cli/speculate.sh.
  */
 #ifndef CEDAR_CLI_RUN_SPEC_H
@@ -26,6 +26,7 @@ struct run_spec_opts {
   int draft_len;       /* <= 0: the plan's dspark.draft, else 5 */
   int verify_len;      /* < 0: chosen each round from the measured profile (SPEC 3.16); else fixed */
   bool json;
+  bool mtp;            /* the model's own DSpark drafter (runtime/mtp.h) instead of forced rates */
 };
 
 /* Parse --speculate's value into o (draft_len and verify_len untouched).

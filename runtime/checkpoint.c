@@ -403,7 +403,8 @@ int ckpt_load(struct weights *w, const struct plan *p, const char *dir, bool ver
   }
   w->shards = k.s;
   w->copied_bytes = st->copied_bytes;
-  if (st->skipped_mtp) LOG_WARN("note: " "%s: %zu mtp.* tensors skipped (the DSpark drafter does not use them yet)", dir, st->skipped_mtp);
+  if (st->skipped_mtp) LOG_WARN("note: " "%s: %zu mtp.* tensors skipped (plan '%s' drafts with model.dspark.blocks = %d)", dir,
+                                st->skipped_mtp, p->name, p->model.dspark_blocks);
   if (st->skipped_vision) LOG_WARN("note: " "%s: %zu vision tensors skipped (no vision stage yet)", dir, st->skipped_vision);
   return 0;
 }

@@ -12,7 +12,9 @@
  * place in the mapping when 64-byte aligned; FP8 (E4M3 with E8M0 32x32 tile
  * scales), packed E2M1 experts (E8M0 per row group of 32) and BF16 are
  * dequantized to F32 at load; Engram tables are regrouped into cedar's rows
- * (E4M3 values then E8M0 scales). `mtp.*` and vision tensors are recognised
+ * (E4M3 values then E8M0 scales). `mtp.{k}.*` load as the DSpark drafter's
+ * blocks k < model.dspark.blocks (the rows of every layer plus the drafter's
+ * extras); drafter blocks past the plan's and vision tensors are recognised
  * and skipped with one counted note each. Every problem is collected, each
  * naming the file, the tensor and the reason; nothing is used from a
  * checkpoint with any problem.
@@ -54,7 +56,7 @@ void ckpt_shards_free(struct ckpt_shards *s);
 /* What a load did, for reports and `cedar bench model`. */
 struct ckpt_load_stats {
   size_t n_shards, n_tensors;
-  size_t skipped_mtp, skipped_vision;  /* recognised, not used yet */
+  size_t skipped_mtp, skipped_vision;  /* recognised, not used by the plan (mtp: past its dspark.blocks) */
   size_t hashed, unhashed;             /* tensors whose content hash was verified / absent */
   uint64_t file_bytes, in_place_bytes, dequant_bytes, copied_bytes;
 };
@@ -107,12 +109,15 @@ struct ckpt_map_row {
   const char *note;
 };
 
-/* The row for an internal name (with or without `layers.{l}.`); NULL when
- * the table has none. *layer gets l or -1. */
+/* The row for an internal name (with or without `layers.{l}.` or the
+ * drafter's `mtp.{k}.`); NULL when the table has none. *layer gets l,
+ * CKPT_MTP_LAYER + k, or -1. */
+#define CKPT_MTP_LAYER 100000
 const struct ckpt_map_row *ckpt_map_find(const char *internal, int *layer);
 /* The table itself (docs/checkpoints.md prints it). */
 const struct ckpt_map_row *ckpt_map_rows(size_t *n);
-/* "layers.{l}." + fmt (with the expert for `%d`) into out. */
+/* "layers.{l}." (or "mtp.{k}." for CKPT_MTP_LAYER + k) + fmt (with the
+ * expert for `%d`) into out. */
 void ckpt_map_name(char *out, size_t len, int layer, const char *fmt, int expert);
 /* Whether a released name is a drafter (`mtp.`) or vision tensor. */
 bool ckpt_is_mtp(const char *name);

@@ -64,6 +64,13 @@ static const struct ckpt_map_row rows[] = {
     {"engram.wkv", "engram.wkv.weight", CKPT_FP8, ST_F8_E4M3, NULL, NULL},
     {"engram.q_w", "engram.q_weight", CKPT_FLOAT, ST_BF16, NULL, NULL},
     {"engram.k_w", "engram.k_weight", CKPT_FLOAT, ST_BF16, NULL, NULL},
+    /* the DSpark drafter's extras (`mtp.{k}.` on both sides; its blocks use
+     * the rows above, its final norm the model-wide `norm` row) */
+    {"main_proj", "main_proj.weight", CKPT_FP8, ST_F8_E4M3, NULL, NULL},
+    {"main_norm", "main_norm.weight", CKPT_FLOAT, ST_BF16, NULL, NULL},
+    {"markov_head.embed", "markov_head.embed.weight", CKPT_FLOAT, ST_BF16, NULL, "dtype unread (Appendix V)"},
+    {"markov_head.head", "markov_head.head.weight", CKPT_FLOAT, ST_BF16, NULL, "dtype unread (Appendix V)"},
+    {"confidence_head.proj", "confidence_head.proj.weight", CKPT_FLOAT, ST_BF16, NULL, "dtype unread (Appendix V)"},
 };
 
 const struct ckpt_map_row *ckpt_map_rows(size_t *n) {
@@ -79,6 +86,11 @@ const struct ckpt_map_row *ckpt_map_find(const char *internal, int *layer) {
     if (sscanf(s + 7, "%d.%n", &l, &n) != 1 || n == 0) return NULL;
     *layer = l;
     s += 7 + n;
+  } else if (!strncmp(s, "mtp.", 4)) {
+    int k, n = 0;
+    if (sscanf(s + 4, "%d.%n", &k, &n) != 1 || n == 0 || k < 0) return NULL;
+    *layer = CKPT_MTP_LAYER + k;
+    s += 4 + n;
   }
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
     if (!strcmp(rows[i].internal, s)) return &rows[i];
@@ -89,7 +101,8 @@ void ckpt_map_name(char *out, size_t len, int layer, const char *fmt, int expert
   char tail[128];
   if (strstr(fmt, "%d")) snprintf(tail, sizeof tail, fmt, expert);
   else snprintf(tail, sizeof tail, "%s", fmt);
-  if (layer >= 0) snprintf(out, len, "layers.%d.%s", layer, tail);
+  if (layer >= CKPT_MTP_LAYER) snprintf(out, len, "mtp.%d.%s", layer - CKPT_MTP_LAYER, tail);
+  else if (layer >= 0) snprintf(out, len, "layers.%d.%s", layer, tail);
   else snprintf(out, len, "%s", tail);
 }
 

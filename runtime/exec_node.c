@@ -14,6 +14,7 @@
 #include "runtime/backend.h"
 #include "runtime/exec.h"
 #include "runtime/expert_par.h"
+#include "runtime/mtp.h"
 #include "runtime/pd.h"
 #include "runtime/pipeline.h"
 #include "runtime/round_trace.h"
@@ -108,6 +109,8 @@ static int cpu_attn(const struct rt_node_ctx *c) {
   void *const *buf = c->buf;
   struct rt_buses bs = {at(buf, nd->bus[GRAPH_TOPK_OUT]), at(buf, nd->bus[GRAPH_POOL_OUT]),
                         at(buf, nd->bus[GRAPH_TOPK_IN]), at(buf, nd->bus[GRAPH_POOL_IN])};
+  if (c->r && c->r->mtp_cap) /* the state entering the layer (after Engram): the drafter's rows */
+    rt_mtp_capture(c->r->mtp_cap, nd->layer, nd->a, nd->n, at(buf, nd->x), c->M->p->model.hc_streams);
   return rt_attn(c->M, nd, at(buf, nd->x), at(buf, nd->aux), &bs, c->st, c->ar);
 }
 

@@ -284,6 +284,7 @@ int rt_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_re
     snprintf(err, err_len, "out of memory for a request of %lld tokens", (long long)cap);
     return rc;
   }
+  r->mtp_cap = o->mtp_cap;
   for (int64_t i = 0; i < n; i++) rt_request_push_token(r, prompt[i]);
   double t0 = now_s();
   struct pc_hit hit = {0};

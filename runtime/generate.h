@@ -68,6 +68,9 @@ struct rt_gen_opts {
    * request runs max_new tokens. */
   int (*on_token)(void *user, int32_t id);
   void *token_user;
+  /* The DSpark drafter's capture (runtime/mtp.h) attached to the request
+   * from its prefill on (speculate.c's --speculate mtp), or NULL. */
+  struct rt_mtp_cap *mtp_cap;
 };
 
 /* What a prefix hit reused and what the prefill ran (SPEC 6.5, 6.6). */

@@ -25,7 +25,7 @@
  * Algorithm 1; Chen et al. 2023): accept x with probability min(1, p/q),
  * else draw from norm(max(0, p - q)); all accepted: a bonus draw from p.
  *
- * Drafters: the model's DSpark (runtime/mtp.h, when wired) or a forced one
+ * Drafters: the model's DSpark (runtime/mtp.h: rt_mtp_drafter) or a forced one
  * for tests and benchmarks (rt_forced_drafter: agrees with a reference
  * continuation at chosen positions, so every rollback path can be driven).
  * Not here: batching of several requests' verify rows (issue 16, batch).

@@ -135,6 +135,9 @@ struct rt_request {
    * tokens, encoder outputs), released by rt_request_free. NULL when none. */
   void *exec_data;
   void (*exec_release)(void *exec_data);
+  /* The DSpark drafter's capture of the target layers' rows while it drafts
+   * for this request (runtime/mtp.h; the drafter owns it), else NULL. */
+  struct rt_mtp_cap *mtp_cap;
 };
 
 /* One pool per KV source of p (index by source layer; others left zeroed).

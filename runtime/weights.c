@@ -81,6 +81,7 @@ struct builder {
   const struct plan *p;
   size_t cap;
   int layer; /* -1 while adding model-wide tensors */
+  int mtp;   /* >= 0 while adding drafter block mtp.{k}'s tensors (layer -1) */
   int status;
   char *err;
   size_t err_len;
@@ -108,6 +109,7 @@ static struct weights_spec *add(struct builder *b, const char *name, enum st_dty
   *s = (struct weights_spec){.dtype = dt, .ndim = ndim, .layer = b->layer, .init = f.init, .a = f.a,
                              .shape = {d0, d1, d2}};
   if (b->layer >= 0) snprintf(s->name, sizeof s->name, "layers.%d.%s", b->layer, name);
+  else if (b->mtp >= 0) snprintf(s->name, sizeof s->name, "mtp.%d.%s", b->mtp, name);
   else snprintf(s->name, sizeof s->name, "%s", name);
   uint64_t n = st_dtype_size(dt);
   for (int i = 0; i < ndim; i++) n = mul_sat(n, (uint64_t)s->shape[i]);
@@ -140,8 +142,9 @@ static void add_model_wide(struct builder *b) {
   if (m->hc_merge == PLAN_MERGE_LEARNED) add_mhc(b, "head.hc", m->hc_streams, true);
 }
 
-/* The tensors every layer has (docs/weights.md, "Every layer"). */
-static void add_common(struct builder *b) {
+/* The tensors every layer has (docs/weights.md, "Every layer"); the
+ * drafter's blocks have them too, with their own routed expert count. */
+static void add_common(struct builder *b, int n_routed) {
   const struct plan_model *m = &b->p->model;
   int d = m->hidden, hdh = m->heads * m->head_dim, G = m->o_groups;
   int mrows = (2 + m->hc_streams) * m->hc_streams;
@@ -160,11 +163,11 @@ static void add_common(struct builder *b) {
   if (m->sink) add(b, "attn.sink", ST_F32, constant(0.0f), 1, m->heads, 0, 0);
   add(b, "attn.wo_a", ST_F32, lin(hdh / G, 1), 3, G, m->o_rank, hdh / G);
   add(b, "attn.wo_b", ST_F32, lin((int64_t)G * m->o_rank, WEIGHTS_RESIDUAL_GAIN), 2, d, (int64_t)G * m->o_rank, 0);
-  add(b, "ffn.gate", ST_F32, lin(d, ROUTER_GAIN), 2, m->n_routed, d, 0);
-  add(b, "ffn.bias", ST_F32, (struct fill){WEIGHTS_UNIFORM, BIAS_AMP}, 2, 2, m->n_routed, 0);
-  add(b, "ffn.experts.w_gate", ST_F32, lin(d, 1), 3, m->n_routed, m->moe_inter, d);
-  add(b, "ffn.experts.w_up", ST_F32, lin(d, 1), 3, m->n_routed, m->moe_inter, d);
-  add(b, "ffn.experts.w_down", ST_F32, lin(m->moe_inter, WEIGHTS_RESIDUAL_GAIN), 3, m->n_routed, d, m->moe_inter);
+  add(b, "ffn.gate", ST_F32, lin(d, ROUTER_GAIN), 2, n_routed, d, 0);
+  add(b, "ffn.bias", ST_F32, (struct fill){WEIGHTS_UNIFORM, BIAS_AMP}, 2, 2, n_routed, 0);
+  add(b, "ffn.experts.w_gate", ST_F32, lin(d, 1), 3, n_routed, m->moe_inter, d);
+  add(b, "ffn.experts.w_up", ST_F32, lin(d, 1), 3, n_routed, m->moe_inter, d);
+  add(b, "ffn.experts.w_down", ST_F32, lin(m->moe_inter, WEIGHTS_RESIDUAL_GAIN), 3, n_routed, d, m->moe_inter);
   if (S > 0) {
     add(b, "ffn.shared.w_gate", ST_F32, lin(d, 1), 2, S, d, 0);
     add(b, "ffn.shared.w_up", ST_F32, lin(d, 1), 2, S, d, 0);
@@ -198,6 +201,35 @@ static void add_engram(struct builder *b, int64_t rows) {
   add(b, "engram.wkv", ST_F32, lin(de, WEIGHTS_RESIDUAL_GAIN), 2, (int64_t)(hc + 1) * m->hidden, de, 0);
   add(b, "engram.q_w", ST_F32, ones(), 2, hc, m->hidden, 0);
   add(b, "engram.k_w", ST_F32, ones(), 2, hc, m->hidden, 0);
+}
+
+/* The DSpark drafter (Appendix V #24; runtime/mtp.h): dspark.blocks
+ * window-only blocks mtp.{k} (every layer's tensors, dspark.routed_experts
+ * routed experts), main_proj (hidden, targets x hidden) and main_norm on
+ * mtp.0; the final norm, the Markov head (V, markov_rank) twice and the
+ * confidence head (1, hidden + markov_rank) on the last block. Scales as
+ * above: the Markov embedding unit-RMS like embed, the head and the
+ * confidence projection linear. */
+static void add_drafter(struct builder *b) {
+  const struct plan_model *m = &b->p->model;
+  int d = m->hidden, V = m->vocab, rank = m->dspark_markov_rank, last = m->dspark_blocks - 1;
+  b->layer = -1;
+  for (int k = 0; k < m->dspark_blocks; k++) {
+    b->mtp = k;
+    add_common(b, m->dspark_experts);
+    if (k == 0) {
+      int64_t in = (int64_t)m->dspark_n_targets * d;
+      add(b, "main_proj", ST_F32, lin(in, 1), 2, d, in, 0);
+      add(b, "main_norm", ST_F32, ones(), 1, d, 0, 0);
+    }
+    if (k == last) {
+      add(b, "norm", ST_F32, ones(), 1, d, 0, 0);
+      add(b, "markov_head.embed", ST_F32, (struct fill){WEIGHTS_UNIFORM, SQRT3}, 2, V, rank, 0);
+      add(b, "markov_head.head", ST_F32, lin(rank, 1), 2, V, rank, 0);
+      add(b, "confidence_head.proj", ST_F32, lin((int64_t)d + rank, 1), 2, 1, (int64_t)d + rank, 0);
+    }
+  }
+  b->mtp = -1;
 }
 
 /* The Engram modules' table rows, or a refusal for widths the rows cannot take. */
@@ -301,16 +333,17 @@ int weights_list_init(struct weights_list *l, const struct plan *p, char *err, s
   int rc = engram_rows(p, &et, err, err_len);
   if (rc) return rc;
   l->plan_name = cedar_xstrdup(p->name ? p->name : "");
-  struct builder b = {.l = l, .p = p, .err = err, .err_len = err_len};
+  struct builder b = {.l = l, .p = p, .mtp = -1, .err = err, .err_len = err_len};
   add_model_wide(&b);
   for (int i = 0, module = 0; i < p->n_layers; i++) {
     const struct plan_layer *L = &p->layer[i];
     b.layer = i;
     if (L->engram) add_engram(&b, et.rows[module++]);
-    add_common(&b);
+    add_common(&b, p->model.n_routed);
     if (plan_is_index_source(L)) add_index_source(&b);
     if (plan_is_kv_source(L)) add_kv_source(&b, L);
   }
+  if (p->model.dspark_blocks > 0) add_drafter(&b);
   op_engram_tables_free(&et);
   rc = b.status ? b.status : index_names(l, err, err_len);
   if (rc) {

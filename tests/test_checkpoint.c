@@ -441,15 +441,16 @@ static void test_refusals(const struct plan *p) {
   weights_problems_free(&pr);
 }
 
-/* mtp.* and vision tensors in an extra shard (listed in the index): skipped
- * and counted; a checkpoint without hashes loads, and recording adds them. */
+/* mtp.* tensors of a block past the plan's drafter (mtp.7: the plan has 3)
+ * and vision tensors in an extra shard (listed in the index): skipped and
+ * counted; a checkpoint without hashes loads, and recording adds them. */
 static void test_skips_and_hashes(const struct plan *p) {
   const char *d = copy("skips");
   char path[800], shard[800];
   float v[8] = {0};
   struct st_tensor ex[] = {
-      {.name = "mtp.0.attn_norm.weight", .dtype = ST_F32, .ndim = 1, .shape = {8}, .nbytes = 32, .data = v},
-      {.name = "mtp.2.markov_head.embed.weight", .dtype = ST_F32, .ndim = 1, .shape = {8}, .nbytes = 32, .data = v},
+      {.name = "mtp.7.attn_norm.weight", .dtype = ST_F32, .ndim = 1, .shape = {8}, .nbytes = 32, .data = v},
+      {.name = "mtp.7.markov_head.embed.weight", .dtype = ST_F32, .ndim = 1, .shape = {8}, .nbytes = 32, .data = v},
       {.name = "vision.patch_embed.weight", .dtype = ST_F32, .ndim = 1, .shape = {8}, .nbytes = 32, .data = v},
       {.name = "image_newline", .dtype = ST_F32, .ndim = 1, .shape = {8}, .nbytes = 32, .data = v}};
   snprintf(shard, sizeof shard, "%s/model-extra.safetensors", d);
@@ -462,8 +463,8 @@ static void test_skips_and_hashes(const struct plan *p) {
     fclose(f);
     buf[n] = 0;
     char *at = strstr(buf, "\"weight_map\":\t{") + strlen("\"weight_map\":\t{");
-    snprintf(out, sizeof out, "%.*s\"mtp.0.attn_norm.weight\":\"model-extra.safetensors\","
-             "\"mtp.2.markov_head.embed.weight\":\"model-extra.safetensors\","
+    snprintf(out, sizeof out, "%.*s\"mtp.7.attn_norm.weight\":\"model-extra.safetensors\","
+             "\"mtp.7.markov_head.embed.weight\":\"model-extra.safetensors\","
              "\"vision.patch_embed.weight\":\"model-extra.safetensors\",\"image_newline\":\"model-extra.safetensors\",%s",
              (int)(at - buf), buf, at);
     f = fopen(path, "wb");

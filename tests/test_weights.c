@@ -136,8 +136,9 @@ static void test_list(const char *path) {
   }
   size_t per_layer = N_COMMON + (m->sink ? 1 : 0) + (shared ? 3 : 0);
   size_t model_wide = 3 + (m->hc_merge == PLAN_MERGE_LEARNED ? 3 : 0);
-  size_t want = model_wide + per_layer * (size_t)p.n_layers + 2 * idx + kv * (3 + (m->idx_k_norm ? 1 : 0)) + gate +
-                4 * engram;
+  size_t blocks = m->dspark_blocks > 0 ? (size_t)m->dspark_blocks : 0; /* the drafter: blocks + 6 extras */
+  size_t want = model_wide + per_layer * ((size_t)p.n_layers + blocks) + 2 * idx + kv * (3 + (m->idx_k_norm ? 1 : 0)) +
+                gate + 4 * engram + (blocks ? 6 : 0);
   EXPECT(l.n == want, "%s: %zu tensors, want %zu", path, l.n, want);
   EXPECT(count_suffix(&l, ".attn.indexer.wq_b") == idx && count_suffix(&l, ".attn.indexer.weights_proj") == idx,
          "%s: indexer queries on %zu layers", path, idx);
@@ -148,7 +149,19 @@ static void test_list(const char *path) {
   EXPECT(count_suffix(&l, ".attn.indexer.k_norm") == (m->idx_k_norm ? kv : 0), "%s: k_norm", path);
   EXPECT(count_suffix(&l, ".engram.table") == engram && count_suffix(&l, ".engram.wkv") == engram, "%s: engram",
          path);
-  EXPECT(count_suffix(&l, ".ffn.shared.w_down") == (shared ? (size_t)p.n_layers : 0), "%s: shared", path);
+  EXPECT(count_suffix(&l, ".ffn.shared.w_down") == (shared ? (size_t)p.n_layers + blocks : 0), "%s: shared", path);
+  if (blocks) { /* Appendix V #24's drafter at the plan's widths */
+    char nm[WEIGHTS_NAME_MAX];
+    int last = m->dspark_blocks - 1;
+    snprintf(nm, sizeof nm, "mtp.%d.ffn.experts.w_gate", last);
+    EXPECT(shape_is(weights_list_find(&l, nm), 3, m->dspark_experts, m->moe_inter, m->hidden), "%s: %s", path, nm);
+    EXPECT(shape_is(weights_list_find(&l, "mtp.0.main_proj"), 2, m->hidden,
+                    (int64_t)m->dspark_n_targets * m->hidden, 0), "%s: main_proj", path);
+    snprintf(nm, sizeof nm, "mtp.%d.markov_head.head", last);
+    EXPECT(shape_is(weights_list_find(&l, nm), 2, m->vocab, m->dspark_markov_rank, 0), "%s: %s", path, nm);
+    snprintf(nm, sizeof nm, "mtp.%d.confidence_head.proj", last);
+    EXPECT(shape_is(weights_list_find(&l, nm), 2, 1, (int64_t)m->hidden + m->dspark_markov_rank, 0), "%s: %s", path, nm);
+  }
   for (int i = 0; i < p.n_layers; i++)
     for (size_t k = 0; k < N_COMMON; k++) EXPECT(find_at(&l, i, common[k]), "%s: layer %d has no %s", path, i, common[k]);
   EXPECT(weights_list_find(&l, "embed") && weights_list_find(&l, "lm_head") && weights_list_find(&l, "norm"),
@@ -193,8 +206,9 @@ static void test_list_literal(void) {
   if (!load("plans/v41-mini.yaml", &p)) return;
   EXPECT(weights_list_init(&l, &p, err, sizeof err) == 0, "%s", err);
   EXPECT(count_suffix(&l, ".attn.compressor.wkv") == 4 && count_suffix(&l, ".attn.compressor.wgate") == 3 &&
-             count_suffix(&l, ".attn.indexer.wq_b") == 8 && count_suffix(&l, ".engram.table") == 2 && l.n == 1006,
-         "mini: 4 compressors, 3 gates, 8 indexer queries, 2 Engram tables, 1006 tensors (4 k_norm, no head.hc)");
+             count_suffix(&l, ".attn.indexer.wq_b") == 8 && count_suffix(&l, ".engram.table") == 2 && l.n == 1084,
+         "mini: 4 compressors, 3 gates, 8 indexer queries, 2 Engram tables, 1084 tensors (4 k_norm, no head.hc; "
+         "1006 of the 40 layers and model-wide, 78 of the DSpark drafter: 3 blocks of 24 + 6)");
   EXPECT(count_suffix(&l, ".attn.indexer.k_norm") == 4 && !weights_list_find(&l, "head.hc.fn"),
          "mini (pairing v41, k_norm on): attn.indexer.k_norm at the 4 sources, no head.hc.*");
   EXPECT(shape_is(weights_list_find(&l, "layers.1.engram.table"), 2, 1009 + 1013 + 1019 + 1021 + 1031 + 1033, 33, 0),
@@ -221,7 +235,7 @@ static bool ends_with(const char *s, const char *suffix) {
 static double linear_bound(const struct weights_spec *s, int hc, int d) {
   double in = (double)s->shape[s->ndim - 1];
   if (ends_with(s->name, ".fn")) return 0.1 * sqrt(3.0 / ((double)hc * d));
-  if (!strcmp(s->name, "embed")) return sqrt(3.0);
+  if (!strcmp(s->name, "embed") || ends_with(s->name, "markov_head.embed")) return sqrt(3.0);
   if (ends_with(s->name, "ffn.bias")) return 0.01;
   double g = ends_with(s->name, "attn.wo_b") || ends_with(s->name, "w_down") || ends_with(s->name, "engram.wkv")
                  ? 0.125

@@ -9,7 +9,8 @@
 #     files are byte-identical) of `run --plan P --weights W` with W the
 #     dequantized values, where P is `plan import DIR/config.json`, on both
 #     executors; and with --plan tests/plans/ckpt-small.yaml (checked
-#     against the checkpoint) the same again;
+#     against the checkpoint) the same again; `run --model DIR --speculate
+#     mtp` drafts with the released mtp.* tensors, tokens = plain greedy;
 #     the NumPy oracle's own reader (tests/oracle/released.py) decodes the
 #     checkpoint to the same bytes as cedar;
 #  3. `plan import` round-trips: import -> `plan config` -> import gives
@@ -62,6 +63,10 @@ for ex in direct starpu; do
   cmp "$tmp/m-$ex.st" "$tmp/w-$ex.st" || fail "run --model and run --weights differ ($ex)"
 done
 cmp "$tmp/m-direct.st" "$tmp/m-starpu.st" || fail "--model: direct and starpu differ"
+# the DSpark drafter's mtp.{k}.* load from the released names and draft (greedy = plain greedy)
+expect_exit 0 run --model "$ck" --prompt-len 40 --max-new 6 --speculate mtp --verify-len 2
+grep -q 'DSpark drafter mtp.0..2, fixed verify length.*bitwise equal to plain greedy' "$tmp/out" \
+  || fail "--model --speculate mtp: $(cat "$tmp/out")"
 expect_exit 0 run --model "$ck" --plan "$plan" --prompt-len 200 --max-new 4 --executor direct --json
 "$py" -c 'import json,sys; assert json.load(open(sys.argv[1]))["plan"] == "ckpt-small"' "$tmp/out" \
   || fail "--model --plan ckpt-small did not run it"

@@ -17,10 +17,11 @@
 #  4. sampled (--temperature 0.8; also with --top-k and the penalty, the
 #     Leviathan rule on the processed distribution: test_speculate checks
 #     the distribution) runs, refused nothing, not compared;
-#  5. refusals: --speculate mtp (the drafter is not wired: exit 2 naming it),
-#     a bad rate, --draft-len without --speculate, --speculate with
+#  5. --speculate mtp (the model's DSpark drafter) on v41-mini: greedy
+#     tokens bitwise plain greedy's, vLLM's metrics in text and JSON;
+#  6. refusals: --speculate mtp where the plan's drafter cannot run, a bad rate, --draft-len without --speculate, --speculate with
 #     --executor starpu.
-# Run from the repository root: bash tests/cli/speculate.sh build/cedar (~10 s).
+# Run from the repository root: bash tests/cli/speculate.sh build/cedar (~40 s).
 set -euo pipefail
 
 cedar=${1:?usage: speculate.sh /path/to/cedar}
@@ -90,9 +91,25 @@ expect_exit 0 run --plan "$tiny" --tokens $toks --max-new 21 --speculate forced:
   --repetition-penalty 1.3 --sample-seed 4
 grep -q 'sampled (not compared)' "$tmp/out" || fail "a sampled run with top-k and the penalty: $(cat "$tmp/out" "$tmp/err")"
 
-# 5. refusals
-expect_exit 2 run --plan "$tiny" --tokens $toks --speculate mtp
-grep -q 'DSpark drafter.*not wired' "$tmp/err" || fail "--speculate mtp: $(cat "$tmp/err")"
+# 5. the model's own DSpark drafter on v41-mini (synthetic weights: its
+#    drafts are rarely accepted; the tokens must still be plain greedy's)
+expect_exit 0 run --plan plans/v41-mini.yaml --tokens $toks --max-new 12 --speculate mtp --json
+"$py" - "$tmp/out" <<'EOF' || fail "--speculate mtp --json: $(cat "$tmp/out")"
+import json, sys
+j = json.load(open(sys.argv[1]))
+s = j["speculative"][0]
+assert s["drafter"] == "mtp" and s["equal_to_plain"] is True and s["tokens"] == 12, s
+assert s["draft_blocks"] >= 1 and s["num_drafts"] >= 1, s
+assert abs(s["mean_acceptance_length"] - (1 + s["num_accepted_tokens"] / s["num_drafts"])) < 1e-3, s
+EOF
+expect_exit 0 run --plan plans/v41-mini.yaml --tokens $toks --max-new 9 --speculate mtp --verify-len 5
+grep -q 'DSpark drafter mtp.0..2, fixed verify length' "$tmp/out" || fail "--speculate mtp text: $(cat "$tmp/out")"
+grep -q 'bitwise equal to plain greedy' "$tmp/out" || fail "--speculate mtp: tokens differ: $(cat "$tmp/out")"
+grep -q 'Per-position acceptance rate' "$tmp/out" || fail "--speculate mtp: no vLLM metrics"
+
+# 6. refusals: the tiny plan's drafter noise id (mini's 511) is outside its vocabulary of 97
+expect_exit 1 run --plan "$tiny" --tokens $toks --speculate mtp
+grep -q 'noise_token 511 is outside the vocabulary' "$tmp/err" || fail "--speculate mtp on tiny: $(cat "$tmp/err")"
 expect_exit 2 run --plan "$tiny" --tokens $toks --speculate forced:1.5
 expect_exit 2 run --plan "$tiny" --tokens $toks --draft-len 3
 expect_exit 2 run --plan "$tiny" --tokens $toks --speculate forced:1 --executor starpu

@@ -35,7 +35,7 @@ expect_exit 0 weights init --plan "$mini" --seed 42 --out "$tmp/w.safetensors" -
 "$py" - "$tmp/out" <<'EOF' || fail "init --json"
 import json, sys
 j = json.load(open(sys.argv[1]))
-assert j["plan"] == "v41-mini" and j["seed"] == 42 and j["tensors"] == 1006, j
+assert j["plan"] == "v41-mini" and j["seed"] == 42 and j["tensors"] == 1084, j
 assert len(j["fingerprint"]) == 16, j
 EOF
 [ -s "$tmp/w.safetensors" ] || fail "init wrote no file"
@@ -77,7 +77,7 @@ with open(sys.argv[2], "rb") as f:
     n = struct.unpack("<Q", f.read(8))[0]
     hdr = json.loads(f.read(n))
 meta = hdr.pop("__metadata__")
-assert j["plan"] == "v41-mini" and j["count"] == len(j["tensors"]) == len(hdr) == 1006
+assert j["plan"] == "v41-mini" and j["count"] == len(j["tensors"]) == len(hdr) == 1084
 assert j["total_bytes"] == sum(t["bytes"] for t in j["tensors"])
 assert meta["cedar.fingerprint"] == j["fingerprint"] and meta["cedar.seed"] == "42" and meta["cedar.plan"] == "v41-mini"
 for t in j["tensors"]:
@@ -86,7 +86,7 @@ for t in j["tensors"]:
     assert h["data_offsets"][1] - h["data_offsets"][0] == t["bytes"], t
 EOF
 expect_exit 0 weights list --plan "$mini"
-tail -1 "$tmp/out" | grep -q "1006 tensors" || fail "list: $(tail -1 "$tmp/out")"
+tail -1 "$tmp/out" | grep -q "1084 tensors" || fail "list: $(tail -1 "$tmp/out")"
 
 # 6. The flash plan is refused with its size, before any work.
 expect_exit 1 weights init --plan plans/v41-flash.yaml --seed 1 --out "$tmp/flash.safetensors"

@@ -288,6 +288,57 @@ def weight_shapes(plan):
             w.update({p + 'engram.table': ('U8', (rows, hd + hd // 32)),
                       p + 'engram.wkv': ('F32', ((hc + 1) * d, n_in)),
                       p + 'engram.q_w': ('F32', (hc, d)), p + 'engram.k_w': ('F32', (hc, d))})
+    w.update(drafter_shapes(plan))
+    return w
+
+
+def dspark(m):
+    """model.dspark with SPEC 1.5's defaults (Appendix V #24, config.json's dspark_*)."""
+    ds = {'blocks': 3, 'window': 128, 'draft': 5, 'markov_rank': 256, 'routed_experts': 128,
+          'active_experts': 3, 'noise_token': 128799, 'target_layers': [37, 38, 39]}
+    ds.update(m.get('dspark') or {})
+    return ds
+
+
+def drafter_shapes(plan):
+    """The DSpark drafter's tensors (Appendix V #24, docs/weights.md): blocks
+    mtp.{k} with every layer's tensors (window-only: no indexer, no
+    compressor) and dspark.routed_experts experts; main_proj (d, targets d)
+    and main_norm on mtp.0; norm, the Markov head (V, rank) x 2 and the
+    confidence head (1, d + rank) on the last block."""
+    m = plan.model
+    ds = dspark(m)
+    nb = int(ds['blocks'])
+    if nb <= 0:
+        return {}
+    d, V, hc = m['hidden'], m['vocab'], m['mhc']['streams']
+    at = m['attention']
+    H, dh, qr, G, orank = at['heads'], at['head_dim'], at['q_rank'], at['o_groups'], at['o_rank']
+    mo = m['moe']
+    R, I, S = int(ds['routed_experts']), mo['inter_dim'], mo['shared_experts'] * mo['shared_inter_dim']
+    mm, rank = (2 + hc) * hc, int(ds['markov_rank'])
+    w = {}
+    for k in range(nb):
+        p = 'mtp.%d.' % k
+        w.update({p + 'attn_norm': ('F32', (d,)), p + 'ffn_norm': ('F32', (d,))})
+        for s in ('hc_attn', 'hc_ffn'):
+            w.update({p + s + '.fn': ('F32', (mm, hc * d)), p + s + '.scale': ('F32', (3,)),
+                      p + s + '.base': ('F32', (mm,))})
+        w.update({p + 'attn.wq_a': ('F32', (qr, d)), p + 'attn.q_norm': ('F32', (qr,)),
+                  p + 'attn.wq_b': ('F32', (H * dh, qr)), p + 'attn.wkv': ('F32', (dh, d)),
+                  p + 'attn.kv_norm': ('F32', (dh,)), p + 'attn.wo_a': ('F32', (G, orank, H * dh // G)),
+                  p + 'attn.wo_b': ('F32', (d, G * orank)), p + 'ffn.gate': ('F32', (R, d)),
+                  p + 'ffn.bias': ('F32', (2, R)), p + 'ffn.experts.w_gate': ('F32', (R, I, d)),
+                  p + 'ffn.experts.w_up': ('F32', (R, I, d)), p + 'ffn.experts.w_down': ('F32', (R, d, I))})
+        if at.get('sink', True):
+            w[p + 'attn.sink'] = ('F32', (H,))
+        if S > 0:
+            w.update({p + 'ffn.shared.w_gate': ('F32', (S, d)), p + 'ffn.shared.w_up': ('F32', (S, d)),
+                      p + 'ffn.shared.w_down': ('F32', (d, S))})
+    last = 'mtp.%d.' % (nb - 1)
+    w.update({'mtp.0.main_proj': ('F32', (d, len(ds['target_layers']) * d)), 'mtp.0.main_norm': ('F32', (d,)),
+              last + 'norm': ('F32', (d,)), last + 'markov_head.embed': ('F32', (V, rank)),
+              last + 'markov_head.head': ('F32', (V, rank)), last + 'confidence_head.proj': ('F32', (1, d + rank))})
     return w
 
 

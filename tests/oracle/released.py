@@ -130,7 +130,7 @@ def _open(path):
     return ST.SafeTensors(path)
 
 
-FP8 = ('attn.wq_a', 'attn.wq_b', 'attn.wkv', 'attn.wo_b', 'attn.indexer.wq_b', 'engram.wkv')
+FP8 = ('attn.wq_a', 'attn.wq_b', 'attn.wkv', 'attn.wo_b', 'attn.indexer.wq_b', 'engram.wkv', 'main_proj')
 SHARED = {'ffn.shared.w_gate': 'ffn.shared_experts.w1', 'ffn.shared.w_up': 'ffn.shared_experts.w3',
           'ffn.shared.w_down': 'ffn.shared_experts.w2'}
 EXPERTS = {'ffn.experts.w_gate': 'w1', 'ffn.experts.w_up': 'w3', 'ffn.experts.w_down': 'w2'}
@@ -141,8 +141,8 @@ RENAMED = {'embed': 'embed.weight', 'norm': 'norm.weight', 'lm_head': 'head.weig
 def tensor(ck, name, shape):
     """One of docs/weights.md's tensors from the checkpoint."""
     pre, rest = '', name
-    if name.startswith('layers.'):
-        i = name.index('.', 7) + 1
+    if name.startswith(('layers.', 'mtp.')):          # a block, or the drafter's (Appendix V #24)
+        i = name.index('.', name.index('.') + 1) + 1
         pre, rest = name[:i], name[i:]
     if rest.startswith('head.hc.'):
         raise KeyError('%s (the release has none: Appendix V #4)' % name)

@@ -24,7 +24,8 @@ def make_weights(plan, seed=0):
     shapes = O.weight_shapes(plan)
     hc = plan.model['mhc']['streams']
     out = {}
-    for name in sorted(shapes):
+    # the drafter's tensors after all others, so they leave the others' draws as they were
+    for name in sorted(shapes, key=lambda n: (n.startswith('mtp.'), n)):
         dt, shape = shapes[name]
         leaf = name.split('.')[-1]
         if dt == 'U8':  # Engram table: rows of E4M3 + E8M0 per 32
