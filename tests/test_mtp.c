@@ -215,6 +215,15 @@ static int dump(const char *plan_path, const char *wpath, const char *toks, int 
   printf("draft after position %lld (y0 %d):", (long long)P, r.pending);
   for (int i = 0; i < B; i++) printf(" %d", draft[i]);
   printf("\n");
+  free(lg), free(x), free(rows), free(rpos), free(tok); /* everything back, so LSan sees no leak */
+  rt_arena_free(&ar);
+  rt_gen_result_free(&res);
+  rt_request_free(&r);
+  rt_mtp_cap_free(&cap);
+  rt_kv_pools_free(pools, p.n_layers);
+  rt_model_free(&M);
+  weights_free(&w);
+  weights_problems_free(&pr);
   return 0;
 }
 
