@@ -113,11 +113,7 @@ rc=0; "$cedar" run --plan "$tmp/other-seed.yaml" --seed 9 --tokens 1,2,3,4,5,6,7
 # 5. P/D under mpirun
 if command -v mpirun > /dev/null; then
   export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 CEDAR_PD_DEADLINE_S=60
-  if ldd "$cedar" 2>/dev/null | grep libasan > /dev/null; then # as pd_mpi.sh: Open MPI's own leaks suppressed
-    export OMPI_MCA_mca_base_component_disable_dlclose=1
-    export LSAN_OPTIONS="suppressions=$PWD/tests/lsan-openmpi.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
-    export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
-  fi
+  . tests/cli/mpi_asan.sh; mpi_asan_env "$cedar" # Open MPI's own leaks suppressed under ASan
   rc=0
   timeout -k 10 240 mpirun --allow-run-as-root --oversubscribe -np 2 "$cedar" run --plan tests/plans/pd-tiny-40-mmap.yaml \
     "${common[@]}" --workers 1 --dump "$tmp/pd.st" > "$tmp/pd.txt" 2> "$tmp/pd.err" || rc=$?

@@ -33,11 +33,7 @@ py=/usr/bin/python3
 [ -x "$py" ] || py=$(command -v python3)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-if ldd "$cedar" 2>/dev/null | grep libasan > /dev/null; then # as pd_mpi.sh: Open MPI's own leaks suppressed
-  export OMPI_MCA_mca_base_component_disable_dlclose=1
-  export LSAN_OPTIONS="suppressions=$PWD/tests/lsan-openmpi.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
-  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
-fi
+. tests/cli/mpi_asan.sh; mpi_asan_env "$cedar" # Open MPI's own leaks suppressed under ASan
 export CEDAR_PD_DEADLINE_S=60
 mpi() { timeout -k 10 240 mpirun --allow-run-as-root --oversubscribe "$@"; }
 ids() { local out="" i; for ((i = 1; i <= $1; i++)); do out+="${out:+,}$(( (i * $2 + 5) % 97 ))"; done; echo "$out"; }

@@ -37,14 +37,7 @@ py=/usr/bin/python3
 [ -x "$py" ] || py=$(command -v python3)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# Under `make asan`: Open MPI's own never-freed allocations are suppressed
-# (tests/lsan-openmpi.supp; its components stay loaded and stacks are unwound
-# in full, so their frames have names to match), and cedar's are still reported.
-if ldd "$cedar" 2>/dev/null | grep libasan > /dev/null; then
-  export OMPI_MCA_mca_base_component_disable_dlclose=1
-  export LSAN_OPTIONS="suppressions=$PWD/tests/lsan-openmpi.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
-  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0" # whole stacks: Open MPI lacks frame pointers
-fi
+. tests/cli/mpi_asan.sh; mpi_asan_env "$cedar" # Open MPI's own leaks suppressed under ASan
 export CEDAR_PD_DEADLINE_S=60
 mpi() { timeout -k 10 240 mpirun --allow-run-as-root --oversubscribe "$@"; }
 common=(--prompt-len 37 --chunk 16 --max-new 4 --workers 1)

@@ -20,11 +20,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 py=/usr/bin/python3
 [ -x "$py" ] || py=$(command -v python3)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-if ldd "$cedar" 2>/dev/null | grep libasan > /dev/null; then # as pd_mpi.sh: Open MPI's own leaks suppressed
-  export OMPI_MCA_mca_base_component_disable_dlclose=1
-  export LSAN_OPTIONS="suppressions=$PWD/tests/lsan-openmpi.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
-  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
-fi
+. tests/cli/mpi_asan.sh; mpi_asan_env "$cedar" # Open MPI's own leaks suppressed under ASan
 common=(--prompt-len 37 --chunk 16 --max-new 8)
 samp=(--temperature 0.9 --top-k 5 --top-p 0.95 --repetition-penalty 1.3 --sample-seed 9)
 cmp_dumps() { # every tensor of two safetensors files, bitwise (metadata names the plan: skipped)
