@@ -1,6 +1,6 @@
 # mpi_asan.sh: sourced by the CLI tests that run cedar under mpirun. Under
 # `make asan` (a cedar linked with libasan), Open MPI's own never-freed
-# allocations are suppressed (tests/lsan-openmpi.supp; its components stay
+# allocations (and one StarPU-MPI race) are suppressed (tests/lsan-openmpi.supp; its components stay
 # loaded and stacks are unwound in full, so their frames have names to
 # match), and cedar's leaks are still reported.
 # Usage: . tests/cli/mpi_asan.sh; mpi_asan_env "$cedar"   (from the repository root)

@@ -34,11 +34,7 @@ command -v mpirun > /dev/null || { echo "skipped: mpirun is not installed (Debia
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export HWLOC_COMPONENTS=${HWLOC_COMPONENTS:--pci}
-if ldd "$cedar" 2>/dev/null | grep libasan > /dev/null; then
-  export OMPI_MCA_mca_base_component_disable_dlclose=1
-  export LSAN_OPTIONS="suppressions=$PWD/tests/lsan-openmpi.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
-  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
-fi
+. tests/cli/mpi_asan.sh; mpi_asan_env "$cedar" # Open MPI's own leaks suppressed under ASan
 export CEDAR_PD_DEADLINE_S=10
 kills=${CEDAR_PD_KILLS:-10}
 batch=${CEDAR_PD_BATCH:-4}

@@ -58,11 +58,7 @@ exec ip netns exec $nsd sh -c "\$*"
 EOF
 chmod +x "$tmp/agent.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 HWLOC_COMPONENTS=${HWLOC_COMPONENTS:--pci}
-if ldd "$cedar" 2>/dev/null | grep libasan > /dev/null; then # as pd_mpi.sh: Open MPI's own allocations suppressed
-  export OMPI_MCA_mca_base_component_disable_dlclose=1
-  export LSAN_OPTIONS="suppressions=$PWD/tests/lsan-openmpi.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
-  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
-fi
+. tests/cli/mpi_asan.sh; mpi_asan_env "$cedar" # Open MPI's own leaks suppressed under ASan
 mpi_ns() {
   timeout -k 10 180 ip netns exec "$nsp" mpirun --host "${net}1,${net}2" -np 2 \
     --mca plm_rsh_agent "$tmp/agent.sh" --mca btl tcp,self --mca pml ob1 \
