@@ -18,7 +18,12 @@ from a "xfer ..." slice on the prefill rank's process to a "recv xfer ..."
 slice of the same node on the decode rank's; cross-worker graph edges stay
 category "dep" and inside one process.
 
-Usage: trace_check.py FILE [--ranks R --transfers T]. Exit 0 when it holds,
+cedar's one-process content (--tasks N, tests/cli/trace.sh): exactly N
+slices (one per task that ran), each named "<node> r<request>" with args
+layer, mode, chunk, request, flops and bytes; slices on two or more tracks
+have at least one flow between them (the graph is connected).
+
+Usage: trace_check.py FILE [--ranks R --transfers T] [--tasks N]. Exit 0 when it holds,
 1 with the first problem on stderr. --selftest: the checker rejects traces
 broken in each way above (so it can fail).
 """
@@ -27,7 +32,7 @@ import sys
 from collections import defaultdict
 
 
-def problems(doc, ranks=None, transfers=None):
+def problems(doc, ranks=None, transfers=None, tasks=None):
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         return "no traceEvents array"
     names, last_ts, slices, flows = {}, {}, defaultdict(list), defaultdict(list)
@@ -118,6 +123,19 @@ def problems(doc, ranks=None, transfers=None):
     if transfers is not None and xfer != transfers:
         return f"{xfer} transfer flows, expected {transfers} (one per transfer)"
     n = sum(len(ss) for ss in slices.values())
+    if tasks is not None:
+        if n != tasks:
+            return f"{n} slices, expected {tasks} (one per task)"
+        for ss in slices.values():
+            for _, _, _, e in ss:
+                a = e.get("args", {})
+                for k in ("layer", "mode", "chunk", "request", "flops", "bytes"):
+                    if k not in a:
+                        return f"slice {e['name']} lacks arg {k}"
+                if e["name"].rsplit(" r", 1)[-1] != str(a["request"]):
+                    return f"slice {e['name']} is not named after its request {a['request']}"
+        if sum(1 for ss in slices.values() if ss) >= 2 and not flows:
+            return f"slices on {sum(1 for ss in slices.values() if ss)} tracks but no flow between them"
     print(f"trace: {n} slices on {len(slices)} tracks in {len({t[0] for t in slices})} processes, "
           f"{xfer} transfer flows, {len(flows) - xfer} graph-edge flows")
     return None
@@ -156,7 +174,30 @@ def selftest():
         if problems(b, 2, 1) is None:
             print(f"the checker accepts a trace broken by {k}", file=sys.stderr)
             sys.exit(1)
-    print(f"trace_check: rejects all {len(bad)} broken traces")
+    one = {"traceEvents": [
+        {"name": "process_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "cedar"}},
+        {"name": "thread_name", "ph": "M", "pid": 0, "tid": 1, "args": {"name": "w0"}},
+        {"name": "thread_name", "ph": "M", "pid": 0, "tid": 2, "args": {"name": "w1"}},
+        {"name": "L0.attn c0 r0", "ph": "X", "pid": 0, "tid": 1, "ts": 0, "dur": 10, "args": {
+            "layer": 0, "mode": "csa", "chunk": 0, "request": 0, "flops": 1, "bytes": 1}},
+        {"name": "dep", "cat": "dep", "ph": "s", "pid": 0, "tid": 1, "ts": 5, "id": 1},
+        {"name": "L0.moe c0 r0", "ph": "X", "pid": 0, "tid": 2, "ts": 12, "dur": 5, "args": {
+            "layer": 0, "mode": "csa", "chunk": 0, "request": 0, "flops": 1, "bytes": 1}},
+        {"name": "dep", "cat": "dep", "ph": "f", "bp": "e", "pid": 0, "tid": 2, "ts": 12, "id": 1}]}
+    assert problems(json.loads(json.dumps(one)), tasks=2) is None
+    bad1 = {
+        "task_count": lambda e: e.pop(5),
+        "no_arg": lambda e: e[3]["args"].pop("flops"),
+        "wrong_request": lambda e: e[5].update(name="L0.moe c0 r1"),
+        "no_flow": lambda e: (e.pop(6), e.pop(4)),
+    }
+    for k, f in bad1.items():
+        b = json.loads(json.dumps(one))
+        f(b["traceEvents"])
+        if problems(b, tasks=2) is None:
+            print(f"the checker accepts a one-process trace broken by {k}", file=sys.stderr)
+            sys.exit(1)
+    print(f"trace_check: rejects all {len(bad) + len(bad1)} broken traces")
 
 
 if __name__ == "__main__":
@@ -167,7 +208,7 @@ if __name__ == "__main__":
     opt = {args[i]: int(args[i + 1]) for i in range(0, len(args), 2)}
     with open(sys.argv[1]) as fh:
         d = json.load(fh)
-    p = problems(d, opt.get("--ranks"), opt.get("--transfers"))
+    p = problems(d, opt.get("--ranks"), opt.get("--transfers"), opt.get("--tasks"))
     if p:
         print(p, file=sys.stderr)
         sys.exit(1)
