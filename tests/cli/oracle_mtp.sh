@@ -17,20 +17,16 @@
 # then --self-test shows it refuses a draft logit row x 1.01, a confidence
 # + 1e-3 and the first target's rows taken one layer late.
 # Exit 77 without /usr/bin/python3 + numpy. ~2 min on 2 cores.
+# Keep the files: ORACLE_MTP_KEEP=DIR.
 # Run: bash tests/cli/oracle_mtp.sh build/cedar (test_mtp next to it in build/tests/).
 set -u
 cedar=${1:?usage: oracle_mtp.sh /path/to/cedar}
-py=/usr/bin/python3
-[ -x "$py" ] || { echo "skipped: $py not found"; exit 77; }
-"$py" -c 'import numpy' 2>/dev/null || { echo "skipped: numpy is missing for $py"; exit 77; }
 here=$(cd "$(dirname "$0")/../.." && pwd)
+. "$here/tests/cli/oracle_env.sh" ORACLE_MTP_KEEP # py, tmp, fail, phase
 dumper=$(dirname "$cedar")/tests/test_mtp
 [ -x "$dumper" ] || { echo "FAIL: $dumper is not built"; exit 1; }
 plan=$here/tests/oracle/plans/v41-mini-f32.yaml
 steps=3
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
 "$cedar" weights init --plan "$plan" --seed 7 --out "$tmp/w.safetensors" >"$tmp/init.log" 2>&1 ||
   { cat "$tmp/init.log" >&2; fail "cedar weights init"; }
 prompt=$("$py" "$here/tests/oracle/compare.py" --print-prompt) || fail "compare.py --print-prompt"

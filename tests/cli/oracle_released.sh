@@ -30,25 +30,13 @@
 # Run: bash tests/cli/oracle_released.sh build/cedar   (ctest: cli_oracle_released)
 set -u
 cedar=${1:?usage: oracle_released.sh /path/to/cedar}
-py=/usr/bin/python3
-[ -x "$py" ] || { echo "skipped: $py not found"; exit 77; }
-"$py" -c 'import numpy' 2>/dev/null || { echo "skipped: numpy is missing for $py"; exit 77; }
 here=$(cd "$(dirname "$0")/../.." && pwd)
+. "$here/tests/cli/oracle_env.sh" ORACLE_RELEASED_KEEP # py, tmp, fail, phase
 oracle=$here/tests/oracle
 seed=11
 steps=4
 PROMPT_LEN=560
 
-if [ -n "${ORACLE_RELEASED_KEEP:-}" ]; then
-  tmp=$ORACLE_RELEASED_KEEP
-  mkdir -p "$tmp"
-else
-  tmp=$(mktemp -d)
-  trap 'rm -rf "$tmp"' EXIT
-fi
-fail() { echo "FAIL: $*" >&2; exit 1; }
-t0=$SECONDS
-phase() { echo "== $* ($((SECONDS - t0)) s)"; }
 quiet() { # run cedar, show its stderr only when it fails
   "$cedar" "$@" >"$tmp/out" 2>"$tmp/err" || { rc=$?; tail -n 30 "$tmp/err" >&2; fail "cedar $* exited $rc"; }
 }

@@ -20,25 +20,13 @@
 # runs it as cli_oracle_run).
 set -u
 cedar=${1:?usage: oracle_run.sh /path/to/cedar}
-py=/usr/bin/python3
-[ -x "$py" ] || { echo "skipped: $py not found"; exit 77; }
-"$py" -c 'import numpy' 2>/dev/null || { echo "skipped: numpy is missing for $py"; exit 77; }
 here=$(cd "$(dirname "$0")/../.." && pwd)
+. "$here/tests/cli/oracle_env.sh" ORACLE_RUN_KEEP # py, tmp, fail, phase
 plan=$here/tests/oracle/plans/v41-mini-f32.yaml  # fp32 numerics: the tight comparison (that file says why)
 compare=$here/tests/oracle/compare.py
 seed=7
 steps=16
 
-if [ -n "${ORACLE_RUN_KEEP:-}" ]; then
-  tmp=$ORACLE_RUN_KEEP
-  mkdir -p "$tmp"
-else
-  tmp=$(mktemp -d)
-  trap 'rm -rf "$tmp"' EXIT
-fi
-fail() { echo "FAIL: $*" >&2; exit 1; }
-t0=$SECONDS
-phase() { echo "== $* ($((SECONDS - t0)) s)"; }
 
 phase "weights: cedar weights init --seed $seed"
 "$cedar" weights init --plan "$plan" --seed "$seed" --out "$tmp/w.safetensors" >"$tmp/init.log" 2>&1 ||
