@@ -337,8 +337,7 @@ void rt_engram_rows(const struct rt_model *M, int l, float *e, const struct rt_r
   const struct rt_layer *L = &M->L[l];
   int hist = (int)(a < M->e_max_order - 1 ? a : M->e_max_order - 1);
   CEDAR_ASSERT(a + n <= r->n_tokens);
-  int64_t *rows = RT_ALLOC(ar, int64_t, (size_t)n * M->e_tables);
-  int bad;
+  int64_t *rows = RT_ALLOC(ar, int64_t, (size_t)n * M->e_tables), bad;
   RT_TIMED(ar, ENGRAM, bad = op_engram_hash(rows, r->tokens + a - hist, NULL, M->cmap, L->e_mult, m->engram_orders,
                            op_engram_primes_of(&M->eng, L->e_module), op_engram_offsets_of(&M->eng, L->e_module),
                            hist, n, m->vocab, m->engram_n_orders, m->engram_heads, M->cmap[m->engram_pad_id]));
