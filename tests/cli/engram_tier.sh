@@ -17,7 +17,7 @@
 #  5. P/D under mpirun (when available): pd-tiny-40-mmap's dump equals the
 #     one-process tiny-40's bitwise.
 #  6. `cedar bench engram` runs its three variants and says they agree.
-# Run from the repository root: bash tests/cli/engram_tier.sh build/cedar (~30 s).
+# Run from the repository root: bash tests/cli/engram_tier.sh build/cedar (~75 s on 2 loaded cores).
 set -euo pipefail
 cedar=${1:?usage: engram_tier.sh /path/to/cedar}
 fail() { echo "FAIL: $*" >&2; exit 1; }
