@@ -18,6 +18,13 @@
  * The plans are the given plan extended by a temporary file (table_base,
  * tier, the tables file in a temporary directory: one per mmap variant, as
  * a page the warm variant maps could not be dropped for the cold one).
+ * With --model DIR the three engines load the checkpoint (its config's plan,
+ * as `plan import` writes it, or --plan, checked against it, extended the
+ * same way without a tables file): the mmap variants' tables stay in the shards,
+ * which all three map, so before a cold step every variant's pages of the
+ * tables are dropped (a page any mapping holds stays in the page cache), and
+ * before each of its requests the warm variant reads the shards through to
+ * put them back in the page cache (untimed).
  */
 #define _GNU_SOURCE /* mkdtemp, realpath, setenv */
 #include <cJSON.h>
@@ -33,12 +40,13 @@
 #include "base/check.h"
 #include "cli/cli.h"
 #include "ops/basic.h"
+#include "runtime/checkpoint.h"
 #include "runtime/engine.h"
 #include "runtime/engram_tier.h"
 #include "viz/trace.h"
 
 struct bargs {
-  const char *plan;
+  const char *plan, *model;
   int64_t prompt, steps, table_base, workers, rounds;
   bool json;
 };
@@ -57,7 +65,7 @@ struct variant {
 };
 
 struct probe {
-  struct variant *v;
+  struct variant *v, *all; /* all: the three, when they share a checkpoint's shards (--model) */
   double t_last;
   long faults0;
 };
@@ -98,11 +106,30 @@ static void on_graph(void *user, const struct graph *g, const struct rt_task_tim
   } else {
     p->faults0 = faults_now(); /* decode faults from here */
   }
-  if (v->cold) rt_engram_tier_evict(&v->e.engram, &v->e.weights);
+  if (v->cold)
+    for (int i = 0; i < (p->all ? 3 : 1); i++) {
+      struct variant *x = p->all ? &p->all[i] : v;
+      if (x->open) rt_engram_tier_evict(&x->e.engram, &x->e.weights);
+    }
   p->t_last = now_s(); /* the eviction is not the step's */
 }
 
-static int run_once(const struct bargs *a, struct variant *v, int round, char *err, size_t len) {
+/* --model, the warm variant: the shards back into the page cache (a cold
+ * variant's step dropped them), read through before its request. */
+static void warm_shards(const struct ckpt_shards *s) {
+  char path[4200];
+  uint8_t *buf = cedar_xmalloc(1 << 20);
+  for (size_t i = 0; s && i < s->n; i++) {
+    snprintf(path, sizeof path, "%s/%s", s->dir, s->names[i]);
+    FILE *f = fopen(path, "rb");
+    while (f && fread(buf, 1, 1 << 20, f) == 1 << 20) {}
+    if (f) fclose(f);
+  }
+  free(buf);
+}
+
+static int run_once(const struct bargs *a, struct variant *v, struct variant *all, int round, char *err, size_t len) {
+  if (a->model && v->mmap && !v->cold) warm_shards(v->e.weights.shards);
   struct rt_engine_exec x = {0};
   if (a->workers > 0) x = (struct rt_engine_exec){.executor = RT_EXEC_STARPU, .workers = (int)a->workers, .profile = true};
   int rc = rt_engine_set_exec(&v->e, &x, err, len);
@@ -110,7 +137,7 @@ static int run_once(const struct bargs *a, struct variant *v, int round, char *e
   int V = v->e.plan.model.vocab;
   int32_t *prompt = cedar_xmalloc(sizeof(int32_t) * (size_t)a->prompt);
   for (int64_t i = 0; i < a->prompt; i++) prompt[i] = (int32_t)((i * 131 + 7) % V);
-  struct probe p = {.v = v, .t_last = now_s()};
+  struct probe p = {.v = v, .all = a->model ? all : NULL, .t_last = now_s()};
   struct rt_gen_opts go = {.replay = -1, .max_new = (int)a->steps + 1, .top_p = 1, .executor = x.executor,
                            .on_graph = on_graph, .graph_user = &p};
   struct rt_request r;
@@ -141,8 +168,8 @@ static double median(double *x, int n) {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: cedar bench engram [--plan P] [--prompt-len N] [--steps S] [--rounds R] [--table-base B] [--workers W]\n"
-          "                          [--json]\n"
+          "usage: cedar bench engram [--plan P | --model DIR [--plan P]] [--prompt-len N] [--steps S] [--rounds R]\n"
+          "                          [--table-base B] [--workers W] [--json]\n"
           "\n"
           "Decode steps with the Engram tables in memory, then memory-mapped (serving.engram.tier: mmap)\n"
           "with the file's pages in the page cache (warm) and dropped before every step (cold), in one run\n"
@@ -153,6 +180,9 @@ static void usage(FILE *f) {
           "unless every variant gives the memory variant's tokens and logits bit for bit.\n"
           "\n"
           "  --plan P          plan (default %s)\n"
+          "  --model DIR       a released-layout checkpoint (docs/checkpoints.md) instead of synthetic\n"
+          "                    weights: its config's plan (or --plan P, checked against it); the mmap\n"
+          "                    variants read the tables in place from its shards\n"
           "  --prompt-len N    prompt tokens (default 32)\n"
           "  --steps S         decode steps (default 16)\n"
           "  --rounds R        requests per variant, interleaved (default 3)\n"
@@ -166,15 +196,17 @@ static void usage(FILE *f) {
 static int parse(int argc, char **argv, struct bargs *a) {
   static const struct option lo[] = {{"plan", required_argument, NULL, 'p'},   {"prompt-len", required_argument, NULL, 'n'},
                                      {"steps", required_argument, NULL, 's'},  {"table-base", required_argument, NULL, 'b'},
-                                     {"rounds", required_argument, NULL, 'r'},
+                                     {"rounds", required_argument, NULL, 'r'}, {"model", required_argument, NULL, 'm'},
                                      {"workers", required_argument, NULL, 'w'}, {"json", no_argument, NULL, 'j'},
                                      {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
   *a = (struct bargs){.plan = cli_default_plan(), .prompt = 32, .steps = 16, .rounds = 3};
   optind = 1;
+  bool plan_given = false;
   int c;
   while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
     switch (c) {
-    case 'p': a->plan = optarg; break;
+    case 'p': a->plan = optarg, plan_given = true; break;
+    case 'm': a->model = optarg; break;
     case 'n':
       if (!cli_parse_int(optarg, 1, 1 << 20, &a->prompt)) return cli_usage_error("bench engram", "--prompt-len: 1 to 2^20");
       break;
@@ -197,6 +229,9 @@ static int parse(int argc, char **argv, struct bargs *a) {
     }
   }
   if (optind < argc) return cli_usage_error("bench engram", "unexpected argument '%s'", argv[optind]);
+  if (a->model && a->table_base)
+    return cli_usage_error("bench engram", "--table-base with --model: the checkpoint's tables have their own rows");
+  if (a->model && !plan_given) a->plan = NULL; /* the checkpoint's config gives it */
   return -1;
 }
 
@@ -210,8 +245,26 @@ static void write_plan(char *out, size_t len, const char *dir, const char *name,
   CEDAR_ASSERT_MSG(f, "cannot write %s", out);
   fprintf(f, "extends: %s\n", abs);
   if (a->table_base) fprintf(f, "model:\n  engram: {table_base: %lld}\n", (long long)a->table_base);
-  if (mmap) fprintf(f, "serving:\n  engram: {tier: mmap, file: %s/%s.safetensors}\n", dir, name);
+  if (mmap && a->model) fprintf(f, "serving:\n  engram: {tier: mmap}\n"); /* the tables are the shards' */
+  else if (mmap) fprintf(f, "serving:\n  engram: {tier: mmap, file: %s/%s.safetensors}\n", dir, name);
   fclose(f);
+}
+
+/* --model without --plan: dir/base.yaml, the plan DIR/config.json implies
+ * (as `cedar plan import` writes it), for the variants to extend. */
+static int import_plan(char *out, size_t len, const char *dir, const char *model, char *err, size_t err_len) {
+  char cfg[4200], *yaml = NULL;
+  struct ckpt_config c;
+  snprintf(cfg, sizeof cfg, "%s/" CKPT_CONFIG, model);
+  snprintf(out, len, "%s/base.yaml", dir);
+  int rc = ckpt_config_read(cfg, &c, err, err_len);
+  if (!rc) rc = ckpt_config_plan_yaml(&c, "imported", &yaml, err, err_len);
+  FILE *f = rc ? NULL : fopen(out, "w");
+  if (!rc && (!f || fputs(yaml, f) < 0)) rc = CEDAR_EIO;
+  if (f && fclose(f) && !rc) rc = CEDAR_EIO;
+  if (rc == CEDAR_EIO) snprintf(err, err_len, "cannot write %.900s", out);
+  free(yaml);
+  return rc;
 }
 
 int cmd_bench_engram(int argc, char **argv) {
@@ -221,6 +274,15 @@ int cmd_bench_engram(int argc, char **argv) {
   op_blas_init();
   char dir[] = "/tmp/cedar-bench-engram-XXXXXX", pmem[4200], pwarm[4200], pcold[4200], err[1024];
   if (!mkdtemp(dir)) return fprintf(stderr, "cedar bench engram: cannot make a temporary directory\n"), 1;
+  char base[4200];
+  if (a.model && !a.plan && import_plan(base, sizeof base, dir, a.model, err, sizeof err)) {
+    fprintf(stderr, "cedar bench engram: %s\n", err);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd)) fprintf(stderr, "cedar bench engram: could not remove %s\n", dir);
+    return 1;
+  }
+  if (a.model && !a.plan) a.plan = base;
   write_plan(pmem, sizeof pmem, dir, "memory", &a, false);
   write_plan(pwarm, sizeof pwarm, dir, "warm", &a, true);
   write_plan(pcold, sizeof pcold, dir, "cold", &a, true);
@@ -228,7 +290,8 @@ int cmd_bench_engram(int argc, char **argv) {
   int status = 0;
   for (int i = 0; i < 3 && !status; i++) { /* all three open at once (direct), so the rounds interleave them */
     v[i].step_s = cedar_xcalloc((size_t)(a.rounds * a.steps), sizeof(double));
-    if (rt_engine_open(&v[i].e, &(struct rt_engine_opts){.plan = v[i].cold ? pcold : v[i].mmap ? pwarm : pmem, .seed = 1}, err, sizeof err)) {
+    struct rt_engine_opts eo = {.plan = v[i].cold ? pcold : v[i].mmap ? pwarm : pmem, .seed = 1, .model = a.model};
+    if (rt_engine_open(&v[i].e, &eo, err, sizeof err)) {
       fprintf(stderr, "cedar bench engram: %s: %s\n", v[i].name, err);
       status = 1;
       break;
@@ -238,7 +301,7 @@ int cmd_bench_engram(int argc, char **argv) {
   }
   for (int r = 0; r < a.rounds && !status; r++)
     for (int i = 0; i < 3 && !status; i++)
-      if (run_once(&a, &v[i], r, err, sizeof err)) {
+      if (run_once(&a, &v[i], v, r, err, sizeof err)) {
         fprintf(stderr, "cedar bench engram: %s: %s\n", v[i].name, err);
         status = 1;
       }
@@ -259,7 +322,8 @@ int cmd_bench_engram(int argc, char **argv) {
   }
   if (!status && a.json) {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "plan", a.plan);
+    cJSON_AddStringToObject(o, "plan", v[0].e.plan.name);
+    if (a.model) cJSON_AddStringToObject(o, "model", a.model);
     cJSON_AddNumberToObject(o, "prompt", (double)a.prompt);
     cJSON_AddNumberToObject(o, "steps", (double)a.steps);
     cJSON_AddNumberToObject(o, "rounds", (double)a.rounds);
@@ -279,8 +343,9 @@ int cmd_bench_engram(int argc, char **argv) {
     cli_print_json(o);
   } else if (!status) {
     printf("cedar bench engram: plan %s, prompt %lld, %lld decode steps x %lld rounds (variants interleaved), %s; "
-           "Engram tables %.1f MiB\n", a.plan, (long long)a.prompt, (long long)a.steps, (long long)a.rounds,
-           a.workers ? "StarPU" : "direct executor", (double)v[0].table_bytes / (1 << 20));
+           "Engram tables %.1f MiB%s%s\n", v[0].e.plan.name, (long long)a.prompt, (long long)a.steps, (long long)a.rounds,
+           a.workers ? "StarPU" : "direct executor", (double)v[0].table_bytes / (1 << 20), a.model ? "; checkpoint " : "",
+           a.model ? a.model : "");
     if (a.workers) printf("StarPU CPU workers: %lld\n", (long long)a.workers);
     printf("%-10s %15s %17s %12s%s\n", "tier", "median step ms", "prefetch ms/step", "faults/step",
            a.workers ? "  prefetch beside layers" : "");

@@ -71,7 +71,7 @@ static const char *engram_where(const struct plan *p, char *buf, size_t len) {
     snprintf(buf, len, "memory (with the other weights; resident)");
   else
     snprintf(buf, len, "mmap (%s%s; paged in by the prefetch, not counted resident)",
-             p->serving.engram_file ? "file " : "the weights file, or for synthetic weights the derived file",
+             p->serving.engram_file ? "file " : "the weights file or the checkpoint's shards, or for synthetic weights the derived file",
              p->serving.engram_file ? p->serving.engram_file : "");
   return buf;
 }

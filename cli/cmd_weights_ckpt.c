@@ -72,6 +72,7 @@ int weights_check_dir(const char *dir, const char *plan_path, bool hash, bool js
   struct ckpt_load_stats st = {0};
   int rc = ckpt_plan(dir, plan_path, &p, &pr, err, sizeof err);
   bool have_plan = rc == 0;
+  if (have_plan) p.serving.engram_tier = PLAN_ENGRAM_TIER_MEMORY; /* a check reads every hash, the tables' too */
   if (!rc && hash) {
     /* the layout first, without hashes: only a checkpoint that loads gets them */
     rc = ckpt_load(&w, &p, dir, false, &pr, &st, err, sizeof err);

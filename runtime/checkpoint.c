@@ -82,6 +82,7 @@ void ckpt_shards_free(struct ckpt_shards *s) {
     st_close(s->files[i]);
     free(s->names[i]);
   }
+  free(s->dir);
   free(s->files);
   free(s->names);
   free(s);
@@ -126,6 +127,7 @@ static struct entry *find(struct ckpt *k, const char *name) {
 static void open_shards(struct ckpt *k, struct ctx *c) {
   char path[4096], err[512];
   k->s = cedar_xcalloc(1, sizeof *k->s);
+  k->s->dir = cedar_xstrdup(c->dir);
   snprintf(path, sizeof path, "%s/%s", c->dir, CKPT_INDEX);
   size_t len;
   struct stat st;
@@ -181,8 +183,9 @@ static void open_shards(struct ckpt *k, struct ctx *c) {
     if (!k->e[i].t) problem(c, "%s: the index lists tensor '%s' in it, but the shard has no such tensor", k->s->names[k->e[i].shard], k->e[i].name);
 }
 
-/* The content hashes a shard records (`cedar.hash.<name>`: XXH3-64, hex). */
-static void verify_hashes(struct ckpt *k, struct ctx *c, struct ckpt_load_stats *st) {
+/* The content hashes a shard records (`cedar.hash.<name>`: XXH3-64, hex);
+ * with tables_in_file (the mmap tier) not the Engram tables' (checkpoint.h). */
+static void verify_hashes(struct ckpt *k, struct ctx *c, bool tables_in_file, struct ckpt_load_stats *st) {
   for (size_t i = 0; i < k->s->n; i++) {
     const st_file_t *f = k->s->files[i];
     for (size_t j = 0; j < st_count(f); j++) {
@@ -192,6 +195,10 @@ static void verify_hashes(struct ckpt *k, struct ctx *c, struct ckpt_load_stats 
       const char *want = st_meta_get(f, key);
       if (!want) {
         st->unhashed++;
+        continue;
+      }
+      if (tables_in_file && ckpt_is_engram_table(t->name)) {
+        st->hash_skipped++;
         continue;
       }
       snprintf(got, sizeof got, "%016" PRIx64, XXH3_64bits(t->data, t->nbytes));
@@ -250,9 +257,10 @@ static void to_f32(float *out, const struct st_tensor *t) {
 static int64_t tiles(int64_t n) { return (n + CKPT_BLOCK - 1) / CKPT_BLOCK; }
 
 /* Fill `out` (s->nbytes, aligned) with internal tensor s, or point *in_place
- * at the mapping. Returns false after a problem. */
+ * at the mapping (an mmap-tier Engram table: its values, and *scales at its
+ * scales). Returns false after a problem. */
 static bool fill(struct ckpt *k, struct ctx *c, const struct weights_spec *s, const struct ckpt_map_row *row, int layer,
-                 void *out, const void **in_place, struct ckpt_load_stats *st) {
+                 void *out, const void **in_place, const void **scales, struct ckpt_load_stats *st) {
   char name[160], name2[160];
   const int64_t *sh = s->shape;
   ckpt_map_name(name, sizeof name, layer, row->released ? row->released : "", 0);
@@ -325,6 +333,11 @@ static bool fill(struct ckpt *k, struct ctx *c, const struct weights_spec *s, co
       const struct st_tensor *q = take(k, c, name, s->name, ST_F8_E4M3, false, 2, w);
       const struct st_tensor *sc = take(k, c, name2, s->name, ST_F8_E8M0, false, 2, ws);
       if (!q || !sc) return false;
+      if (scales) { /* the mmap tier: read in place, row by row, by the gather (runtime/engram_tier.h) */
+        *in_place = q->data, *scales = sc->data;
+        st->in_place_bytes += q->nbytes + sc->nbytes;
+        return true;
+      }
       uint8_t *o = out;
       for (int64_t r = 0; r < sh[0]; r++) {
         memcpy(o + r * (hd + nsc), (const uint8_t *)q->data + r * hd, (size_t)hd);
@@ -355,14 +368,18 @@ int ckpt_load(struct weights *w, const struct plan *p, const char *dir, bool ver
   struct ctx c = {.dir = dir, .pr = pr};
   int rc = weights_list_init(&w->list, p, err, err_len);
   if (rc) return rc;
+  /* serving.engram.tier: mmap: the tables stay in the shards (checkpoint.h) */
+  bool in_file = w->list.engram_in_file = p->serving.engram_tier == PLAN_ENGRAM_TIER_MMAP;
   struct ckpt k = {0};
   open_shards(&k, &c);
   bool opened = !c.count;
-  if (opened && verify) verify_hashes(&k, &c, st);
+  if (opened && verify) verify_hashes(&k, &c, in_file, st);
   const struct weights_list *l = &w->list;
   uint64_t arena = 0;
-  for (size_t i = 0; i < l->n; i++) arena += round_align(l->t[i].nbytes);
+  for (size_t i = 0; i < l->n; i++)
+    if (!(in_file && l->t[i].init == WEIGHTS_ENGRAM_ROWS)) arena += round_align(l->t[i].nbytes);
   w->data = cedar_xcalloc(l->n ? l->n : 1, sizeof *w->data);
+  if (in_file && l->engram_bytes) w->engram_scales = cedar_xcalloc(l->n, sizeof *w->engram_scales);
   if (opened && (arena > SIZE_MAX || posix_memalign(&w->arena, WEIGHTS_ALIGN, (size_t)(arena ? arena : 1)))) {
     w->arena = NULL;
     problem(&c, "cannot allocate %" PRIu64 " bytes for the dequantized weights", arena);
@@ -379,8 +396,10 @@ int ckpt_load(struct weights *w, const struct plan *p, const char *dir, bool ver
     const struct ckpt_map_row *row = ckpt_map_find(l->t[i].name, &layer);
     CEDAR_ASSERT_MSG(row, "no checkpoint mapping for %s (add a row to runtime/ckpt_map.c)", l->t[i].name);
     const void *in_place = NULL;
-    if (fill(&k, &c, &l->t[i], row, layer, at, &in_place, st)) w->data[i] = in_place ? in_place : at;
-    if (!in_place) at += round_align(l->t[i].nbytes);
+    bool split = in_file && l->t[i].init == WEIGHTS_ENGRAM_ROWS;
+    if (fill(&k, &c, &l->t[i], row, layer, at, &in_place, split ? &w->engram_scales[i] : NULL, st))
+      w->data[i] = in_place ? in_place : at;
+    if (!in_place && !split) at += round_align(l->t[i].nbytes);
   }
   if (opened && w->arena)
     for (size_t i = 0; i < k.n; i++) {

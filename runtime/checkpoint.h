@@ -12,7 +12,11 @@
  * place in the mapping when 64-byte aligned; FP8 (E4M3 with E8M0 32x32 tile
  * scales), packed E2M1 experts (E8M0 per row group of 32) and BF16 are
  * dequantized to F32 at load; Engram tables are regrouped into cedar's rows
- * (E4M3 values then E8M0 scales). `mtp.{k}.*` load as the DSpark drafter's
+ * (E4M3 values then E8M0 scales), except under serving.engram.tier: mmap,
+ * where each table stays in the shards' mappings as its two tensors (never
+ * copied: struct weights' engram_scales, runtime/engram_tier.h) and its two
+ * content hashes are not verified (that would read every row; `weights
+ * check DIR` verifies them). `mtp.{k}.*` load as the DSpark drafter's
  * blocks k < model.dspark.blocks (the rows of every layer plus the drafter's
  * extras); drafter blocks past the plan's and vision tensors are recognised
  * and skipped with one counted note each. Every problem is collected, each
@@ -46,6 +50,7 @@
 
 /* The mapped shards of an open checkpoint (owned by the weights it filled). */
 struct ckpt_shards {
+  char *dir;              /* the checkpoint directory */
   size_t n;
   char **names;           /* file names within the directory */
   st_file_t **files;
@@ -58,6 +63,7 @@ struct ckpt_load_stats {
   size_t n_shards, n_tensors;
   size_t skipped_mtp, skipped_vision;  /* recognised, not used by the plan (mtp: past its dspark.blocks) */
   size_t hashed, unhashed;             /* tensors whose content hash was verified / absent */
+  size_t hash_skipped;                 /* the mmap tier's Engram tables: hash recorded, not read */
   uint64_t file_bytes, in_place_bytes, dequant_bytes, copied_bytes;
 };
 
@@ -122,6 +128,9 @@ void ckpt_map_name(char *out, size_t len, int layer, const char *fmt, int expert
 /* Whether a released name is a drafter (`mtp.`) or vision tensor. */
 bool ckpt_is_mtp(const char *name);
 bool ckpt_is_vision(const char *name);
+/* Whether a released name is one of an Engram table's two tensors
+ * (`layers.{l}.engram.embed.weight` or `.scale`). */
+bool ckpt_is_engram_table(const char *name);
 
 /* Codecs of the released dtypes (ckpt_map.c). */
 float ckpt_bf16_to_f32(uint16_t b);

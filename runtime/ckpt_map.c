@@ -108,6 +108,13 @@ void ckpt_map_name(char *out, size_t len, int layer, const char *fmt, int expert
 
 bool ckpt_is_mtp(const char *name) { return !strncmp(name, "mtp.", 4); }
 
+bool ckpt_is_engram_table(const char *name) {
+  int layer, n = 0;
+  const struct ckpt_map_row *r = ckpt_map_find("engram.table", &layer);
+  if (!r || sscanf(name, "layers.%d.%n", &layer, &n) != 1 || n == 0) return false;
+  return !strcmp(name + n, r->released) || !strcmp(name + n, r->released2);
+}
+
 bool ckpt_is_vision(const char *name) {
   return !strncmp(name, "vision.", 7) || !strncmp(name, "aligner.", 8) || !strcmp(name, "image_start") ||
          !strcmp(name, "image_end") || !strcmp(name, "image_newline");

@@ -1,5 +1,6 @@
 /* engram_tier.c: the Engram tables' tier (engram_tier.h): the tables file of
- * synthetic weights (write once, open and check), the prefetch's page hint,
+ * synthetic weights (write once, open and check), a checkpoint's tables left
+ * in its shards, the gather over either layout, the prefetch's page hint,
  * and eviction for cold measurements. */
 #define _DEFAULT_SOURCE /* madvise */
 #include "runtime/engram_tier.h"
@@ -14,6 +15,10 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/log.h"
+#include "ops/engram.h"
+#include "ops/formats.h"
+#include "runtime/checkpoint.h"
 
 #define TAG_KEY "cedar.engram.tables"
 #define TAG_VALUE "1"
@@ -31,13 +36,44 @@ static void page_span(const void *p, size_t n, uintptr_t *b, size_t *len) {
   *len = ((e + ps - 1) & ~(uintptr_t)(ps - 1)) - *b;
 }
 
-void rt_engram_willneed(const uint8_t *table, size_t row_bytes, const int64_t *rows, int n) {
+static void willneed(const uint8_t *base, size_t width, const int64_t *rows, int n) {
   for (int i = 0; i < n; i++) {
     uintptr_t b;
     size_t len;
-    page_span(table + (size_t)rows[i] * row_bytes, row_bytes, &b, &len);
+    page_span(base + (size_t)rows[i] * width, width, &b, &len);
     (void)madvise((void *)b, len, MADV_WILLNEED); /* a hint: failure only loses the head start */
   }
+}
+
+void rt_engram_willneed(const struct rt_engram_view *v, const int64_t *rows, int n) {
+  size_t hd = (size_t)v->head_dim, ns = hd / (size_t)v->block;
+  if (!v->scales) {
+    willneed(v->rows, hd + ns, rows, n);
+    return;
+  }
+  willneed(v->rows, hd, rows, n);
+  willneed(v->scales, ns, rows, n);
+}
+
+void rt_engram_gather(float *e, const struct rt_engram_view *v, const int64_t *rows, int n, int n_tables) {
+  if (!v->scales) {
+    op_engram_gather(e, v->rows, rows, n, n_tables, v->head_dim, v->block, v->n_rows);
+    return;
+  }
+  size_t hd = (size_t)v->head_dim, ns = hd / (size_t)v->block, rb = op_engram_row_bytes(v->head_dim, v->block);
+  CEDAR_ASSERT_MSG(rb == hd + ns, "engram row: head_dim %d, block %d", v->head_dim, v->block);
+  /* the row as the memory tier holds it (checkpoint.c: values, then scales),
+   * unpacked by the same op_fp8_unpack: the same bits by construction */
+  uint8_t *row = cedar_xmalloc(rb);
+  for (size_t j = 0; j < (size_t)n * n_tables; j++) {
+    int64_t r = rows[j];
+    CEDAR_ASSERT_MSG(r >= 0 && r < v->n_rows, "engram row %lld outside the table (%lld rows)", (long long)r,
+                     (long long)v->n_rows);
+    memcpy(row, v->rows + (size_t)r * hd, hd);
+    memcpy(row + hd, v->scales + (size_t)r * ns, ns);
+    op_fp8_unpack(e + j * hd, row, v->head_dim, v->block, OP_SCALE_E8M0);
+  }
+  free(row);
 }
 
 static void advise_random(const void *p, uint64_t n) {
@@ -141,10 +177,21 @@ int rt_engram_tier_open(struct rt_engram_tier *t, const struct plan *p, struct w
   for (size_t i = 0; i < l->n; i++)
     if (l->t[i].init == WEIGHTS_ENGRAM_ROWS) t->n_tables++, t->table_bytes += l->t[i].nbytes;
   if (!t->mmap || !t->n_tables) return CEDAR_OK;
-  if (w->shards)
-    return snprintf(err, err_len, "serving.engram.tier: mmap with a released-layout checkpoint is not built: the "
-                    "checkpoint keeps each table's rows and scales in two tensors, and cedar's gather reads them "
-                    "interleaved; use tier: memory"), CEDAR_EUNSUPPORTED;
+  if (p->serving.engram_file && (w->shards || w->file))
+    LOG_WARN("serving.engram.file %s is not read: with %s the tables are that file's", p->serving.engram_file,
+             w->shards ? "--model" : "--weights");
+  if (w->shards) { /* a checkpoint: ckpt_load left each table's two tensors in the shards' mappings */
+    CEDAR_ASSERT(w->engram_scales);
+    t->path = cedar_xstrdup(w->shards->dir);
+    for (size_t i = 0; i < l->n; i++) {
+      const struct weights_spec *s = &l->t[i];
+      if (s->init != WEIGHTS_ENGRAM_ROWS) continue;
+      CEDAR_ASSERT(w->data[i] && w->engram_scales[i]);
+      advise_random(w->data[i], (uint64_t)s->shape[0] * (uint64_t)s->row_values);
+      advise_random(w->engram_scales[i], (uint64_t)s->shape[0] * (uint64_t)(s->row_values / WEIGHTS_ENGRAM_BLOCK));
+    }
+    return CEDAR_OK;
+  }
   if (w->file) { /* loaded: weights_load left the tables in the file's mapping */
     t->path = cedar_xstrdup("the weights file");
   } else {
@@ -173,16 +220,44 @@ void rt_engram_tier_close(struct rt_engram_tier *t) {
   memset(t, 0, sizeof *t);
 }
 
+static bool drop(const void *p, uint64_t n) {
+  uintptr_t b;
+  size_t len;
+  page_span(p, (size_t)n, &b, &len);
+  return madvise((void *)b, len, MADV_DONTNEED) == 0;
+}
+
+/* A checkpoint's tables, in either tier: their tensors' pages in the
+ * shards' mappings, then each shard that holds one from the page cache. */
+static uint64_t evict_shards(const struct ckpt_shards *s) {
+  uint64_t n = 0;
+  for (size_t i = 0; i < s->n; i++) {
+    bool any = false;
+    for (size_t j = 0; j < st_count(s->files[i]); j++) {
+      const struct st_tensor *x = st_tensor_at(s->files[i], j);
+      if (!ckpt_is_engram_table(x->name)) continue;
+      any = true;
+      if (drop(x->data, x->nbytes)) n += x->nbytes;
+    }
+    char path[4096];
+    int fd = any && snprintf(path, sizeof path, "%s/%s", s->dir, s->names[i]) < (int)sizeof path
+                 ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    if (fd >= 0) {
+      (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+      close(fd);
+    }
+  }
+  return n;
+}
+
 uint64_t rt_engram_tier_evict(const struct rt_engram_tier *t, const struct weights *w) {
+  if (w->shards) return evict_shards(w->shards);
   if (!t->mmap) return 0;
   uint64_t n = 0;
   const struct weights_list *l = &w->list;
   for (size_t i = 0; i < l->n; i++) {
     if (l->t[i].init != WEIGHTS_ENGRAM_ROWS) continue;
-    uintptr_t b;
-    size_t len;
-    page_span(w->data[i], l->t[i].nbytes, &b, &len);
-    if (!madvise((void *)b, len, MADV_DONTNEED)) n += l->t[i].nbytes;
+    if (drop(w->data[i], l->t[i].nbytes)) n += l->t[i].nbytes;
   }
   /* the page cache too, for the file we know the path of */
   if (t->file && t->path) {

@@ -142,6 +142,7 @@ static void bind_layer(struct rt_model *M, int l, int *module) {
   L->e_table = weights_get(w, name, &spec);
   CEDAR_ASSERT(L->e_table != NULL && spec != NULL);
   L->e_rows = spec->shape[0];
+  L->e_scales = w->engram_scales ? w->engram_scales[spec - w->list.t] : NULL;
   L->e_wkv = need(w, l, "engram.wkv");
   L->e_qw = need(w, l, "engram.q_w");
   L->e_kw = need(w, l, "engram.k_w");
@@ -336,16 +337,15 @@ void rt_engram_rows(const struct rt_model *M, int l, float *e, const struct rt_r
   const struct rt_layer *L = &M->L[l];
   int hist = (int)(a < M->e_max_order - 1 ? a : M->e_max_order - 1);
   CEDAR_ASSERT(a + n <= r->n_tokens);
-  int64_t *rows = RT_ALLOC(ar, int64_t, (size_t)n * M->e_tables);
-  int bad;
+  int64_t *rows = RT_ALLOC(ar, int64_t, (size_t)n * M->e_tables), bad;
   RT_TIMED(ar, ENGRAM, bad = op_engram_hash(rows, r->tokens + a - hist, NULL, M->cmap, L->e_mult, m->engram_orders,
                            op_engram_primes_of(&M->eng, L->e_module), op_engram_offsets_of(&M->eng, L->e_module),
                            hist, n, m->vocab, m->engram_n_orders, m->engram_heads, M->cmap[m->engram_pad_id]));
   CEDAR_ASSERT(bad < 0);
+  struct rt_engram_view v = {L->e_table, L->e_scales, L->e_rows, m->engram_head_dim, WEIGHTS_ENGRAM_BLOCK};
   if (M->p->serving.engram_tier == PLAN_ENGRAM_TIER_MMAP) /* the prefetch faults the rows in here, not the layer */
-    rt_engram_willneed(L->e_table, op_engram_row_bytes(m->engram_head_dim, WEIGHTS_ENGRAM_BLOCK), rows,
-                       n * M->e_tables);
-  RT_TIMED(ar, ENGRAM, op_engram_gather(e, L->e_table, rows, n, M->e_tables, m->engram_head_dim, WEIGHTS_ENGRAM_BLOCK, L->e_rows));
+    rt_engram_willneed(&v, rows, n * M->e_tables);
+  RT_TIMED(ar, ENGRAM, rt_engram_gather(e, &v, rows, n, M->e_tables));
 }
 
 void rt_engram_inject(const struct rt_model *M, int l, float *X, const float *e, int n, struct rt_arena *ar) {

@@ -51,6 +51,7 @@ struct rt_layer {
   /* Engram layers */
   int e_module;
   const uint8_t *e_table;
+  const uint8_t *e_scales; /* a checkpoint's table in the mmap tier: e_table its values, these its scales */
   int64_t e_rows;
   const float *e_wkv, *e_qw, *e_kw;
   uint64_t e_mult[64];

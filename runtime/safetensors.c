@@ -19,6 +19,7 @@
  * The writer is runtime/safetensors_write.c.
  * Test: tests/test_safetensors.c; fuzz: tests/fuzz/fuzz_safetensors.c.
  */
+#define _DEFAULT_SOURCE /* struct stat's st_mtim */
 #include "runtime/safetensors.h"
 
 #include <cJSON.h>
@@ -48,6 +49,7 @@ struct st_file {
   void *map;                        /* st_open: the mapping (map_len bytes) */
   size_t map_len;
   void *owned;                      /* st_open: the read() fallback buffer */
+  uint64_t id[4];                   /* st_open: st_file_id */
 };
 
 static const struct {
@@ -563,8 +565,12 @@ int st_open(const char *path, st_file_t **out, char *err, size_t err_len) {
     return rc;
   }
   (*out)->map = map, (*out)->map_len = len, (*out)->owned = owned;
+  (*out)->id[0] = (uint64_t)sb.st_dev, (*out)->id[1] = (uint64_t)sb.st_ino, (*out)->id[2] = (uint64_t)sb.st_size;
+  (*out)->id[3] = (uint64_t)sb.st_mtim.tv_sec * 1000000000u + (uint64_t)sb.st_mtim.tv_nsec;
   return CEDAR_OK;
 }
+
+void st_file_id(const st_file_t *f, uint64_t id[4]) { memcpy(id, f->id, sizeof f->id); }
 
 void st_close(st_file_t *f) {
   if (!f) return;

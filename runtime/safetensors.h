@@ -112,6 +112,12 @@ int st_open(const char *path, st_file_t **out, char *err, size_t err_len);
 int st_parse(const char *label, const void *buf, size_t len, st_file_t **out, char *err,
              size_t err_len);
 
+/* What st_open's fstat said of the file it mapped: device, inode, size,
+ * modification time in ns since the epoch; all 0 for st_parse. A file
+ * rewritten (st_write renames a new inode over it) or replaced has another
+ * one (weights_identity). */
+void st_file_id(const st_file_t *f, uint64_t id[4]);
+
 /* Release the handle (NULL is fine). Tensor and metadata pointers die with it. */
 void st_close(st_file_t *f);
 

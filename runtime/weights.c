@@ -601,6 +601,7 @@ int weights_synth_no_engram(struct weights *w, const struct plan *p, uint64_t se
 
 int weights_save(const struct weights *w, const char *path, char *err, size_t err_len) {
   const struct weights_list *l = &w->list;
+  CEDAR_ASSERT_MSG(!w->engram_scales, "weights_save of split Engram tables (a checkpoint under the mmap tier)");
   struct st_tensor *ts = calloc(l->n ? l->n : 1, sizeof *ts);
   if (!ts) return snprintf(err, err_len, "%s: out of memory", path), CEDAR_ENOMEM;
   for (size_t i = 0; i < l->n; i++) {
@@ -690,6 +691,7 @@ int weights_load(struct weights *w, const struct plan *p, const char *path, stru
 
 void weights_free(struct weights *w) {
   ckpt_shards_free(w->shards);
+  free(w->engram_scales);
   weights_list_free(&w->list);
   free(w->data);
   free(w->arena);
@@ -717,7 +719,21 @@ uint64_t weights_identity(const struct weights *w) {
   XXH3_state_t *st = XXH3_createState();
   CEDAR_ASSERT(st != NULL);
   XXH3_64bits_reset_withSeed(st, w->list.fingerprint);
-  for (size_t i = 0; i < w->list.n; i++) XXH3_64bits_update(st, w->data[i], w->list.t[i].nbytes);
+  bool in_file = w->list.engram_in_file; /* the mmap tier: the tables by their files (weights.h) */
+  for (size_t i = 0; i < w->list.n; i++)
+    if (!(in_file && is_engram_table(&w->list.t[i]))) XXH3_64bits_update(st, w->data[i], w->list.t[i].nbytes);
+  size_t n_files = w->shards ? w->shards->n : w->file ? 1 : 0;
+  for (size_t k = 0; in_file && k < n_files; k++) {
+    const st_file_t *f = w->shards ? w->shards->files[k] : w->file;
+    uint64_t id[4];
+    st_file_id(f, id);
+    XXH3_64bits_update(st, id, sizeof id);
+    for (size_t j = 0; j < st_meta_count(f); j++) {
+      const struct st_meta *m = st_meta_at(f, j);
+      XXH3_64bits_update(st, m->key, strlen(m->key) + 1);
+      XXH3_64bits_update(st, m->value, strlen(m->value) + 1);
+    }
+  }
   uint64_t h = XXH3_64bits_digest(st);
   XXH3_freeState(st);
   return h;

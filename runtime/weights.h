@@ -152,6 +152,12 @@ struct weights {
   void *arena;            /* synthetic values, or copies of unaligned tensors */
   uint64_t copied_bytes;  /* loaded only: bytes copied out of the mapping */
   struct ckpt_shards *shards; /* loaded from a checkpoint directory (runtime/checkpoint.h) */
+  /* A checkpoint under serving.engram.tier: mmap: each Engram table stays
+   * in the shards as its two released tensors: data[i] the E4M3 values
+   * (rows, head_dim), engram_scales[i] the E8M0 scales (rows, head_dim /
+   * 32), both in the mappings (runtime/engram_tier.h). NULL otherwise, and
+   * NULL at every other tensor. */
+  const void **engram_scales;
 };
 
 /* Synthetic weights for p. Refuses (CEDAR_EINVAL, message with the sizes)
@@ -178,7 +184,21 @@ void weights_free(struct weights *w);
  * reused with other weights (the prefix cache's disk tier and block keys):
  * the list fingerprint (names, shapes, meaning) and, for synthetic weights,
  * the seed; for loaded weights, an XXH3 of every tensor's bytes (one pass,
- * ~0.05 s for the mini plan's 339 MB). */
+ * ~0.05 s for the mini plan's 339 MB), except under serving.engram.tier:
+ * mmap (weights_list.engram_in_file), where reading the Engram tables
+ * would read every row (196 GB in V4.1-Flash), the very thing the tier
+ * avoids. There the tables count by what the files say of them: their
+ * names, dtypes and shapes (in the fingerprint), and, of every file the
+ * weights map (the weights file, or each shard), its identity (device,
+ * inode, size, modification time in ns: st_file_id) and its whole
+ * metadata (which holds the recorded content hashes of cedar-written
+ * files). Rewriting or replacing a file changes the identity; a copy of
+ * the same files has another one (a disk-tier miss, never a wrong hit);
+ * an edit that keeps the inode, size and mtime (set back on purpose) is
+ * not seen. The two tiers of the same weights have different identities,
+ * so blocks are not shared between them. Only the prefix cache and its
+ * disk tier use this (P/D runs without the prefix cache; its package
+ * carries a state version, not this). */
 uint64_t weights_identity(const struct weights *w);
 
 /* The data of tensor `name` (aligned to WEIGHTS_ALIGN), and its spec in

@@ -16,6 +16,19 @@
  *     first layer of its tile and ends before that layer starts (eager,
  *     lws, prio, dmda, dmdas; 1 and 2 workers): in decode, step t+1's rows
  *     are fetched before its first layer.
+ *  5. a released-layout checkpoint (--model; ckpt_write of tiny-40, several
+ *     shards): with tier: mmap each table's values and scales are the
+ *     shards' own tensors (never copied), and prefill and decode logits and
+ *     tokens equal the memory tier's bitwise (prefetch on and off, direct
+ *     and StarPU, the prefetch order as in 4); weights_identity is stable,
+ *     follows a rewritten shard, and reads no table page; a truncated shard
+ *     is refused naming it.
+ *  6. not read whole: with larger tables (table_base 100000, ~20 MB a
+ *     module) dropped from the page cache after the open (rt_engram_tier_evict:
+ *     the open's header reads bring a readahead window), the identity and a
+ *     short mmap run leave resident (mincore) only about the pages of the
+ *     rows it hashed to; skipped with a note where the page cache cannot be
+ *     dropped (a tmpfs TMPDIR).
  */
 #define _GNU_SOURCE /* mkdtemp, realpath, setenv */
 #include <errno.h>
@@ -23,11 +36,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/check.h"
 #include "ops/basic.h"
+#include "runtime/checkpoint.h"
 #include "runtime/engine.h"
 #include "runtime/engram_tier.h"
 #include "runtime/exec.h"
@@ -214,19 +229,27 @@ static bool same(const struct rt_gen_result *a, const struct rt_gen_result *b, i
          !memcmp(a->decode_logits, b->decode_logits, sizeof(float) * (size_t)((a->n_tokens - 1) * V));
 }
 
-static int run(const char *plan, struct rt_engine_exec x, struct rt_gen_result *res, struct order *o) {
+/* One request on plan (and the checkpoint model, when not NULL). */
+static int run_model(const char *plan, const char *model, struct rt_engine_exec x, struct rt_gen_result *res,
+                     struct order *o, int n_prompt) {
   struct rt_engine e;
-  int rc = rt_engine_open(&e, &(struct rt_engine_opts){.plan = plan, .seed = 3, .exec = x}, err, sizeof err);
+  int rc = rt_engine_open(&e, &(struct rt_engine_opts){.plan = plan, .model = model, .seed = 3, .exec = x}, err,
+                          sizeof err);
   if (rc) return rc;
   int32_t prompt[100];
-  for (int i = 0; i < 100; i++) prompt[i] = (int32_t)((i * 13 + 5) % e.plan.model.vocab);
+  CEDAR_ASSERT(n_prompt <= 100);
+  for (int i = 0; i < n_prompt; i++) prompt[i] = (int32_t)((i * 13 + 5) % e.plan.model.vocab);
   struct rt_gen_opts go = {.chunk = 24, .replay = -1, .max_new = 5, .top_p = 1, .all_logits = true,
                            .executor = x.executor, .on_graph = o ? on_graph : NULL, .graph_user = o};
   struct rt_request r;
-  rc = rt_engine_generate(&e, &r, prompt, 100, &go, res, err, sizeof err);
+  rc = rt_engine_generate(&e, &r, prompt, n_prompt, &go, res, err, sizeof err);
   rt_engine_request_free(&e, &r);
   rt_engine_close(&e);
   return rc;
+}
+
+static int run(const char *plan, struct rt_engine_exec x, struct rt_gen_result *res, struct order *o) {
+  return run_model(plan, NULL, x, res, o, 100);
 }
 
 static void bitwise_and_order(void) {
@@ -274,6 +297,274 @@ static void bitwise_and_order(void) {
   rt_gen_result_free(&base);
 }
 
+/* ---- 5 and 6. a released-layout checkpoint ---------------------------------------- */
+
+/* ckpt_write of plan_path's synthetic weights (seed 5) into out. */
+static void write_ckpt(const char *plan_path, const char *out, uint64_t shard_bytes) {
+  struct plan p;
+  struct plan_diags d = {0};
+  CEDAR_ASSERT(plan_load(plan_path, &p, &d) == 0);
+  struct weights w;
+  CEDAR_ASSERT(weights_synth(&w, &p, 5, WEIGHTS_DEFAULT_MAX_BYTES, err, sizeof err) == 0);
+  int rc = ckpt_write(&w, &p, out, shard_bytes, NULL, err, sizeof err);
+  CEDAR_ASSERT_MSG(rc == 0, "ckpt_write: %s", err);
+  weights_free(&w);
+  plan_free(&p);
+  plan_diags_free(&d);
+}
+
+/* The shard of ck holding tensor name, opened (the caller closes it); its path in path. */
+static st_file_t *shard_of(const char *ck, const char *name, char *path, size_t len) {
+  char cmd[600], line[1024];
+  snprintf(cmd, sizeof cmd, "ls '%s'/*.safetensors", ck);
+  FILE *ls = popen(cmd, "r");
+  CEDAR_ASSERT(ls);
+  st_file_t *got = NULL;
+  while (!got && fgets(line, sizeof line, ls)) {
+    line[strcspn(line, "\n")] = 0;
+    st_file_t *f;
+    if (st_open(line, &f, err, sizeof err)) continue;
+    if (st_find(f, name)) got = f, snprintf(path, len, "%s", line);
+    else st_close(f);
+  }
+  pclose(ls);
+  return got;
+}
+
+/* The tensor of the engine's own shards by released name (NULL if none). */
+static const struct st_tensor *own_tensor(const struct weights *w, const char *name) {
+  for (size_t k = 0; w->shards && k < w->shards->n; k++) {
+    const struct st_tensor *t = st_find(w->shards->files[k], name);
+    if (t) return t;
+  }
+  return NULL;
+}
+
+static void released_bitwise(const char *ck) {
+  char nopf[400], text[1200], cwd[512];
+  CEDAR_ASSERT(getcwd(cwd, sizeof cwd));
+  snprintf(nopf, sizeof nopf, "%s/mmap-noprefetch.yaml", dir);
+  snprintf(text, sizeof text, "extends: %s/" T40_MMAP "\nserving:\n  engram: {prefetch: false}\n", cwd);
+  write_text(nopf, text);
+  struct rt_gen_result base = {0};
+  int rc = run_model(T40, ck, (struct rt_engine_exec){0}, &base, NULL, 100);
+  EXPECT(rc == 0, "--model, memory tier: %s", err);
+  if (rc) return;
+  static const struct {
+    bool nopf;
+    const char *sched;
+    int workers;
+  } cfg[] = {{false, NULL, 0}, {true, NULL, 0}, {false, "lws", 2}, {false, "dmdas", 2}, {true, "lws", 1}};
+  for (size_t i = 0; i < sizeof cfg / sizeof *cfg; i++) {
+    struct rt_engine_exec x = {0};
+    if (cfg[i].sched)
+      x = (struct rt_engine_exec){.executor = RT_EXEC_STARPU, .workers = cfg[i].workers, .sched = cfg[i].sched,
+                                  .profile = true};
+    struct order o = {0};
+    struct rt_gen_result r = {0};
+    const char *plan = cfg[i].nopf ? nopf : T40_MMAP;
+    rc = run_model(plan, ck, x, &r, cfg[i].sched ? &o : NULL, 100);
+    if (rc == CEDAR_EUNSUPPORTED && cfg[i].sched) {
+      fprintf(stderr, "note: --model mmap on StarPU skipped: %s\n", err);
+      continue;
+    }
+    const char *how = cfg[i].sched ? cfg[i].sched : "direct";
+    EXPECT(rc == 0, "--model, %s on %s/%d: %s", plan, how, cfg[i].workers, err);
+    if (rc) continue;
+    EXPECT(same(&base, &r, 97), "--model, %s on %s/%d: logits or tokens differ from the memory tier", plan, how,
+           cfg[i].workers);
+    if (cfg[i].sched && !cfg[i].nopf)
+      EXPECT(o.prefetches >= 2 * o.graphs && o.late_start == 0 && o.late_end == 0,
+             "--model mmap on %s/%d: %d prefetches over %d graphs, %d started and %d ended late", how, cfg[i].workers,
+             o.prefetches, o.graphs, o.late_start, o.late_end);
+    rt_gen_result_free(&r);
+  }
+  rt_gen_result_free(&base);
+}
+
+/* The tables are the shards' tensors; the identity and its changes. */
+static void released_in_place(const char *ck) {
+  struct rt_engine e, m;
+  int rc = rt_engine_open(&e, &(struct rt_engine_opts){.plan = T40_MMAP, .model = ck}, err, sizeof err);
+  EXPECT(rc == 0, "open --model mmap: %s", err);
+  if (rc) return;
+  int rc2 = rt_engine_open(&m, &(struct rt_engine_opts){.plan = T40, .model = ck}, err, sizeof err);
+  EXPECT(rc2 == 0, "open --model memory: %s", err);
+  const struct weights *w = &e.weights;
+  EXPECT(e.engram.mmap && e.engram.n_tables == 2 && w->engram_scales && w->shards && w->shards->n > 1,
+         "the mmap tier over a checkpoint of several shards");
+  char path[1100];
+  int tables = 0;
+  for (size_t i = 0; i < w->list.n && w->engram_scales; i++) {
+    const struct weights_spec *sp = &w->list.t[i];
+    if (sp->init != WEIGHTS_ENGRAM_ROWS) continue;
+    tables++;
+    char rel[96], rel2[96];
+    snprintf(rel, sizeof rel, "layers.%d.engram.embed.weight", sp->layer);
+    snprintf(rel2, sizeof rel2, "layers.%d.engram.embed.scale", sp->layer);
+    const struct st_tensor *v = own_tensor(w, rel), *sc = own_tensor(w, rel2);
+    /* in place: the pointers are the shards' mappings' own */
+    EXPECT(v && v->data == w->data[i], "%s: the values are not read in place", sp->name);
+    EXPECT(sc && sc->data == w->engram_scales[i], "%s: the scales are not read in place", sp->name);
+    if (rc2 || !v || !sc) continue;
+    /* the memory tier's rows are the same bytes, values then scales */
+    size_t hd = (size_t)sp->row_values, ns = hd / 32;
+    const uint8_t *mem = weights_get(&m.weights, sp->name, NULL), *mv = v->data, *ms = sc->data;
+    bool eq = true;
+    for (int64_t r = 0; r < sp->shape[0] && eq; r++)
+      eq = !memcmp(mem + (size_t)r * (hd + ns), mv + (size_t)r * hd, hd) &&
+           !memcmp(mem + (size_t)r * (hd + ns) + hd, ms + (size_t)r * ns, ns);
+    EXPECT(eq, "%s: the mapped values and scales are not the memory tier's rows", sp->name);
+  }
+  EXPECT_EQ(tables, 2, "tables checked");
+  /* never copied: the arena holds no table (its size is the rest) */
+  EXPECT(e.weights.copied_bytes < m.weights.copied_bytes, "mmap copied %llu bytes, memory %llu",
+         (unsigned long long)e.weights.copied_bytes, (unsigned long long)m.weights.copied_bytes);
+  uint64_t id = weights_identity(&e.weights);
+  rt_engine_close(&e);
+  if (rc2 == 0) rt_engine_close(&m);
+  rc = rt_engine_open(&e, &(struct rt_engine_opts){.plan = T40_MMAP, .model = ck}, err, sizeof err);
+  EXPECT(rc == 0 && weights_identity(&e.weights) == id, "the identity of the same shards changed: %s", err);
+  if (!rc) rt_engine_close(&e);
+  /* a shard rewritten (a new modification time): another identity */
+  st_file_t *f = shard_of(ck, "layers.1.engram.embed.weight", path, sizeof path);
+  CEDAR_ASSERT(f);
+  st_close(f);
+  struct timespec ts[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_sec = 1000000000, .tv_nsec = 7}};
+  CEDAR_ASSERT(utimensat(AT_FDCWD, path, ts, 0) == 0);
+  rc = rt_engine_open(&e, &(struct rt_engine_opts){.plan = T40_MMAP, .model = ck}, err, sizeof err);
+  EXPECT(rc == 0 && weights_identity(&e.weights) != id, "a rewritten shard kept the identity: %s", err);
+  if (!rc) rt_engine_close(&e);
+}
+
+/* A truncated shard: refused in both tiers, naming the file. */
+static void released_truncated(const char *ck) {
+  char cut[400], cmd[1000], path[1100];
+  snprintf(cut, sizeof cut, "%s/ck-cut", dir);
+  snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", ck, cut);
+  CEDAR_ASSERT(system(cmd) == 0);
+  st_file_t *f = shard_of(cut, "layers.1.engram.embed.weight", path, sizeof path);
+  CEDAR_ASSERT(f);
+  st_close(f);
+  long n = file_size(path);
+  CEDAR_ASSERT(n > 100 && truncate(path, n - 100) == 0);
+  const char *base = strrchr(path, '/') + 1;
+  for (int k = 0; k < 2; k++) {
+    struct rt_engine e;
+    int rc = rt_engine_open(&e, &(struct rt_engine_opts){.plan = k ? T40_MMAP : T40, .model = cut}, err, sizeof err);
+    EXPECT(rc != 0, "%s: a truncated shard was accepted", k ? "mmap" : "memory");
+    if (!rc) {
+      rt_engine_close(&e);
+      continue;
+    }
+    EXPECT(strstr(err, base) && strstr(err, "truncated"), "%s: the refusal does not name the shard or say why: %s",
+           k ? "mmap" : "memory", err);
+  }
+}
+
+/* Pages of [p, p + n) resident (mincore), and their count in *total. */
+static size_t resident(const void *p, size_t n, size_t *total) {
+  size_t ps = (size_t)sysconf(_SC_PAGESIZE);
+  uintptr_t b = (uintptr_t)p & ~(uintptr_t)(ps - 1), e = ((uintptr_t)p + n + ps - 1) & ~(uintptr_t)(ps - 1);
+  size_t np = (e - b) / ps, k = 0;
+  unsigned char *v = cedar_xmalloc(np ? np : 1);
+  CEDAR_ASSERT(mincore((void *)b, e - b, v) == 0);
+  for (size_t i = 0; i < np; i++) k += v[i] & 1;
+  free(v);
+  *total += np;
+  return k;
+}
+
+/* Drop every shard of ck from the page cache. */
+static void drop_cache(const char *ck) {
+  char cmd[600], line[1024];
+  snprintf(cmd, sizeof cmd, "ls '%s'/*.safetensors", ck);
+  FILE *ls = popen(cmd, "r");
+  CEDAR_ASSERT(ls);
+  while (fgets(line, sizeof line, ls)) {
+    line[strcspn(line, "\n")] = 0;
+    int fd = open(line, O_RDONLY);
+    if (fd >= 0) (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), close(fd);
+  }
+  pclose(ls);
+}
+
+static size_t tables_resident(const struct weights *w, size_t *total) {
+  size_t k = 0;
+  for (size_t i = 0; i < w->list.n; i++) {
+    const struct weights_spec *s = &w->list.t[i];
+    if (s->init != WEIGHTS_ENGRAM_ROWS) continue;
+    k += resident(w->data[i], (size_t)s->shape[0] * (size_t)s->row_values, total);
+    k += resident(w->engram_scales[i], (size_t)s->shape[0] * (size_t)(s->row_values / 32), total);
+  }
+  return k;
+}
+
+static void released_not_read_whole(void) {
+  char plan[400], text[1200], cwd[512], ck[400];
+  CEDAR_ASSERT(getcwd(cwd, sizeof cwd));
+  snprintf(plan, sizeof plan, "%s/big-mmap.yaml", dir);
+  snprintf(text, sizeof text, "extends: %s/" T40_MMAP "\nmodel:\n  engram: {table_base: 100000}\n", cwd);
+  write_text(plan, text);
+  snprintf(ck, sizeof ck, "%s/ck-big", dir);
+  write_ckpt(plan, ck, 8u << 20);
+  drop_cache(ck);
+  struct rt_engine e;
+  int rc = rt_engine_open(&e, &(struct rt_engine_opts){.plan = plan, .model = ck}, err, sizeof err);
+  EXPECT(rc == 0, "open the larger checkpoint, mmap: %s", err);
+  if (rc) return;
+  /* opening faulted each shard's header in, and with it the kernel's
+   * readahead window (read_ahead_kb: 8 MB here) before the tier set
+   * MADV_RANDOM: drop that too, then count from there */
+  rt_engram_tier_evict(&e.engram, &e.weights);
+  size_t total = 0, before = tables_resident(&e.weights, &total);
+  if (before * 10 > total) {
+    fprintf(stderr, "note: %zu of %zu table pages stay in the page cache after POSIX_FADV_DONTNEED (a tmpfs?): the "
+            "residency check is skipped\n", before, total);
+    rt_engine_close(&e);
+    return;
+  }
+  (void)weights_identity(&e.weights); /* reads no table page */
+  size_t t2 = 0, after_id = tables_resident(&e.weights, &t2);
+  EXPECT(after_id <= before + 4, "weights_identity made %zu table pages resident", after_id - before);
+  int32_t prompt[20];
+  for (int i = 0; i < 20; i++) prompt[i] = (int32_t)((i * 13 + 5) % e.plan.model.vocab);
+  struct rt_gen_opts go = {.chunk = 24, .replay = -1, .max_new = 4, .top_p = 1};
+  struct rt_request r;
+  struct rt_gen_result res = {0};
+  rc = rt_engine_generate(&e, &r, prompt, 20, &go, &res, err, sizeof err);
+  EXPECT(rc == 0, "run: %s", err);
+  rt_engine_request_free(&e, &r);
+  rt_gen_result_free(&res);
+  size_t t3 = 0, after = tables_resident(&e.weights, &t3);
+  /* 23 positions hashed (prompt + 3 steps) x 6 rows a module: at most 2
+   * value pages a row (32 bytes never straddle more), and the scales'
+   * pages, which are few (1 byte a row) and mostly touched */
+  size_t scale_pages = 0, value_rows = 23 * 6 * 2;
+  for (size_t i = 0; i < e.weights.list.n; i++)
+    if (e.weights.list.t[i].init == WEIGHTS_ENGRAM_ROWS) {
+      size_t t = 0;
+      resident(e.weights.engram_scales[i], (size_t)e.weights.list.t[i].shape[0], &t);
+      scale_pages += t;
+    }
+  size_t bound = before + value_rows * 2 + scale_pages + 8;
+  fprintf(stderr, "note: table pages resident: %zu before, %zu after the run, of %zu (bound %zu)\n", before, after, t3,
+          bound);
+  EXPECT(after <= bound && after * 4 < t3, "the mmap run made %zu of %zu table pages resident (bound %zu)", after, t3,
+         bound);
+  rt_engine_close(&e);
+}
+
+static void released(void) {
+  char ck[400];
+  snprintf(ck, sizeof ck, "%s/ck", dir);
+  write_ckpt(T40, ck, 64u << 10);
+  released_bitwise(ck);
+  released_in_place(ck);
+  released_truncated(ck);
+  released_not_read_whole();
+}
+
 int main(void) {
   op_blas_init();
   snprintf(dir, sizeof dir, "%s/cedar-engram-tier-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -282,6 +573,7 @@ int main(void) {
   plans();
   tables_file();
   bitwise_and_order();
+  released();
   char cmd[400];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd)) fprintf(stderr, "note: could not remove %s\n", dir);

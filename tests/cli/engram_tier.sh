@@ -17,7 +17,7 @@
 #  5. P/D under mpirun (when available): pd-tiny-40-mmap's dump equals the
 #     one-process tiny-40's bitwise.
 #  6. `cedar bench engram` runs its three variants and says they agree.
-# Run from the repository root: bash tests/cli/engram_tier.sh build/cedar (~30 s).
+# Run from the repository root: bash tests/cli/engram_tier.sh build/cedar (~75 s on 2 loaded cores).
 set -euo pipefail
 cedar=${1:?usage: engram_tier.sh /path/to/cedar}
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -126,4 +126,53 @@ fi
 # 6. the benchmark
 "$cedar" bench engram --plan "$T40" --steps 3 --prompt-len 8 > "$tmp/b.txt" || { cat "$tmp/b.txt"; fail "bench engram"; }
 grep -q "bitwise equal" "$tmp/b.txt" || { cat "$tmp/b.txt"; fail "bench engram did not compare the variants"; }
+# 7. a released-layout checkpoint
+"$cedar" weights init --layout released --plan "$T40" --seed 4 --out "$tmp/ck" --shard-bytes 64K > /dev/null
+[ "$(ls "$tmp"/ck/*.safetensors | wc -l)" -gt 1 ] || fail "the checkpoint has one shard"
+"$cedar" run --model "$tmp/ck" --plan "$T40" "${common[@]}" --dump "$tmp/cr.st" > /dev/null
+printf 'extends: %s\nserving:\n  engram: {prefetch: false}\n' "$PWD/$MMAP" > "$tmp/mmap-nopf.yaml"
+i=0
+for cfg in "$MMAP|direct" "$tmp/mmap-nopf.yaml|direct" "$MMAP|starpu"; do
+  plan=${cfg%|*} ex=${cfg#*|} i=$((i + 1))
+  extra=(--executor "$ex"); [ "$ex" = starpu ] && extra+=(--workers 2)
+  "$cedar" run --model "$tmp/ck" --plan "$plan" "${common[@]}" "${extra[@]}" --dump "$tmp/cm$i.st" > /dev/null \
+    2> "$tmp/cm$i.err" || { cat "$tmp/cm$i.err" >&2; fail "--model with $plan on $ex"; }
+  cmp_dumps "$tmp/cr.st" "$tmp/cm$i.st" || fail "--model: $plan on $ex differs from the memory tier"
+done
+if command -v mpirun > /dev/null; then
+  rc=0
+  timeout -k 10 240 mpirun --allow-run-as-root --oversubscribe -np 2 "$cedar" run --model "$tmp/ck" \
+    --plan tests/plans/pd-tiny-40-mmap.yaml "${common[@]}" --workers 1 --dump "$tmp/cpd.st" > "$tmp/cpd.txt" \
+    2> "$tmp/cpd.err" || rc=$?
+  [ "$rc" -eq 0 ] || { cat "$tmp/cpd.err" >&2; fail "mpirun -np 2 --model pd-tiny-40-mmap: exit $rc"; }
+  cmp_dumps "$tmp/cr.st" "$tmp/cpd.st" || fail "--model: P/D with the mmap tier differs from one process"
+fi
+"$cedar" bench engram --model "$tmp/ck" --steps 3 --prompt-len 8 > "$tmp/cb.txt" 2>&1 ||
+  { cat "$tmp/cb.txt"; fail "bench engram --model"; }
+grep -q "bitwise equal" "$tmp/cb.txt" || { cat "$tmp/cb.txt"; fail "bench engram --model did not compare the variants"; }
+# the shard holding layer 1's table values: truncated, then damaged inside the values
+shard=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["weight_map"]["layers.1.engram.embed.weight"])' \
+  "$tmp/ck/model.safetensors.index.json")
+cp -r "$tmp/ck" "$tmp/ckcut"
+size=$(stat -c %s "$tmp/ckcut/$shard")
+truncate -s $((size - 100)) "$tmp/ckcut/$shard"
+rc=0; "$cedar" run --model "$tmp/ckcut" --plan "$MMAP" --tokens 1,2,3 --max-new 1 > /dev/null 2> "$tmp/cut.err" || rc=$?
+[ "$rc" -eq 1 ] && grep -q "$shard" "$tmp/cut.err" && grep -q "truncated" "$tmp/cut.err" ||
+  { cat "$tmp/cut.err"; fail "a truncated shard under mmap: exit $rc, or the message lacks the shard and the reason"; }
+cp "$tmp/ck/$shard" "$tmp/ckcut/$shard"
+"$py" - "$tmp/ckcut/$shard" <<'PY'
+import json, struct, sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+t = json.loads(b[8:8 + n])["layers.1.engram.embed.weight"]["data_offsets"]
+for k in range(t[0], t[1], 97): b[8 + n + k] ^= 0x21   # flip bits across the values
+open(p, "wb").write(b)
+PY
+"$cedar" run --model "$tmp/ckcut" --plan "$MMAP" "${common[@]}" > /dev/null 2> "$tmp/dmg.err" ||
+  { cat "$tmp/dmg.err"; fail "damaged table bytes under mmap: the run failed (it reads no hash there)"; }
+rc=0; "$cedar" weights check "$tmp/ckcut" > /dev/null 2> "$tmp/chk.err" || rc=$?
+[ "$rc" -eq 1 ] && grep -q "content hash" "$tmp/chk.err" || { cat "$tmp/chk.err"; fail "weights check of a damaged table: exit $rc"; }
+rc=0; "$cedar" run --model "$tmp/ckcut" --plan "$T40" --tokens 1,2,3 --max-new 1 > /dev/null 2> "$tmp/dmgm.err" || rc=$?
+[ "$rc" -eq 1 ] && grep -q "damaged" "$tmp/dmgm.err" || { cat "$tmp/dmgm.err"; fail "the memory tier accepted a damaged table: exit $rc"; }
 echo "engram_tier: ok"
