@@ -17,6 +17,12 @@
  *    x 4; for ep2 only the owner dispatches and only rank 1 answers;
  *    the same with fp32 numerics (tiny-40-f32), where no bf16 rounding of
  *    the MoE output could hide a combine in another order;
+ *  - the graph (scheduler/graph_ep.c): each MoE node of an expert-parallel
+ *    layer is the owner's route, a shard node per shard on its rank, the
+ *    owner's sum; a dispatch TRANSFER (owner -> shard) before every remote
+ *    shard and a combine TRANSFER back before the sum, with the edges
+ *    route -> dispatch -> shard -> combine -> sum; no transfer for a shard
+ *    on the owner's rank; layers without expert parallelism keep one node;
  *  - refusals: across ranks on the StarPU executor, with the reason;
  *    experts with prefill and decode on different homes, at the key.
  * Under mpirun: tests/cli/ep_mpi.sh.
@@ -143,6 +149,108 @@ static void attribution(struct fx *ep) {
   rt_request_free(&r);
 }
 
+static bool has_dep(const struct graph_node *nd, int k) {
+  for (int i = 0; i < nd->n_dep; i++)
+    if (nd->dep[i] == k) return true;
+  return false;
+}
+
+/* The transfer node that writes data d (-1: none). */
+static int writer_xfer(const struct graph *g, int d) {
+  for (int k = 0; k < g->n_node; k++)
+    if (g->node[k].op == GRAPH_TRANSFER && g->node[k].xfer_dst == d) return k;
+  return -1;
+}
+
+/* The shape of one graph of an expert-parallel plan. */
+static void check_shape(const struct plan *p, const struct graph *g, const char *what) {
+  const struct plan_placement *pl = &p->serving.place;
+  int R = pl->n_ep_ranks, ep_xfers = 0, routes = 0;
+  for (int k = 0; k < g->n_node; k++) {
+    const struct graph_node *rt = &g->node[k];
+    if (rt->op == GRAPH_MOE) {
+      EXPECT(!!(rt->flags & GRAPH_F_EP) == rt_ep_layer(p, rt->layer), "%s: %s: route flag", what, rt->name);
+      routes += !!(rt->flags & GRAPH_F_EP);
+    }
+    if (rt->op != GRAPH_MOE || !(rt->flags & GRAPH_F_EP)) continue;
+    int owner = rt->place.rank, sum = -1;
+    for (int j = k + 1; j < g->n_node && sum < 0; j++)
+      if (g->node[j].op == GRAPH_MOE_SUM && g->node[j].layer == rt->layer && g->node[j].a == rt->a) sum = j;
+    EXPECT(sum > k, "%s: %s: no sum", what, rt->name);
+    if (sum < 0) continue;
+    const struct graph_node *sm = &g->node[sum];
+    EXPECT_EQ(sm->place.rank, owner, "sum on the owner");
+    EXPECT(has_dep(sm, k), "%s: %s: the sum waits for the route", what, sm->name);
+    int shards = 0;
+    for (int j = k + 1; j < sum; j++) {
+      const struct graph_node *sh = &g->node[j];
+      if (sh->op != GRAPH_MOE_SHARD) continue;
+      int s = shards++, pk = -1, out = -1;
+      EXPECT_EQ(sh->place.rank, pl->ep_rank[s], "a shard on its rank");
+      for (int u = 0; u < sh->n_use; u++) {
+        const struct graph_data *gd = &g->data[sh->use[u].data];
+        if (gd->ep == GRAPH_EP_DISPATCH) pk = sh->use[u].data;
+        if (gd->ep == GRAPH_EP_OUT) out = sh->use[u].data;
+      }
+      EXPECT(pk >= 0 && out >= 0 && g->data[pk].ep_shard == s && g->data[out].ep_shard == s, "%s: %s: its packet",
+             what, sh->name);
+      if (pk < 0 || out < 0) continue;
+      int disp = writer_xfer(g, pk);
+      bool remote = pl->ep_rank[s] != owner;
+      EXPECT(remote == (disp >= 0), "%s: %s: a dispatch transfer iff remote (%d)", what, sh->name, disp);
+      EXPECT(g->data[pk].home.rank == pl->ep_rank[s], "%s: %s: its packet on its rank", what, sh->name);
+      if (!remote) {
+        EXPECT(has_dep(sh, k), "%s: %s: a local shard waits for the route", what, sh->name);
+        EXPECT(has_dep(sm, j), "%s: the sum waits for local %s", what, sh->name);
+        continue;
+      }
+      const struct graph_node *dn = &g->node[disp];
+      EXPECT((dn->flags & GRAPH_F_EP) && dn->place.rank == owner && has_dep(dn, k) && has_dep(sh, disp),
+             "%s: %s: route -> dispatch (%s) -> shard", what, sh->name, dn->name);
+      int comb = -1;
+      for (int u = 0; u < sm->n_use; u++) {
+        const struct graph_data *gd = &g->data[sm->use[u].data];
+        if (gd->ep == GRAPH_EP_OUT && gd->ep_shard == s) comb = writer_xfer(g, sm->use[u].data);
+      }
+      EXPECT(comb > j, "%s: %s: no combine transfer", what, sh->name);
+      if (comb <= j) continue;
+      const struct graph_node *cn = &g->node[comb];
+      EXPECT((cn->flags & GRAPH_F_EP) && cn->xfer_src == out && cn->place.rank == pl->ep_rank[s] &&
+                 g->data[cn->xfer_dst].home.rank == owner && has_dep(cn, j) && has_dep(sm, comb),
+             "%s: %s: shard -> combine (%s) -> sum", what, sh->name, cn->name);
+      ep_xfers += 2;
+    }
+    EXPECT_EQ(shards, R, "a shard node per shard");
+  }
+  EXPECT(routes > 0, "%s: no expert-parallel route", what);
+  EXPECT_EQ(g->n_ep_transfer, ep_xfers, what);
+}
+
+static void shapes(void) {
+  static const char *const plans[] = {"tests/plans/ep2-tiny-40.yaml", "tests/plans/ep4-tiny-40.yaml",
+                                      "tests/plans/ppep2-tiny-40.yaml", "tests/plans/ppep3-tiny-40.yaml"};
+  for (size_t i = 0; i < sizeof plans / sizeof *plans; i++) {
+    struct plan p;
+    if (!h_load_plan(plans[i], &p)) continue;
+    struct graph g;
+    char what[160];
+    struct graph_opts go = {.chunk = 16, .replay = -1};
+    if (graph_build_prefill(&g, &p, 37, &go, err, sizeof err) == 0) {
+      snprintf(what, sizeof what, "%s prefill", plans[i]);
+      check_shape(&p, &g, what);
+      graph_free(&g);
+    } else {
+      EXPECT(0, "%s: %s", plans[i], err);
+    }
+    if (graph_build_decode(&g, &p, 37, err, sizeof err) == 0) {
+      snprintf(what, sizeof what, "%s decode", plans[i]);
+      check_shape(&p, &g, what);
+      graph_free(&g);
+    }
+    plan_free(&p);
+  }
+}
+
 static void refusals(void) {
   struct plan p;
   /* experts with P/D: refused at the experts key */
@@ -177,6 +285,7 @@ static void refusals(void) {
 }
 
 int main(void) {
+  shapes();
   refusals();
   struct fx one;
   if (fx_open(&one, PLAN_T40)) {
