@@ -17,6 +17,7 @@
 #include "ops/moe.h"
 #include "runtime/pd.h"
 #include "runtime/pd_internal.h"
+#include "runtime/place_cost.h"
 #include "scheduler/plan_place.h"
 
 #define EP_MAGIC 0x50454443u /* "CDEP" */
@@ -54,6 +55,7 @@ static struct {
 } ep = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static struct rt_ep_stats last;
+static int64_t held_here = -1; /* rt_ep_note_weights */
 const struct rt_ep_stats *rt_ep_last_stats(void) { return &last; }
 
 bool rt_ep_layer(const struct plan *p, int l) {
@@ -93,6 +95,7 @@ int rt_ep_begin(const struct plan *p, const struct rt_gen_opts *o, bool mpi, cha
   ep.world = mpi ? rt_pd_world_size() : 1;
   memset(ep.cnt, 0, sizeof ep.cnt);
   ep.served = 0;
+  if (mpi && held_here >= 0 && ep.me < RT_EP_MAX_RANKS) last.rank[ep.me].held_expert_bytes = held_here;
   const char *f = getenv("CEDAR_EP_TEST_FAULT");
   ep.hold_at = f && !strncmp(f, "hold", 4) ? (f[4] == ':' ? atoi(f + 5) : 1) : 0;
   return 0;
@@ -180,12 +183,20 @@ int rt_ep_gather(char *err, size_t err_len) {
       a->rows += b->rows, a->expert_rows += b->expert_rows, a->expert_s += b->expert_s;
       a->dispatch_bytes += b->dispatch_bytes, a->dispatch_meta_bytes += b->dispatch_meta_bytes;
       a->combine_bytes += b->combine_bytes, a->messages += b->messages;
+      a->held_expert_bytes += b->held_expert_bytes;
     }
   }
   return all_done(err, err_len);
 }
 
 /* ---- placement ------------------------------------------------------------------ */
+
+/* This rank's shard of the plan (-1: none). */
+static int my_shard(const struct plan *p, int rank) {
+  for (int s = 0; s < p->serving.place.n_ep_ranks; s++)
+    if (p->serving.place.ep_rank[s] == rank) return s;
+  return -1;
+}
 
 bool rt_ep_serves(const struct graph *g, const struct graph_node *nd, int rank) {
   (void)g;
@@ -207,6 +218,32 @@ static void add_dispatch(struct rt_ep_rank *k, int64_t x, int64_t meta, double m
 static void add_combine(struct rt_ep_rank *k, int64_t b, int64_t msgs, double unused) {
   (void)unused;
   k->combine_bytes += b, k->messages += msgs;
+}
+
+/* ---- a rank's weights ---------------------------------------------------------- */
+
+static bool part_rows(const struct weights_spec *s, struct weights_rows *r, const void *ctx) {
+  const struct rt_ep_part *e = ctx;
+  const struct plan *p = e->p;
+  if (s->layer < 0 || !strstr(s->name, ".ffn.experts.") || s->shape[0] != p->model.n_routed) return false;
+  if (!rt_ep_layer(p, s->layer)) { /* with stages, a layer's own experts live with its stage alone */
+    if (!plan_has_stages(p) || plan_expert_rank(p, s->layer, 0) == e->rank) return false;
+    *r = (struct weights_rows){0, 0};
+    return true;
+  }
+  int R = p->serving.place.n_ep_ranks, per = p->model.n_routed / R, sh = my_shard(p, e->rank);
+  *r = sh < 0 ? (struct weights_rows){0, 0} : (struct weights_rows){(int64_t)sh * per, (int64_t)(sh + 1) * per};
+  return true;
+}
+
+void rt_ep_note_weights(const struct plan *p, const struct weights *w) {
+  held_here = p->serving.place.n_ep_ranks ? rt_place_held_experts(p, w) : -1;
+}
+
+const struct weights_part *rt_ep_part_init(struct rt_ep_part *e, const struct plan *p, int rank) {
+  if (!p->serving.place.n_ep_ranks) return NULL;
+  *e = (struct rt_ep_part){{part_rows, e}, p, rank};
+  return &e->part;
 }
 
 /* ---- the buffers ------------------------------------------------------------------ */
@@ -340,6 +377,10 @@ int rt_ep_shard(const struct rt_node_ctx *c) {
     return CEDAR_EIO;
   }
   const struct op_moe_weights *w = &M->L[nd->layer].moe;
+  char nm[WEIGHTS_NAME_MAX];
+  snprintf(nm, sizeof nm, "layers.%d.ffn.experts.w_gate", nd->layer);
+  const int per = cf->n_routed / M->p->serving.place.n_ep_ranks;
+  const int64_t e0 = weights_row0(M->w, nm); /* this rank's first expert when it holds only its shard's */
   struct view v = view_of(c->buf[pd], h.pairs);
   float *out = (float *)((char *)c->buf[od] + GRAPH_EP_HDR_BYTES);
   struct rt_arena *ar = c->ar;
@@ -353,8 +394,12 @@ int rt_ep_shard(const struct rt_node_ctx *c) {
       rs[cnt] = v.weight[q0 + cnt];
       cnt++;
     }
-    op_moe_ffn(yg, xg, w->gate + (size_t)e * I * d, w->up + (size_t)e * I * d, w->down + (size_t)e * d * I, rs, cnt,
-               d, I, cf->limit, gu);
+    if (e < h.shard * per || e >= (h.shard + 1) * per || e < e0 || (e0 > 0 && e >= e0 + per)) {
+      LOG_ERROR("%s: expert %d is not shard %d's (or not held here); this request fails", nd->name, e, h.shard);
+      return CEDAR_EIO;
+    }
+    size_t el = (size_t)(e - e0);
+    op_moe_ffn(yg, xg, w->gate + el * I * d, w->up + el * I * d, w->down + el * d * I, rs, cnt, d, I, cf->limit, gu);
     memcpy(out + (size_t)q0 * d, yg, sizeof(float) * (size_t)cnt * d);
     q0 += cnt;
   }

@@ -71,6 +71,7 @@
 #include "runtime/backend.h"
 #include "runtime/generate.h"
 #include "runtime/model.h"
+#include "runtime/weights.h"
 #include "scheduler/graph.h"
 
 #define RT_EP_MAX_RANKS 64
@@ -83,6 +84,8 @@ struct rt_ep_rank {
   int64_t dispatch_meta_bytes; /* headers and (expert, row, weight) pairs with them */
   int64_t combine_bytes;       /* expert output rows it sent back (shard) */
   int64_t messages;
+  int64_t held_expert_bytes;   /* routed-expert weights the rank holds, stored formats (rt_place_held_experts;
+                                  under mpirun only) */
 };
 
 struct rt_ep_stats {
@@ -118,5 +121,22 @@ int rt_ep_sum(const struct rt_node_ctx *c);
 int rt_ep_transfer_node(const struct rt_node_ctx *c);
 
 const struct rt_ep_stats *rt_ep_last_stats(void);
+
+/* The weights rank `rank` holds (runtime/weights.h: weights_part): of an
+ * expert-parallel layer's routed-expert stacks only its shard's experts
+ * (none on a rank without a shard); with stages, another layer's routed
+ * experts only on its stage's rank; every other tensor whole (the
+ * accounting puts a layer's other tensors on its stage alone: not yet). Returns
+ * &e->part, or NULL when the plan splits no experts. The engine loads a
+ * rank's weights through it under mpirun. */
+struct rt_ep_part {
+  struct weights_part part;
+  const struct plan *p;
+  int rank;
+};
+const struct weights_part *rt_ep_part_init(struct rt_ep_part *e, const struct plan *p, int rank);
+/* After the engine loaded this process's weights: notes the routed-expert
+ * bytes they hold, the held_expert_bytes of this rank's figures. */
+void rt_ep_note_weights(const struct plan *p, const struct weights *w);
 
 #endif

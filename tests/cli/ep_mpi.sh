@@ -10,11 +10,14 @@
 #     plan's, each shard rank the logits, positions and tokens (ep_cmp.py);
 #     rank 0 prints one report with the experts section through
 #     StarPU-MPI, and its --json load figures (rows, expert-rows, dispatch
-#     and combine bytes per rank) equal the one-process run's;
+#     and combine bytes per rank) equal the one-process run's; each rank
+#     holds only its shard's routed experts: their stored-format bytes
+#     equal `plan cost --per-rank`'s experts of that rank;
 #  3. both together: 2 stages whose ranks serve each other's experts (2
 #     ranks) and 2 stages plus an experts-only rank for layers 4-39 (3
 #     ranks): each stage's rank bitwise the one-process state of its layers
-#     (pp_cmp.py), the experts-only rank the model-wide tensors;
+#     (pp_cmp.py), the experts-only rank the model-wide tensors; held
+#     expert bytes equal the accounting on every rank;
 #  4. plans/v41-mini-ep2.yaml (the shipped plan) on 2 ranks against
 #     v41-mini in one process, --json;
 #  5. the StarPU executor across ranks is refused with the reason;
@@ -78,14 +81,27 @@ run() {
   fi
 }
 
+# held J: every rank's routed-expert weights (stored formats) are what plan cost --per-rank gives it
+held() {
+  "$py" - "$1" <<'PY'
+import json, sys
+e = json.load(open(sys.argv[1]))["experts"]
+for r in e["rank"]:
+    assert r["held_expert_bytes"] == r["accounted_expert_bytes"] and r["held_expert_bytes"] > 0, r
+print("held experts = plan cost --per-rank:", [r["held_expert_bytes"] for r in e["rank"]])
+PY
+}
+
 # 2. experts only, 2 and 4 ranks
 run 2 $P/ep2-tiny-40.yaml
+held "$tmp/ep2.json" || fail "2 ranks: held experts differ from the accounting"
 "$py" tests/cli/ep_cmp.py "$tmp/one.st" "$tmp/ep2.st" "$tmp/ep2.st.rank1" || fail "2 ranks differ from one process"
 "$py" "$tmp/figures.py" "$tmp/ep1.json" "$tmp/ep2.json" || fail "2 ranks: load figures differ from one process"
 run 4 $P/ep4-tiny-40.yaml
 "$py" tests/cli/ep_cmp.py "$tmp/one.st" "$tmp/ep4.st" "$tmp/ep4.st.rank1" "$tmp/ep4.st.rank2" "$tmp/ep4.st.rank3" ||
   fail "4 ranks differ from one process"
 "$py" "$tmp/figures.py" "$tmp/ep1x4.json" "$tmp/ep4.json" || fail "4 ranks: load figures differ from one process"
+held "$tmp/ep4.json" || fail "4 ranks: held experts differ from the accounting"
 rc=0
 mpi -np 2 "$cedar" run --plan $P/ep2-tiny-40.yaml "${common[@]}" > "$tmp/t2.txt" 2> "$tmp/t2.err" || rc=$?
 [ "$rc" -eq 0 ] || { cat "$tmp/t2.err" >&2; fail "text report run: exit $rc"; }
@@ -114,6 +130,10 @@ bad = [k for k in a if not re.match(r"L\d+\.", k) and a[k] != b.get(k)]
 assert not bad, bad
 PY
 grep -q "^  rank 2: [1-9][0-9]* rows" "$tmp/pe3.txt" || { cat "$tmp/pe3.txt"; fail "ppep3: no load of rank 2"; }
+for f in pe2 pe3; do
+  [ "$(grep -c "^  rank [0-9] holds [1-9][0-9]* B of routed experts" "$tmp/$f.txt")" -eq "${f#pe}" ] &&
+    ! grep -q "(differs)" "$tmp/$f.txt" || { cat "$tmp/$f.txt"; fail "$f: held experts differ from the accounting"; }
+done
 
 # 4. the shipped plan against v41-mini in one process
 V=(--prompt-len 37 --chunk 16 --max-new 3 --executor direct)
@@ -129,6 +149,7 @@ assert e["via"] == "starpu-mpi" and e["shards"] == 2 and e["layers"] == 40, e
 r = {x["rank"]: x for x in e["rank"]}
 assert r[0]["dispatch_bytes"] > 0 and r[1]["combine_bytes"] > 0 and r[1]["expert_rows"] > 0, e
 assert e["expected_dispatch_bytes_per_token"] > 0 and e["dispatch_bytes_per_token"] > 0, e
+assert all(x["held_expert_bytes"] == x["accounted_expert_bytes"] > 0 for x in e["rank"]), e
 PY
 
 # 5. the StarPU executor across ranks
