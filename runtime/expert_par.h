@@ -52,7 +52,12 @@
  * waiting), with sizes known before the message (a packet's bound, or a
  * size message first). Not built.
  *
- * NCCL: not used by these transfers; see docs/placement.md.
+ * NCCL (runtime/ep_nccl.c): a dispatch or combine whose two homes are
+ * CUDA memory on two devices of one rank would be an NCCL send/receive
+ * pair (pd_nccl.h), shipping the packet's bound. Compiled in the CUDA
+ * build and its refusals tested; never run (no GPU here) and called by no
+ * executor yet: no placement puts expert homes on two GPUs of one rank
+ * (shards are ranks; CUDA stages are refused).
  *
  * Figures (rt_ep_last_stats, gathered on rank 0): rows and expert-rows
  * each rank computed, its expert seconds, dispatch bytes (token rows, and
@@ -121,6 +126,20 @@ int rt_ep_sum(const struct rt_node_ctx *c);
 int rt_ep_transfer_node(const struct rt_node_ctx *c);
 
 const struct rt_ep_stats *rt_ep_last_stats(void);
+
+/* NCCL for a dispatch or combine between two GPUs of one rank
+ * (runtime/ep_nccl.c; compiled, never run). wanted: nd is an expert
+ * TRANSFER whose source and copy are CUDA memory of two devices of one
+ * rank. open: the NCCL pair for its two devices (CEDAR_EINVAL when not
+ * wanted, CEDAR_EUNSUPPORTED with why: no CUDA, no NCCL, a device
+ * missing). submit: the send and receive tasks on the StarPU handles of
+ * the packet and its copy, the packet's bound in bytes. */
+struct rt_nccl_pair;
+bool rt_ep_nccl_wanted(const struct graph *g, const struct graph_node *nd);
+int rt_ep_nccl_open(struct rt_nccl_pair **pair, const struct graph *g, const struct graph_node *nd, char *err,
+                    size_t err_len);
+int rt_ep_nccl_submit(struct rt_nccl_pair *pair, const struct graph *g, const struct graph_node *nd,
+                      void *src_handle, void *dst_handle, char *err, size_t err_len);
 
 /* The weights rank `rank` holds (runtime/weights.h: weights_part): of an
  * expert-parallel layer's routed-expert stacks only its shard's experts

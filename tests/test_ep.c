@@ -23,6 +23,12 @@
  *    shard and a combine TRANSFER back before the sum, with the edges
  *    route -> dispatch -> shard -> combine -> sum; no transfer for a shard
  *    on the owner's rank; layers without expert parallelism keep one node;
+ *  - NCCL (runtime/ep_nccl.c, compiled, never run): a dispatch between two
+ *    GPUs of one rank is what it takes, a CPU one is not; opening its
+ *    pair here (no GPU) is refused with the reason;
+ *  - a rank's part of the weights (rt_ep_part_init): its shard's expert
+ *    rows bitwise the whole tensor's, every other tensor whole and equal,
+ *    its routed-expert bytes (stored formats) plan cost --per-rank's;
  *  - refusals: across ranks on the StarPU executor, with the reason;
  *    experts with prefill and decode on different homes, at the key.
  * Under mpirun: tests/cli/ep_mpi.sh.
@@ -32,7 +38,9 @@
 #include <string.h>
 
 #include "runtime/expert_par.h"
+#include "runtime/pd_nccl.h"
 #include "runtime/pipeline.h"
+#include "runtime/place_cost.h"
 #include "scheduler/plan_place.h"
 #include "tests/model_fixture.h"
 
@@ -251,6 +259,85 @@ static void shapes(void) {
   }
 }
 
+static void nccl(void) {
+  struct plan p;
+  if (!h_load_plan("tests/plans/ep2-tiny-40.yaml", &p)) return;
+  struct graph g;
+  if (graph_build_decode(&g, &p, 5, err, sizeof err)) {
+    EXPECT(0, "decode graph: %s", err);
+    plan_free(&p);
+    return;
+  }
+  int k = -1;
+  for (int i = 0; i < g.n_node && k < 0; i++)
+    if (g.node[i].op == GRAPH_TRANSFER && (g.node[i].flags & GRAPH_F_EP)) k = i;
+  EXPECT(k >= 0, "ep2 decode: no expert transfer");
+  if (k >= 0) {
+    struct graph_node *nd = &g.node[k];
+    struct rt_nccl_pair *pair = (struct rt_nccl_pair *)&g; /* must be cleared */
+    EXPECT(!rt_ep_nccl_wanted(&g, nd), "a transfer between CPU ranks is not NCCL's");
+    EXPECT(rt_ep_nccl_open(&pair, &g, nd, err, sizeof err) == CEDAR_EINVAL && !pair, "not wanted: %s", err);
+    g.data[nd->xfer_src].home = (struct graph_place){0, GRAPH_DEV_CUDA, 0};
+    g.data[nd->xfer_dst].home = (struct graph_place){0, GRAPH_DEV_CUDA, 1};
+    EXPECT(rt_ep_nccl_wanted(&g, nd), "cuda:0 -> cuda:1 of one rank is NCCL's");
+    int rc = rt_ep_nccl_open(&pair, &g, nd, err, sizeof err);
+    /* refused with why without two GPUs (here); a machine with two opens it */
+    EXPECT((rc == CEDAR_EUNSUPPORTED && !pair && err[0]) || (rc == 0 && pair), "the pair: rc %d: %s", rc, err);
+    if (!rc) rt_nccl_pair_close(pair);
+    EXPECT(rt_ep_nccl_submit(NULL, &g, nd, NULL, NULL, err, sizeof err) == CEDAR_EINVAL, "no pair: %s", err);
+    g.data[nd->xfer_dst].home.rank = 1;
+    EXPECT(!rt_ep_nccl_wanted(&g, nd), "two ranks: StarPU-MPI, not NCCL");
+  }
+  graph_free(&g);
+  plan_free(&p);
+}
+
+/* A shard rank's weights against the whole model's. */
+static void weights_part(void) {
+  static const char *const plans[] = {"tests/plans/ep2-tiny-40.yaml", "tests/plans/ppep3-tiny-40.yaml"};
+  for (size_t pi = 0; pi < 2; pi++) {
+    struct plan p;
+    if (!h_load_plan(plans[pi], &p)) continue;
+    struct weights all;
+    if (weights_synth(&all, &p, 7, (uint64_t)1 << 32, err, sizeof err)) {
+      EXPECT(0, "%s: %s", plans[pi], err);
+      plan_free(&p);
+      continue;
+    }
+    static struct rt_place_cost c;
+    EXPECT(rt_place_cost(&p, 1, 1e30, &c) == 0, "%s: accounting: %s", plans[pi], c.error);
+    for (int rank = 0; rank < plan_place_ranks(&p); rank++) {
+      struct rt_ep_part e;
+      struct weights w;
+      if (weights_synth_part(&w, &p, 7, (uint64_t)1 << 32, false, rt_ep_part_init(&e, &p, rank), err, sizeof err)) {
+        EXPECT(0, "%s rank %d: %s", plans[pi], rank, err);
+        continue;
+      }
+      int64_t held_rows = 0;
+      for (size_t i = 0; i < w.list.n; i++) {
+        const struct weights_spec *s = &w.list.t[i];
+        uint64_t rb = s->ndim > 0 && s->shape[0] ? s->nbytes / (uint64_t)s->shape[0] : s->nbytes;
+        int64_t lo = w.part[i].lo;
+        uint64_t n = weights_held_bytes(&w, i);
+        bool expert = strstr(s->name, ".ffn.experts.") != NULL;
+        EXPECT(expert || n == s->nbytes, "%s rank %d: %s not whole", plans[pi], rank, s->name);
+        if (expert) held_rows += w.part[i].hi - lo;
+        EXPECT(!n || !memcmp(w.data[i], (const char *)all.data[i] + (uint64_t)lo * (expert ? rb : 0), n),
+               "%s rank %d: %s rows [%lld, %lld) differ from the whole tensor's", plans[pi], rank, s->name,
+               (long long)lo, (long long)w.part[i].hi);
+      }
+      EXPECT(held_rows > 0, "%s rank %d holds no experts", plans[pi], rank);
+      EXPECT_EQ(rt_place_held_experts(&p, &w), c.r[rank].experts, "held expert bytes = plan cost --per-rank");
+      weights_free(&w);
+    }
+    int64_t accounted = 0;
+    for (int r = 0; r < c.ranks; r++) accounted += c.r[r].experts;
+    EXPECT_EQ(rt_place_held_experts(&p, &all), accounted, "the whole model holds every rank's experts");
+    weights_free(&all);
+    plan_free(&p);
+  }
+}
+
 static void refusals(void) {
   struct plan p;
   /* experts with P/D: refused at the experts key */
@@ -286,6 +373,8 @@ static void refusals(void) {
 
 int main(void) {
   shapes();
+  nccl();
+  weights_part();
   refusals();
   struct fx one;
   if (fx_open(&one, PLAN_T40)) {
