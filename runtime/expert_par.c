@@ -345,8 +345,8 @@ int rt_ep_route(const struct rt_node_ctx *c) {
     for (int t = 0; t < n; t++)
       if (row_of[t] >= 0) memcpy(v.x + (size_t)row_of[t] * d, x + (size_t)t * d, sizeof(float) * (size_t)d);
     if (rk != owner) /* dispatched to another rank (in one process: counted as if it were) */
-      count(owner, add_dispatch, (int64_t)rows * d * 4, (int64_t)sizeof(struct ep_hdr) + 12 * (int64_t)(q1 - q0),
-            1 + (rows > 0));
+      count(owner, add_dispatch, (int64_t)rows * d * 4, GRAPH_EP_HDR_BYTES + 12 * (int64_t)(q1 - q0),
+            1 + (q1 > q0));
   }
   ar->fam_s[RT_FAM_MOE] += rt_clock() - t0;
   return 0;
@@ -411,7 +411,8 @@ int rt_ep_shard(const struct rt_node_ctx *c) {
   CEDAR_ASSERT(o.used <= g->data[od].bytes);
   memcpy(c->buf[od], &o, sizeof o);
   count(nd->place.rank, add_load, h.rows, h.pairs, dt);
-  if (nd->place.rank != h.owner && h.pairs > 0) count(nd->place.rank, add_combine, (int64_t)h.pairs * d * 4, 1, 0);
+  if (nd->place.rank != h.owner) /* the outputs go back: a header, then the rows (when any) */
+    count(nd->place.rank, add_combine, (int64_t)h.pairs * d * 4, 1 + (h.pairs > 0), 0);
   return 0;
 }
 

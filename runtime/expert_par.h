@@ -86,9 +86,10 @@ struct rt_ep_rank {
   int64_t expert_rows;   /* (token, expert) pairs it computed */
   double expert_s;       /* seconds in its experts' FFNs */
   int64_t dispatch_bytes;      /* token rows it sent to other ranks' shards (owner) */
-  int64_t dispatch_meta_bytes; /* headers and (expert, row, weight) pairs with them */
-  int64_t combine_bytes;       /* expert output rows it sent back (shard) */
-  int64_t messages;
+  int64_t dispatch_meta_bytes; /* headers (GRAPH_EP_HDR_BYTES) and (expert, row, weight) pairs with them */
+  int64_t combine_bytes;       /* expert output rows it sent back (shard; not their headers) */
+  int64_t messages;            /* StarPU-MPI messages it sent: a header and a body per packet (the body when
+                                  not empty; a dispatch always has its pairs) */
   int64_t held_expert_bytes;   /* routed-expert weights the rank holds, stored formats (rt_place_held_experts;
                                   under mpirun only) */
 };
