@@ -4,6 +4,7 @@
  *  - equivalence: tiny-40 with its experts in 2 shards, in 4 shards named
  *    out of rank order, with 2 stages whose ranks serve each other's
  *    experts, and with 2 stages plus an experts-only rank for layers 4-39,
+ *    and with 2 stages on ranks 1-2 and an expert on each of 4 ranks,
  *    run through the expert-parallel path (every shard from its dispatch
  *    packet, combined in ascending expert id) gives tokens, prefill and
  *    decode logits and every byte of request state bitwise equal to the
@@ -236,7 +237,8 @@ static void check_shape(const struct plan *p, const struct graph *g, const char 
 
 static void shapes(void) {
   static const char *const plans[] = {"tests/plans/ep2-tiny-40.yaml", "tests/plans/ep4-tiny-40.yaml",
-                                      "tests/plans/ppep2-tiny-40.yaml", "tests/plans/ppep3-tiny-40.yaml"};
+                                      "tests/plans/ppep2-tiny-40.yaml", "tests/plans/ppep3-tiny-40.yaml",
+                                      "tests/plans/ppep4-tiny-40.yaml"};
   for (size_t i = 0; i < sizeof plans / sizeof *plans; i++) {
     struct plan p;
     if (!h_load_plan(plans[i], &p)) continue;
@@ -294,8 +296,9 @@ static void nccl(void) {
 
 /* A shard rank's weights against the whole model's. */
 static void weights_part(void) {
-  static const char *const plans[] = {"tests/plans/ep2-tiny-40.yaml", "tests/plans/ppep3-tiny-40.yaml"};
-  for (size_t pi = 0; pi < 2; pi++) {
+  static const char *const plans[] = {"tests/plans/ep2-tiny-40.yaml", "tests/plans/ppep3-tiny-40.yaml",
+                                      "tests/plans/ppep4-tiny-40.yaml"};
+  for (size_t pi = 0; pi < sizeof plans / sizeof *plans; pi++) {
     struct plan p;
     if (!h_load_plan(plans[pi], &p)) continue;
     struct weights all;
@@ -379,8 +382,9 @@ int main(void) {
   struct fx one;
   if (fx_open(&one, PLAN_T40)) {
     static const char *const plans[] = {"tests/plans/ep2-tiny-40.yaml", "tests/plans/ep4-tiny-40.yaml",
-                                        "tests/plans/ppep2-tiny-40.yaml", "tests/plans/ppep3-tiny-40.yaml"};
-    for (size_t i = 0; i < 4; i++) {
+                                        "tests/plans/ppep2-tiny-40.yaml", "tests/plans/ppep3-tiny-40.yaml",
+                                        "tests/plans/ppep4-tiny-40.yaml"};
+    for (size_t i = 0; i < sizeof plans / sizeof *plans; i++) {
       struct fx ep;
       if (!fx_open(&ep, plans[i])) {
         EXPECT(0, "%s: %s", plans[i], err);

@@ -3,6 +3,10 @@
 # (runtime/expert_par.h, `mpirun -np N cedar run --plan P` with
 # serving.placement.experts).
 #
+#  0. `cedar graph show` of ep2's decode graph has, for a layer, the route,
+#     a dispatch TRANSFER to rank 1, rank 1's shard, the combine TRANSFER
+#     back and the sum, chained by edges (and no transfer to rank 0's own
+#     shard);
 #  1. without mpirun, tiny-40 with experts in 2 shards runs every shard in
 #     this process: its --dump equals the plan without placement bitwise;
 #  2. tiny-40 experts on 2 ranks and on 4 (named out of order): rank 0 (the
@@ -14,8 +18,9 @@
 #     holds only its shard's routed experts: their stored-format bytes
 #     equal `plan cost --per-rank`'s experts of that rank;
 #  3. both together: 2 stages whose ranks serve each other's experts (2
-#     ranks) and 2 stages plus an experts-only rank for layers 4-39 (3
-#     ranks): each stage's rank bitwise the one-process state of its layers
+#     ranks), 2 stages plus an experts-only rank for layers 4-39 (3
+#     ranks), and 2 stages on ranks 1-2 with one expert on each of 4 ranks
+#     (rank 0, holding experts only, dumps rank 0's files): each stage's rank bitwise the one-process state of its layers
 #     (pp_cmp.py), the experts-only rank the model-wide tensors; held
 #     expert bytes equal the accounting on every rank;
 #  4. plans/v41-mini-ep2.yaml (the shipped plan) on 2 ranks against
@@ -60,6 +65,22 @@ assert a["passes"] == b["passes"] and a["passes"] > 0, (a["passes"], b["passes"]
 assert sum(r["expert_rows"] for r in a["rank"]) > 0
 print("load figures agree:", fa)
 PY
+
+# 0. the graph: route, a dispatch transfer to rank 1, rank 1's shard, the combine back, the sum after it
+"$cedar" graph show --plan $P/ep2-tiny-40.yaml --decode 5 > "$tmp/g.txt"
+"$py" - "$tmp/g.txt" <<'PY' || { cat "$tmp/g.txt"; fail "ep2 decode graph: no dispatch/combine transfer nodes with their edges"; }
+import re, sys
+nodes = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"\s*(\d+)\s+(.*?)\s+pos \[.*after (.*)$", line)
+    if m:
+        nodes[m.group(2)] = (int(m.group(1)), set(int(x) for x in m.group(3).split() if x != "-"))
+route, disp, shard, comb, total = (nodes[n] for n in ("L7.moe dec", "xfer L7.disp1 dec r0>r1", "L7.moe_shard1 dec",
+                                                      "xfer L7.out1 dec r1>r0", "L7.moe_sum dec"))
+assert route[0] in disp[1] and disp[0] in shard[1] and shard[0] in comb[1] and comb[0] in total[1], nodes
+assert "xfer L7.disp0 dec r0>r0" not in nodes and "L7.moe_shard0 dec" in nodes
+PY
+grep -q "transfer 80 moe_shard 80 moe_sum 40" "$tmp/g.txt" || { cat "$tmp/g.txt"; fail "ep2 decode graph: op counts"; }
 
 # 1. one process
 "$cedar" run --plan $P/ep2-tiny-40.yaml "${common[@]}" --dump "$tmp/ep1.st" --json > "$tmp/ep1.json"
@@ -130,7 +151,22 @@ bad = [k for k in a if not re.match(r"L\d+\.", k) and a[k] != b.get(k)]
 assert not bad, bad
 PY
 grep -q "^  rank 2: [1-9][0-9]* rows" "$tmp/pe3.txt" || { cat "$tmp/pe3.txt"; fail "ppep3: no load of rank 2"; }
-for f in pe2 pe3; do
+mpi -np 4 "$cedar" run --plan $P/ppep4-tiny-40.yaml "${common[@]}" --dump "$tmp/pe4.st" > "$tmp/pe4.txt" 2> "$tmp/pe4.err" ||
+  { cat "$tmp/pe4.err" >&2; fail "ppep4: mpirun failed"; }
+"$py" tests/cli/pp_cmp.py "$tmp/one.st" "$tmp/pe4.st.rank1:0-19" "$tmp/pe4.st.rank2:20-39" || fail "ppep4 differs from one process"
+for r in 0 3; do
+  f="$tmp/pe4.st"; [ $r -eq 0 ] || f="$f.rank$r"
+  "$py" - "$tmp/one.st" "$f" <<'PY' || fail "ppep4: experts-only rank $r's logits differ"
+import json, re, struct, sys
+def load(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in h.items()}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+bad = [k for k in a if not re.match(r"L\d+\.", k) and a[k] != b.get(k)]
+assert not bad, bad
+PY
+done
+for f in pe2 pe3 pe4; do
   [ "$(grep -c "^  rank [0-9] holds [1-9][0-9]* B of routed experts" "$tmp/$f.txt")" -eq "${f#pe}" ] &&
     ! grep -q "(differs)" "$tmp/$f.txt" || { cat "$tmp/$f.txt"; fail "$f: held experts differ from the accounting"; }
 done
