@@ -48,6 +48,12 @@ void run_ep_text(FILE *out, const struct plan *p) {
             " B dispatch, %" PRId64 " B combine\n", r, k->rows, k->expert_rows, k->expert_s,
             k->dispatch_bytes + k->dispatch_meta_bytes, k->combine_bytes);
   }
+  static struct rt_place_cost c; /* large; one report at a time */
+  if (s->mpi && rt_place_cost(p, 1, 1e30, &c) == 0)
+    for (int r = 0; r < c.ranks && r < RT_EP_MAX_RANKS; r++)
+      fprintf(out, "  rank %d holds %" PRId64 " B of routed experts (stored formats); plan cost --per-rank: %" PRId64
+              " B%s\n", r, s->rank[r].held_expert_bytes, c.r[r].experts,
+              s->rank[r].held_expert_bytes == c.r[r].experts ? "" : " (differs)");
   struct ep_fig f;
   figures(p, &f);
   fprintf(out, "  dispatch %.0f B/token (token rows; + %" PRId64 " B of headers and routing in all), combine %.0f "
@@ -73,6 +79,8 @@ void run_ep_json(cJSON *j, const struct plan *p) {
   cJSON_AddNumberToObject(t, "combine_bytes_per_token", f.combine_tok);
   cJSON_AddNumberToObject(t, "expected_dispatch_bytes_per_token", f.want_dispatch_tok);
   cJSON_AddNumberToObject(t, "expected_combine_bytes_per_token", f.want_combine_tok);
+  static struct rt_place_cost c; /* large; one report at a time */
+  if (rt_place_cost(p, 1, 1e30, &c)) c.ranks = 0;
   cJSON *a = cJSON_AddArrayToObject(t, "rank");
   for (int r = 0; r < plan_place_ranks(p) && r < RT_EP_MAX_RANKS; r++) {
     const struct rt_ep_rank *k = &s->rank[r];
@@ -89,6 +97,8 @@ void run_ep_json(cJSON *j, const struct plan *p) {
     cJSON_AddNumberToObject(o, "dispatch_meta_bytes", (double)k->dispatch_meta_bytes);
     cJSON_AddNumberToObject(o, "combine_bytes", (double)k->combine_bytes);
     cJSON_AddNumberToObject(o, "messages", (double)k->messages);
+    if (s->mpi) cJSON_AddNumberToObject(o, "held_expert_bytes", (double)k->held_expert_bytes);
+    if (s->mpi && c.ranks > r) cJSON_AddNumberToObject(o, "accounted_expert_bytes", (double)c.r[r].experts);
     cJSON_AddItemToArray(a, o);
   }
 }

@@ -83,6 +83,7 @@ const char run_usage[] =
     "a flow per transfer; CEDAR_PD_DEADLINE_S bounds every wait), or every stage in this process without\n"
     "mpirun; stages with prefill and decode on different ranks are refused. A plan with\n"
     "serving.placement.experts (plans/v41-mini-ep2.yaml) runs each MoE layer's routed experts on their\n"
-    "ranks the same way, stages or not (dispatch and combine through StarPU-MPI on the direct executor;\n"
-    "the report adds rows, expert-rows and bytes per rank), or every shard in this process without\n"
+    "ranks the same way, stages or not (dispatch and combine are transfer nodes, through StarPU-MPI on\n"
+    "the direct executor; a rank loads only its experts; the report adds rows, expert-rows, bytes sent\n"
+    "and expert bytes held per rank), or every shard in this process without\n"
     "mpirun; experts with prefill and decode on different ranks are refused (docs/placement.md).\n";

@@ -344,7 +344,8 @@ static void decode_rows(struct rt_batch *b, const int *hs, int B, float *out) {
       nds[i] = &g[i].node[k];
     }
     volatile int grc = 0;
-    switch (nd->op) {
+    /* an expert-parallel layer's route, shards and sum (expert_par.h): per request, like the transfers */
+    switch (nd->op == GRAPH_MOE && (nd->flags & GRAPH_F_EP) ? GRAPH_OP_COUNT : nd->op) {
     case GRAPH_EMBED: {
       int32_t *tok = RT_ALLOC(b->ar, int32_t, B);
       for (int i = 0; i < B; i++) tok[i] = b->q[hs[i]]->r.tokens[nds[i]->a];

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "runtime/expert_par.h"
 #include "runtime/backend.h"
 #include "runtime/pd.h"
 #include "runtime/pipeline.h"
@@ -49,14 +50,16 @@ static int open_weights(struct rt_engine *e, char *err, size_t len) {
   const struct rt_engine_opts *o = &e->opts;
   int rc;
   uint64_t max = o->synth_max_bytes ? o->synth_max_bytes : WEIGHTS_DEFAULT_MAX_BYTES;
+  struct rt_ep_part epp; /* routed experts on ranks: this rank holds only its shard's (expert_par.h) */
+  const struct weights_part *part = rt_pipe_multi(&e->plan) ? rt_ep_part_init(&epp, &e->plan, rt_pd_world_rank()) : NULL;
   if (o->model)
     rc = ckpt_load(&e->weights, &e->plan, o->model, true, o->problems, NULL, err, len);
   else if (o->weights)
-    rc = weights_load(&e->weights, &e->plan, o->weights, o->problems, err, len);
-  else if (e->plan.serving.engram_tier == PLAN_ENGRAM_TIER_MMAP) /* the tables come from their file */
-    rc = weights_synth_no_engram(&e->weights, &e->plan, o->seed, max, err, len);
-  else
-    rc = weights_synth(&e->weights, &e->plan, o->seed, max, err, len);
+    rc = weights_load_part(&e->weights, &e->plan, o->weights, part, o->problems, err, len);
+  else /* with the mmap tier the Engram tables come from their file */
+    rc = weights_synth_part(&e->weights, &e->plan, o->seed, max, e->plan.serving.engram_tier == PLAN_ENGRAM_TIER_MMAP,
+                            part, err, len);
+  if (!rc) rt_ep_note_weights(&e->plan, &e->weights); /* what this rank holds, for its report */
   return rc ? rc : rt_engram_tier_open(&e->engram, &e->plan, &e->weights, err, len);
 }
 

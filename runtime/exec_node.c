@@ -115,8 +115,15 @@ static int cpu_attn(const struct rt_node_ctx *c) {
 }
 
 static int cpu_moe(const struct rt_node_ctx *c) {
+  if (c->nd->flags & GRAPH_F_EP) return rt_ep_route(c); /* the route of an expert-parallel layer (expert_par.h) */
   int rc = rt_moe(c->M, c->nd, at(c->buf, c->nd->x), at(c->buf, c->nd->aux), c->ar);
-  if (!rc && cedar_log_level() >= CEDAR_LOG_DEBUG && !rt_ep_helper(c->M, c->nd)) log_rms(c->M, c->nd, at(c->buf, c->nd->x));
+  if (!rc && cedar_log_level() >= CEDAR_LOG_DEBUG) log_rms(c->M, c->nd, at(c->buf, c->nd->x));
+  return rc;
+}
+
+static int cpu_moe_sum(const struct rt_node_ctx *c) {
+  int rc = rt_ep_sum(c);
+  if (!rc && cedar_log_level() >= CEDAR_LOG_DEBUG) log_rms(c->M, c->nd, at(c->buf, c->nd->x));
   return rc;
 }
 
@@ -153,6 +160,7 @@ static int cpu_head(const struct rt_node_ctx *c) {
 /* TRANSFER between layer stages (an activation, a bus, a KV source's
  * entries: runtime/pipeline.h), or of a P/D plan's state (runtime/pd.c). */
 static int cpu_transfer(const struct rt_node_ctx *c) {
+  if (c->nd->flags & GRAPH_F_EP) return rt_ep_transfer_node(c); /* expert dispatch / combine (expert_par.h) */
   return c->nd->flags & GRAPH_F_STAGE ? rt_pipe_transfer_node(c) : rt_pd_transfer_node(c);
 }
 
@@ -172,6 +180,8 @@ const struct rt_backend rt_backend_cpu = {
         [GRAPH_REPLAY_IN] = cpu_replay_in,
         [GRAPH_HEAD] = cpu_head,
         [GRAPH_TRANSFER] = cpu_transfer,
+        [GRAPH_MOE_SHARD] = rt_ep_shard,
+        [GRAPH_MOE_SUM] = cpu_moe_sum,
     },
 };
 

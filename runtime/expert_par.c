@@ -1,6 +1,8 @@
-/* expert_par.c: routed experts on several ranks (expert_par.h): the
- * dispatch packet, a shard's experts over it, the combine in op_moe_forward's
- * order, and the StarPU-MPI messages between owner and shards (pd_mpi.c). */
+/* expert_par.c: routed experts on several ranks (expert_par.h): the op
+ * groups of the compiler's split (scheduler/graph_ep.c): the owner's route
+ * and dispatch packets, a shard's experts over its packet, the sum in
+ * op_moe_forward's order; and the dispatch / combine TRANSFER nodes, as
+ * StarPU-MPI messages between ranks (pd_mpi.c) or a copy in one process. */
 #include "runtime/expert_par.h"
 
 #include <pthread.h>
@@ -15,19 +17,24 @@
 #include "ops/moe.h"
 #include "runtime/pd.h"
 #include "runtime/pd_internal.h"
+#include "runtime/place_cost.h"
 #include "scheduler/plan_place.h"
 
 #define EP_MAGIC 0x50454443u /* "CDEP" */
 
-/* The header of a dispatch packet (sent alone first: its counts size the
- * packet's receive). */
+/* The header at the start of a dispatch packet or a shard's outputs
+ * (GRAPH_EP_HDR_BYTES reserved; sent alone first under mpirun: `used`
+ * sizes the body's receive). */
 struct ep_hdr {
   uint32_t magic;
-  int32_t layer;
+  int32_t role;        /* GRAPH_EP_DISPATCH or GRAPH_EP_OUT */
+  int32_t layer, shard, owner; /* the owner's rank */
+  int32_t n;           /* the node's rows */
+  int32_t rows, pairs; /* token rows in the packet; (expert, row, weight) pairs (= output rows) */
   int64_t a;           /* the node's first position */
-  int32_t n, shard;    /* the node's rows; the shard it is for */
-  int32_t rows, pairs; /* token rows in the packet; (expert, row, weight) pairs */
+  int64_t used;        /* bytes used, the header included */
 };
+_Static_assert(sizeof(struct ep_hdr) <= GRAPH_EP_HDR_BYTES, "the header fits its room");
 
 /* One message: its buffer and completion, kept until pd_mpi_stop. */
 struct ep_msg {
@@ -39,15 +46,16 @@ struct ep_msg {
 static struct {
   bool on; /* this request's shards are ranks under mpirun */
   int me, world;
-  int64_t cnt[RT_EP_MAX_RANKS]; /* exchanges with each peer so far: part of their tags */
+  int64_t cnt[RT_EP_MAX_RANKS]; /* transfers with each peer so far, in graph order: part of their tags */
   struct ep_msg **m;
   int n_m, cap_m;
-  int served;  /* shard exchanges this rank answered */
-  int hold_at; /* CEDAR_EP_TEST_FAULT=hold[:N]: the N-th answer is never sent (a test) */
+  int served;  /* outputs this rank sent back */
+  int hold_at; /* CEDAR_EP_TEST_FAULT=hold[:N]: the N-th output is never sent (a test) */
   pthread_mutex_t mu;
 } ep = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static struct rt_ep_stats last;
+static int64_t held_here = -1; /* rt_ep_note_weights */
 const struct rt_ep_stats *rt_ep_last_stats(void) { return &last; }
 
 bool rt_ep_layer(const struct plan *p, int l) {
@@ -72,9 +80,9 @@ int rt_ep_begin(const struct plan *p, const struct rt_gen_opts *o, bool mpi, cha
   if (!pl->n_ep_ranks) return 0;
   if (mpi && o->executor == RT_EXEC_STARPU) {
     snprintf(err, err_len, "routed experts on several ranks (serving.placement.experts) run on the direct executor "
-             "under mpirun: the ranks must meet each expert exchange in graph order, and a StarPU worker blocked in "
-             "one exchange could wait for a task the other rank has not reached; run with --executor direct (the "
-             "default)");
+             "under mpirun: a TRANSFER node's receive runs as a task that waits, and dispatch and combine go both "
+             "ways between ranks, so a StarPU worker waiting for one packet can hold back the task its peer waits "
+             "for; run with --executor direct (the default)");
     return CEDAR_EUNSUPPORTED;
   }
   if (mpi && rt_pd_world_size() > RT_EP_MAX_RANKS) {
@@ -87,6 +95,7 @@ int rt_ep_begin(const struct plan *p, const struct rt_gen_opts *o, bool mpi, cha
   ep.world = mpi ? rt_pd_world_size() : 1;
   memset(ep.cnt, 0, sizeof ep.cnt);
   ep.served = 0;
+  if (mpi && held_here >= 0 && ep.me < RT_EP_MAX_RANKS) last.rank[ep.me].held_expert_bytes = held_here;
   const char *f = getenv("CEDAR_EP_TEST_FAULT");
   ep.hold_at = f && !strncmp(f, "hold", 4) ? (f[4] == ':' ? atoi(f + 5) : 1) : 0;
   return 0;
@@ -126,9 +135,9 @@ static bool wait_done(struct pd_msg_state *s, double dl) {
 }
 
 /* Tags: bit 30 set (the pipeline's stay below it), the kind, then the
- * count of exchanges with that peer: both sides count the same exchanges
- * in the same (graph) order. */
-enum { EP_HDR = 0, EP_BODY = 1, EP_OUT = 2, EP_STATS = 3 };
+ * count of transfers with that peer: both sides run the same transfer
+ * nodes in the same (graph) order (the direct executor). */
+enum { EP_HDR = 0, EP_BODY = 1, EP_STATS = 3 };
 static int tag_of(int kind, int64_t cnt) { return (1 << 30) | (kind << 28) | (int)(cnt & 0x0fffffff); }
 
 static int post(struct ep_msg *m, size_t n, int peer, int tag, bool send) {
@@ -174,6 +183,7 @@ int rt_ep_gather(char *err, size_t err_len) {
       a->rows += b->rows, a->expert_rows += b->expert_rows, a->expert_s += b->expert_s;
       a->dispatch_bytes += b->dispatch_bytes, a->dispatch_meta_bytes += b->dispatch_meta_bytes;
       a->combine_bytes += b->combine_bytes, a->messages += b->messages;
+      a->held_expert_bytes += b->held_expert_bytes;
     }
   }
   return all_done(err, err_len);
@@ -181,22 +191,16 @@ int rt_ep_gather(char *err, size_t err_len) {
 
 /* ---- placement ------------------------------------------------------------------ */
 
-static int shard_rank(const struct plan *p, int s) { return p->serving.place.ep_rank[s]; }
-
 /* This rank's shard of the plan (-1: none). */
 static int my_shard(const struct plan *p, int rank) {
   for (int s = 0; s < p->serving.place.n_ep_ranks; s++)
-    if (shard_rank(p, s) == rank) return s;
+    if (p->serving.place.ep_rank[s] == rank) return s;
   return -1;
 }
 
 bool rt_ep_serves(const struct graph *g, const struct graph_node *nd, int rank) {
-  return ep.on && nd->op == GRAPH_MOE && rt_ep_layer(g->plan, nd->layer) && nd->place.rank != rank &&
-         my_shard(g->plan, rank) >= 0;
-}
-
-bool rt_ep_helper(const struct rt_model *M, const struct graph_node *nd) {
-  return ep.on && rt_ep_layer(M->p, nd->layer) && nd->place.rank != ep.me;
+  (void)g;
+  return nd->op == GRAPH_MOE_SHARD && nd->place.rank == rank;
 }
 
 static void count(int rank, void (*f)(struct rt_ep_rank *, int64_t, int64_t, double), int64_t a, int64_t b,
@@ -216,149 +220,234 @@ static void add_combine(struct rt_ep_rank *k, int64_t b, int64_t msgs, double un
   k->combine_bytes += b, k->messages += msgs;
 }
 
-/* ---- the packet ------------------------------------------------------------------ */
+/* ---- a rank's weights ---------------------------------------------------------- */
 
-/* Body: int32 expert[pairs], int32 row[pairs], float weight[pairs], then
- * float x[rows][hidden]. */
-static size_t body_bytes(int rows, int pairs, int d) {
-  return (size_t)pairs * 12 + (size_t)rows * (size_t)d * sizeof(float);
+static bool part_rows(const struct weights_spec *s, struct weights_rows *r, const void *ctx) {
+  const struct rt_ep_part *e = ctx;
+  const struct plan *p = e->p;
+  if (s->layer < 0 || !strstr(s->name, ".ffn.experts.") || s->shape[0] != p->model.n_routed) return false;
+  if (!rt_ep_layer(p, s->layer)) { /* with stages, a layer's own experts live with its stage alone */
+    if (!plan_has_stages(p) || plan_expert_rank(p, s->layer, 0) == e->rank) return false;
+    *r = (struct weights_rows){0, 0};
+    return true;
+  }
+  int R = p->serving.place.n_ep_ranks, per = p->model.n_routed / R, sh = my_shard(p, e->rank);
+  *r = sh < 0 ? (struct weights_rows){0, 0} : (struct weights_rows){(int64_t)sh * per, (int64_t)(sh + 1) * per};
+  return true;
 }
+
+void rt_ep_note_weights(const struct plan *p, const struct weights *w) {
+  held_here = p->serving.place.n_ep_ranks ? rt_place_held_experts(p, w) : -1;
+}
+
+const struct weights_part *rt_ep_part_init(struct rt_ep_part *e, const struct plan *p, int rank) {
+  if (!p->serving.place.n_ep_ranks) return NULL;
+  *e = (struct rt_ep_part){{part_rows, e}, p, rank};
+  return &e->part;
+}
+
+/* ---- the buffers ------------------------------------------------------------------ */
+
+/* The data of node nd with expert-parallel role `role` (shard s; -1 any). */
+static int data_of(const struct graph *g, const struct graph_node *nd, int role, int s) {
+  for (int u = 0; u < nd->n_use; u++) {
+    const struct graph_data *gd = &g->data[nd->use[u].data];
+    if (gd->ep == role && (s < 0 || gd->ep_shard == s)) return nd->use[u].data;
+  }
+  return -1;
+}
+
+/* A packet's body after its header: int32 expert[pairs], int32 row[pairs],
+ * float weight[pairs], then float x[rows][hidden]. */
+static int64_t body_bytes(int rows, int pairs, int d) { return (int64_t)pairs * 12 + (int64_t)rows * d * 4; }
 
 struct view {
   int32_t *expert, *row;
   float *weight, *x;
 };
-static struct view view_of(void *body, int pairs) {
+static struct view view_of(void *pkt, int pairs) {
   struct view v;
-  v.expert = body;
+  v.expert = (int32_t *)((char *)pkt + GRAPH_EP_HDR_BYTES);
   v.row = v.expert + pairs;
   v.weight = (float *)(v.row + pairs);
   v.x = v.weight + pairs;
   return v;
 }
 
-/* Shard s's experts over its packet: one output row per pair, in pair
- * order. Each expert runs once over its rows (ascending), as in
- * op_moe_forward. */
-static void shard_compute(const struct rt_model *M, int layer, const struct ep_hdr *h, void *body, float *out,
-                          int rank, struct rt_arena *ar) {
-  const struct op_moe_cfg *c = &M->moe;
-  const struct op_moe_weights *w = &M->L[layer].moe;
-  int d = c->hidden, I = c->inter;
-  struct view v = view_of(body, h->pairs);
+/* The owner's state (graph_ep.c sizes it): y, sel, wt, post, C. */
+struct state {
+  float *y;
+  int32_t *sel;
+  float *wt, *post, *C;
+};
+static struct state state_of(void *b, int n, int d, int k, int hc) {
+  struct state s;
+  s.y = b;
+  s.sel = (int32_t *)(s.y + (size_t)n * d);
+  s.wt = (float *)(s.sel + (size_t)n * k);
+  s.post = s.wt + (size_t)n * k;
+  s.C = s.post + (size_t)n * hc;
+  return s;
+}
+
+/* The (token, slot) pairs of a selection grouped by expert, tokens
+ * ascending: op_moe_forward's grouping. start[E + 1], tok/slot[n * k]. */
+static void group(const int32_t *sel, int n, int k, int E, int *start, int *tok, int *slot, int *cur) {
+  memset(start, 0, sizeof(int) * (size_t)(E + 1));
+  for (int q = 0; q < n * k; q++) start[sel[q] + 1]++;
+  for (int e = 0; e < E; e++) start[e + 1] += start[e];
+  memcpy(cur, start, sizeof(int) * (size_t)E);
+  for (int t = 0; t < n; t++)
+    for (int j = 0; j < k; j++) {
+      int q = cur[sel[(size_t)t * k + j]]++;
+      tok[q] = t;
+      if (slot) slot[q] = j;
+    }
+}
+
+/* ---- the owner's route: routing, the shared expert, the packets --------------------- */
+
+int rt_ep_route(const struct rt_node_ctx *c) {
+  const struct graph *g = c->g;
+  const struct graph_node *nd = c->nd;
+  const struct rt_model *M = c->M;
+  const struct plan *p = M->p;
+  struct rt_arena *ar = c->ar;
+  const int n = nd->n, d = M->moe.hidden, k = M->moe.n_active, E = M->moe.n_routed, hc = M->mhc.hc;
+  const int R = p->serving.place.n_ep_ranks, per = E / R, owner = nd->place.rank;
+  int sd = data_of(g, nd, GRAPH_EP_STATE, -1);
+  CEDAR_ASSERT_MSG(sd >= 0, "%s: no expert-parallel state (scheduler/graph_ep.c)", nd->name);
+  struct state S = state_of(c->buf[sd], n, d, k, hc);
+  float *x = RT_ALLOC(ar, float, (size_t)n * d);
+  rt_moe_route(M, nd, c->buf[nd->x], nd->aux >= 0 ? c->buf[nd->aux] : NULL, x, S.y, S.sel, S.wt, S.post, S.C, ar);
   double t0 = rt_clock();
-  float *xg = RT_ALLOC(ar, float, (size_t)h->rows * d), *yg = RT_ALLOC(ar, float, (size_t)h->rows * d);
-  float *rs = RT_ALLOC(ar, float, h->rows > 0 ? h->rows : 1), *gu = RT_ALLOC(ar, float, 2 * (size_t)h->rows * I);
-  for (int q0 = 0; q0 < h->pairs;) {
+  int *start = RT_ALLOC(ar, int, E + 1), *tok = RT_ALLOC(ar, int, (size_t)n * k), *slot = RT_ALLOC(ar, int, (size_t)n * k);
+  int *row_of = RT_ALLOC(ar, int, n);
+  group(S.sel, n, k, E, start, tok, slot, RT_ALLOC(ar, int, E));
+  for (int s = 0; s < R; s++) {
+    int pd = data_of(g, nd, GRAPH_EP_DISPATCH, s);
+    CEDAR_ASSERT_MSG(pd >= 0, "%s: no packet for shard %d", nd->name, s);
+    int q0 = start[s * per], q1 = start[(s + 1) * per], rows = 0, rk = p->serving.place.ep_rank[s];
+    for (int t = 0; t < n; t++) row_of[t] = -1;
+    for (int q = q0; q < q1; q++) row_of[tok[q]] = 0; /* selected one of this shard's experts */
+    for (int t = 0; t < n; t++)
+      if (row_of[t] >= 0) row_of[t] = rows++;
+    struct ep_hdr h = {EP_MAGIC, GRAPH_EP_DISPATCH, nd->layer, s, owner, n, rows, q1 - q0, nd->a,
+                       GRAPH_EP_HDR_BYTES + body_bytes(rows, q1 - q0, d)};
+    CEDAR_ASSERT(h.used <= g->data[pd].bytes);
+    memcpy(c->buf[pd], &h, sizeof h);
+    struct view v = view_of(c->buf[pd], q1 - q0);
+    for (int q = q0; q < q1; q++) {
+      v.expert[q - q0] = S.sel[(size_t)tok[q] * k + slot[q]];
+      v.row[q - q0] = row_of[tok[q]];
+      v.weight[q - q0] = S.wt[(size_t)tok[q] * k + slot[q]];
+    }
+    for (int t = 0; t < n; t++)
+      if (row_of[t] >= 0) memcpy(v.x + (size_t)row_of[t] * d, x + (size_t)t * d, sizeof(float) * (size_t)d);
+    if (rk != owner) /* dispatched to another rank (in one process: counted as if it were) */
+      count(owner, add_dispatch, (int64_t)rows * d * 4, GRAPH_EP_HDR_BYTES + 12 * (int64_t)(q1 - q0),
+            1 + (q1 > q0));
+  }
+  ar->fam_s[RT_FAM_MOE] += rt_clock() - t0;
+  return 0;
+}
+
+/* ---- a shard: its experts over its packet -------------------------------------------- */
+
+/* The packet or outputs at b: a header that fits node nd and its bound. */
+static int check_hdr(const struct ep_hdr *h, const struct graph_node *nd, int role, int64_t bound, int kmax) {
+  return h->magic == EP_MAGIC && h->role == role && h->layer == nd->layer && h->a == nd->a && h->n == nd->n &&
+         h->rows >= 0 && h->rows <= nd->n && h->pairs >= h->rows && h->pairs <= (int64_t)nd->n * kmax &&
+         h->used >= GRAPH_EP_HDR_BYTES && h->used <= bound;
+}
+
+int rt_ep_shard(const struct rt_node_ctx *c) {
+  const struct graph *g = c->g;
+  const struct graph_node *nd = c->nd;
+  const struct rt_model *M = c->M;
+  const struct op_moe_cfg *cf = &M->moe;
+  const int d = cf->hidden, I = cf->inter, k = cf->n_active;
+  int pd = data_of(g, nd, GRAPH_EP_DISPATCH, -1), od = data_of(g, nd, GRAPH_EP_OUT, -1);
+  CEDAR_ASSERT_MSG(pd >= 0 && od >= 0, "%s: no packet or outputs (scheduler/graph_ep.c)", nd->name);
+  struct ep_hdr h;
+  memcpy(&h, c->buf[pd], sizeof h);
+  if (!check_hdr(&h, nd, GRAPH_EP_DISPATCH, g->data[pd].bytes, k) || h.shard != g->data[pd].ep_shard) {
+    LOG_ERROR("%s: the dispatch packet is for layer %d, position %lld, shard %d: the ranks disagree on the graph; "
+              "this request fails", nd->name, h.layer, (long long)h.a, h.shard);
+    return CEDAR_EIO;
+  }
+  const struct op_moe_weights *w = &M->L[nd->layer].moe;
+  char nm[WEIGHTS_NAME_MAX];
+  snprintf(nm, sizeof nm, "layers.%d.ffn.experts.w_gate", nd->layer);
+  const int per = cf->n_routed / M->p->serving.place.n_ep_ranks;
+  const int64_t e0 = weights_row0(M->w, nm); /* this rank's first expert when it holds only its shard's */
+  struct view v = view_of(c->buf[pd], h.pairs);
+  float *out = (float *)((char *)c->buf[od] + GRAPH_EP_HDR_BYTES);
+  struct rt_arena *ar = c->ar;
+  double t0 = rt_clock();
+  float *xg = RT_ALLOC(ar, float, (size_t)h.rows * d + 1), *yg = RT_ALLOC(ar, float, (size_t)h.rows * d + 1);
+  float *rs = RT_ALLOC(ar, float, h.rows + 1), *gu = RT_ALLOC(ar, float, 2 * (size_t)h.rows * I + 1);
+  for (int q0 = 0; q0 < h.pairs;) { /* each expert once over its rows (ascending), as op_moe_forward */
     int e = v.expert[q0], cnt = 0;
-    while (q0 + cnt < h->pairs && v.expert[q0 + cnt] == e) {
+    while (q0 + cnt < h.pairs && v.expert[q0 + cnt] == e) {
       memcpy(xg + (size_t)cnt * d, v.x + (size_t)v.row[q0 + cnt] * d, sizeof(float) * (size_t)d);
       rs[cnt] = v.weight[q0 + cnt];
       cnt++;
     }
-    op_moe_ffn(yg, xg, w->gate + (size_t)e * I * d, w->up + (size_t)e * I * d, w->down + (size_t)e * d * I, rs, cnt,
-               d, I, c->limit, gu);
+    if (e < h.shard * per || e >= (h.shard + 1) * per || e < e0 || (e0 > 0 && e >= e0 + per)) {
+      LOG_ERROR("%s: expert %d is not shard %d's (or not held here); this request fails", nd->name, e, h.shard);
+      return CEDAR_EIO;
+    }
+    size_t el = (size_t)(e - e0);
+    op_moe_ffn(yg, xg, w->gate + el * I * d, w->up + el * I * d, w->down + el * d * I, rs, cnt, d, I, cf->limit, gu);
     memcpy(out + (size_t)q0 * d, yg, sizeof(float) * (size_t)cnt * d);
     q0 += cnt;
   }
   double dt = rt_clock() - t0;
   ar->fam_s[RT_FAM_MOE] += dt;
-  count(rank, add_load, h->rows, h->pairs, dt);
+  struct ep_hdr o = h;
+  o.role = GRAPH_EP_OUT;
+  o.used = GRAPH_EP_HDR_BYTES + (int64_t)h.pairs * d * 4;
+  CEDAR_ASSERT(o.used <= g->data[od].bytes);
+  memcpy(c->buf[od], &o, sizeof o);
+  count(nd->place.rank, add_load, h.rows, h.pairs, dt);
+  if (nd->place.rank != h.owner) /* the outputs go back: a header, then the rows (when any) */
+    count(nd->place.rank, add_combine, (int64_t)h.pairs * d * 4, 1 + (h.pairs > 0), 0);
+  return 0;
 }
 
-/* ---- the owner --------------------------------------------------------------------- */
+/* ---- the owner's sum: ascending expert id, rows ascending ------------------------------- */
 
-int rt_ep_forward(const struct rt_model *M, const struct graph_node *nd, float *y, int32_t *sel, float *wt,
-                  const float *x, struct rt_arena *ar) {
+int rt_ep_sum(const struct rt_node_ctx *c) {
+  const struct graph *g = c->g;
+  const struct graph_node *nd = c->nd;
+  const struct rt_model *M = c->M;
   const struct plan *p = M->p;
-  const struct op_moe_cfg *c = &M->moe;
-  const struct op_moe_weights *w = &M->L[nd->layer].moe;
-  const int n = nd->n, d = c->hidden, k = c->n_active, E = c->n_routed, R = p->serving.place.n_ep_ranks;
-  const int per = E / R, owner = ep.on ? ep.me : nd->place.rank;
-  if (n <= 0) return 0;
-  /* 1. routing and the shared expert, as op_moe_forward */
-  void *ws = rt_arena_alloc(ar, op_moe_workspace_bytes(n, c));
-  float *scores = RT_ALLOC(ar, float, (size_t)n * E);
-  RT_TIMED(ar, MOE, op_moe_scores(scores, x, w->router, n, c); op_moe_select(sel, wt, scores, w->bias, NULL, n, c);
-           op_moe_shared(y, x, w, n, c, ws));
-  /* the (token, slot) pairs grouped by expert, tokens ascending */
-  int *start = RT_ALLOC(ar, int, E + 1), *tok = RT_ALLOC(ar, int, (size_t)n * k), *slot = RT_ALLOC(ar, int, (size_t)n * k);
-  memset(start, 0, sizeof(int) * (size_t)(E + 1));
-  for (int q = 0; q < n * k; q++) start[sel[q] + 1]++;
-  for (int e = 0; e < E; e++) start[e + 1] += start[e];
-  int *cur = RT_ALLOC(ar, int, E);
-  memcpy(cur, start, sizeof(int) * (size_t)E);
-  for (int t = 0; t < n; t++)
-    for (int j = 0; j < k; j++) {
-      int q = cur[sel[(size_t)t * k + j]]++;
-      tok[q] = t, slot[q] = j;
-    }
-  /* 2. a packet per shard */
-  struct ep_hdr *hdr = RT_ALLOC(ar, struct ep_hdr, R);
-  void **body = RT_ALLOC(ar, void *, R);
-  float **out = RT_ALLOC(ar, float *, R);
-  struct ep_msg **rx = RT_ALLOC(ar, struct ep_msg *, R);
-  int *row_of = RT_ALLOC(ar, int, n);
+  struct rt_arena *ar = c->ar;
+  const int n = nd->n, d = M->moe.hidden, k = M->moe.n_active, E = M->moe.n_routed, hc = M->mhc.hc;
+  const int R = p->serving.place.n_ep_ranks, per = E / R;
+  int sd = data_of(g, nd, GRAPH_EP_STATE, -1);
+  CEDAR_ASSERT_MSG(sd >= 0, "%s: no expert-parallel state", nd->name);
+  struct state S = state_of(c->buf[sd], n, d, k, hc);
+  double t0 = rt_clock();
+  float *y = RT_ALLOC(ar, float, (size_t)n * d); /* the state is read here, never written */
+  memcpy(y, S.y, sizeof(float) * (size_t)n * d);
+  int *start = RT_ALLOC(ar, int, E + 1), *tok = RT_ALLOC(ar, int, (size_t)n * k);
+  group(S.sel, n, k, E, start, tok, NULL, RT_ALLOC(ar, int, E));
+  const float **out = RT_ALLOC(ar, const float *, R);
   for (int s = 0; s < R; s++) {
-    int q0 = start[s * per], q1 = start[(s + 1) * per], rows = 0, rk = shard_rank(p, s);
-    bool remote = rk != owner;
-    for (int t = 0; t < n; t++) row_of[t] = -1;
-    for (int q = q0; q < q1; q++) row_of[tok[q]] = 0; /* selected one of this shard's experts */
-    for (int t = 0; t < n; t++)
-      if (row_of[t] >= 0) row_of[t] = rows++;
-    hdr[s] = (struct ep_hdr){EP_MAGIC, nd->layer, nd->a, n, s, rows, q1 - q0};
-    size_t bb = body_bytes(rows, q1 - q0, d);
-    struct ep_msg *bm = ep.on && remote ? new_msg(bb) : NULL;
-    body[s] = bm ? bm->buf : rt_arena_alloc(ar, bb ? bb : 1);
-    struct view v = view_of(body[s], q1 - q0);
-    for (int q = q0; q < q1; q++) {
-      v.expert[q - q0] = sel[(size_t)tok[q] * k + slot[q]];
-      v.row[q - q0] = row_of[tok[q]];
-      v.weight[q - q0] = wt[(size_t)tok[q] * k + slot[q]];
-    }
-    for (int t = 0; t < n; t++)
-      if (row_of[t] >= 0) memcpy(v.x + (size_t)row_of[t] * d, x + (size_t)t * d, sizeof(float) * (size_t)d);
-    if (remote)
-      count(owner, add_dispatch, (int64_t)rows * d * 4, (int64_t)sizeof(struct ep_hdr) + 12 * (int64_t)(q1 - q0),
-            1 + (rows > 0));
-    rx[s] = NULL;
-    out[s] = NULL;
-    if (!(ep.on && remote)) continue;
-    int64_t cn = ep.cnt[rk]++;
-    struct ep_msg *hm = new_msg(sizeof(struct ep_hdr));
-    memcpy(hm->buf, &hdr[s], sizeof hdr[s]);
-    int rc = post(hm, sizeof hdr[s], rk, tag_of(EP_HDR, cn), true);
-    if (!rc && rows > 0) rc = post(bm, bb, rk, tag_of(EP_BODY, cn), true);
-    if (!rc && q1 > q0) {
-      rx[s] = new_msg(sizeof(float) * (size_t)(q1 - q0) * d);
-      rc = post(rx[s], sizeof(float) * (size_t)(q1 - q0) * d, rk, tag_of(EP_OUT, cn), false);
-    }
-    if (rc) {
-      LOG_ERROR("rank %d: moe L%d: posting the dispatch to rank %d failed", owner, nd->layer, rk);
+    int od = data_of(g, nd, GRAPH_EP_OUT, s);
+    CEDAR_ASSERT_MSG(od >= 0, "%s: no outputs of shard %d", nd->name, s);
+    struct ep_hdr h;
+    memcpy(&h, c->buf[od], sizeof h);
+    if (!check_hdr(&h, nd, GRAPH_EP_OUT, g->data[od].bytes, k) || h.shard != s ||
+        h.pairs != start[(s + 1) * per] - start[s * per]) {
+      LOG_ERROR("%s: shard %d's outputs are for layer %d, position %lld, %d pairs: not this node's; this request "
+                "fails", nd->name, s, h.layer, (long long)h.a, h.pairs);
       return CEDAR_EIO;
     }
+    out[s] = (const float *)((const char *)c->buf[od] + GRAPH_EP_HDR_BYTES);
   }
-  /* 3. the shards here: the owner's own, or every one in one process */
-  for (int s = 0; s < R; s++) {
-    if (rx[s] || (ep.on && shard_rank(p, s) != owner)) continue;
-    out[s] = RT_ALLOC(ar, float, (size_t)hdr[s].pairs * d + 1);
-    shard_compute(M, nd->layer, &hdr[s], body[s], out[s], shard_rank(p, s), ar);
-    if (shard_rank(p, s) != owner && hdr[s].pairs > 0) /* what its rank would send back */
-      count(shard_rank(p, s), add_combine, (int64_t)hdr[s].pairs * d * 4, 1, 0);
-  }
-  for (int s = 0; s < R; s++) {
-    if (!rx[s]) continue;
-    double t0 = rt_clock();
-    if (!wait_done(&rx[s]->st, deadline_s())) {
-      LOG_ERROR("rank %d: moe L%d (positions %lld+%d): no expert outputs from rank %d for %.0f s "
-                "(CEDAR_PD_DEADLINE_S): that rank died or is stuck; this request fails", owner, nd->layer,
-                (long long)nd->a, n, shard_rank(p, s), deadline_s());
-      return CEDAR_EIO;
-    }
-    ar->fam_s[RT_FAM_MOE] += rt_clock() - t0;
-    out[s] = rx[s]->buf;
-  }
-  /* 4. combine: ascending expert id, rows ascending (op_moe_forward's order) */
   for (int e = 0; e < E; e++) {
     int s = e / per, base = start[s * per];
     for (int q = start[e]; q < start[e + 1]; q++) {
@@ -367,57 +456,77 @@ int rt_ep_forward(const struct rt_model *M, const struct graph_node *nd, float *
       for (int j = 0; j < d; j++) yt[j] += src[j];
     }
   }
+  ar->fam_s[RT_FAM_MOE] += rt_clock() - t0;
+  rt_moe_finish(M, nd, c->buf[nd->x], S.post, S.C, y, S.sel, ar);
   pthread_mutex_lock(&ep.mu);
   last.passes += n;
   pthread_mutex_unlock(&ep.mu);
   return 0;
 }
 
-/* ---- a shard rank ---------------------------------------------------------------------- */
+/* ---- dispatch and combine: the TRANSFER nodes ---------------------------------------- */
 
-int rt_ep_serve(const struct rt_model *M, const struct graph_node *nd, struct rt_arena *ar) {
-  const struct plan *p = M->p;
-  int s = my_shard(p, ep.me), owner = nd->place.rank, d = M->moe.hidden;
-  if (s < 0) return 0;
-  int64_t cn = ep.cnt[owner]++;
+int rt_ep_transfer_node(const struct rt_node_ctx *c) {
+  const struct graph *g = c->g;
+  const struct graph_node *nd = c->nd;
+  int src = nd->xfer_src, dst = nd->xfer_dst;
+  const struct graph_data *sd = &g->data[src], *dd = &g->data[dst];
+  if (!ep.on) { /* one process: the used part of the packet or outputs, copied */
+    struct ep_hdr h;
+    memcpy(&h, c->buf[src], sizeof h);
+    CEDAR_ASSERT(h.magic == EP_MAGIC && h.used >= GRAPH_EP_HDR_BYTES && h.used <= dd->bytes);
+    memcpy(c->buf[dst], c->buf[src], (size_t)h.used);
+    return 0;
+  }
+  int from = sd->home.rank, to = dd->home.rank, peer = ep.me == from ? to : from;
+  CEDAR_ASSERT(peer >= 0 && peer < RT_EP_MAX_RANKS && (ep.me == from || ep.me == to));
+  int64_t cn = ep.cnt[peer]++;
   double dl = deadline_s();
-  struct ep_msg *hm = new_msg(sizeof(struct ep_hdr));
-  int rc = post(hm, sizeof(struct ep_hdr), owner, tag_of(EP_HDR, cn), false);
-  if (!rc && !wait_done(&hm->st, dl)) {
-    LOG_ERROR("rank %d: moe L%d (positions %lld+%d): no tokens dispatched from rank %d for %.0f s "
-              "(CEDAR_PD_DEADLINE_S): that rank died or is stuck; this request fails", ep.me, nd->layer,
-              (long long)nd->a, nd->n, owner, dl);
+  if (ep.me == from) { /* the header, then the used body; both detached */
+    struct ep_hdr h;
+    memcpy(&h, c->buf[src], sizeof h);
+    struct ep_msg *hm = new_msg(GRAPH_EP_HDR_BYTES), *bm = NULL;
+    memcpy(hm->buf, c->buf[src], GRAPH_EP_HDR_BYTES);
+    size_t body = (size_t)(h.used - GRAPH_EP_HDR_BYTES);
+    if (body) {
+      bm = new_msg(body);
+      memcpy(bm->buf, (char *)c->buf[src] + GRAPH_EP_HDR_BYTES, body);
+    }
+    if (sd->ep == GRAPH_EP_OUT && ++ep.served == ep.hold_at) { /* a test: these outputs never leave */
+      LOG_ERROR("rank %d: CEDAR_EP_TEST_FAULT: holding back %s", ep.me, nd->name);
+      return 0;
+    }
+    int rc = post(hm, GRAPH_EP_HDR_BYTES, to, tag_of(EP_HDR, cn), true);
+    if (!rc && bm) rc = post(bm, body, to, tag_of(EP_BODY, cn), true);
+    if (rc) LOG_ERROR("rank %d: %s: posting the send to rank %d failed", ep.me, nd->name, to);
+    return rc ? CEDAR_EIO : 0;
+  }
+  struct ep_msg *hm = new_msg(GRAPH_EP_HDR_BYTES);
+  int rc = post(hm, GRAPH_EP_HDR_BYTES, from, tag_of(EP_HDR, cn), false);
+  if (rc || !wait_done(&hm->st, dl)) {
+    LOG_ERROR("rank %d: %s (positions %lld+%d): nothing from rank %d for %.0f s (CEDAR_PD_DEADLINE_S): that rank "
+              "died or is stuck; this request fails", ep.me, nd->name, (long long)nd->a, nd->n, from, dl);
     return CEDAR_EIO;
   }
   struct ep_hdr h;
   memcpy(&h, hm->buf, sizeof h);
-  int64_t most = (int64_t)nd->n * M->moe.n_active; /* pairs a shard can get */
-  if (rc || h.magic != EP_MAGIC || h.layer != nd->layer || h.a != nd->a || h.n != nd->n || h.shard != s ||
-      h.rows < 0 || h.rows > nd->n || h.pairs < h.rows || h.pairs > most) {
-    LOG_ERROR("rank %d: moe L%d: the dispatch from rank %d is for layer %d, position %lld, shard %d: the ranks "
-              "disagree on the graph; this request fails", ep.me, nd->layer, owner, h.layer, (long long)h.a, h.shard);
+  if (!check_hdr(&h, nd, sd->ep, dd->bytes, c->M->moe.n_active) || h.shard != sd->ep_shard) {
+    LOG_ERROR("rank %d: %s: rank %d sent layer %d, position %lld, shard %d: the ranks disagree on the graph; this "
+              "request fails", ep.me, nd->name, from, h.layer, (long long)h.a, h.shard);
     return CEDAR_EIO;
   }
-  size_t bb = body_bytes(h.rows, h.pairs, d);
-  struct ep_msg *bm = new_msg(bb);
-  if (h.rows > 0) {
-    rc = post(bm, bb, owner, tag_of(EP_BODY, cn), false);
-    if (rc || !wait_done(&bm->st, dl)) {
-      LOG_ERROR("rank %d: moe L%d: the dispatched rows from rank %d did not arrive in %.0f s; this request fails",
-                ep.me, nd->layer, owner, dl);
-      return CEDAR_EIO;
-    }
+  memcpy(c->buf[dst], hm->buf, GRAPH_EP_HDR_BYTES);
+  size_t body = (size_t)(h.used - GRAPH_EP_HDR_BYTES);
+  if (!body) return 0;
+  struct ep_msg *bm = new_msg(body);
+  rc = post(bm, body, from, tag_of(EP_BODY, cn), false);
+  if (rc || !wait_done(&bm->st, dl)) {
+    LOG_ERROR("rank %d: %s: the %zu bytes after the header from rank %d did not arrive in %.0f s; this request "
+              "fails", ep.me, nd->name, body, from, dl);
+    return CEDAR_EIO;
   }
-  if (h.pairs == 0) return 0;
-  struct ep_msg *om = new_msg(sizeof(float) * (size_t)h.pairs * d);
-  shard_compute(M, nd->layer, &h, bm->buf, om->buf, ep.me, ar);
+  memcpy((char *)c->buf[dst] + GRAPH_EP_HDR_BYTES, bm->buf, body);
   free(bm->buf); /* the handle goes at pd_mpi_stop; the payload is done with */
   bm->buf = NULL;
-  count(ep.me, add_combine, (int64_t)h.pairs * d * 4, 1, 0);
-  if (++ep.served == ep.hold_at) { /* a test: this answer never leaves */
-    LOG_ERROR("rank %d: CEDAR_EP_TEST_FAULT: holding back the outputs of moe L%d", ep.me, nd->layer);
-    atomic_store(&om->st.done, 1);
-    return 0;
-  }
-  return post(om, sizeof(float) * (size_t)h.pairs * d, owner, tag_of(EP_OUT, cn), true);
+  return 0;
 }

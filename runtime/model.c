@@ -16,7 +16,6 @@
 #include "ops/qkv.h"
 #include "runtime/round_trace.h"
 #include "base/check.h"
-#include "runtime/expert_par.h"
 #include "runtime/engram_tier.h"
 
 /* Gate floor of the Engram injection (docs/model.md s5, R.8). */
@@ -176,29 +175,6 @@ static int init_engram(struct rt_model *M, char *err, size_t err_len) {
   if (!M->cmap) return CEDAR_ENOMEM;
   op_engram_cmap_modulo(M->cmap, m->vocab, m->engram_compressed_vocab);
   M->cmap_source = "id mod compressed_vocab (no tokenizer)";
-  return 0;
-}
-
-int rt_model_set_cmap(struct rt_model *M, const int32_t *map, int n, int n_distinct, const char *source, char *err,
-                      size_t err_len) {
-  const struct plan_model *m = &M->p->model;
-  if (!M->cmap) return 0; /* no Engram layer: nothing to map */
-  if (n_distinct != m->engram_compressed_vocab) {
-    snprintf(err, err_len, "the tokenizer's Engram token map has %d distinct keys but model.engram.compressed_vocab is "
-             "%d (engram_compressed_vocab_size): this tokenizer does not belong to this checkpoint; use the "
-             "checkpoint's own tokenizer.json", n_distinct, m->engram_compressed_vocab);
-    return CEDAR_EINVAL;
-  }
-  if (m->engram_pad_id >= n) {
-    snprintf(err, err_len, "model.engram.pad_id %d is past the tokenizer's %d ids", m->engram_pad_id, n);
-    return CEDAR_EINVAL;
-  }
-  for (int t = 0; t < m->vocab; t++) { /* [cedar] ids past the tokenizer (embedding padding rows) take the pad */
-    int32_t c = t < n ? map[t] : map[m->engram_pad_id];
-    CEDAR_ASSERT(c >= 0 && c < n_distinct);
-    M->cmap[t] = c;
-  }
-  M->cmap_source = source;
   return 0;
 }
 
@@ -716,37 +692,56 @@ static void moe_tap(void *ctx, const float *x, int rows, int cols, int ld) {
   rt_rtrace_f32(t->calls++ ? "ffn.sh" : "ffn.sx", t->l, t->a, rows, cols, ld, x);
 }
 
-int rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, struct rt_arena *ar) {
-  if (rt_ep_helper(M, nd)) return rt_ep_serve(M, nd, ar); /* a shard of another rank's node (expert_par.h) */
-  const struct plan_model *m = &M->p->model;
-  const int n = nd->n, d = m->hidden;
-  const struct rt_layer *L = &M->L[nd->layer];
-  struct mhc_step s = mhc_begin(M, nd, 1, X, pre, n, ar);
-  float *x = RT_ALLOC(ar, float, (size_t)n * d);
-  RT_TIMED(ar, OTHER, op_rmsnorm(x, s.u, L->ffn_norm, n, d, M->eps));
-  round_io(M, x, n, "ffn.a", nd->layer, nd->a);
-  float *y = RT_ALLOC(ar, float, (size_t)n * d);
-  int32_t *sel = RT_ALLOC(ar, int32_t, (size_t)n * m->n_active);
-  float *wt = RT_ALLOC(ar, float, (size_t)n * m->n_active);
-  struct moe_tap tap = {nd->layer, nd->a, 0};
-  if (rt_rtrace_on()) op_qdq_tap = (struct op_qdq_tap){moe_tap, &tap}; /* the shared expert's MXFP8 inputs */
-  if (rt_ep_layer(M->p, nd->layer)) { /* routed experts on their shards, combined in the same order */
-    int rc = rt_ep_forward(M, nd, y, sel, wt, x, ar);
-    if (rc) {
-      op_qdq_tap.fn = NULL;
-      return rc;
-    }
-  } else {
-    void *ws = rt_arena_alloc(ar, op_moe_workspace_bytes(n, &M->moe));
-    RT_TIMED(ar, MOE, op_moe_forward(y, sel, wt, x, &L->moe, NULL, n, &M->moe, ws));
-  }
-  op_qdq_tap.fn = NULL;
-  rt_rtrace_i32("ffn.sel", nd->layer, nd->a, n, m->n_active, sel);
+/* The MoE sublayer's input x (ffn_norm of the mHC mix) and its mHC step. */
+static struct mhc_step moe_in(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, float *x,
+                              struct rt_arena *ar) {
+  struct mhc_step s = mhc_begin(M, nd, 1, X, pre, nd->n, ar);
+  RT_TIMED(ar, OTHER, op_rmsnorm(x, s.u, M->L[nd->layer].ffn_norm, nd->n, M->p->model.hidden, M->eps));
+  round_io(M, x, nd->n, "ffn.a", nd->layer, nd->a);
+  return s;
+}
+
+void rt_moe_finish(const struct rt_model *M, const struct graph_node *nd, float *X, const float *post,
+                   const float *C, float *y, const int32_t *sel, struct rt_arena *ar) {
+  const int n = nd->n, k = M->p->model.n_active;
+  struct mhc_step s = {.k = 1, .l = nd->layer, .a = nd->a, .post = (float *)post, .C = (float *)C};
+  rt_rtrace_i32("ffn.sel", nd->layer, nd->a, n, k, sel);
   round_io(M, y, n, "ffn.y", nd->layer, nd->a);
   unsigned char *hit = RT_ALLOC(ar, unsigned char, M->moe.n_routed);
   memset(hit, 0, (size_t)M->moe.n_routed);
-  for (int i = 0; i < n * m->n_active; i++) ar->experts += !hit[sel[i]], hit[sel[i]] = 1;
+  for (int i = 0; i < n * k; i++) ar->experts += !hit[sel[i]], hit[sel[i]] = 1;
   mhc_end(M, X, &s, y, n, ar);
+}
+
+void rt_moe_route(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, float *x, float *y,
+                  int32_t *sel, float *wt, float *post, float *C, struct rt_arena *ar) {
+  const int n = nd->n, hc = M->mhc.hc;
+  struct mhc_step s = moe_in(M, nd, X, pre, x, ar);
+  memcpy(post, s.post, sizeof(float) * (size_t)n * hc);
+  memcpy(C, s.C, sizeof(float) * (size_t)n * hc * hc);
+  struct moe_tap tap = {nd->layer, nd->a, 0};
+  if (rt_rtrace_on()) op_qdq_tap = (struct op_qdq_tap){moe_tap, &tap}; /* the shared expert's MXFP8 inputs */
+  const struct op_moe_weights *w = &M->L[nd->layer].moe;
+  void *ws = rt_arena_alloc(ar, op_moe_workspace_bytes(n, &M->moe));
+  float *scores = RT_ALLOC(ar, float, (size_t)n * M->moe.n_routed); /* op_moe_forward's steps, one by one */
+  RT_TIMED(ar, MOE, op_moe_scores(scores, x, w->router, n, &M->moe);
+           op_moe_select(sel, wt, scores, w->bias, NULL, n, &M->moe); op_moe_shared(y, x, w, n, &M->moe, ws));
+  op_qdq_tap.fn = NULL;
+}
+
+int rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, struct rt_arena *ar) {
+  const struct plan_model *m = &M->p->model;
+  const int n = nd->n, d = m->hidden;
+  float *x = RT_ALLOC(ar, float, (size_t)n * d), *y = RT_ALLOC(ar, float, (size_t)n * d);
+  int32_t *sel = RT_ALLOC(ar, int32_t, (size_t)n * m->n_active);
+  float *wt = RT_ALLOC(ar, float, (size_t)n * m->n_active);
+  struct mhc_step s = moe_in(M, nd, X, pre, x, ar);
+  struct moe_tap tap = {nd->layer, nd->a, 0};
+  if (rt_rtrace_on()) op_qdq_tap = (struct op_qdq_tap){moe_tap, &tap}; /* the shared expert's MXFP8 inputs */
+  void *ws = rt_arena_alloc(ar, op_moe_workspace_bytes(n, &M->moe));
+  RT_TIMED(ar, MOE, op_moe_forward(y, sel, wt, x, &M->L[nd->layer].moe, NULL, n, &M->moe, ws));
+  op_qdq_tap.fn = NULL;
+  rt_moe_finish(M, nd, X, s.post, s.C, y, sel, ar);
   return 0;
 }
 

@@ -139,11 +139,18 @@ int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, flo
  * unusable, the others are unaffected. runtime/batch.c calls it. */
 void rt_attn_rows(const struct rt_model *M, const struct graph_node *const *nds, int B, float *X, float *pre,
                   const struct rt_buses *b, const struct rt_bound *st, int *rc, struct rt_arena *ar);
-/* The MoE sublayer of node nd (GRAPH_MOE). */
-/* The MoE sublayer of node nd (GRAPH_MOE); its routed experts on their
- * shards for an expert-parallel layer (runtime/expert_par.h). 0, or
- * CEDAR_EIO when a shard's rank failed. */
+/* The MoE sublayer of node nd (GRAPH_MOE), in one op group. Returns 0. */
 int rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, struct rt_arena *ar);
+/* The same sublayer in the expert-parallel split (scheduler/graph_ep.c,
+ * runtime/expert_par.h): the route reads X and pre and gives the input x
+ * (n, d), the shared expert's output y (n, d), the selection sel and
+ * weights wt (n, k) and the mHC post (n, hc) and C (n, hc, hc); the finish
+ * takes y with the routed outputs added and updates X. Together they
+ * compute rt_moe's bits (op_moe_forward's steps, in its order). */
+void rt_moe_route(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, float *x, float *y,
+                  int32_t *sel, float *wt, float *post, float *C, struct rt_arena *ar);
+void rt_moe_finish(const struct rt_model *M, const struct graph_node *nd, float *X, const float *post,
+                   const float *C, float *y, const int32_t *sel, struct rt_arena *ar);
 /* Decoder KV source l appends the entries of positions [a, a + n) projected
  * from the encoder output XE (n, hc, d) and the pre it carries (n, hc)
  * (docs/model.md s3.1: the first decoder layer's own attention input) to

@@ -34,6 +34,22 @@ static int64_t stored_bytes(const struct weights_spec *s) {
   return (int64_t)s->nbytes;
 }
 
+/* Expert e's share of an expert stack of b stored bytes. */
+static int64_t expert_part(int64_t b, int E, int e) { return b / E + (e < b % E); }
+
+int64_t rt_place_held_experts(const struct plan *p, const struct weights *w) {
+  int64_t sum = 0;
+  int E = p->model.n_routed;
+  for (size_t i = 0; i < w->list.n; i++) {
+    const struct weights_spec *s = &w->list.t[i];
+    const char *leaf = s->layer >= 0 ? strstr(s->name, ".ffn.experts.") : NULL;
+    if (!leaf || E <= 0) continue;
+    int64_t lo = w->part ? w->part[i].lo : 0, hi = w->part ? w->part[i].hi : E, b = stored_bytes(s);
+    for (int64_t e = lo; e < hi; e++) sum += expert_part(b, E, (int)e);
+  }
+  return sum;
+}
+
 static int stage_rank(const struct plan *p, int s) {
   return plan_has_stages(p) ? p->serving.place.stage[s].rank : p->serving.prefill_rank;
 }
@@ -91,7 +107,7 @@ int rt_place_cost(const struct plan *p, int64_t tokens, double capacity, struct 
     if (!strncmp(leaf, "ffn.experts.", 12)) {
       for (int e = 0; e < m->n_routed; e++) {
         struct rt_rank_cost *rk = &out->r[plan_expert_rank(p, s->layer, e)];
-        int64_t part = b / m->n_routed + (e < b % m->n_routed);
+        int64_t part = expert_part(b, m->n_routed, e);
         rk->weights += part;
         rk->experts += part;
       }

@@ -64,4 +64,11 @@ struct rt_place_cost {
  * bytes. Returns 0, or a negative status with out->error. */
 int rt_place_cost(const struct plan *p, int64_t tokens, double capacity, struct rt_place_cost *out);
 
+/* The stored-format bytes of the routed experts weights w holds (a rank's
+ * part, runtime/weights.h, or all of them), split per expert as
+ * rt_place_cost splits them: a rank that holds exactly its experts holds
+ * its r[rank].experts. */
+struct weights;
+int64_t rt_place_held_experts(const struct plan *p, const struct weights *w);
+
 #endif

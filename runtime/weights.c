@@ -407,16 +407,18 @@ static void fill_engram(uint8_t *out, const struct weights_spec *s, uint64_t key
   free(v);
 }
 
-void weights_fill(void *out, const struct weights_spec *s, uint64_t seed) {
+/* Elements [i0, i1) of tensor s into out (element i0 at out[0]): the same
+ * values as the whole tensor's (counter-based). */
+static void fill_range(void *out, const struct weights_spec *s, uint64_t seed, uint64_t i0, uint64_t i1) {
   uint64_t key = XXH3_64bits_withSeed(s->name, strlen(s->name), seed);
   if (s->init == WEIGHTS_ENGRAM_ROWS) {
+    CEDAR_ASSERT(i0 == 0);
     fill_engram(out, s, key);
     return;
   }
   CEDAR_ASSERT(s->dtype == ST_F32);
-  float *x = out;
-  uint64_t n = s->nbytes / sizeof(float);
-  for (uint64_t i = 0; i < n; i++) {
+  float *x = (float *)out - i0;
+  for (uint64_t i = i0; i < i1; i++) {
     switch (s->init) {
       case WEIGHTS_UNIFORM: x[i] = draw(key, i, s->a); break;
       case WEIGHTS_ONES: x[i] = 1.0f + draw(key, i, s->a); break;
@@ -425,6 +427,40 @@ void weights_fill(void *out, const struct weights_spec *s, uint64_t seed) {
       case WEIGHTS_ENGRAM_ROWS: CEDAR_ASSERT(0); break;
     }
   }
+}
+
+void weights_fill(void *out, const struct weights_spec *s, uint64_t seed) {
+  fill_range(out, s, seed, 0, s->nbytes / (s->init == WEIGHTS_ENGRAM_ROWS ? 1 : sizeof(float)));
+}
+
+/* ---- a rank's part ------------------------------------------------------ */
+
+static uint64_t row_bytes(const struct weights_spec *s) { return s->shape[0] ? s->nbytes / (uint64_t)s->shape[0] : 0; }
+
+/* w->part from part (NULL: none). */
+static void part_init(struct weights *w, const struct weights_part *part) {
+  if (!part) return;
+  const struct weights_list *l = &w->list;
+  w->part = cedar_xcalloc(l->n ? l->n : 1, sizeof *w->part);
+  for (size_t i = 0; i < l->n; i++) {
+    struct weights_rows r = {0, l->t[i].shape[0]};
+    if (l->t[i].ndim > 0 && l->t[i].init != WEIGHTS_ENGRAM_ROWS && part->rows(&l->t[i], &r, part->ctx))
+      CEDAR_ASSERT(r.lo >= 0 && r.lo <= r.hi && r.hi <= l->t[i].shape[0]);
+    else
+      r = (struct weights_rows){0, l->t[i].ndim > 0 ? l->t[i].shape[0] : 1};
+    w->part[i] = r;
+  }
+}
+
+uint64_t weights_held_bytes(const struct weights *w, size_t i) {
+  const struct weights_spec *s = &w->list.t[i];
+  if (!w->part || s->ndim == 0) return s->nbytes;
+  return row_bytes(s) * (uint64_t)(w->part[i].hi - w->part[i].lo);
+}
+
+int64_t weights_row0(const struct weights *w, const char *name) {
+  size_t i = find_index(&w->list, name);
+  return w->part && i != SIZE_MAX ? w->part[i].lo : 0;
 }
 
 /* ---- problems ----------------------------------------------------------- */
@@ -548,11 +584,12 @@ static void human_bytes(char *buf, size_t len, uint64_t n) {
   snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
 }
 
-static int synth(struct weights *w, const struct plan *p, uint64_t seed, uint64_t max_bytes, bool no_engram, char *err,
-                 size_t err_len) {
+int weights_synth_part(struct weights *w, const struct plan *p, uint64_t seed, uint64_t max_bytes, bool no_engram,
+                       const struct weights_part *part, char *err, size_t err_len) {
   memset(w, 0, sizeof *w);
   int rc = weights_list_init(&w->list, p, err, err_len);
   if (rc) return rc;
+  part_init(w, part);
   const struct weights_list *l = &w->list;
   if (l->total_bytes - (no_engram ? l->engram_bytes : 0) > max_bytes) {
     char total[32], eng[32], lim[32];
@@ -569,7 +606,7 @@ static int synth(struct weights *w, const struct plan *p, uint64_t seed, uint64_
   }
   uint64_t arena = 0;
   for (size_t i = 0; i < l->n; i++)
-    if (!(no_engram && is_engram_table(&l->t[i]))) arena += round_align(l->t[i].nbytes);
+    if (!(no_engram && is_engram_table(&l->t[i]))) arena += round_align(weights_held_bytes(w, i));
   w->data = calloc(l->n ? l->n : 1, sizeof *w->data);
   if (!w->data || arena > SIZE_MAX || posix_memalign(&w->arena, WEIGHTS_ALIGN, (size_t)(arena ? arena : 1))) {
     snprintf(err, err_len, "plan '%s': cannot allocate %" PRIu64 " bytes of weights", l->plan_name, arena);
@@ -580,9 +617,13 @@ static int synth(struct weights *w, const struct plan *p, uint64_t seed, uint64_
   uint8_t *at = w->arena;
   for (size_t i = 0; i < l->n; i++) {
     if (no_engram && is_engram_table(&l->t[i])) continue; /* the mmap tier's file holds them (engram_tier.h) */
-    weights_fill(at, &l->t[i], seed);
+    uint64_t rb = row_bytes(&l->t[i]) / (is_engram_table(&l->t[i]) ? 1 : sizeof(float)); /* elements a row */
+    if (w->part && l->t[i].ndim > 0)
+      fill_range(at, &l->t[i], seed, (uint64_t)w->part[i].lo * rb, (uint64_t)w->part[i].hi * rb);
+    else
+      weights_fill(at, &l->t[i], seed);
     w->data[i] = at;
-    at += round_align(l->t[i].nbytes);
+    at += round_align(weights_held_bytes(w, i));
   }
   w->synthetic = true;
   w->seed = seed;
@@ -591,17 +632,18 @@ static int synth(struct weights *w, const struct plan *p, uint64_t seed, uint64_
 
 int weights_synth(struct weights *w, const struct plan *p, uint64_t seed, uint64_t max_bytes, char *err,
                   size_t err_len) {
-  return synth(w, p, seed, max_bytes, false, err, err_len);
+  return weights_synth_part(w, p, seed, max_bytes, false, NULL, err, err_len);
 }
 
 int weights_synth_no_engram(struct weights *w, const struct plan *p, uint64_t seed, uint64_t max_bytes, char *err,
                             size_t err_len) {
-  return synth(w, p, seed, max_bytes, true, err, err_len);
+  return weights_synth_part(w, p, seed, max_bytes, true, NULL, err, err_len);
 }
 
 int weights_save(const struct weights *w, const char *path, char *err, size_t err_len) {
   const struct weights_list *l = &w->list;
   CEDAR_ASSERT_MSG(!w->engram_scales, "weights_save of split Engram tables (a checkpoint under the mmap tier)");
+  if (w->part) return snprintf(err, err_len, "%s: a rank's part of the weights is not a weight file", path), CEDAR_EINVAL;
   struct st_tensor *ts = calloc(l->n ? l->n : 1, sizeof *ts);
   if (!ts) return snprintf(err, err_len, "%s: out of memory", path), CEDAR_ENOMEM;
   for (size_t i = 0; i < l->n; i++) {
@@ -638,8 +680,9 @@ static int place_tensors(struct weights *w, const char *path, char *err, size_t 
   uint64_t arena = 0;
   for (size_t i = 0; i < l->n; i++) {
     const struct st_tensor *t = st_find(w->file, l->t[i].name);
-    if ((uintptr_t)t->data % WEIGHTS_ALIGN && !(l->engram_in_file && is_engram_table(&l->t[i])))
-      arena += round_align(t->nbytes);
+    const uint8_t *at0 = (const uint8_t *)t->data + (w->part ? (uint64_t)w->part[i].lo * row_bytes(&l->t[i]) : 0);
+    if ((uintptr_t)at0 % WEIGHTS_ALIGN && !(l->engram_in_file && is_engram_table(&l->t[i])))
+      arena += round_align(weights_held_bytes(w, i));
   }
   w->data = calloc(l->n ? l->n : 1, sizeof *w->data);
   if (!w->data || arena > SIZE_MAX || posix_memalign(&w->arena, WEIGHTS_ALIGN, (size_t)(arena ? arena : 1))) {
@@ -650,23 +693,30 @@ static int place_tensors(struct weights *w, const char *path, char *err, size_t 
   uint8_t *at = w->arena;
   for (size_t i = 0; i < l->n; i++) {
     const struct st_tensor *t = st_find(w->file, l->t[i].name);
-    if ((uintptr_t)t->data % WEIGHTS_ALIGN == 0 || (l->engram_in_file && is_engram_table(&l->t[i]))) {
-      w->data[i] = t->data; /* an mmap-tier table is read in place, aligned or not (bytes) */
+    const uint8_t *at0 = (const uint8_t *)t->data + (w->part ? (uint64_t)w->part[i].lo * row_bytes(&l->t[i]) : 0);
+    if ((uintptr_t)at0 % WEIGHTS_ALIGN == 0 || (l->engram_in_file && is_engram_table(&l->t[i]))) {
+      w->data[i] = at0; /* an mmap-tier table is read in place, aligned or not (bytes); a part's rows too */
       continue;
     }
-    memcpy(at, t->data, t->nbytes);
+    memcpy(at, at0, weights_held_bytes(w, i));
     w->data[i] = at;
-    at += round_align(t->nbytes);
-    w->copied_bytes += t->nbytes;
+    at += round_align(weights_held_bytes(w, i));
+    w->copied_bytes += weights_held_bytes(w, i);
   }
   return CEDAR_OK;
 }
 
 int weights_load(struct weights *w, const struct plan *p, const char *path, struct weights_problems *pr,
                  char *err, size_t err_len) {
+  return weights_load_part(w, p, path, NULL, pr, err, err_len);
+}
+
+int weights_load_part(struct weights *w, const struct plan *p, const char *path, const struct weights_part *part,
+                      struct weights_problems *pr, char *err, size_t err_len) {
   memset(w, 0, sizeof *w);
   int rc = weights_list_init(&w->list, p, err, err_len);
   if (rc) return rc;
+  part_init(w, part);
   w->list.engram_in_file = p->serving.engram_tier == PLAN_ENGRAM_TIER_MMAP;
   rc = st_open(path, &w->file, err, err_len);
   if (rc) {
@@ -695,6 +745,7 @@ void weights_free(struct weights *w) {
   weights_list_free(&w->list);
   free(w->data);
   free(w->arena);
+  free(w->part);
   st_close(w->file);
   memset(w, 0, sizeof *w);
 }
@@ -721,7 +772,7 @@ uint64_t weights_identity(const struct weights *w) {
   XXH3_64bits_reset_withSeed(st, w->list.fingerprint);
   bool in_file = w->list.engram_in_file; /* the mmap tier: the tables by their files (weights.h) */
   for (size_t i = 0; i < w->list.n; i++)
-    if (!(in_file && is_engram_table(&w->list.t[i]))) XXH3_64bits_update(st, w->data[i], w->list.t[i].nbytes);
+    if (!(in_file && is_engram_table(&w->list.t[i]))) XXH3_64bits_update(st, w->data[i], weights_held_bytes(w, i)); /* a part: its rows */
   size_t n_files = w->shards ? w->shards->n : w->file ? 1 : 0;
   for (size_t k = 0; in_file && k < n_files; k++) {
     const st_file_t *f = w->shards ? w->shards->files[k] : w->file;

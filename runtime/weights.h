@@ -158,7 +158,30 @@ struct weights {
    * 32), both in the mappings (runtime/engram_tier.h). NULL otherwise, and
    * NULL at every other tensor. */
   const void **engram_scales;
+  struct weights_rows *part;  /* (list.n) a rank's part (weights_part), or NULL: every tensor whole */
 };
+
+/* A rank's part of the weights (runtime/expert_par.h: a shard rank holds
+ * only its experts): rows [lo, hi) of a tensor's first dimension. With a
+ * part, data[i] points at row lo and only those rows exist (synthetic:
+ * made; loaded: copied or mapped), so weights_get's pointer is row lo's. */
+struct weights_rows {
+  int64_t lo, hi;
+};
+struct weights_part {
+  /* false: tensor s whole; true: only rows *r of it (may be empty) */
+  bool (*rows)(const struct weights_spec *s, struct weights_rows *r, const void *ctx);
+  const void *ctx;
+};
+/* weights_synth / weights_synth_no_engram / weights_load of a part (NULL: all). */
+int weights_synth_part(struct weights *w, const struct plan *p, uint64_t seed, uint64_t max_bytes, bool no_engram,
+                       const struct weights_part *part, char *err, size_t err_len);
+int weights_load_part(struct weights *w, const struct plan *p, const char *path, const struct weights_part *part,
+                      struct weights_problems *pr, char *err, size_t err_len);
+/* Bytes w holds of tensor i (its part's rows, or all of it). */
+uint64_t weights_held_bytes(const struct weights *w, size_t i);
+/* The first row of dimension 0 w holds of tensor `name` (0 without a part). */
+int64_t weights_row0(const struct weights *w, const char *name);
 
 /* Synthetic weights for p. Refuses (CEDAR_EINVAL, message with the sizes)
  * when they would take more than max_bytes. */

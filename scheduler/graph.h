@@ -61,7 +61,9 @@
   X(KEEP_XE, "keep_xe")          \
   X(REPLAY_IN, "replay_in")      \
   X(HEAD, "head")                \
-  X(TRANSFER, "transfer")
+  X(TRANSFER, "transfer")        \
+  X(MOE_SHARD, "moe_shard")      \
+  X(MOE_SUM, "moe_sum")
 
 enum graph_op {
 #define X(e, s) GRAPH_##e,
@@ -106,8 +108,18 @@ struct graph_data {
   bool pre;                    /* activations: a tile's mHC pre (hc floats a position), not its streams */
   int last_use;                /* the last node touching it (executors free activations there) */
   struct graph_place home;     /* the memory node it lives on */
+  unsigned char ep;            /* expert parallel (graph_ep.c): enum graph_ep_role, 0 when none */
+  short ep_shard;              /* GRAPH_EP_DISPATCH / GRAPH_EP_OUT: the shard */
   char name[32];
 };
+
+/* Expert-parallel activations (graph_ep.c; runtime/expert_par.h lays them
+ * out): the owner's routing state between route and sum, a shard's
+ * dispatch packet, a shard's outputs. A packet or an output begins with a
+ * GRAPH_EP_HDR_BYTES header saying how many of its bytes are used; its
+ * size (graph_data.bytes) is the most a tile can need. */
+enum graph_ep_role { GRAPH_EP_NONE = 0, GRAPH_EP_STATE, GRAPH_EP_DISPATCH, GRAPH_EP_OUT };
+#define GRAPH_EP_HDR_BYTES 64
 
 /* One data access of a node. For a source's global KV (GRAPH_ST_KV) the
  * compiler also says which entries: the node may read entries [0, e_read)
@@ -131,6 +143,8 @@ enum graph_bus_slot { GRAPH_TOPK_OUT = 0, GRAPH_POOL_OUT, GRAPH_TOPK_IN, GRAPH_P
 #define GRAPH_F_BUILD_POOL 8u  /* ATTN of a pool-building layer */
 #define GRAPH_F_REPLAY 16u     /* tile of a decoder bounded replay */
 #define GRAPH_F_STAGE 64u      /* TRANSFER between layer stages (graph_place.c; runtime/pipeline.h), not P->D */
+#define GRAPH_F_EP 128u        /* MOE: the owner's route of an expert-parallel layer (graph_ep.c); TRANSFER: a
+                                  dispatch packet or shard output (runtime/expert_par.h) */
 #define GRAPH_F_RING_RESET 32u /* first replay tile: the layer's ring starts empty at r0 (SPEC 5.2: decoder
                                   SWA is rebuilt by every prefill's replay, never carried over) */
 
@@ -165,6 +179,7 @@ struct graph {
   int n_transfer;             /* TRANSFER nodes (prefill with peer != place) */
   int n_act_transfer;         /* TRANSFER nodes of activations between layer stages (graph_place.c) */
   int n_kv_transfer;          /* TRANSFER nodes of a KV source's entries to a reader stage (graph_place.c) */
+  int n_ep_transfer;          /* TRANSFER nodes of expert dispatch and combine (graph_ep.c), in n_act_transfer too */
   int64_t n_prompt;  /* prefill: prompt length; decode: the position run */
   int chunk;         /* positions per tile */
   int64_t replay;    /* CED: decoder replay length R */
@@ -225,6 +240,12 @@ const char *graph_place_str(struct graph_place pl, char *buf, size_t len);
  * their layer's stage, activation TRANSFER nodes at the boundaries; run by
  * the compiler before the edges are derived. Nothing without stages. */
 void graph__place_stages(struct graph *g);
+/* Expert parallel (serving.placement.experts, graph_ep.c): each MoE node of
+ * an expert-parallel layer becomes the owner's route (MOE, GRAPH_F_EP), a
+ * MOE_SHARD node per shard on its rank and the owner's MOE_SUM; the stage
+ * pass then ships packets and outputs between ranks as TRANSFER nodes.
+ * Called by graph__place_stages first. */
+void graph__split_experts(struct graph *g);
 /* Node nd has work on `rank`: it runs there, or it is a transfer whose copy
  * lands there (the receiving side). */
 bool graph_runs_on(const struct graph *g, const struct graph_node *nd, int rank);

@@ -8,8 +8,10 @@
  * another stage (a CSA layer reading the source's global KV) reads a copy
  * on its own rank, and before each such read a TRANSFER ships the entries
  * committed since the last one it received ([e_w0, e_w1) of the copy's
- * write). Runs on a graph whose nodes are emitted but whose edges are not
- * derived yet: the transfers then get explicit edges like every node (read
+ * write). Expert dispatch packets and shard outputs (graph_ep.c, split
+ * first, here) are activations too, so they travel the same way; without
+ * stages the pass runs for them alone. Runs on a graph whose nodes are
+ * emitted but whose edges are not derived yet: the transfers then get explicit edges like every node (read
  * after the write they ship, the copy's readers after it).
  */
 #include <stdlib.h>
@@ -34,6 +36,7 @@ static int first_decoder(const struct plan *p) {
 
 /* Where node nd runs. */
 static struct graph_place node_place(const struct plan *p, const struct graph_node *nd) {
+  if (nd->op == GRAPH_MOE_SHARD || !plan_has_stages(p)) return nd->place; /* a shard's rank (graph_ep.c); the flow's */
   switch (nd->op) {
   case GRAPH_EMBED: return stage_place(p, plan_stage_of(p, 0));
   case GRAPH_HEAD: return stage_place(p, plan_stage_of(p, p->n_layers - 1));
@@ -103,6 +106,11 @@ static void push_transfer(struct graph *g, const struct graph_node *nd, int d, i
   t->use[1] = (struct graph_use){dst, GRAPH_W, 0, 0, 0};
   t->n_use = 2;
   t->flags = GRAPH_F_STAGE;
+  if (g->data[d].ep) { /* an expert dispatch or combine (graph_ep.c) */
+    t->flags |= GRAPH_F_EP;
+    t->layer = nd->layer;
+    g->n_ep_transfer++;
+  }
   g->n_act_transfer++;
 }
 
@@ -149,15 +157,16 @@ static void kv_start(const struct graph *g, const struct graph_node *node, int n
 
 void graph__place_stages(struct graph *g) {
   const struct plan *p = g->plan;
-  if (!plan_has_stages(p)) return;
+  graph__split_experts(g);
+  if (!plan_has_stages(p) && !p->serving.place.n_ep_ranks) return;
   int R = plan_place_ranks(p), n0 = g->n_data;
   /* state and weights: with their layer's stage; the kept encoder outputs
    * with the decoder; the token history and the model-wide weights on every
    * rank (each embeds or gathers Engram rows from its own copy). */
   for (int d = 0; d < n0; d++) {
     struct graph_data *gd = &g->data[d];
-    if (gd->layer >= 0 && !movable(gd)) gd->home = stage_place(p, plan_stage_of(p, gd->layer));
-    if (gd->kind == GRAPH_STATE && gd->state == GRAPH_ST_XE) gd->home = stage_place(p, plan_stage_of(p, first_decoder(p)));
+    if (gd->layer >= 0 && !movable(gd) && plan_has_stages(p)) gd->home = stage_place(p, plan_stage_of(p, gd->layer));
+    if (gd->kind == GRAPH_STATE && gd->state == GRAPH_ST_XE && plan_has_stages(p)) gd->home = stage_place(p, plan_stage_of(p, first_decoder(p)));
   }
   /* own[d * R + r]: d's data id on rank r (-1 until needed; the first
    * writer's rank takes d itself); cur: that copy holds d's current version */
@@ -175,7 +184,7 @@ void graph__place_stages(struct graph *g) {
     for (int r = 0; r < R; r++) shipped[d * R + r] = start[d];
   g->node = NULL;
   g->n_node = g->cap_node = 0;
-  g->n_act_transfer = g->n_kv_transfer = 0;
+  g->n_act_transfer = g->n_kv_transfer = g->n_ep_transfer = 0;
   for (int k = 0; k < n_old; k++) {
     struct graph_node nd = old[k];
     nd.place = node_place(p, &nd);

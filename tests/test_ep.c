@@ -4,6 +4,7 @@
  *  - equivalence: tiny-40 with its experts in 2 shards, in 4 shards named
  *    out of rank order, with 2 stages whose ranks serve each other's
  *    experts, and with 2 stages plus an experts-only rank for layers 4-39,
+ *    and with 2 stages on ranks 1-2 and an expert on each of 4 ranks,
  *    run through the expert-parallel path (every shard from its dispatch
  *    packet, combined in ascending expert id) gives tokens, prefill and
  *    decode logits and every byte of request state bitwise equal to the
@@ -17,6 +18,18 @@
  *    x 4; for ep2 only the owner dispatches and only rank 1 answers;
  *    the same with fp32 numerics (tiny-40-f32), where no bf16 rounding of
  *    the MoE output could hide a combine in another order;
+ *  - the graph (scheduler/graph_ep.c): each MoE node of an expert-parallel
+ *    layer is the owner's route, a shard node per shard on its rank, the
+ *    owner's sum; a dispatch TRANSFER (owner -> shard) before every remote
+ *    shard and a combine TRANSFER back before the sum, with the edges
+ *    route -> dispatch -> shard -> combine -> sum; no transfer for a shard
+ *    on the owner's rank; layers without expert parallelism keep one node;
+ *  - NCCL (runtime/ep_nccl.c, compiled, never run): a dispatch between two
+ *    GPUs of one rank is what it takes, a CPU one is not; opening its
+ *    pair here (no GPU) is refused with the reason;
+ *  - a rank's part of the weights (rt_ep_part_init): its shard's expert
+ *    rows bitwise the whole tensor's, every other tensor whole and equal,
+ *    its routed-expert bytes (stored formats) plan cost --per-rank's;
  *  - refusals: across ranks on the StarPU executor, with the reason;
  *    experts with prefill and decode on different homes, at the key.
  * Under mpirun: tests/cli/ep_mpi.sh.
@@ -26,7 +39,9 @@
 #include <string.h>
 
 #include "runtime/expert_par.h"
+#include "runtime/pd_nccl.h"
 #include "runtime/pipeline.h"
+#include "runtime/place_cost.h"
 #include "scheduler/plan_place.h"
 #include "tests/model_fixture.h"
 
@@ -143,6 +158,189 @@ static void attribution(struct fx *ep) {
   rt_request_free(&r);
 }
 
+static bool has_dep(const struct graph_node *nd, int k) {
+  for (int i = 0; i < nd->n_dep; i++)
+    if (nd->dep[i] == k) return true;
+  return false;
+}
+
+/* The transfer node that writes data d (-1: none). */
+static int writer_xfer(const struct graph *g, int d) {
+  for (int k = 0; k < g->n_node; k++)
+    if (g->node[k].op == GRAPH_TRANSFER && g->node[k].xfer_dst == d) return k;
+  return -1;
+}
+
+/* The shape of one graph of an expert-parallel plan. */
+static void check_shape(const struct plan *p, const struct graph *g, const char *what) {
+  const struct plan_placement *pl = &p->serving.place;
+  int R = pl->n_ep_ranks, ep_xfers = 0, routes = 0;
+  for (int k = 0; k < g->n_node; k++) {
+    const struct graph_node *rt = &g->node[k];
+    if (rt->op == GRAPH_MOE) {
+      EXPECT(!!(rt->flags & GRAPH_F_EP) == rt_ep_layer(p, rt->layer), "%s: %s: route flag", what, rt->name);
+      routes += !!(rt->flags & GRAPH_F_EP);
+    }
+    if (rt->op != GRAPH_MOE || !(rt->flags & GRAPH_F_EP)) continue;
+    int owner = rt->place.rank, sum = -1;
+    for (int j = k + 1; j < g->n_node && sum < 0; j++)
+      if (g->node[j].op == GRAPH_MOE_SUM && g->node[j].layer == rt->layer && g->node[j].a == rt->a) sum = j;
+    EXPECT(sum > k, "%s: %s: no sum", what, rt->name);
+    if (sum < 0) continue;
+    const struct graph_node *sm = &g->node[sum];
+    EXPECT_EQ(sm->place.rank, owner, "sum on the owner");
+    EXPECT(has_dep(sm, k), "%s: %s: the sum waits for the route", what, sm->name);
+    int shards = 0;
+    for (int j = k + 1; j < sum; j++) {
+      const struct graph_node *sh = &g->node[j];
+      if (sh->op != GRAPH_MOE_SHARD) continue;
+      int s = shards++, pk = -1, out = -1;
+      EXPECT_EQ(sh->place.rank, pl->ep_rank[s], "a shard on its rank");
+      for (int u = 0; u < sh->n_use; u++) {
+        const struct graph_data *gd = &g->data[sh->use[u].data];
+        if (gd->ep == GRAPH_EP_DISPATCH) pk = sh->use[u].data;
+        if (gd->ep == GRAPH_EP_OUT) out = sh->use[u].data;
+      }
+      EXPECT(pk >= 0 && out >= 0 && g->data[pk].ep_shard == s && g->data[out].ep_shard == s, "%s: %s: its packet",
+             what, sh->name);
+      if (pk < 0 || out < 0) continue;
+      int disp = writer_xfer(g, pk);
+      bool remote = pl->ep_rank[s] != owner;
+      EXPECT(remote == (disp >= 0), "%s: %s: a dispatch transfer iff remote (%d)", what, sh->name, disp);
+      EXPECT(g->data[pk].home.rank == pl->ep_rank[s], "%s: %s: its packet on its rank", what, sh->name);
+      if (!remote) {
+        EXPECT(has_dep(sh, k), "%s: %s: a local shard waits for the route", what, sh->name);
+        EXPECT(has_dep(sm, j), "%s: the sum waits for local %s", what, sh->name);
+        continue;
+      }
+      const struct graph_node *dn = &g->node[disp];
+      EXPECT((dn->flags & GRAPH_F_EP) && dn->place.rank == owner && has_dep(dn, k) && has_dep(sh, disp),
+             "%s: %s: route -> dispatch (%s) -> shard", what, sh->name, dn->name);
+      int comb = -1;
+      for (int u = 0; u < sm->n_use; u++) {
+        const struct graph_data *gd = &g->data[sm->use[u].data];
+        if (gd->ep == GRAPH_EP_OUT && gd->ep_shard == s) comb = writer_xfer(g, sm->use[u].data);
+      }
+      EXPECT(comb > j, "%s: %s: no combine transfer", what, sh->name);
+      if (comb <= j) continue;
+      const struct graph_node *cn = &g->node[comb];
+      EXPECT((cn->flags & GRAPH_F_EP) && cn->xfer_src == out && cn->place.rank == pl->ep_rank[s] &&
+                 g->data[cn->xfer_dst].home.rank == owner && has_dep(cn, j) && has_dep(sm, comb),
+             "%s: %s: shard -> combine (%s) -> sum", what, sh->name, cn->name);
+      ep_xfers += 2;
+    }
+    EXPECT_EQ(shards, R, "a shard node per shard");
+  }
+  EXPECT(routes > 0, "%s: no expert-parallel route", what);
+  EXPECT_EQ(g->n_ep_transfer, ep_xfers, what);
+}
+
+static void shapes(void) {
+  static const char *const plans[] = {"tests/plans/ep2-tiny-40.yaml", "tests/plans/ep4-tiny-40.yaml",
+                                      "tests/plans/ppep2-tiny-40.yaml", "tests/plans/ppep3-tiny-40.yaml",
+                                      "tests/plans/ppep4-tiny-40.yaml"};
+  for (size_t i = 0; i < sizeof plans / sizeof *plans; i++) {
+    struct plan p;
+    if (!h_load_plan(plans[i], &p)) continue;
+    struct graph g;
+    char what[160];
+    struct graph_opts go = {.chunk = 16, .replay = -1};
+    if (graph_build_prefill(&g, &p, 37, &go, err, sizeof err) == 0) {
+      snprintf(what, sizeof what, "%s prefill", plans[i]);
+      check_shape(&p, &g, what);
+      graph_free(&g);
+    } else {
+      EXPECT(0, "%s: %s", plans[i], err);
+    }
+    if (graph_build_decode(&g, &p, 37, err, sizeof err) == 0) {
+      snprintf(what, sizeof what, "%s decode", plans[i]);
+      check_shape(&p, &g, what);
+      graph_free(&g);
+    }
+    plan_free(&p);
+  }
+}
+
+static void nccl(void) {
+  struct plan p;
+  if (!h_load_plan("tests/plans/ep2-tiny-40.yaml", &p)) return;
+  struct graph g;
+  if (graph_build_decode(&g, &p, 5, err, sizeof err)) {
+    EXPECT(0, "decode graph: %s", err);
+    plan_free(&p);
+    return;
+  }
+  int k = -1;
+  for (int i = 0; i < g.n_node && k < 0; i++)
+    if (g.node[i].op == GRAPH_TRANSFER && (g.node[i].flags & GRAPH_F_EP)) k = i;
+  EXPECT(k >= 0, "ep2 decode: no expert transfer");
+  if (k >= 0) {
+    struct graph_node *nd = &g.node[k];
+    struct rt_nccl_pair *pair = (struct rt_nccl_pair *)&g; /* must be cleared */
+    EXPECT(!rt_ep_nccl_wanted(&g, nd), "a transfer between CPU ranks is not NCCL's");
+    EXPECT(rt_ep_nccl_open(&pair, &g, nd, err, sizeof err) == CEDAR_EINVAL && !pair, "not wanted: %s", err);
+    g.data[nd->xfer_src].home = (struct graph_place){0, GRAPH_DEV_CUDA, 0};
+    g.data[nd->xfer_dst].home = (struct graph_place){0, GRAPH_DEV_CUDA, 1};
+    EXPECT(rt_ep_nccl_wanted(&g, nd), "cuda:0 -> cuda:1 of one rank is NCCL's");
+    int rc = rt_ep_nccl_open(&pair, &g, nd, err, sizeof err);
+    /* refused with why without two GPUs (here); a machine with two opens it */
+    EXPECT((rc == CEDAR_EUNSUPPORTED && !pair && err[0]) || (rc == 0 && pair), "the pair: rc %d: %s", rc, err);
+    if (!rc) rt_nccl_pair_close(pair);
+    EXPECT(rt_ep_nccl_submit(NULL, &g, nd, NULL, NULL, err, sizeof err) == CEDAR_EINVAL, "no pair: %s", err);
+    g.data[nd->xfer_dst].home.rank = 1;
+    EXPECT(!rt_ep_nccl_wanted(&g, nd), "two ranks: StarPU-MPI, not NCCL");
+  }
+  graph_free(&g);
+  plan_free(&p);
+}
+
+/* A shard rank's weights against the whole model's. */
+static void weights_part(void) {
+  static const char *const plans[] = {"tests/plans/ep2-tiny-40.yaml", "tests/plans/ppep3-tiny-40.yaml",
+                                      "tests/plans/ppep4-tiny-40.yaml"};
+  for (size_t pi = 0; pi < sizeof plans / sizeof *plans; pi++) {
+    struct plan p;
+    if (!h_load_plan(plans[pi], &p)) continue;
+    struct weights all;
+    if (weights_synth(&all, &p, 7, (uint64_t)1 << 32, err, sizeof err)) {
+      EXPECT(0, "%s: %s", plans[pi], err);
+      plan_free(&p);
+      continue;
+    }
+    static struct rt_place_cost c;
+    EXPECT(rt_place_cost(&p, 1, 1e30, &c) == 0, "%s: accounting: %s", plans[pi], c.error);
+    for (int rank = 0; rank < plan_place_ranks(&p); rank++) {
+      struct rt_ep_part e;
+      struct weights w;
+      if (weights_synth_part(&w, &p, 7, (uint64_t)1 << 32, false, rt_ep_part_init(&e, &p, rank), err, sizeof err)) {
+        EXPECT(0, "%s rank %d: %s", plans[pi], rank, err);
+        continue;
+      }
+      int64_t held_rows = 0;
+      for (size_t i = 0; i < w.list.n; i++) {
+        const struct weights_spec *s = &w.list.t[i];
+        uint64_t rb = s->ndim > 0 && s->shape[0] ? s->nbytes / (uint64_t)s->shape[0] : s->nbytes;
+        int64_t lo = w.part[i].lo;
+        uint64_t n = weights_held_bytes(&w, i);
+        bool expert = strstr(s->name, ".ffn.experts.") != NULL;
+        EXPECT(expert || n == s->nbytes, "%s rank %d: %s not whole", plans[pi], rank, s->name);
+        if (expert) held_rows += w.part[i].hi - lo;
+        EXPECT(!n || !memcmp(w.data[i], (const char *)all.data[i] + (uint64_t)lo * (expert ? rb : 0), n),
+               "%s rank %d: %s rows [%lld, %lld) differ from the whole tensor's", plans[pi], rank, s->name,
+               (long long)lo, (long long)w.part[i].hi);
+      }
+      EXPECT(held_rows > 0, "%s rank %d holds no experts", plans[pi], rank);
+      EXPECT_EQ(rt_place_held_experts(&p, &w), c.r[rank].experts, "held expert bytes = plan cost --per-rank");
+      weights_free(&w);
+    }
+    int64_t accounted = 0;
+    for (int r = 0; r < c.ranks; r++) accounted += c.r[r].experts;
+    EXPECT_EQ(rt_place_held_experts(&p, &all), accounted, "the whole model holds every rank's experts");
+    weights_free(&all);
+    plan_free(&p);
+  }
+}
+
 static void refusals(void) {
   struct plan p;
   /* experts with P/D: refused at the experts key */
@@ -177,12 +375,16 @@ static void refusals(void) {
 }
 
 int main(void) {
+  shapes();
+  nccl();
+  weights_part();
   refusals();
   struct fx one;
   if (fx_open(&one, PLAN_T40)) {
     static const char *const plans[] = {"tests/plans/ep2-tiny-40.yaml", "tests/plans/ep4-tiny-40.yaml",
-                                        "tests/plans/ppep2-tiny-40.yaml", "tests/plans/ppep3-tiny-40.yaml"};
-    for (size_t i = 0; i < 4; i++) {
+                                        "tests/plans/ppep2-tiny-40.yaml", "tests/plans/ppep3-tiny-40.yaml",
+                                        "tests/plans/ppep4-tiny-40.yaml"};
+    for (size_t i = 0; i < sizeof plans / sizeof *plans; i++) {
       struct fx ep;
       if (!fx_open(&ep, plans[i])) {
         EXPECT(0, "%s: %s", plans[i], err);

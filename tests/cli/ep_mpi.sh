@@ -3,6 +3,10 @@
 # (runtime/expert_par.h, `mpirun -np N cedar run --plan P` with
 # serving.placement.experts).
 #
+#  0. `cedar graph show` of ep2's decode graph has, for a layer, the route,
+#     a dispatch TRANSFER to rank 1, rank 1's shard, the combine TRANSFER
+#     back and the sum, chained by edges (and no transfer to rank 0's own
+#     shard);
 #  1. without mpirun, tiny-40 with experts in 2 shards runs every shard in
 #     this process: its --dump equals the plan without placement bitwise;
 #  2. tiny-40 experts on 2 ranks and on 4 (named out of order): rank 0 (the
@@ -10,11 +14,15 @@
 #     plan's, each shard rank the logits, positions and tokens (ep_cmp.py);
 #     rank 0 prints one report with the experts section through
 #     StarPU-MPI, and its --json load figures (rows, expert-rows, dispatch
-#     and combine bytes per rank) equal the one-process run's;
+#     and combine bytes per rank) equal the one-process run's; each rank
+#     holds only its shard's routed experts: their stored-format bytes
+#     equal `plan cost --per-rank`'s experts of that rank;
 #  3. both together: 2 stages whose ranks serve each other's experts (2
-#     ranks) and 2 stages plus an experts-only rank for layers 4-39 (3
-#     ranks): each stage's rank bitwise the one-process state of its layers
-#     (pp_cmp.py), the experts-only rank the model-wide tensors;
+#     ranks), 2 stages plus an experts-only rank for layers 4-39 (3
+#     ranks), and 2 stages on ranks 1-2 with one expert on each of 4 ranks
+#     (rank 0, holding experts only, dumps rank 0's files): each stage's rank bitwise the one-process state of its layers
+#     (pp_cmp.py), the experts-only rank the model-wide tensors; held
+#     expert bytes equal the accounting on every rank;
 #  4. plans/v41-mini-ep2.yaml (the shipped plan) on 2 ranks against
 #     v41-mini in one process, --json;
 #  5. the StarPU executor across ranks is refused with the reason;
@@ -58,6 +66,22 @@ assert sum(r["expert_rows"] for r in a["rank"]) > 0
 print("load figures agree:", fa)
 PY
 
+# 0. the graph: route, a dispatch transfer to rank 1, rank 1's shard, the combine back, the sum after it
+"$cedar" graph show --plan $P/ep2-tiny-40.yaml --decode 5 > "$tmp/g.txt"
+"$py" - "$tmp/g.txt" <<'PY' || { cat "$tmp/g.txt"; fail "ep2 decode graph: no dispatch/combine transfer nodes with their edges"; }
+import re, sys
+nodes = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"\s*(\d+)\s+(.*?)\s+pos \[.*after (.*)$", line)
+    if m:
+        nodes[m.group(2)] = (int(m.group(1)), set(int(x) for x in m.group(3).split() if x != "-"))
+route, disp, shard, comb, total = (nodes[n] for n in ("L7.moe dec", "xfer L7.disp1 dec r0>r1", "L7.moe_shard1 dec",
+                                                      "xfer L7.out1 dec r1>r0", "L7.moe_sum dec"))
+assert route[0] in disp[1] and disp[0] in shard[1] and shard[0] in comb[1] and comb[0] in total[1], nodes
+assert "xfer L7.disp0 dec r0>r0" not in nodes and "L7.moe_shard0 dec" in nodes
+PY
+grep -q "transfer 80 moe_shard 80 moe_sum 40" "$tmp/g.txt" || { cat "$tmp/g.txt"; fail "ep2 decode graph: op counts"; }
+
 # 1. one process
 "$cedar" run --plan $P/ep2-tiny-40.yaml "${common[@]}" --dump "$tmp/ep1.st" --json > "$tmp/ep1.json"
 "$py" tests/cli/ep_cmp.py "$tmp/one.st" "$tmp/ep1.st" || fail "one process, ep2: differs from the plan without placement"
@@ -78,14 +102,27 @@ run() {
   fi
 }
 
+# held J: every rank's routed-expert weights (stored formats) are what plan cost --per-rank gives it
+held() {
+  "$py" - "$1" <<'PY'
+import json, sys
+e = json.load(open(sys.argv[1]))["experts"]
+for r in e["rank"]:
+    assert r["held_expert_bytes"] == r["accounted_expert_bytes"] and r["held_expert_bytes"] > 0, r
+print("held experts = plan cost --per-rank:", [r["held_expert_bytes"] for r in e["rank"]])
+PY
+}
+
 # 2. experts only, 2 and 4 ranks
 run 2 $P/ep2-tiny-40.yaml
+held "$tmp/ep2.json" || fail "2 ranks: held experts differ from the accounting"
 "$py" tests/cli/ep_cmp.py "$tmp/one.st" "$tmp/ep2.st" "$tmp/ep2.st.rank1" || fail "2 ranks differ from one process"
 "$py" "$tmp/figures.py" "$tmp/ep1.json" "$tmp/ep2.json" || fail "2 ranks: load figures differ from one process"
 run 4 $P/ep4-tiny-40.yaml
 "$py" tests/cli/ep_cmp.py "$tmp/one.st" "$tmp/ep4.st" "$tmp/ep4.st.rank1" "$tmp/ep4.st.rank2" "$tmp/ep4.st.rank3" ||
   fail "4 ranks differ from one process"
 "$py" "$tmp/figures.py" "$tmp/ep1x4.json" "$tmp/ep4.json" || fail "4 ranks: load figures differ from one process"
+held "$tmp/ep4.json" || fail "4 ranks: held experts differ from the accounting"
 rc=0
 mpi -np 2 "$cedar" run --plan $P/ep2-tiny-40.yaml "${common[@]}" > "$tmp/t2.txt" 2> "$tmp/t2.err" || rc=$?
 [ "$rc" -eq 0 ] || { cat "$tmp/t2.err" >&2; fail "text report run: exit $rc"; }
@@ -114,6 +151,25 @@ bad = [k for k in a if not re.match(r"L\d+\.", k) and a[k] != b.get(k)]
 assert not bad, bad
 PY
 grep -q "^  rank 2: [1-9][0-9]* rows" "$tmp/pe3.txt" || { cat "$tmp/pe3.txt"; fail "ppep3: no load of rank 2"; }
+mpi -np 4 "$cedar" run --plan $P/ppep4-tiny-40.yaml "${common[@]}" --dump "$tmp/pe4.st" > "$tmp/pe4.txt" 2> "$tmp/pe4.err" ||
+  { cat "$tmp/pe4.err" >&2; fail "ppep4: mpirun failed"; }
+"$py" tests/cli/pp_cmp.py "$tmp/one.st" "$tmp/pe4.st.rank1:0-19" "$tmp/pe4.st.rank2:20-39" || fail "ppep4 differs from one process"
+for r in 0 3; do
+  f="$tmp/pe4.st"; [ $r -eq 0 ] || f="$f.rank$r"
+  "$py" - "$tmp/one.st" "$f" <<'PY' || fail "ppep4: experts-only rank $r's logits differ"
+import json, re, struct, sys
+def load(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in h.items()}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+bad = [k for k in a if not re.match(r"L\d+\.", k) and a[k] != b.get(k)]
+assert not bad, bad
+PY
+done
+for f in pe2 pe3 pe4; do
+  [ "$(grep -c "^  rank [0-9] holds [1-9][0-9]* B of routed experts" "$tmp/$f.txt")" -eq "${f#pe}" ] &&
+    ! grep -q "(differs)" "$tmp/$f.txt" || { cat "$tmp/$f.txt"; fail "$f: held experts differ from the accounting"; }
+done
 
 # 4. the shipped plan against v41-mini in one process
 V=(--prompt-len 37 --chunk 16 --max-new 3 --executor direct)
@@ -129,6 +185,7 @@ assert e["via"] == "starpu-mpi" and e["shards"] == 2 and e["layers"] == 40, e
 r = {x["rank"]: x for x in e["rank"]}
 assert r[0]["dispatch_bytes"] > 0 and r[1]["combine_bytes"] > 0 and r[1]["expert_rows"] > 0, e
 assert e["expected_dispatch_bytes_per_token"] > 0 and e["dispatch_bytes_per_token"] > 0, e
+assert all(x["held_expert_bytes"] == x["accounted_expert_bytes"] > 0 for x in e["rank"]), e
 PY
 
 # 5. the StarPU executor across ranks
@@ -145,7 +202,7 @@ CEDAR_PD_DEADLINE_S=5 mpi -x CEDAR_PD_DEADLINE_S -x CEDAR_EP_TEST_FAULT=hold:3 -
   --plan $P/ep2-tiny-40.yaml "${common[@]}" > /dev/null 2> "$tmp/hold.err" || rc=$?
 [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "a held answer hung the job"
 [ "$rc" -ne 0 ] || fail "a held answer: the job succeeded"
-grep -q "no expert outputs from rank 1 for 5 s" "$tmp/hold.err" || { cat "$tmp/hold.err"; fail "no deadline message"; }
+grep -q "xfer L[0-9]*.out1 .*nothing from rank 1 for 5 s" "$tmp/hold.err" || { cat "$tmp/hold.err"; fail "no deadline message"; }
 [ $(( $(date +%s) - start )) -lt 120 ] || fail "the held answer took over 120 s to fail"
 
 # 7. a rank killed mid-request (by its pid): the job ends, nobody hangs
