@@ -320,6 +320,10 @@ int pd_stage_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct
   rc = rt_pipe_open(p, vp->serving.place.n_ep_ranks ? vp : vd, o, n, err, err_len);
   if (rc) goto out;
   opened = true;
+  double t0 = 0, t_end = 0;
+  uint64_t rng = o->seed;
+  int32_t y1 = -1;
+  struct rt_pd_rx prx = {0};
   rc = rt_request_init(r, 0, vd, pools, n + o->max_new); /* D's request; the other ranks follow its ids */
   if (!rc) rc = rt_kv_pools_init(pools_p, vp, err, err_len);
   pools_on = !rc;
@@ -348,20 +352,17 @@ int pd_stage_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct
   logits = cedar_xmalloc(sizeof(float) * (size_t)(g->out_rows ? g->out_rows : 1) * V);
   pos = cedar_xmalloc(sizeof(int64_t) * (size_t)(g->out_rows ? g->out_rows : 1));
   S->L.rp = &rp;
-  struct rt_pd_rx prx = {0};
   S->L.rx = &prx;
   pd_cur = &S->L;
-  double t0 = pd_now();
+  t0 = pd_now();
   struct rt_exec_out out = {logits, pos};
   rc = pd_run_graph(g, &MP, &rp, &out, &res->prefill, o, true, NULL, err, err_len);
-  double t_end = pd_now();
+  t_end = pd_now();
   pd_cur = NULL;
   if (!rc && S->L.rc) {
     rc = S->L.rc;
     snprintf(err, err_len, "%s", S->L.err);
   }
-  uint64_t rng = o->seed;
-  int32_t y1 = -1;
   if (!rc) { /* every rank has the logits (rt_pipe_after_graph): each samples y1, the same */
     rp.n_pos = n;
     y1 = pd_sample(o, &rp, logits + (size_t)(g->out_rows - 1) * V, V, &rng);

@@ -225,8 +225,9 @@ const char *graph_place_str(struct graph_place pl, char *buf, size_t len);
  * their layer's stage, activation TRANSFER nodes at the boundaries; run by
  * the compiler before the edges are derived. Nothing without stages. */
 void graph__place_stages(struct graph *g);
-/* Node nd has work on `rank`: it runs there, or it is a transfer whose copy
- * lands there (the receiving side). */
+/* Node nd has work on `rank`: it runs there, or it is a stage transfer
+ * whose copy lands there (the receiving side; a P->D transfer's receiver
+ * takes its message outside the graph: runtime/pd.h). */
 bool graph_runs_on(const struct graph *g, const struct graph_node *nd, int rank);
 
 /* Counts for tests and reports. */

@@ -303,25 +303,28 @@ void plan__read_placement(struct plan_ctx *ctx, const struct pnode *root, struct
 
 /* ---- checking ---------------------------------------------------------------- */
 
+/* Written in the file that writes the stages (an inherited value, say
+ * v41-flash's `decode: {rank: 0}`, gives way to the stages). */
+static bool same_file(struct plan_mark a, struct plan_mark b) { return a.file && b.file && !strcmp(a.file, b.file); }
+
 /* serving.placement.prefill / decode when the stages name the homes: the
- * first stage's, unless written (then they must agree). */
+ * first stage's; written beside the stages, they must agree. */
 static bool pd_stage_homes(struct plan_ctx *ctx, struct plan *p) {
   struct plan_serving *sv = &p->serving;
-  const struct plan_stage *s0 = &p->serving.place.stage[0];
-  if (!sv->mark_prefill_rank.file)
-    sv->prefill_rank = s0->rank;
-  else if (sv->prefill_rank != s0->rank) {
+  const struct plan_placement *pl = &p->serving.place;
+  const struct plan_stage *s0 = &pl->stage[0];
+  if (same_file(sv->mark_prefill_rank, pl->mark_stages) && sv->prefill_rank != s0->rank) {
     plan__error(ctx, sv->mark_prefill_rank, "drop serving.placement.prefill.rank: the stages name the homes",
                 "serving.placement.prefill.rank is %d, but stage 0's prefill home is %d", sv->prefill_rank, s0->rank);
     return false;
   }
-  if (!sv->mark_decode_rank.file)
-    sv->decode_rank = s0->decode;
-  else if (sv->decode_rank != s0->decode) {
+  if (same_file(sv->mark_decode_rank, pl->mark_stages) && sv->decode_rank != s0->decode) {
     plan__error(ctx, sv->mark_decode_rank, "drop serving.placement.decode.rank: the stages name the homes",
                 "serving.placement.decode.rank is %d, but stage 0's decode home is %d", sv->decode_rank, s0->decode);
     return false;
   }
+  sv->prefill_rank = s0->rank;
+  sv->decode_rank = s0->decode;
   return true;
 }
 

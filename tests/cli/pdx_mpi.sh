@@ -88,6 +88,9 @@ grep -q "^pipeline: 2 stages on 3 ranks, through StarPU-MPI" "$tmp/pdpp3.np3.txt
 run 4 pdpp4 - - 0-13 14-39
 run 3 pdep3 - 0-39 -
 grep -q "^experts: " "$tmp/pdep3.np3.txt" || { cat "$tmp/pdep3.np3.txt"; fail "pdep3: no experts section"; }
+for r in 0 1 2; do # P's owner, D's owner (each computes its own shard) and the rank serving both
+  grep -q "^  rank $r: [1-9][0-9]* rows" "$tmp/pdep3.np3.txt" || { cat "$tmp/pdep3.np3.txt"; fail "pdep3: rank $r computed no expert rows"; }
+done
 run 4 pdppep4 - - 0-13 14-39
 
 # 3. the shipped plan, --json
@@ -102,8 +105,10 @@ p = j["pipeline"]
 assert p["via"] == "starpu-mpi" and p["stages"] == 2 and p["ranks"] == 4, p
 assert p["act_bytes_prefill"] > 0 and p["act_bytes_decode"] > 0 and len(p["rank"]) == 4, p
 assert 0 < p["prefill_efficiency"] <= 1, p
-d = j["pd"]
-print("pd:", {k: d[k] for k in d if not isinstance(d[k], (dict, list))})
+d = j["transfer"]
+assert d["via"] == "starpu-mpi" and d["agrees"] and d["bytes"]["global_kv"] == d["plan_bytes"]["global_kv"] > 0, d
+print("P/D:", {k: d[k] for k in d if not isinstance(d[k], (dict, list))})
+print("pipeline:", {k: p[k] for k in p if not isinstance(p[k], (dict, list))})
 PY
 
 # 4. fewer ranks than the placement names
