@@ -126,6 +126,9 @@ static void record_for(struct stage_run *S, struct rt_request *rp, int64_t n, in
   m->out_rows = S->g.out_rows;
   m->t_start = t0;
   m->t_end = m->t_first_send = t_end;
+  for (int k = 0; k < S->g.n_node; k++) /* the first message posted to d */
+    if (S->src[k] == S->me && S->dst[k] == d && S->L.ms[k].t_post > 0 && S->L.ms[k].t_post < m->t_first_send)
+      m->t_first_send = S->L.ms[k].t_post;
   m->prefill_s = t_end - t0;
   m->replay = S->g.replay;
   pd_meta_seal(m);
@@ -176,7 +179,7 @@ static int d_side(struct stage_run *S, const struct plan *p, const struct plan *
     r->n_pos = S->rec[s].n_pos; /* what the record announces; condition 1 checks it against n */
     rc = pd_ready_mask(p, &S->rec[s], r, &S->rx[s], theirs, false, err, err_len);
     if (S->rec[s].t_end > t_end) t_end = S->rec[s].t_end;
-    t_first = S->rec[s].t_start;
+    if (t_first == 0 || S->rec[s].t_first_send < t_first) t_first = S->rec[s].t_first_send;
   }
   if (rc) return rc;
   if (first < 0) {
