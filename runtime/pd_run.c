@@ -680,8 +680,6 @@ out:
   if (role == RT_PD_DECODE && R->mpi_on && !R->acked)
     d_answer(R, pools, r, rc, err); /* refused before the barrier: P hears why */
   if (opened) rc = rt_pipe_close(R->vd, r, rc, err, err_len);
-  free(R->vp);
-  free(R->vd);
   last = *st;
   if (rp.plan) rt_request_free(&rp);
   if (pools_p) {
@@ -699,6 +697,8 @@ out:
   free(R->mbytes);
   pthread_mutex_destroy(&R->L.mu);
   graph_free(&R->g);
+  free(R->vp); /* after the graph built from it */
+  free(R->vd);
   free(R);
   return rc;
 }

@@ -176,8 +176,13 @@ static int d_side(struct stage_run *S, const struct plan *p, const struct plan *
     if (!S->fed_by[s]) continue;
     if (first < 0) first = s;
     for (int l = 0; l < p->n_layers; l++) theirs[l] = mine[l] && from[l] == s;
-    r->n_pos = S->rec[s].n_pos; /* what the record announces; condition 1 checks it against n */
+    r->n_pos = g->n_prompt; /* the positions this request's prefill processed: condition 1 checks the record's */
     rc = pd_ready_mask(p, &S->rec[s], r, &S->rx[s], theirs, false, err, err_len);
+    if (!rc && (S->rec[s].y1 != y1 || S->rec[s].rng != rng)) { /* every sender sampled what this rank did */
+      snprintf(err, err_len, "ready barrier: D refuses to decode: condition 4 (sampled-but-unconsumed token): P "
+               "rank %d sampled y1 = %d, this rank %d (or their sampler states differ)", s, S->rec[s].y1, y1);
+      rc = CEDAR_EINVAL;
+    }
     if (S->rec[s].t_end > t_end) t_end = S->rec[s].t_end;
     if (t_first == 0 || S->rec[s].t_first_send < t_first) t_first = S->rec[s].t_first_send;
   }
@@ -199,13 +204,8 @@ static int d_side(struct stage_run *S, const struct plan *p, const struct plan *
   for (int s = 0; s < S->W; s++) merged.expected += S->rx[s].expected, merged.arrived += S->rx[s].arrived,
                                   merged.applied += S->rx[s].applied, m.n_messages += S->rx[s].applied;
   pd_meta_seal(&m);
-  r->n_pos = m.n_pos;
+  r->n_pos = g->n_prompt;
   r->pending = y1; /* this rank's own sample from the same logits: condition 4 checks P's against it */
-  if (m.rng != rng) {
-    snprintf(err, err_len, "ready barrier: D refuses to decode: condition 4 (sampled-but-unconsumed token): P's "
-             "sampler state after y1 is not D's");
-    return CEDAR_EINVAL;
-  }
   double t_r = pd_now();
   rc = pd_ready_mask(p, &m, r, &merged, mine, true, err, err_len);
   double t_ready = pd_now();
@@ -327,10 +327,11 @@ int pd_stage_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct
   uint64_t rng = o->seed;
   int32_t y1 = -1;
   struct rt_pd_rx prx = {0};
-  rc = rt_request_init(r, 0, vd, pools, n + o->max_new); /* D's request; the other ranks follow its ids */
-  if (!rc) rc = rt_kv_pools_init(pools_p, vp, err, err_len);
+  /* the requests name the plan itself (r outlives the views: the caller frees it) */
+  rc = rt_request_init(r, 0, p, pools, n + o->max_new); /* D's request; the other ranks follow its ids */
+  if (!rc) rc = rt_kv_pools_init(pools_p, p, err, err_len);
   pools_on = !rc;
-  if (!rc) rc = rt_request_init(&rp, 0, vp, pools_p, n + 1);
+  if (!rc) rc = rt_request_init(&rp, 0, p, pools_p, n + 1);
   if (rc) {
     snprintf(err, err_len, "out of memory for a request of %lld tokens", (long long)(n + o->max_new));
     goto decided;

@@ -19,7 +19,11 @@
 #     pipeline (bubbles) sections;
 #  4. a 4-rank placement under mpirun -np 3 is refused naming both numbers
 #     and the place in the plan;
-#  5. a rank killed mid-request (CEDAR_PIPE_TEST_FAULT=die:R:K, a prefill
+#  5. a corrupt KV message (CEDAR_PD_TEST_FAULT=corrupt: each prefill rank
+#     flips a byte of its first KV message after its checksum): each decode
+#     home refuses the package naming the checksum, every rank fails the
+#     request and the job ends cleanly (exit 1, no MPI_Abort needed);
+#  6. a rank killed mid-request (CEDAR_PIPE_TEST_FAULT=die:R:K, a prefill
 #     rank and a decode rank in turn) under --mca orte_enable_recovery 1:
 #     every other rank fails the request on its own within the deadline
 #     (CEDAR_PD_DEADLINE_S=10), naming it; none hangs.
@@ -119,7 +123,16 @@ grep -q "needs 4 ranks, but mpirun gave 3" "$tmp/np3.err" || { cat "$tmp/np3.err
 grep -q "pdpp4-tiny-40.yaml:[0-9]*:[0-9]*: serving.placement.stages\[1\].decode" "$tmp/np3.err" \
   || { cat "$tmp/np3.err"; fail "the refusal names the stage's decode home"; }
 
-# 5. a rank dies mid-request; the others fail on their own within the deadline
+# 5. a corrupt package: refused on the decode homes, the request fails everywhere
+rc=0
+CEDAR_PD_DEADLINE_S=20 mpi -x CEDAR_PD_DEADLINE_S -x CEDAR_PD_TEST_FAULT=corrupt -np 4 "$cedar" run \
+  --plan $P/pdpp4-tiny-40.yaml "${common[@]}" > /dev/null 2> "$tmp/corrupt.err" || rc=$?
+[ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || { cat "$tmp/corrupt.err" >&2; fail "a corrupt package hung the job"; }
+[ "$rc" -ne 0 ] || fail "a corrupt package: the job succeeded"
+grep -q "fails its checksum" "$tmp/corrupt.err" || { cat "$tmp/corrupt.err"; fail "no checksum refusal"; }
+[ "$(grep -c "^cedar run: " "$tmp/corrupt.err")" -eq 4 ] || { cat "$tmp/corrupt.err"; fail "want every rank to fail the request"; }
+
+# 6. a rank dies mid-request; the others fail on their own within the deadline
 for who in 1 3; do # a prefill rank (in the prefill) and a decode rank (in the decode)
   k=$((1 + RANDOM % 3)) d=$tmp/die$who
   mkdir -p "$d"
