@@ -14,7 +14,8 @@
 #     package) and the pipeline / experts sections; each rank's --dump
 #     (DUMP, DUMP.rankN) equals the one-process dump bitwise in every tensor
 #     of the layers it decodes, and in the logits, positions and tokens
-#     (pp_cmp.py; a prefill rank holds no layer after the handoff);
+#     (pp_cmp.py; a prefill rank holds no layer after the handoff); stages
+#     + P/D on 4 ranks also on the StarPU executor, one worker a rank;
 #  3. plans/v41-mini-pp2-pd.yaml (shipped) on 4 ranks, --json: the P/D,
 #     pipeline (bubbles) sections;
 #  4. a 4-rank placement under mpirun -np 3 is refused naming both numbers
@@ -66,8 +67,9 @@ mpi() { timeout -k 10 240 mpirun --allow-run-as-root --oversubscribe "$@"; }
 # run NP PLAN LAYERS...: mpirun, one report, each rank's dump against one process
 run() {
   local np=$1 plan=$2; shift 2
-  local rc=0 out=$tmp/$plan.np$np
-  mpi -np "$np" "$cedar" run --plan "$P/$plan-tiny-40.yaml" "${common[@]}" --dump "$out.st" > "$out.txt" 2> "$out.err" || rc=$?
+  local rc=0 out=$tmp/$plan.np$np a=("${common[@]}")
+  [ -n "${SP:-}" ] && a=(--tokens "$toks37" --chunk 16 --max-new 4 --executor starpu --workers 1) # one worker a rank
+  mpi -np "$np" "$cedar" run --plan "$P/$plan-tiny-40.yaml" "${a[@]}" --dump "$out.st" > "$out.txt" 2> "$out.err" || rc=$?
   [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || { cat "$out.err" >&2; fail "$plan -np $np timed out (a hang)"; }
   [ "$rc" -eq 0 ] || { cat "$out.err" >&2; fail "$plan -np $np: exit $rc"; }
   if grep -q "in one process" "$out.txt"; then
@@ -90,6 +92,7 @@ run() {
 run 3 pdpp3 - - 0-39
 grep -q "^pipeline: 2 stages on 3 ranks, through StarPU-MPI" "$tmp/pdpp3.np3.txt" || { cat "$tmp/pdpp3.np3.txt"; fail "pdpp3: no pipeline line"; }
 run 4 pdpp4 - - 0-13 14-39
+SP=1 run 4 pdpp4 - - 0-13 14-39 # the StarPU executor (the experts run on the direct one under mpirun)
 run 3 pdep3 - 0-39 -
 grep -q "^experts: " "$tmp/pdep3.np3.txt" || { cat "$tmp/pdep3.np3.txt"; fail "pdep3: no experts section"; }
 for r in 0 1 2; do # P's owner, D's owner (each computes its own shard) and the rank serving both
