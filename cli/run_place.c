@@ -142,8 +142,18 @@ void run_pipe_figures(const struct plan *p, struct run_pipe_fig *f) {
     f->busy_s += s->rank[r].prefill_busy_s;
   }
   f->rank_time_s = t1 - t0;
-  if (f->rank_time_s > 0) {
-    f->efficiency = f->busy_s / (f->rank_time_s * f->ranks);
+  int held = f->ranks; /* P/D stages: the prefill role's ranks hold the prefill (the decode homes wait for it) */
+  if (plan_place_pd(p)) {
+    held = 0;
+    for (int r = 0; r < f->ranks; r++) {
+      bool in = false;
+      for (int i = 0; i < pl->n_stages; i++) in |= pl->stage[i].rank == r;
+      for (int i = 0; i < pl->n_ep_ranks; i++) in |= pl->ep_rank[i] == r;
+      held += in;
+    }
+  }
+  if (f->rank_time_s > 0 && held > 0) {
+    f->efficiency = f->busy_s / (f->rank_time_s * held);
     f->bubble = 1 - f->efficiency;
   }
   if (f->chunks > 0) {
@@ -159,6 +169,8 @@ void run_pipe_text(FILE *f, const struct plan *p, int64_t decode_steps) {
           s->mpi ? "through StarPU-MPI" : "in one process (transfers are copies)");
   for (int i = 0; i < pl->n_stages; i++)
     fprintf(f, "%s L%d-%d on rank %d", i ? ";" : "", pl->stage[i].lo, pl->stage[i].hi, pl->stage[i].rank);
+  for (int i = 0; i < pl->n_stages && pl->stage[0].pd; i++) /* P/D stages: the decode homes too */
+    fprintf(f, "%s L%d-%d on rank %d", i ? ";" : "; decode:", pl->stage[i].lo, pl->stage[i].hi, pl->stage[i].decode);
   fputc('\n', f);
   if (!s->mpi) return;
   struct run_pipe_fig x;
@@ -176,8 +188,9 @@ void run_pipe_text(FILE *f, const struct plan *p, int64_t decode_steps) {
             x.decode_wall_s > 0 ? 100 * (1 - k->decode_busy_s / x.decode_wall_s) : 0.0, k->bytes_sent, k->messages);
   }
   if (x.rank_time_s > 0)
-    fprintf(f, "  prefill pipeline efficiency %.2f (busy over rank-time), bubble fraction %.2f; ideal for %d chunks "
-            "through %d equal stages %.2f (bubble %.2f)\n", x.efficiency, x.bubble, x.chunks, x.stages, x.ideal,
+    fprintf(f, "  prefill pipeline efficiency %.2f (busy over rank-time%s), bubble fraction %.2f; ideal for %d chunks "
+            "through %d equal stages %.2f (bubble %.2f)\n", x.efficiency,
+            plan_place_pd(p) ? ", the prefill role's ranks" : "", x.bubble, x.chunks, x.stages, x.ideal,
             x.ideal_bubble);
 }
 

@@ -192,12 +192,6 @@ int rt_ep_gather(char *err, size_t err_len) {
 /* ---- placement ------------------------------------------------------------------ */
 
 /* This rank's shard of the plan (-1: none). */
-static int my_shard(const struct plan *p, int rank) {
-  for (int s = 0; s < p->serving.place.n_ep_ranks; s++)
-    if (p->serving.place.ep_rank[s] == rank) return s;
-  return -1;
-}
-
 bool rt_ep_serves(const struct graph *g, const struct graph_node *nd, int rank) {
   (void)g;
   return nd->op == GRAPH_MOE_SHARD && nd->place.rank == rank;
@@ -222,17 +216,42 @@ static void add_combine(struct rt_ep_rank *k, int64_t b, int64_t msgs, double un
 
 /* ---- a rank's weights ---------------------------------------------------------- */
 
+/* Rank's shard in a shard list of n ranks, as rows [lo, hi) of E experts
+ * (empty when the rank holds none there). */
+static struct weights_rows shard_rows(const int *list, int n, int rank, int E) {
+  for (int s = 0; s < n; s++)
+    if (list[s] == rank) return (struct weights_rows){(int64_t)s * (E / n), (int64_t)(s + 1) * (E / n)};
+  return (struct weights_rows){0, 0};
+}
+
+/* The smallest range holding a and b (an empty one adds nothing). */
+static struct weights_rows cover(struct weights_rows a, struct weights_rows b) {
+  if (a.hi <= a.lo) return b;
+  if (b.hi <= b.lo) return a;
+  return (struct weights_rows){a.lo < b.lo ? a.lo : b.lo, a.hi > b.hi ? a.hi : b.hi};
+}
+
+/* Under P/D a rank holds what either role puts on it (plan.h: ep_rank is
+ * the prefill role's shard list, ep_rank_d the decode role's; a stage's
+ * rank its prefill home, decode its decode home). One range a tensor: when
+ * a rank's shards of the two roles are not adjacent it holds the experts
+ * between them too (correct, more bytes). */
 static bool part_rows(const struct weights_spec *s, struct weights_rows *r, const void *ctx) {
   const struct rt_ep_part *e = ctx;
   const struct plan *p = e->p;
-  if (s->layer < 0 || !strstr(s->name, ".ffn.experts.") || s->shape[0] != p->model.n_routed) return false;
+  const struct plan_placement *pl = &p->serving.place;
+  const int E = p->model.n_routed;
+  if (s->layer < 0 || !strstr(s->name, ".ffn.experts.") || s->shape[0] != E) return false;
   if (!rt_ep_layer(p, s->layer)) { /* with stages, a layer's own experts live with its stage alone */
-    if (!plan_has_stages(p) || plan_expert_rank(p, s->layer, 0) == e->rank) return false;
+    if (!plan_has_stages(p)) return false;
+    const struct plan_stage *st = &pl->stage[plan_stage_of(p, s->layer)];
+    if (st->rank == e->rank || (st->pd && st->decode == e->rank)) return false;
     *r = (struct weights_rows){0, 0};
     return true;
   }
-  int R = p->serving.place.n_ep_ranks, per = p->model.n_routed / R, sh = my_shard(p, e->rank);
-  *r = sh < 0 ? (struct weights_rows){0, 0} : (struct weights_rows){(int64_t)sh * per, (int64_t)(sh + 1) * per};
+  *r = shard_rows(pl->ep_rank, pl->n_ep_ranks, e->rank, E);
+  if (pl->n_ep_ranks_d) *r = cover(*r, shard_rows(pl->ep_rank_d, pl->n_ep_ranks_d, e->rank, E));
+  if (r->hi <= r->lo) *r = (struct weights_rows){0, 0};
   return true;
 }
 
@@ -379,8 +398,12 @@ int rt_ep_shard(const struct rt_node_ctx *c) {
   const struct op_moe_weights *w = &M->L[nd->layer].moe;
   char nm[WEIGHTS_NAME_MAX];
   snprintf(nm, sizeof nm, "layers.%d.ffn.experts.w_gate", nd->layer);
-  const int per = cf->n_routed / M->p->serving.place.n_ep_ranks;
-  const int64_t e0 = weights_row0(M->w, nm); /* this rank's first expert when it holds only its shard's */
+  const int per = cf->n_routed / g->plan->serving.place.n_ep_ranks; /* the graph's role's shard list (P/D: plan_role_view) */
+  const int64_t e0 = weights_row0(M->w, nm); /* this rank's first expert when it holds only its part */
+  const struct weights_spec *ws = weights_list_find(&M->w->list, nm);
+  CEDAR_ASSERT(ws != NULL);
+  const size_t wi = (size_t)(ws - M->w->list.t);
+  const int64_t e1 = M->w->part ? M->w->part[wi].hi : cf->n_routed; /* past its last held expert */
   struct view v = view_of(c->buf[pd], h.pairs);
   float *out = (float *)((char *)c->buf[od] + GRAPH_EP_HDR_BYTES);
   struct rt_arena *ar = c->ar;
@@ -394,7 +417,7 @@ int rt_ep_shard(const struct rt_node_ctx *c) {
       rs[cnt] = v.weight[q0 + cnt];
       cnt++;
     }
-    if (e < h.shard * per || e >= (h.shard + 1) * per || e < e0 || (e0 > 0 && e >= e0 + per)) {
+    if (e < h.shard * per || e >= (h.shard + 1) * per || e < e0 || e >= e1) {
       LOG_ERROR("%s: expert %d is not shard %d's (or not held here); this request fails", nd->name, e, h.shard);
       return CEDAR_EIO;
     }

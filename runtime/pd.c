@@ -16,6 +16,7 @@
 #include "ops/sample.h"
 #include "runtime/pd_internal.h"
 #include "scheduler/plan_cost_pd.h"
+#include "scheduler/plan_place.h"
 
 #define META_MAGIC 0x4d504443u /* "CDPM" */
 
@@ -61,6 +62,8 @@ bool rt_pd_split(const struct plan *p) {
 }
 
 int rt_pd_ranks_needed(const struct plan *p) {
+  if (plan_place_pd(p)) /* stages or experts per role: all of them (one process plays every one) */
+    return rt_pd_world_size() > 0 ? plan_place_ranks(p) : 1;
   int a = p->serving.prefill_rank, b = p->serving.decode_rank;
   return (a > b ? a : b) + 1;
 }
@@ -289,7 +292,8 @@ int rt_pd_transfer_node(const struct rt_node_ctx *c) {
     bool first_kv = L->g->data[c->nd->xfer_src].state == GRAPH_ST_KV && !atomic_exchange(&L->kv_faulted, 1);
     if (pd_fault == RT_PD_FAULT_CORRUPT && first_kv) L->buf[k][len - 1] ^= 0x40; /* after its checksum */
     if (pd_fault == RT_PD_FAULT_TRUNCATE && first_kv) len = len / 2;            /* the tail never sent */
-    return pd_mpi_send(L->buf[k], (size_t)len, L->dest, k + 1, &L->ms[k]);
+    int dest = L->g->data[c->nd->xfer_dst].home.rank; /* the decode home of its layers (P/D stages: theirs) */
+    return pd_mpi_send(L->buf[k], (size_t)len, dest, k + 1, &L->ms[k]);
   }
   pthread_mutex_lock(&L->mu);
   struct msg_hdr h;
@@ -387,6 +391,11 @@ int rt_pd_ready(const struct plan *p, const struct rt_pd_meta *m, const struct r
 
 int pd_ready_check(const struct plan *p, const struct rt_pd_meta *m, const struct rt_request *r,
                    const struct rt_pd_rx *rx, bool all, char *err, size_t err_len) {
+  return pd_ready_mask(p, m, r, rx, NULL, all, err, err_len);
+}
+
+int pd_ready_mask(const struct plan *p, const struct rt_pd_meta *m, const struct rt_request *r,
+                  const struct rt_pd_rx *rx, const bool *mine, bool all, char *err, size_t err_len) {
 #define REFUSE(...)                                                              \
   do {                                                                           \
     int o_ = snprintf(err, err_len, "ready barrier: D refuses to decode: ");     \
@@ -409,7 +418,7 @@ int pd_ready_check(const struct plan *p, const struct rt_pd_meta *m, const struc
     REFUSE("condition 1 (lengths): D holds %lld positions, the package %lld of a %lld-token prompt",
            (long long)r->n_pos, (long long)m->n_pos, (long long)m->n_prompt);
   for (int l = 0; l < p->n_layers; l++) {
-    if (!r->seq[l].pool) continue;
+    if (!r->seq[l].pool || (mine && !mine[l])) continue;
     int64_t want = m->n_pos / r->seq[l].pool->ratio;
     if (r->seq[l].n_entries != m->n_entries[l] || m->n_entries[l] != want ||
         m->entry_bytes[l] != (int64_t)r->seq[l].pool->entry_bytes)
@@ -420,6 +429,7 @@ int pd_ready_check(const struct plan *p, const struct rt_pd_meta *m, const struc
   if (!all) return 0; /* what D's own replay needs is there */
   /* 2: every ring at the same boundary (rings P did not ship, D rebuilt) */
   for (int l = 0; l < p->n_layers; l++) {
+    if (mine && !mine[l]) continue;
     int64_t e = ring_end(&r->ring[l]);
     if (e != m->n_pos - 1 || (m->ring_end[l] >= 0 && e != m->ring_end[l]) ||
         r->ring[l].entry_bytes != (size_t)m->swa_entry_bytes)
@@ -428,7 +438,7 @@ int pd_ready_check(const struct plan *p, const struct rt_pd_meta *m, const struc
   }
   /* 3: tail non-empty <=> the boundary is not a multiple of the ratio */
   for (int l = 0; l < p->n_layers; l++) {
-    if (!r->seq[l].pool || r->seq[l].pool->ratio < 2) continue;
+    if (!r->seq[l].pool || r->seq[l].pool->ratio < 2 || (mine && !mine[l])) continue;
     int ratio = r->seq[l].pool->ratio;
     int want = (int)(m->n_pos % ratio);
     if (r->tail[l].count != want || r->tail[l].count != m->tail_count[l] ||

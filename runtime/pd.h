@@ -27,6 +27,9 @@
  * Bytes moved are counted per state class and compared with what the plan
  * alone says the package holds (rt_pd_expected_bytes, from plan_cost).
  *
+ * With stages or experts per role (plan_place_pd), each P stage ships its
+ * layers to its decode home and every decode home checks its senders'
+ * records: pd_stage.c drives that request under mpirun.
  * Not here: the graph's transfer nodes (scheduler/graph.c), MPI itself
  * (pd_mpi.c), printing (cli/run_pd.c).
  * Test: tests/test_pd.c (one process), tests/cli/pd_mpi.sh (mpirun -np 2).
@@ -103,7 +106,9 @@ int rt_pd_mpi_share(double *v, int n, int from, int to);
 /* Prefill and decode on different homes. */
 bool rt_pd_split(const struct plan *p);
 enum rt_pd_role rt_pd_role_of(const struct plan *p);
-/* Ranks the placement needs (max rank + 1). */
+/* Ranks the placement needs (max rank + 1); with P/D stages or experts
+ * every rank the placement names under mpirun, 1 without (one process
+ * plays them all). */
 int rt_pd_ranks_needed(const struct plan *p);
 
 /* The payload bytes per class a cold prefill of n positions ships, from

@@ -70,5 +70,32 @@ void pd_meta_seal(struct rt_pd_meta *m);
  * record, the version, condition 5 and condition 1. */
 int pd_ready_check(const struct plan *p, const struct rt_pd_meta *m, const struct rt_request *r,
                    const struct rt_pd_rx *rx, bool all, char *err, size_t err_len);
+/* pd_ready_check over the layers mine[] names only (NULL: every layer): a
+ * decode home of P/D stages holds its stages' layers (pd_stage.c). */
+int pd_ready_mask(const struct plan *p, const struct rt_pd_meta *m, const struct rt_request *r,
+                  const struct rt_pd_rx *rx, const bool *mine, bool all, char *err, size_t err_len);
+
+/* Shared by pd_run.c and pd_stage.c (P/D with stages or experts): */
+extern struct rt_pd_stats pd_last; /* rt_pd_last_stats */
+double pd_deadline_s(void);        /* CEDAR_PD_DEADLINE_S, default 60 */
+/* Graph g on o's executor, then rt_pipe_after_graph (the ranks' logits);
+ * notify: o->on_graph sees it; keep: the nodes' times go there. */
+int pd_run_graph(const struct graph *g, const struct rt_model *M, struct rt_request *r, struct rt_exec_out *out,
+                 struct rt_exec_stats *st, const struct rt_gen_opts *o, bool notify, struct rt_task_time *keep,
+                 char *err, size_t err_len);
+/* Wait until ms[idx[..]] all completed, or none did for dl seconds (false;
+ * rx->first_missing names it when rx). die_at: a test fault (0: none). */
+bool pd_wait_all(const struct graph *g, struct pd_msg_state *ms, const int *idx, int n_idx, double dl,
+                 struct rt_pd_rx *rx, int die_at);
+/* The next token from logits with o's whole sampler (generate.c's order). */
+int32_t pd_sample(const struct rt_gen_opts *o, const struct rt_request *r, const float *logits, int V, uint64_t *rng);
+/* D's decode loop from r's pending y1 (r->n_pos positions processed). */
+int pd_decode(const struct rt_model *M, const struct rt_gen_opts *o, struct rt_request *r, uint64_t rng,
+              struct rt_gen_result *res, char *err, size_t err_len);
+/* One request under mpirun with each role on ranks of its own (stages,
+ * experts): runtime/pd_stage.c. rt_pd_generate's contract. */
+int pd_stage_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
+                      int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, struct rt_pd_stats *st,
+                      char *err, size_t err_len);
 
 #endif

@@ -14,33 +14,42 @@
 #include "ops/sample.h"
 #include "runtime/pd.h"
 #include "runtime/pd_internal.h"
+#include "runtime/pipeline.h"
+#include "scheduler/plan_place.h"
 
 /* ---- the driver ---------------------------------------------------------- */
 
 /* receive's "P went quiet past the deadline" (never leaves this file). */
 #define PD_STALLED (-100)
 
-static struct rt_pd_stats last;
-const struct rt_pd_stats *rt_pd_last_stats(void) { return &last; }
+struct rt_pd_stats pd_last;
+const struct rt_pd_stats *rt_pd_last_stats(void) { return &pd_last; }
+#define last pd_last
 
-static double deadline_s(void) {
+double pd_deadline_s(void) {
   const char *s = getenv("CEDAR_PD_DEADLINE_S");
   double d = s ? atof(s) : 0;
   return d > 0 ? d : 60;
 }
 
-/* keep: the nodes' times go there (P's part of a multi-rank trace). */
-static int run_graph(const struct graph *g, const struct rt_model *M, struct rt_request *r, struct rt_exec_out *out,
+#define deadline_s pd_deadline_s
+
+/* keep: the nodes' times go there (P's part of a multi-rank trace). Under
+ * P/D stages or experts (pd_stage.c) the ranks' graphs meet in
+ * rt_pipe_after_graph (a no-op otherwise). */
+int pd_run_graph(const struct graph *g, const struct rt_model *M, struct rt_request *r, struct rt_exec_out *out,
                      struct rt_exec_stats *st, const struct rt_gen_opts *o, bool notify, struct rt_task_time *keep,
                      char *err, size_t err_len) {
   if (o->executor == RT_EXEC_DIRECT) {
     int rc = rt_exec_direct(g, M, r, out, st, NULL, NULL, err, err_len);
+    rc = rt_pipe_after_graph(g, out, st, NULL, rc, err, err_len);
     if (!rc && notify && o->on_graph) o->on_graph(o->graph_user, g, NULL);
     return rc;
   }
   struct rt_task_time *times =
       keep ? keep : notify && o->on_graph ? cedar_xcalloc((size_t)g->n_node + 1, sizeof(*times)) : NULL;
   int rc = rt_exec_starpu(g, M, r, out, st, times, NULL, NULL, err, err_len);
+  rc = rt_pipe_after_graph(g, out, st, times, rc, err, err_len);
   if (!rc && times && notify) o->on_graph(o->graph_user, g, times);
   if (times != keep) free(times);
   return rc;
@@ -73,8 +82,8 @@ static double clock_offset_us(void) { return 1e6 * pd_now() - rt_starpu_now_us()
 /* Wait until every message in ms[idx[..]] completed, or until none has
  * completed for dl seconds (the deadline restarts at every arrival: a long
  * prefill streams its messages, a dead or stuck peer stops them). */
-static bool wait_all(const struct graph *g, struct pd_msg_state *ms, const int *idx, int n_idx, double dl,
-                     struct rt_pd_rx *rx, int die_at) {
+bool pd_wait_all(const struct graph *g, struct pd_msg_state *ms, const int *idx, int n_idx, double dl,
+                 struct rt_pd_rx *rx, int die_at) {
   double until = pd_now() + dl;
   int seen = 0;
   for (;;) {
@@ -97,7 +106,8 @@ static bool wait_all(const struct graph *g, struct pd_msg_state *ms, const int *
                                           "P's node times"};
       if (rx && miss >= 0)
         snprintf(rx->first_missing, sizeof rx->first_missing, "%s",
-                 miss < g->n_node ? g->node[miss].name : extra[miss - g->n_node]);
+                 miss < g->n_node ? g->node[miss].name : miss - g->n_node < 4 ? extra[miss - g->n_node]
+                                                                   : "a package record or answer");
       return false;
     }
     nanosleep(&(struct timespec){0, 500000}, NULL);
@@ -106,6 +116,9 @@ static bool wait_all(const struct graph *g, struct pd_msg_state *ms, const int *
 
 struct run {
   const struct rt_model *M;
+  const struct rt_model *MP, *MD; /* the prefill and decode roles' views (plan_role_view; else M) */
+  struct rt_model mp, md;         /* P/D with stages or experts in one process: the views' models */
+  struct plan *vp, *vd;
   const struct rt_gen_opts *o;
   struct graph g;
   int64_t n;
@@ -166,7 +179,7 @@ static void d_answer(struct run *R, struct rt_kv_pool *pools, struct rt_request 
   a->sum = XXH3_64bits(a, offsetof(struct pd_ack, sum));
   int k = R->g.n_node + 2;
   bool ok = !pd_mpi_send(a, sizeof *a, R->M->p->serving.prefill_rank, k + 1, &R->L.ms[k]) &&
-            wait_all(&R->g, R->L.ms, &k, 1, deadline_s(), NULL, 0);
+            pd_wait_all(&R->g, R->L.ms, &k, 1, deadline_s(), NULL, 0);
   if (!pd_mpi_stop() || !ok) {
     char why[512];
     snprintf(why, sizeof why, "%s", rc ? err : "D's acknowledgment did not leave within the deadline");
@@ -207,7 +220,7 @@ static void fill_result(struct run *R, struct rt_gen_result *res) {
  * so P's y1 and D's ids are a single process's, bitwise (P ships its rng
  * state in the metadata). -1 as op_sample_k gives it, or for an id of r
  * outside the vocabulary. */
-static int32_t pd_sample(const struct rt_gen_opts *o, const struct rt_request *r, const float *logits, int V,
+int32_t pd_sample(const struct rt_gen_opts *o, const struct rt_request *r, const float *logits, int V,
                          uint64_t *rng) {
   float *prob = cedar_xmalloc(sizeof(float) * (size_t)V), *pen = NULL;
   int32_t *order = cedar_xmalloc(sizeof(int32_t) * (size_t)V), id = -1;
@@ -240,7 +253,7 @@ static int run_prefill(struct run *R, struct rt_kv_pool *pools, struct rt_reques
   double t0 = pd_now();
   struct rt_exec_out out = {R->logits, R->pos};
   if (R->trace) R->ptimes = cedar_xcalloc((size_t)R->g.n_node + 1, sizeof(*R->ptimes));
-  rc = run_graph(&R->g, R->M, rp, &out, &R->m.prefill, R->o, R->L.role == RT_PD_LOCAL, R->ptimes, err, err_len);
+  rc = pd_run_graph(&R->g, R->MP, rp, &out, &R->m.prefill, R->o, R->L.role == RT_PD_LOCAL, R->ptimes, err, err_len);
   if (!rc && R->trace) {
     double off = clock_offset_us();
     for (int k = 0; k < R->g.n_node; k++) {
@@ -344,14 +357,14 @@ static int replay_on_d(struct run *R, struct rt_request *r, char *err, size_t er
   struct graph g;
   struct graph_opts go = {.chunk = o->chunk, .replay = o->replay, .all_logits = o->all_logits, .hit = R->n,
                           .swa_hit = true, .at_decode = true};
-  int rc = graph_build_prefill(&g, R->M->p, R->n, &go, err, err_len);
+  int rc = graph_build_prefill(&g, R->MD->p, R->n, &go, err, err_len);
   if (rc) return rc;
   free(R->logits);
   free(R->pos);
   R->logits = cedar_xmalloc(sizeof(float) * (size_t)g.out_rows * V);
   R->pos = cedar_xmalloc(sizeof(int64_t) * (size_t)g.out_rows);
   struct rt_exec_out out = {R->logits, R->pos};
-  rc = run_graph(&g, R->M, r, &out, &R->dstats, o, true, NULL, err, err_len);
+  rc = pd_run_graph(&g, R->MD, r, &out, &R->dstats, o, true, NULL, err, err_len);
   R->d_nodes = g.n_node;
   for (int k = 0; k < g.n_node; k++) R->d_edges += g.node[k].n_dep;
   R->d_rows = g.out_rows;
@@ -365,12 +378,15 @@ static int replay_on_d(struct run *R, struct rt_request *r, char *err, size_t er
 
 /* D: consume y1 and decode, as generate.c's loop does. */
 static int run_decode(struct run *R, struct rt_request *r, struct rt_gen_result *res, char *err, size_t err_len) {
-  const struct plan *p = R->M->p;
-  const struct rt_gen_opts *o = R->o;
+  return pd_decode(R->MD, R->o, r, R->rng, res, err, err_len);
+}
+
+int pd_decode(const struct rt_model *M, const struct rt_gen_opts *o, struct rt_request *r, uint64_t rng,
+              struct rt_gen_result *res, char *err, size_t err_len) {
+  const struct plan *p = M->p;
   const int V = p->model.vocab;
   res->tokens = cedar_xmalloc(sizeof(int32_t) * (size_t)o->max_new);
   res->decode_logits = cedar_xmalloc(sizeof(float) * (size_t)V * (size_t)(o->max_new > 1 ? o->max_new - 1 : 1));
-  uint64_t rng = R->rng;
   res->tokens[res->n_tokens++] = r->pending;
   double steady = 0;
   int rc = 0;
@@ -384,7 +400,7 @@ static int run_decode(struct run *R, struct rt_request *r, struct rt_gen_result 
     if (rc) break;
     res->decode_nodes = g.n_node;
     struct rt_exec_out out = {lg, NULL};
-    rc = run_graph(&g, R->M, r, &out, &res->decode, o, true, NULL, err, err_len);
+    rc = pd_run_graph(&g, M, r, &out, &res->decode, o, true, NULL, err, err_len);
     graph_free(&g);
     if (rc) break;
     r->n_pos++;
@@ -433,7 +449,7 @@ static int receive(struct run *R, struct rt_request *rd, struct rt_pd_stats *st,
   all[R->n_xfer + 1] = g->n_node + 1;
   all[R->n_xfer + 2] = g->n_node + 3;
   double dl = deadline_s();
-  if (!wait_all(g, R->L.ms, all, R->n_xfer + 3, dl, &R->rx, pd_fault == RT_PD_FAULT_D_DIES ? pd_fault_at : 0)) {
+  if (!pd_wait_all(g, R->L.ms, all, R->n_xfer + 3, dl, &R->rx, pd_fault == RT_PD_FAULT_D_DIES ? pd_fault_at : 0)) {
     int fake = !R->trace + (lg_bytes == 0); /* marked done above: no such message */
     snprintf(err, err_len, "the P->D transfer stalled: no message for %.0f s (CEDAR_PD_DEADLINE_S): %lld of %d "
              "messages arrived, first missing: %s; this request is dropped", dl, (long long)R->rx.arrived - fake,
@@ -473,23 +489,40 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
              "prefix cache off for this plan, or run it without serving.placement");
     return CEDAR_EUNSUPPORTED;
   }
+  if (plan_place_pd(p) && rt_pd_world_size() > 1) /* each role on ranks of its own (pd_stage.c) */
+    return pd_stage_generate(M, pools, r, prompt, n, o, res, st, err, err_len);
   if (role == RT_PD_IDLE || role == RT_PD_NONE) {
     if (role == RT_PD_IDLE && !pd_mpi_meet(deadline_s())) pd_mpi_abort("the other ranks did not start the request");
     if (role == RT_PD_IDLE && !pd_mpi_start(err, err_len)) pd_mpi_stop();
     return 1;
   }
   struct run *R = cedar_xcalloc(1, sizeof(*R));
-  R->M = M;
+  R->M = R->MP = R->MD = M;
   R->o = o;
   R->n = n;
   R->L.role = role;
   R->L.dest = p->serving.decode_rank;
   pthread_mutex_init(&R->L.mu, NULL);
   st->mpi = role != RT_PD_LOCAL;
+  bool views = plan_place_pd(p); /* P/D stages or experts in one process: both roles' graphs here */
+  if (views) {
+    R->vp = cedar_xmalloc(sizeof *R->vp);
+    R->vd = cedar_xmalloc(sizeof *R->vd);
+    plan_role_view(p, false, R->vp);
+    plan_role_view(p, true, R->vd);
+    R->mp = *M, R->md = *M;
+    R->mp.p = R->vp, R->md.p = R->vd;
+    R->MP = &R->mp, R->MD = &R->md;
+  }
   struct graph_opts go = {.chunk = o->chunk, .replay = o->replay, .all_logits = o->all_logits};
-  int rc = graph_build_prefill(&R->g, p, n, &go, err, err_len);
+  int rc = graph_build_prefill(&R->g, R->MP->p, n, &go, err, err_len);
   struct rt_kv_pool *pools_p = NULL;
   struct rt_request rp = {0};
+  bool opened = false;
+  if (!rc && views) { /* the routed experts' figures (rt_ep_begin): one process, no messages */
+    rc = rt_pipe_open(p, R->vp->serving.place.n_ep_ranks ? R->vp : R->vd, o, n, err, err_len);
+    opened = !rc;
+  }
   if (rc) goto out;
   R->L.buf = cedar_xcalloc((size_t)R->g.n_node, sizeof(uint8_t *));
   /* + the record, the logits, D's answer, P's node times (a trace) */
@@ -499,7 +532,7 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
   R->xfer = cedar_xmalloc(sizeof(int) * (size_t)(R->g.n_transfer + 1));
   R->L.last_kv = -1;
   for (int k = 0; k < R->g.n_node; k++) {
-    if (R->g.node[k].op != GRAPH_TRANSFER) continue;
+    if (R->g.node[k].op != GRAPH_TRANSFER || (R->g.node[k].flags & GRAPH_F_STAGE)) continue; /* P->D ones */
     R->xfer[R->n_xfer++] = k;
     if (R->g.data[R->g.node[k].xfer_src].state == GRAPH_ST_KV) R->L.last_kv = k;
   }
@@ -557,7 +590,7 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
     double dl = deadline_s();
     if (rc) {
       snprintf(err, err_len, "posting the package through StarPU-MPI failed");
-    } else if (!wait_all(&R->g, R->L.ms, all, R->n_xfer + 4, dl, &R->rx, 0)) {
+    } else if (!pd_wait_all(&R->g, R->L.ms, all, R->n_xfer + 4, dl, &R->rx, 0)) {
       snprintf(err, err_len, "the decode rank stopped taking the package: nothing completed for %.0f s "
                "(CEDAR_PD_DEADLINE_S), first missing: %s", dl, R->rx.first_missing);
       rc = CEDAR_EIO;
@@ -646,6 +679,7 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
 out:
   if (role == RT_PD_DECODE && R->mpi_on && !R->acked)
     d_answer(R, pools, r, rc, err); /* refused before the barrier: P hears why */
+  if (opened) rc = rt_pipe_close(R->vd, r, rc, err, err_len);
   last = *st;
   if (rp.plan) rt_request_free(&rp);
   if (pools_p) {
@@ -663,6 +697,8 @@ out:
   free(R->mbytes);
   pthread_mutex_destroy(&R->L.mu);
   graph_free(&R->g);
+  free(R->vp); /* after the graph built from it */
+  free(R->vd);
   free(R);
   return rc;
 }

@@ -27,7 +27,7 @@ struct sent {
 };
 
 static struct {
-  bool on;            /* under mpirun, inside rt_pipe_generate */
+  bool on;            /* under mpirun, between rt_pipe_open and rt_pipe_close */
   int me, world;
   int seq;            /* graphs run in this request: part of each tag */
   struct sent **sent; /* this request's messages */
@@ -99,11 +99,27 @@ int rt_pipe_placement_check(const struct plan *p, struct plan_mark *at, char *er
       return CEDAR_EUNSUPPORTED;
     }
   }
+  for (int s = 0; s < pl->n_stages; s++)
+    if (have > 0 && pl->stage[s].pd && pl->stage[s].decode >= have) {
+      *at = pl->stage[s].mark_decode;
+      snprintf(err, err_len, "%sserving.placement.stages[%d].decode is %d: this placement needs %d ranks, but mpirun "
+               "gave %d; run mpirun -np %d or place the stage's decode home on a rank below %d",
+               where(at, w, sizeof w), s, pl->stage[s].decode, need, have, need, have);
+      return CEDAR_EUNSUPPORTED;
+    }
   for (int i = 0; i < pl->n_ep_ranks; i++)
     if (have > 0 && pl->ep_rank[i] >= have) {
       *at = pl->mark_ep_rank[i];
-      snprintf(err, err_len, "%sserving.placement.experts.ranks names rank %d: this placement needs %d ranks, but "
-               "mpirun gave %d; run mpirun -np %d", where(at, w, sizeof w), pl->ep_rank[i], need, have, need);
+      snprintf(err, err_len, "%sserving.placement.experts.%s names rank %d: this placement needs %d ranks, but "
+               "mpirun gave %d; run mpirun -np %d", where(at, w, sizeof w), pl->ep_pd ? "prefill" : "ranks",
+               pl->ep_rank[i], need, have, need);
+      return CEDAR_EUNSUPPORTED;
+    }
+  for (int i = 0; pl->ep_pd && i < pl->n_ep_ranks_d; i++)
+    if (have > 0 && pl->ep_rank_d[i] >= have) {
+      *at = pl->mark_ep_rank_d[i];
+      snprintf(err, err_len, "%sserving.placement.experts.decode names rank %d: this placement needs %d ranks, but "
+               "mpirun gave %d; run mpirun -np %d", where(at, w, sizeof w), pl->ep_rank_d[i], need, have, need);
       return CEDAR_EUNSUPPORTED;
     }
   return 0;
@@ -414,18 +430,16 @@ static int fault_parse(char *err, size_t err_len) {
   return CEDAR_EINVAL;
 }
 
-int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
-                     int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len) {
-  const struct plan *p = M->p;
+int rt_pipe_open(const struct plan *p, const struct plan *ep_plan, const struct rt_gen_opts *o, int64_t n,
+                 char *err, size_t err_len) {
   if (fault_parse(err, err_len)) return CEDAR_EINVAL;
   memset(&last, 0, sizeof last);
   last.ranks = plan_place_ranks(p);
   last.stages = p->serving.place.n_stages;
   int chunk = o->chunk > 0 ? o->chunk : p->serving.prefill_chunk;
   last.chunks = (int)((n + chunk - 1) / chunk);
-  int rc = rt_ep_begin(p, o, rt_pipe_multi(p), err, err_len); /* routed experts on ranks (expert_par.h) */
-  if (rc) return rc;
-  if (!rt_pipe_multi(p)) return rt_generate(M, pools, r, prompt, n, o, res, err, err_len);
+  int rc = rt_ep_begin(ep_plan, o, rt_pipe_multi(p), err, err_len); /* routed experts on ranks (expert_par.h) */
+  if (rc || !rt_pipe_multi(p)) return rc;
   if (o->cache) {
     snprintf(err, err_len, "layer stages on several ranks run without the prefix cache (each rank would cache only "
              "its layers); run without --cache");
@@ -456,7 +470,13 @@ int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct 
   pp.err[0] = 0;
   pp.trace = o->on_graph && o->executor == RT_EXEC_STARPU;
   pp.on = true;
-  rc = rt_generate(M, pools, r, prompt, n, o, res, err, err_len);
+  return 0;
+}
+
+int rt_pipe_xchg(void *buf, size_t n, int peer, int tag, bool send) { return xchg(buf, n, peer, tag_of(tag), send); }
+
+int rt_pipe_close(const struct plan *p, const struct rt_request *r, int rc, char *err, size_t err_len) {
+  if (!pp.on) return rc; /* one process: nothing was opened */
   if (!rc) { /* the entries of the sources this rank holds (not the copies it received for its readers) */
     struct rt_pipe_rank *k = &last.rank[pp.me];
     if (plan_has_stages(p)) {
@@ -467,7 +487,7 @@ int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct 
         k->kv_entry_bytes += s->n_entries * (int64_t)s->pool->entry_bytes;
         k->kv_page_bytes += (int64_t)s->n_pages * (int64_t)rt_kv_page_bytes(s->pool);
       }
-    } else { /* experts only: every rank holds the whole request's state */
+    } else { /* experts only: every rank holds the whole request's state (P/D: the decode home) */
       struct rt_state_bytes b;
       rt_request_bytes(r, &b);
       k->kv_entries = b.kv_entries;
@@ -509,4 +529,13 @@ int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct 
   pp.trace = false;
   if (rc) return rc;
   return pp.me == 0 ? 0 : 1;
+}
+
+int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
+                     int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len) {
+  const struct plan *p = M->p;
+  int rc = rt_pipe_open(p, p, o, n, err, err_len);
+  if (rc) return rc;
+  rc = rt_generate(M, pools, r, prompt, n, o, res, err, err_len);
+  return rt_pipe_close(p, r, rc, err, err_len);
 }

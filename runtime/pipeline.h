@@ -67,6 +67,21 @@ int rt_pipe_placement_check(const struct plan *p, struct plan_mark *at, char *er
 int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
                      int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len);
 
+/* For a driver that runs its own graphs across the ranks (runtime/
+ * pd_stage.c: P/D with stages or experts): rt_pipe_open makes the ranks
+ * meet and starts StarPU-MPI under mpirun (nothing in one process), the
+ * routed experts of ep_plan's placement on (rt_ep_begin); every graph run
+ * until rt_pipe_close goes through rt_pipe_skip and rt_pipe_after_graph,
+ * in the same order on every rank. rt_pipe_close gathers the figures (r's
+ * global entries counted by p's stages), meets every rank within the
+ * deadline and stops StarPU-MPI; it returns rc, or 0 on rank 0 and 1 on
+ * the others. rt_pipe_xchg sends / receives n bytes with rank peer, tag
+ * below 0xffff0 (its own space per graph), within the deadline. */
+int rt_pipe_open(const struct plan *p, const struct plan *ep_plan, const struct rt_gen_opts *o, int64_t n,
+                 char *err, size_t err_len);
+int rt_pipe_close(const struct plan *p, const struct rt_request *r, int rc, char *err, size_t err_len);
+int rt_pipe_xchg(void *buf, size_t n, int peer, int tag, bool send);
+
 /* For the executors (exec_node.c, generate.c): */
 bool rt_pipe_skip(const struct graph *g, const struct graph_node *nd);
 int rt_pipe_transfer_node(const struct rt_node_ctx *c);

@@ -246,8 +246,9 @@ void graph__place_stages(struct graph *g);
  * pass then ships packets and outputs between ranks as TRANSFER nodes.
  * Called by graph__place_stages first. */
 void graph__split_experts(struct graph *g);
-/* Node nd has work on `rank`: it runs there, or it is a transfer whose copy
- * lands there (the receiving side). */
+/* Node nd has work on `rank`: it runs there, or it is a stage transfer
+ * whose copy lands there (the receiving side; a P->D transfer's receiver
+ * takes its message outside the graph: runtime/pd.h). */
 bool graph_runs_on(const struct graph *g, const struct graph_node *nd, int rank);
 
 /* Counts for tests and reports. */

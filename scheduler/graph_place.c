@@ -13,6 +13,11 @@
  * stages the pass runs for them alone. Runs on a graph whose nodes are
  * emitted but whose edges are not derived yet: the transfers then get explicit edges like every node (read
  * after the write they ship, the copy's readers after it).
+ * P/D stages ({layers: 0-13, prefill: 0, decode: 2}): the graph is built
+ * from one role's view of the plan (plan_role_view), so stage[].rank is that
+ * role's home. A prefill graph's P->D TRANSFER runs where its source lives
+ * (the stage's prefill home) and its twin lives on the stage's decode home;
+ * the token history goes to every decode home (one TRANSFER each).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +30,13 @@ static struct graph_place stage_place(const struct plan *p, int s) {
   const struct plan_stage *st = &p->serving.place.stage[s];
   struct graph_place pl = {st->rank, st->device == PLAN_DEV_CUDA ? GRAPH_DEV_CUDA : GRAPH_DEV_CPU, 0};
   if (pl.dev == GRAPH_DEV_CUDA) pl.dev_id = st->device_id;
+  return pl;
+}
+
+/* Stage s's decode home (P/D stages). */
+static struct graph_place decode_place(const struct plan *p, int s) {
+  struct graph_place pl = stage_place(p, s);
+  pl.rank = p->serving.place.stage[s].decode;
   return pl;
 }
 
@@ -155,6 +167,30 @@ static void kv_start(const struct graph *g, const struct graph_node *node, int n
     }
 }
 
+/* P/D stages: every decode home needs the token history (its Engram
+ * gathers and the sampler read it): a clone of P->D transfer k for each
+ * decode home other than its twin's, each to a twin of its own. */
+static void tokens_to_every_decode_home(struct graph *g, int k) {
+  const struct plan_placement *pl = &g->plan->serving.place;
+  for (int s = 0; s < pl->n_stages; s++) {
+    int r = pl->stage[s].decode, seen = g->data[g->node[k].xfer_dst].home.rank == r;
+    for (int t = 0; t < s; t++) seen |= pl->stage[t].decode == r;
+    if (seen) continue;
+    int dst = add_copy(g, g->node[k].xfer_dst, decode_place(g->plan, s));
+    grow(g);
+    struct graph_node *c = &g->node[g->n_node];
+    *c = g->node[k];
+    c->xfer_dst = dst;
+    c->use = cedar_xmalloc(sizeof(*c->use) * (size_t)c->n_use);
+    memcpy(c->use, g->node[k].use, sizeof(*c->use) * (size_t)c->n_use);
+    for (int u = 0; u < c->n_use; u++)
+      if (c->use[u].data == g->node[k].xfer_dst) c->use[u].data = dst;
+    snprintf(c->name, sizeof c->name, "xfer tokens >r%d", r & 0xff);
+    g->n_node++;
+    g->n_transfer++;
+  }
+}
+
 void graph__place_stages(struct graph *g) {
   const struct plan *p = g->plan;
   graph__split_experts(g);
@@ -163,8 +199,16 @@ void graph__place_stages(struct graph *g) {
   /* state and weights: with their layer's stage; the kept encoder outputs
    * with the decoder; the token history and the model-wide weights on every
    * rank (each embeds or gathers Engram rows from its own copy). */
+  bool *twin = cedar_xcalloc((size_t)n0 + 1, sizeof(bool)); /* the decode side's copies of P->D transfers */
+  for (int k = 0; k < g->n_node; k++)
+    if (g->node[k].op == GRAPH_TRANSFER && g->node[k].xfer_dst >= 0) twin[g->node[k].xfer_dst] = true;
   for (int d = 0; d < n0; d++) {
     struct graph_data *gd = &g->data[d];
+    if (twin[d] && plan_has_stages(p) && p->serving.place.stage[0].pd) { /* with its layer's stage's decode home */
+      int l = gd->layer >= 0 ? gd->layer : gd->state == GRAPH_ST_XE ? first_decoder(p) : 0;
+      gd->home = decode_place(p, plan_stage_of(p, l));
+      continue;
+    }
     if (gd->layer >= 0 && !movable(gd) && plan_has_stages(p)) gd->home = stage_place(p, plan_stage_of(p, gd->layer));
     if (gd->kind == GRAPH_STATE && gd->state == GRAPH_ST_XE && plan_has_stages(p)) gd->home = stage_place(p, plan_stage_of(p, first_decoder(p)));
   }
@@ -188,9 +232,11 @@ void graph__place_stages(struct graph *g) {
   for (int k = 0; k < n_old; k++) {
     struct graph_node nd = old[k];
     nd.place = node_place(p, &nd);
+    if (nd.op == GRAPH_TRANSFER) nd.place = g->data[nd.xfer_src].home; /* P->D: where its source lives */
     int me = nd.place.rank;
     for (int u = 0; u < nd.n_use; u++) {
       int d = nd.use[u].data;
+      if (d < n0 && twin[d]) continue; /* the decode side's copy: the P->D transfer's own business */
       if (d < n0 && is_kv(&g->data[d]) && g->data[d].home.rank != me) { /* a reader in another stage */
         CEDAR_ASSERT_MSG(nd.use[u].mode == GRAPH_R, "%s writes %s, which another stage holds", nd.name,
                          g->data[d].name);
@@ -230,7 +276,10 @@ void graph__place_stages(struct graph *g) {
     }
     grow(g);
     g->node[g->n_node++] = nd;
+    if (nd.op == GRAPH_TRANSFER && g->data[nd.xfer_src].state == GRAPH_ST_TOKENS && p->serving.place.stage[0].pd)
+      tokens_to_every_decode_home(g, g->n_node - 1);
   }
+  free(twin);
   free(own);
   free(cur);
   free(taken);
@@ -241,6 +290,7 @@ void graph__place_stages(struct graph *g) {
 }
 
 bool graph_runs_on(const struct graph *g, const struct graph_node *nd, int rank) {
-  if (nd->op == GRAPH_TRANSFER && nd->xfer_dst >= 0 && g->data[nd->xfer_dst].home.rank == rank) return true;
+  if (nd->op == GRAPH_TRANSFER && (nd->flags & GRAPH_F_STAGE) && g->data[nd->xfer_dst].home.rank == rank)
+    return true; /* a stage transfer's receiving side (a P->D one is received outside the graph: pd.h) */
   return nd->place.rank == rank;
 }

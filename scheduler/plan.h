@@ -152,6 +152,11 @@ struct plan_stage {
   int device;                 /* PLAN_DEV_CPU / PLAN_DEV_CUDA */
   int device_id;
   struct plan_mark mark, mark_rank, mark_device;
+  /* P/D per stage ({layers: 0-13, prefill: 0, decode: 2}): rank is the
+   * prefill home (the prefill graph's), decode the decode home. */
+  bool pd;
+  int decode;
+  struct plan_mark mark_decode;
 };
 struct plan_placement {
   int n_stages;
@@ -161,6 +166,12 @@ struct plan_placement {
   int ep_rank[PLAN_MAX_EP_RANKS];
   bool ep_layer[PLAN_MAX_LAYERS]; /* the MoE layers whose routed experts are sharded */
   struct plan_mark mark_experts, mark_ep_rank[PLAN_MAX_EP_RANKS];
+  /* P/D (experts: {prefill: [0, 2], decode: [1, 2]}): ep_rank holds the
+   * prefill role's shards, ep_rank_d the decode role's. */
+  bool ep_pd;
+  int n_ep_ranks_d;
+  int ep_rank_d[PLAN_MAX_EP_RANKS];
+  struct plan_mark mark_ep_rank_d[PLAN_MAX_EP_RANKS];
   bool engram_set;            /* serving.placement.engram given */
   int engram_rank;
   enum { PLAN_ENGRAM_HOST = 0, PLAN_ENGRAM_FILE } engram_memory;

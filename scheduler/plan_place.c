@@ -25,10 +25,18 @@ int plan_stage_of(const struct plan *p, int l) {
 int plan_place_ranks(const struct plan *p) {
   const struct plan_placement *pl = &p->serving.place;
   int n = 1;
-  for (int s = 0; s < pl->n_stages; s++)
+  for (int s = 0; s < pl->n_stages; s++) {
     if (pl->stage[s].rank + 1 > n) n = pl->stage[s].rank + 1;
+    if (pl->stage[s].pd && pl->stage[s].decode + 1 > n) n = pl->stage[s].decode + 1;
+  }
   for (int i = 0; i < pl->n_ep_ranks; i++)
     if (pl->ep_rank[i] + 1 > n) n = pl->ep_rank[i] + 1;
+  for (int i = 0; pl->ep_pd && i < pl->n_ep_ranks_d; i++)
+    if (pl->ep_rank_d[i] + 1 > n) n = pl->ep_rank_d[i] + 1;
+  if (plan_place_pd(p)) { /* the P/D homes too */
+    if (p->serving.prefill_rank + 1 > n) n = p->serving.prefill_rank + 1;
+    if (p->serving.decode_rank + 1 > n) n = p->serving.decode_rank + 1;
+  }
   if (pl->engram_set && pl->engram_rank + 1 > n) n = pl->engram_rank + 1;
   return n;
 }
@@ -40,6 +48,24 @@ int plan_expert_rank(const struct plan *p, int l, int e) {
     return pl->ep_rank[e / per];
   }
   return pl->n_stages ? pl->stage[plan_stage_of(p, l)].rank : p->serving.prefill_rank;
+}
+
+bool plan_place_pd(const struct plan *p) {
+  const struct plan_placement *pl = &p->serving.place;
+  return (pl->n_stages && pl->stage[0].pd) || pl->ep_pd;
+}
+
+void plan_role_view(const struct plan *p, bool decode, struct plan *v) {
+  *v = *p;
+  struct plan_placement *pl = &v->serving.place;
+  if (!decode) return; /* stage[].rank and ep_rank already name the prefill role's */
+  for (int s = 0; s < pl->n_stages; s++)
+    if (pl->stage[s].pd) pl->stage[s].rank = pl->stage[s].decode;
+  if (pl->ep_pd) {
+    pl->n_ep_ranks = pl->n_ep_ranks_d;
+    memcpy(pl->ep_rank, pl->ep_rank_d, sizeof pl->ep_rank);
+    memcpy(pl->mark_ep_rank, pl->mark_ep_rank_d, sizeof pl->mark_ep_rank);
+  }
 }
 
 int plan_engram_rank(const struct plan *p) {
@@ -93,7 +119,7 @@ static bool read_device(struct plan_ctx *ctx, const struct pnode *v, int *dev) {
 }
 
 static void read_stages(struct plan_ctx *ctx, const struct pnode *v, struct plan *p) {
-  static const char *const keys[] = {"layers", "rank", "device", "device_id"};
+  static const char *const keys[] = {"layers", "rank", "prefill", "decode", "device", "device_id"};
   struct plan_placement *pl = &p->serving.place;
   pl->mark_stages = v->mark;
   if (v->kind != PN_SEQ || v->n == 0) {
@@ -116,7 +142,7 @@ static void read_stages(struct plan_ctx *ctx, const struct pnode *v, struct plan
       plan__error(ctx, e->mark, "write {layers: 0-19, rank: 0}", "a stage must be a map, not %s", plan__kind_name(e));
       continue;
     }
-    bool ok = true, has_rank = false;
+    bool ok = true, has_rank = false, has_p = false, has_d = false;
     for (size_t k = 0; k + 1 < e->n; k += 2) {
       const struct pnode *key = e->kids[k], *val = e->kids[k + 1];
       long long x;
@@ -126,6 +152,14 @@ static void read_stages(struct plan_ctx *ctx, const struct pnode *v, struct plan
         ok &= has_rank = plan__read_int(ctx, val, "rank", 0, 1 << 20, &x);
         s->rank = (int)x;
         s->mark_rank = val->mark;
+      } else if (!strcmp(key->str, "prefill")) { /* P/D: the stage's prefill home */
+        ok &= has_p = plan__read_int(ctx, val, "prefill", 0, 1 << 20, &x);
+        s->rank = (int)x;
+        s->mark_rank = val->mark;
+      } else if (!strcmp(key->str, "decode")) { /* P/D: the stage's decode home */
+        ok &= has_d = plan__read_int(ctx, val, "decode", 0, 1 << 20, &x);
+        s->decode = (int)x;
+        s->mark_decode = val->mark;
       } else if (!strcmp(key->str, "device")) {
         ok &= read_device(ctx, val, &s->device);
         s->mark_device = val->mark;
@@ -137,46 +171,86 @@ static void read_stages(struct plan_ctx *ctx, const struct pnode *v, struct plan
         ok = false;
       }
     }
-    if (ok && (s->lo < 0 || !has_rank)) {
-      plan__error(ctx, e->mark, "write {layers: 0-19, rank: 0}", "stage %zu needs both `layers` and `rank`", i);
+    s->pd = has_p || has_d;
+    if (ok && has_rank && s->pd) {
+      plan__error(ctx, e->mark, "write either rank: N (one home) or prefill: N, decode: M (P/D), not both",
+                  "stage %zu names `rank` and a P/D home", i);
+      ok = false;
+    } else if (ok && s->pd && !(has_p && has_d)) {
+      plan__error(ctx, e->mark, "write {layers: 0-19, prefill: 0, decode: 2}", "stage %zu names only its %s home: a "
+                  "P/D stage needs both `prefill` and `decode`", i, has_p ? "prefill" : "decode");
+      ok = false;
+    } else if (ok && (s->lo < 0 || !(has_rank || s->pd))) {
+      plan__error(ctx, e->mark, "write {layers: 0-19, rank: 0} (or prefill: 0, decode: 2 for P/D)",
+                  "stage %zu needs both `layers` and `rank`", i);
       ok = false;
     }
     if (ok) pl->n_stages++;
   }
 }
 
+/* A list of distinct ranks (experts.ranks / .prefill / .decode) into rank[]. */
+static bool read_rank_list(struct plan_ctx *ctx, const struct pnode *v, const struct pnode *at, const char *key,
+                           int *rank, struct plan_mark *mark, int *n) {
+  if (!v || v->kind != PN_SEQ || v->n == 0 || v->n > PLAN_MAX_EP_RANKS) {
+    plan__error(ctx, v ? v->mark : at->mark, "write ranks: [0, 1] (up to 64 ranks)",
+                "serving.placement.experts needs `%s`, a list of ranks", key);
+    return false;
+  }
+  for (size_t i = 0; i < v->n; i++) {
+    long long x;
+    if (!plan__read_int(ctx, v->kids[i], key, 0, 1 << 20, &x)) return false;
+    for (int j = 0; j < *n; j++)
+      if (rank[j] == x) {
+        plan__error(ctx, v->kids[i]->mark, "name each rank once", "serving.placement.experts.%s names rank %lld "
+                    "twice", key, x);
+        return false;
+      }
+    mark[*n] = v->kids[i]->mark;
+    rank[(*n)++] = (int)x;
+  }
+  return true;
+}
+
 static void read_experts(struct plan_ctx *ctx, const struct pnode *v, struct plan *p) {
-  static const char *const keys[] = {"ranks", "layers"};
+  static const char *const keys[] = {"ranks", "prefill", "decode", "layers"};
   struct plan_placement *pl = &p->serving.place;
   pl->mark_experts = v->mark;
   if (v->kind != PN_MAP) {
     plan__error(ctx, v->mark, "write experts: {ranks: [0, 1]}", "serving.placement.experts must be a map");
     return;
   }
-  const struct pnode *ranks = NULL, *layers = NULL;
+  const struct pnode *ranks = NULL, *layers = NULL, *pre = NULL, *dec = NULL;
   for (size_t k = 0; k + 1 < v->n; k += 2) {
     if (!strcmp(v->kids[k]->str, "ranks"))
       ranks = v->kids[k + 1];
+    else if (!strcmp(v->kids[k]->str, "prefill"))
+      pre = v->kids[k + 1];
+    else if (!strcmp(v->kids[k]->str, "decode"))
+      dec = v->kids[k + 1];
     else if (!strcmp(v->kids[k]->str, "layers"))
       layers = v->kids[k + 1];
     else
-      plan__unknown_key(ctx, v->kids[k], "serving.placement.experts", keys, 2);
+      plan__unknown_key(ctx, v->kids[k], "serving.placement.experts", keys, 4);
   }
-  if (!ranks || ranks->kind != PN_SEQ || ranks->n == 0 || ranks->n > PLAN_MAX_EP_RANKS) {
-    plan__error(ctx, ranks ? ranks->mark : v->mark, "write ranks: [0, 1] (up to 64 ranks)",
-                "serving.placement.experts needs `ranks`, a list of ranks");
+  if (ranks && (pre || dec)) {
+    plan__error(ctx, ranks->mark, "write either ranks: [...] (one home) or prefill: [...], decode: [...] (P/D)",
+                "serving.placement.experts names `ranks` and a role's shards");
     return;
   }
-  for (size_t i = 0; i < ranks->n; i++) {
-    long long x;
-    if (!plan__read_int(ctx, ranks->kids[i], "ranks", 0, 1 << 20, &x)) return;
-    for (int j = 0; j < pl->n_ep_ranks; j++)
-      if (pl->ep_rank[j] == x) {
-        plan__error(ctx, ranks->kids[i]->mark, "name each rank once", "serving.placement.experts.ranks names rank %lld twice", x);
-        return;
-      }
-    pl->mark_ep_rank[pl->n_ep_ranks] = ranks->kids[i]->mark;
-    pl->ep_rank[pl->n_ep_ranks++] = (int)x;
+  if (pre || dec) { /* P/D: each role's shards */
+    if (!pre || !dec) {
+      plan__error(ctx, v->mark, "write experts: {prefill: [0, 2], decode: [1, 2]}", "serving.placement.experts "
+                  "names only the %s role's shards: P/D experts need both `prefill` and `decode`",
+                  pre ? "prefill" : "decode");
+      return;
+    }
+    pl->ep_pd = true;
+    if (!read_rank_list(ctx, pre, v, "prefill", pl->ep_rank, pl->mark_ep_rank, &pl->n_ep_ranks) ||
+        !read_rank_list(ctx, dec, v, "decode", pl->ep_rank_d, pl->mark_ep_rank_d, &pl->n_ep_ranks_d))
+      return;
+  } else if (!read_rank_list(ctx, ranks, v, "ranks", pl->ep_rank, pl->mark_ep_rank, &pl->n_ep_ranks)) {
+    return;
   }
   int lo = 0, hi = p->n_layers - 1;
   if (layers) {
@@ -229,6 +303,75 @@ void plan__read_placement(struct plan_ctx *ctx, const struct pnode *root, struct
 
 /* ---- checking ---------------------------------------------------------------- */
 
+/* Written in the file that writes the stages (an inherited value, say
+ * v41-flash's `decode: {rank: 0}`, gives way to the stages). */
+static bool same_file(struct plan_mark a, struct plan_mark b) { return a.file && b.file && !strcmp(a.file, b.file); }
+
+/* serving.placement.prefill / decode when the stages name the homes: the
+ * first stage's; written beside the stages, they must agree. */
+static bool pd_stage_homes(struct plan_ctx *ctx, struct plan *p) {
+  struct plan_serving *sv = &p->serving;
+  const struct plan_placement *pl = &p->serving.place;
+  const struct plan_stage *s0 = &pl->stage[0];
+  if (same_file(sv->mark_prefill_rank, pl->mark_stages) && sv->prefill_rank != s0->rank) {
+    plan__error(ctx, sv->mark_prefill_rank, "drop serving.placement.prefill.rank: the stages name the homes",
+                "serving.placement.prefill.rank is %d, but stage 0's prefill home is %d", sv->prefill_rank, s0->rank);
+    return false;
+  }
+  if (same_file(sv->mark_decode_rank, pl->mark_stages) && sv->decode_rank != s0->decode) {
+    plan__error(ctx, sv->mark_decode_rank, "drop serving.placement.decode.rank: the stages name the homes",
+                "serving.placement.decode.rank is %d, but stage 0's decode home is %d", sv->decode_rank, s0->decode);
+    return false;
+  }
+  sv->prefill_rank = s0->rank;
+  sv->decode_rank = s0->decode;
+  return true;
+}
+
+/* P/D stages: every stage names both homes, no rank holds both roles, the
+ * replay runs on P, and a KV source's readers share its stage. */
+static bool check_pd_stages(struct plan_ctx *ctx, struct plan *p) {
+  const struct plan_placement *pl = &p->serving.place;
+  for (int s = 0; s < pl->n_stages; s++)
+    if (pl->stage[s].pd != pl->stage[0].pd) {
+      plan__error(ctx, pl->stage[s].mark, pl->stage[0].pd ? "write {layers: ..., prefill: P, decode: D} here too"
+                  : "write {layers: ..., rank: R} here too, or prefill and decode homes on every stage",
+                  "stage %d %s, stage 0 %s: the stages must all name one home or all a P/D pair", s,
+                  pl->stage[s].pd ? "names P/D homes" : "names one rank", pl->stage[0].pd ? "P/D homes" : "one rank");
+      return false;
+    }
+  if (!pl->stage[0].pd) return true;
+  for (int s = 0; s < pl->n_stages; s++)
+    for (int t = 0; t < pl->n_stages; t++)
+      if (pl->stage[s].rank == pl->stage[t].decode) {
+        plan__error(ctx, pl->stage[t].mark_decode, "give the decode role ranks of its own",
+                    "rank %d is stage %d's prefill home and stage %d's decode home: a rank holds one role",
+                    pl->stage[s].rank, s, t);
+        return false;
+      }
+  for (int l = 0; l < p->n_layers; l++) {
+    int src = p->layer[l].kv_src;
+    if (src < 0 || plan_stage_of(p, src) == plan_stage_of(p, l)) continue;
+    plan__error(ctx, pl->stage[plan_stage_of(p, l)].mark, "move the stage boundary to a KV source, so that its "
+                "readers stay in its stage", "layer %d reads KV source L%d of stage %d: with P/D stages a source's "
+                "readers must share its stage (each P stage ships its own layers' pages to its decode home)", l, src,
+                plan_stage_of(p, src));
+    return false;
+  }
+  return pd_stage_homes(ctx, p);
+}
+
+static void check_ep_list(struct plan_ctx *ctx, const struct plan *p, int n, const char *key) {
+  const struct plan_placement *pl = &p->serving.place;
+  if (n > p->model.n_routed)
+    plan__error(ctx, pl->mark_experts, "name at most as many ranks as there are routed experts",
+                "serving.placement.experts%s names %d ranks for %d routed experts", key, n, p->model.n_routed);
+  else if (n && p->model.n_routed % n)
+    plan__error(ctx, pl->mark_experts, "name a number of ranks that divides model.moe.routed_experts",
+                "serving.placement.experts%s splits %d routed experts over %d ranks: the blocks would be unequal",
+                key, p->model.n_routed, n);
+}
+
 void plan__check_placement(struct plan_ctx *ctx, struct plan *p) {
   struct plan_placement *pl = &p->serving.place;
   if (pl->n_stages) {
@@ -252,26 +395,34 @@ void plan__check_placement(struct plan_ctx *ctx, struct plan *p) {
                   "layers", next - 1, p->n_layers);
       return;
     }
+    if (!check_pd_stages(ctx, p)) return;
     const struct plan_serving *sv = &p->serving;
-    if (sv->prefill_rank != sv->decode_rank || sv->prefill_device != sv->decode_device) {
-      plan__error(ctx, pl->mark_stages, "drop stages, or place prefill and decode on one home",
-                  "serving.placement.stages with prefill and decode on different homes (P/D) is not built yet: "
-                  "each stage would need a prefill and a decode home");
+    if (!pl->stage[0].pd && (sv->prefill_rank != sv->decode_rank || sv->prefill_device != sv->decode_device)) {
+      plan__error(ctx, pl->mark_stages, "give each stage both homes: {layers: 0-13, prefill: 0, decode: 2} "
+                  "(docs/placement.md, \"P/D with stages and experts\"), or place prefill and decode on one home",
+                  "serving.placement.stages with one rank a stage, but prefill and decode on different homes (P/D)");
       return;
     }
   }
   const struct plan_serving *sv = &p->serving;
-  if (pl->n_ep_ranks && (sv->prefill_rank != sv->decode_rank || sv->prefill_device != sv->decode_device)) {
-    plan__error(ctx, pl->mark_experts, "drop experts, or place prefill and decode on one home",
-                "serving.placement.experts with prefill and decode on different homes (P/D) is not built yet: "
-                "the shards would serve two owners (runtime/expert_par.h)");
+  bool split = sv->prefill_rank != sv->decode_rank || sv->prefill_device != sv->decode_device;
+  if (pl->n_ep_ranks && split && !pl->ep_pd) {
+    plan__error(ctx, pl->mark_experts, "write experts: {prefill: [0, 2], decode: [1, 2]} (each role's shards)",
+                "serving.placement.experts with prefill and decode on different homes (P/D) needs each role's "
+                "shard ranks");
     return;
   }
-  if (pl->n_ep_ranks > p->model.n_routed)
-    plan__error(ctx, pl->mark_experts, "name at most as many ranks as there are routed experts",
-                "serving.placement.experts names %d ranks for %d routed experts", pl->n_ep_ranks, p->model.n_routed);
-  else if (pl->n_ep_ranks && p->model.n_routed % pl->n_ep_ranks)
-    plan__error(ctx, pl->mark_experts, "name a number of ranks that divides model.moe.routed_experts",
-                "serving.placement.experts splits %d routed experts over %d ranks: the blocks would be unequal",
-                p->model.n_routed, pl->n_ep_ranks);
+  if (pl->ep_pd && !split) {
+    plan__error(ctx, pl->mark_experts, "write experts: {ranks: [0, 1]}, or place prefill and decode apart",
+                "serving.placement.experts names each role's shards, but prefill and decode share one home");
+    return;
+  }
+  if (plan_place_pd(p) && sv->pd_replay == PLAN_REPLAY_ON_DECODE && p->serving.ced) {
+    plan__error(ctx, pl->stage[0].pd ? pl->mark_stages : pl->mark_experts, "set serving.placement.replay: prefill",
+                "P/D with stages or experts runs the decoder replay on the prefill side only: the replay on D "
+                "across the decode role's ranks is not built");
+    return;
+  }
+  check_ep_list(ctx, p, pl->n_ep_ranks, pl->ep_pd ? ".prefill" : "");
+  if (pl->ep_pd) check_ep_list(ctx, p, pl->n_ep_ranks_d, ".decode");
 }

@@ -14,6 +14,12 @@
  *            (runtime/expert_par.h: dispatch, shards, combine).
  *   engram   {rank: 0, memory: host | file}: where the Engram tables live.
  *
+ * With prefill and decode on different homes (P/D), each stage names both
+ * homes instead of one rank ({layers: 0-13, prefill: 0, decode: 2}) and the
+ * experts each role's shards ({prefill: [0, 2], decode: [1, 2]}); a rank
+ * holds one role, a KV source's readers share its stage, and the replay
+ * runs on P (checked here; docs/placement.md, "P/D with stages and experts").
+ *
  * The loader reads them (plan__read_placement, after the layer table) and
  * checks them against the layers (plan__check_placement, after ownership
  * is derived); errors carry file:line:col and the fix.
@@ -35,6 +41,16 @@ int plan_place_ranks(const struct plan *p);
 /* The rank holding routed expert e of layer l: its stage's rank, or its
  * block of serving.placement.experts. */
 int plan_expert_rank(const struct plan *p, int l, int e);
+/* P/D with stages or experts: the stages name a prefill and a decode home
+ * each ({layers: 0-13, prefill: 0, decode: 2}), or the experts each role's
+ * shards ({prefill: [0, 2], decode: [1, 2]}). */
+bool plan_place_pd(const struct plan *p);
+/* The plan as one role sees it: a copy whose stage[].rank and ep_rank name
+ * the prefill role's homes (decode false: the plan as written) or the
+ * decode role's. The graph compiler and the expert shards read only these,
+ * so a prefill graph built from the prefill view runs on the P ranks and a
+ * decode graph from the decode view on the D ranks (runtime/pd_stage.c). */
+void plan_role_view(const struct plan *p, bool decode, struct plan *v);
 /* The rank holding the Engram tables (the first stage's without engram:). */
 int plan_engram_rank(const struct plan *p);
 

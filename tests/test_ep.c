@@ -350,7 +350,7 @@ static void refusals(void) {
   int lrc = plan_load_string("pd.yaml", text, strlen(text), &p, &dg);
   bool said = false;
   for (size_t i = 0; i < dg.n; i++)
-    said |= strstr(dg.d[i].msg, "(P/D) is not built yet") && dg.d[i].mark.line == 7 && dg.d[i].hint;
+    said |= strstr(dg.d[i].msg, "(P/D) needs each role's shard ranks") && dg.d[i].mark.line == 7 && dg.d[i].hint;
   EXPECT(lrc != 0 && said, "experts with P/D: rc %d, %s", lrc, dg.n ? dg.d[0].msg : "no diagnostic");
   if (lrc == 0) plan_free(&p);
   plan_diags_free(&dg);

@@ -70,7 +70,7 @@ static void plan_language(void) {
   expect_refused("    stages:\n      - {layers: 0-13, rank: 0, gpu: 1}\n      - {layers: 14-39, rank: 1}\n", 6, 33,
                  "gpu", "unknown key");
   expect_refused("    prefill: {rank: 0}\n    decode: {rank: 1}\n    stages:\n      - {layers: 0-13, rank: 0}\n"
-                 "      - {layers: 14-39, rank: 1}\n", 8, 7, "not built yet", "stages with P/D");
+                 "      - {layers: 14-39, rank: 1}\n", 8, 7, "with one rank a stage", "stages with P/D");
   expect_refused("    experts: {ranks: [0, 1, 2]}\n", 5, 14, "unequal", "experts 4 over 3");
   expect_refused("    experts: {ranks: [0, 0]}\n", 5, 26, "twice", "experts twice");
   expect_refused("    engram: {rank: 0, memory: disk}\n", 5, 31, "host or file", "engram memory");
