@@ -260,7 +260,7 @@ int rt_run_node_stream(const struct graph *g, const struct rt_model *M, struct r
     if (r) rt_bind_node(g, r, nd, &own); /* no request (a transfer outside a P/D one): nothing to bind */
     st = &own;
   }
-  struct rt_node_ctx c = {g, M, r, nd, buf, st, out, out_row, ar, stream};
+  struct rt_node_ctx c = {g, M, r, nd, buf, st, out, out_row, ar, stream, NULL}; /* cuda: the executor's (backend.h) */
   rt_rtrace_tile(nd->a); /* the positions of the op groups that are not given them (round_trace.h) */
   return run_guarded(fn, &c, ar);
 }
