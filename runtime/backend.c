@@ -130,8 +130,8 @@ static int check_flow(const struct plan *p, enum graph_flow f, struct plan_mark 
     *mk = pre ? s->mark_prefill_device : s->mark_decode_device;
     where(mk, at, sizeof at);
     snprintf(err, err_len, "%sserving.placement.%s.device is %s, but this build has no %s backend for cedar's op "
-             "groups yet; set device: cpu", at, phase, pl.dev == GRAPH_DEV_CUDA ? "cuda" : "?",
-             pl.dev == GRAPH_DEV_CUDA ? "CUDA" : "such");
+             "groups (it was built without CUDA: -DCEDAR_CUDA=ON where nvcc is installed); set device: cpu", at, phase,
+             pl.dev == GRAPH_DEV_CUDA ? "cuda" : "?", pl.dev == GRAPH_DEV_CUDA ? "CUDA" : "such");
     return CEDAR_EUNSUPPORTED;
   }
   char why[512];
