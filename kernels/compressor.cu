@@ -65,14 +65,31 @@ static cublasStatus_t launched(cudaError_t e) {
 cublasStatus_t kern_compress(cublasHandle_t h, uint8_t *entries, size_t entry_bytes, size_t main_off, size_t idx_off,
                              float *kM, float *kI, float *tail_v, float *tail_g, const float *u, const int64_t *pos,
                              int n, const struct op_comp_layer *L, float *scratch, cudaStream_t st) {
-  const int r = L->ratio, d = L->d, di = L->idx_dim, n_emit = n / r, left = n % r;
-  if (n <= 0) return CUBLAS_STATUS_SUCCESS;
+  return kern_compress_tail(h, entries, entry_bytes, main_off, idx_off, kM, kI, tail_v, tail_g, 0, u, pos, n, L,
+                            scratch, st);
+}
+
+cublasStatus_t kern_compress_tail(cublasHandle_t h, uint8_t *entries, size_t entry_bytes, size_t main_off,
+                                  size_t idx_off, float *kM, float *kI, float *tail_v, float *tail_g, int count,
+                                  const float *u, const int64_t *pos, int n_new, const struct op_comp_layer *L,
+                                  float *scratch, cudaStream_t st) {
+  const int r = L->ratio, d = L->d, di = L->idx_dim, n = count + n_new, n_emit = n / r, left = n % r;
+  if (n_new <= 0) return CUBLAS_STATUS_SUCCESS;
+  if (count < 0 || count >= r) return CUBLAS_STATUS_INVALID_VALUE;
   if (kern_kv_pack_supported(&L->main_fmt) || kern_kv_pack_supported(&L->idx_fmt)) return CUBLAS_STATUS_NOT_SUPPORTED;
   const size_t rows = (size_t)n * d;
   float *v = scratch, *g = r > 1 ? v + rows : NULL;
   float *c_hat = v + rows * (r > 1 ? 2 : 1), *c = c_hat + (size_t)n_emit * d, *kI0 = c + (size_t)n_emit * d;
-  cublasStatus_t s = kern_linear(h, v, u, L->W_kv, n, L->hidden, d, L->hidden, d, st);
-  if (s == CUBLAS_STATUS_SUCCESS && r > 1) s = kern_linear(h, g, u, L->W_gate, n, L->hidden, d, L->hidden, d, st);
+  cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+  if (count) { /* the pending rows first, in position order, then the call's own (op_comp_push's group order) */
+    const size_t bytes = (size_t)count * d * sizeof(float);
+    if ((s = launched(cudaMemcpyAsync(v, tail_v, bytes, cudaMemcpyDeviceToDevice, st))) != CUBLAS_STATUS_SUCCESS ||
+        (s = launched(cudaMemcpyAsync(g, tail_g, bytes, cudaMemcpyDeviceToDevice, st))) != CUBLAS_STATUS_SUCCESS)
+      return s;
+  }
+  const size_t at = (size_t)count * d;
+  s = kern_linear(h, v + at, u, L->W_kv, n_new, L->hidden, d, L->hidden, d, st);
+  if (s == CUBLAS_STATUS_SUCCESS && r > 1) s = kern_linear(h, g + at, u, L->W_gate, n_new, L->hidden, d, L->hidden, d, st);
   if (s != CUBLAS_STATUS_SUCCESS) return s;
   if (left) { /* the tail: the projected rows after the last whole group */
     const size_t off = (size_t)n_emit * r * d, bytes = (size_t)left * d * sizeof(float);

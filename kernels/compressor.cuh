@@ -51,6 +51,19 @@ cublasStatus_t kern_compress(cublasHandle_t h, uint8_t *entries, size_t entry_by
                              float *kM, float *kI, float *tail_v, float *tail_g, const float *u, const int64_t *pos,
                              int n, const struct op_comp_layer *L, float *scratch, cudaStream_t st);
 
+/* The same call continuing a tail: tail_v / tail_g hold count pending
+ * projected rows (0 <= count < ratio; the tail starts at a multiple of ratio,
+ * so the first entry is the tail's group) whose group the call's first rows
+ * complete, as op_comp_push pools them; pos: the (count + n_new) / ratio
+ * entry positions; tail_v / tail_g get the (count + n_new) % ratio rows left
+ * (read before they are written: the same buffers are fine). Scratch:
+ * kern_compress_scratch_floats(count + n_new, ...). kern_compress is this
+ * with count 0. */
+cublasStatus_t kern_compress_tail(cublasHandle_t h, uint8_t *entries, size_t entry_bytes, size_t main_off,
+                                  size_t idx_off, float *kM, float *kI, float *tail_v, float *tail_g, int count,
+                                  const float *u, const int64_t *pos, int n_new, const struct op_comp_layer *L,
+                                  float *scratch, cudaStream_t st);
+
 extern "C" int kern_compress_run(const struct op_desc *self, struct op_io *io);
 
 #endif

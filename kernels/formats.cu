@@ -115,3 +115,51 @@ int kern_mxfp4_unpack_run(const struct op_desc *self, struct op_io *io) {
 }
 int kern_fp8_pack_run(const struct op_desc *self, struct op_io *io) { return fmt_run(self, io, OP_FMT_FP8, true); }
 int kern_fp8_unpack_run(const struct op_desc *self, struct op_io *io) { return fmt_run(self, io, OP_FMT_FP8, false); }
+
+__global__ void bf16_round_kernel(float *x, int64_t n) {
+  const int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (k < n) x[k] = op_hd_bf16_round(x[k]);
+}
+
+cudaError_t kern_bf16_round(float *x, int64_t n, cudaStream_t st) {
+  if (n <= 0) return cudaSuccess;
+  bf16_round_kernel<<<kcall_blocks(n, FMT_THREADS), FMT_THREADS, 0, st>>>(x, n);
+  return cudaGetLastError();
+}
+
+/* formats_act.c's pow2_ceil: 2^ceil(log2 v) for v > 0 finite, exact, clamped to E8M0's range. */
+__device__ __forceinline__ float mx_pow2_ceil(float v) {
+  int e;
+  const float m = frexpf(v, &e);
+  int k = m == 0.5f ? e - 1 : e;
+  k = k < -127 ? -127 : k > 127 ? 127 : k;
+  return ldexpf(1.0f, k);
+}
+
+__global__ void mxfp8_qdq_kernel(float *x, int rows, int cols, int ld, int block) {
+  const int nb = (cols + block - 1) / block;
+  const int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= (int64_t)rows * nb) return;
+  const int r = (int)(k / nb), b = (int)(k % nb) * block;
+  const int w = cols - b < block ? cols - b : block;
+  float *v = x + (size_t)r * ld + b, amax = 0.0f;
+  bool bad = false;
+  for (int i = 0; i < w; i++) {
+    bad |= !isfinite(v[i]);
+    amax = fmaxf(amax, fabsf(v[i]));
+  }
+  if (bad) {
+    for (int i = 0; i < w; i++) v[i] = __int_as_float(0x7fc00000);
+    return;
+  }
+  const float s = mx_pow2_ceil(__fdiv_rn(fmaxf(amax, OP_MXFP8_AMAX_FLOOR), 448.0f));
+  for (int i = 0; i < w; i++) v[i] = __fmul_rn(op_hd_e4m3_decode(op_hd_e4m3_encode(__fdiv_rn(v[i], s))), s);
+}
+
+cudaError_t kern_mxfp8_qdq(float *x, int rows, int cols, int ld, int block, cudaStream_t st) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (block <= 0) return cudaErrorInvalidValue;
+  const long long blocks = (long long)rows * ((cols + block - 1) / block);
+  mxfp8_qdq_kernel<<<kcall_blocks(blocks, FMT_THREADS), FMT_THREADS, 0, st>>>(x, rows, cols, ld, block);
+  return cudaGetLastError();
+}

@@ -39,6 +39,17 @@ cudaError_t kern_kv_pack_rows(const struct op_kv_format *f, uint8_t *out, const 
 cudaError_t kern_kv_unpack_rows(const struct op_kv_format *f, float *out, const uint8_t *in, int64_t n, int W,
                                 cudaStream_t st);
 
+/* The activation roundings of ops/formats.h (formats_act.c), in place:
+ * kern_bf16_round is op_bf16_round_n (one thread per value, the shared
+ * op_hd_bf16_round: the CPU's bits); kern_mxfp8_qdq is op_mxfp8_qdq (one
+ * thread per (row, block): amax, s = 2^ceil(log2(max(amax, 1e-4) / 448))
+ * by frexpf/ldexpf as the CPU's pow2_ceil, x = decode(op_hd_e4m3_encode(x /
+ * s)) * s with one IEEE rounding per division and product, a block with a
+ * NaN or Inf all NaN: the CPU's bits). Used by the node-level CUDA op groups
+ * (runtime/node_cuda_*.cu) for model.numerics. */
+cudaError_t kern_bf16_round(float *x, int64_t n, cudaStream_t st);
+cudaError_t kern_mxfp8_qdq(float *x, int rows, int cols, int ld, int block, cudaStream_t st);
+
 /* A value as the packer sees it: bf16-rounded first when f.bf16. Then
  * block b of one entry (W values at x, entry bytes at e): the body of
  * kern_kv_pack_rows, for kernels that write KV where they make it; f must

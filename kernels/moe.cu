@@ -2,6 +2,7 @@
 #include "kernels/moe.cuh"
 
 #include "base/check.h"
+#include "kernels/formats.cuh"
 #include "kernels/kcall.cuh"
 #include "kernels/reduce.cuh"
 
@@ -9,7 +10,8 @@ enum { MOE_THREADS = 128, MOE_WARPS = 4, MOE_MAX_ACTIVE = 16 };
 
 size_t kern_moe_scratch_bytes(int n, const struct op_moe_cfg *c) {
   const int S = c->n_shared * c->shared_inter;
-  const size_t f = (size_t)n * c->n_routed + (size_t)n * c->n_active * c->inter + (size_t)n * (S > 0 ? S : 0);
+  size_t f = (size_t)n * c->n_routed + (size_t)n * c->n_active * c->inter + (size_t)n * (S > 0 ? S : 0);
+  if (S > 0 && c->shared_mxfp8 > 0) f += (size_t)n * c->hidden; /* the shared expert's MXFP8 copy of x */
   return (f > 0 ? f : 1) * sizeof(float);
 }
 
@@ -129,9 +131,22 @@ cublasStatus_t kern_moe_forward(cublasHandle_t h, float *y, int32_t *sel, float 
   const int wpb = MOE_THREADS / 32;
   moe_up_kernel<<<kcall_blocks((long long)n * k * I, wpb), MOE_THREADS, 0, st>>>(
       hr, x, w->gate, w->up, sel, weight, n, k, d, I, (size_t)I * d, c->limit, 0);
-  if (S > 0)
-    moe_up_kernel<<<kcall_blocks((long long)n * S, wpb), MOE_THREADS, 0, st>>>(hs, x, w->shared_gate, w->shared_up,
+  if (S > 0) {
+    /* shared_mxfp8 (op_moe_shared): the shared expert reads x and its SwiGLU
+     * hidden through MXFP8 quantize-dequantize, as the CPU does. */
+    const float *xs = x;
+    if (c->shared_mxfp8 > 0) {
+      float *xq = hs + (size_t)n * S;
+      if (cudaMemcpyAsync(xq, x, (size_t)n * d * sizeof(float), cudaMemcpyDeviceToDevice, st) != cudaSuccess ||
+          kern_mxfp8_qdq(xq, n, d, d, c->shared_mxfp8, st) != cudaSuccess)
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+      xs = xq;
+    }
+    moe_up_kernel<<<kcall_blocks((long long)n * S, wpb), MOE_THREADS, 0, st>>>(hs, xs, w->shared_gate, w->shared_up,
                                                                               sel, weight, n, k, d, S, 0, c->limit, 1);
+    if (c->shared_mxfp8 > 0 && kern_mxfp8_qdq(hs, n, S, S, c->shared_mxfp8, st) != cudaSuccess)
+      return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
   moe_down_kernel<<<kcall_blocks((long long)n * d, wpb), MOE_THREADS, 0, st>>>(y, hs, hr, w->shared_down, w->down, sel,
                                                                                n, k, d, I, S);
   return cudaGetLastError() == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;

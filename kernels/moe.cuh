@@ -16,6 +16,8 @@
  *            up); then one warp per (token, output channel): the shared
  *            expert's down dot, then each selected expert's in ascending id
  *            order added to it, the CPU's order of the expert sum.
+ * With cfg.shared_mxfp8 the shared expert reads x and its SwiGLU hidden
+ * through kern_mxfp8_qdq (kernels/formats.cuh), as op_moe_shared does.
  * Scratch (device): kern_moe_scratch_bytes(n, cfg).
  * The weights are fp32 here, as the op takes them; the released FP4 experts
  * (e2m1 + ue8m0 per 32) are not read directly yet (docs/kernels.md).

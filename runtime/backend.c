@@ -1,4 +1,4 @@
-/* backend.c: the backend table by device kind, the (empty) CUDA backend,
+/* backend.c: the backend table by device kind, the CUDA backend's table,
  * whether CUDA can run nodes here (rt_cuda_ready), and the placement check
  * (backend.h). The CPU backend's entries live with
  * the dispatch they share with every executor, in exec_node.c. */
@@ -9,13 +9,32 @@
 
 #include "base/check.h"
 #include "kernels/device.h"
+#include "runtime/node_cuda.h"
 #include "runtime/pd.h"
 #include "runtime/pipeline.h"
 
-/* No op group has a CUDA twin yet: every slot NULL, so a plan that places
- * a flow on cuda is refused by rt_placement_check instead of running on
- * the CPU. The CUDA issue fills these slots. */
+/* The CUDA op groups (runtime/node_cuda.h) in a CUDA build: every slot but
+ * TRANSFER. Without CUDA every slot is NULL, so a plan that places a flow on
+ * cuda is refused by rt_placement_check instead of running on the CPU. */
+#ifdef CEDAR_HAVE_CUDA
+const struct rt_backend rt_backend_cuda = {
+    .name = "cuda",
+    .dev = GRAPH_DEV_CUDA,
+    .run = {
+        [GRAPH_EMBED] = rt_cuda_embed,
+        [GRAPH_ENGRAM_GATHER] = rt_cuda_engram_rows,
+        [GRAPH_ENGRAM] = rt_cuda_engram,
+        [GRAPH_ATTN] = rt_cuda_attn,
+        [GRAPH_MOE] = rt_cuda_moe,
+        [GRAPH_DEC_KV] = rt_cuda_dec_kv,
+        [GRAPH_KEEP_XE] = rt_cuda_keep_xe,
+        [GRAPH_REPLAY_IN] = rt_cuda_replay_in,
+        [GRAPH_HEAD] = rt_cuda_head,
+    },
+};
+#else
 const struct rt_backend rt_backend_cuda = {.name = "cuda", .dev = GRAPH_DEV_CUDA};
+#endif
 
 const struct rt_backend *rt_backend_for(enum graph_device dev) {
   switch (dev) {
@@ -73,8 +92,13 @@ int rt_cuda_ready(char *err, size_t err_len) {
   char list[512];
   int missing = rt_backend_missing(&rt_backend_cuda, false, list, sizeof list);
   if (missing) {
-    snprintf(err, err_len, "this build has no CUDA entry for %d of cedar's op groups (%s): their CUDA twins are "
-             "not built yet", missing, list);
+    snprintf(err, err_len, "this build has no CUDA entry for %d of cedar's op groups (%s)%s", missing, list,
+#ifdef CEDAR_HAVE_CUDA
+             ""
+#else
+             ": it was built without CUDA (configure with -DCEDAR_CUDA=ON where nvcc is installed)"
+#endif
+    );
     return CEDAR_EUNSUPPORTED;
   }
   return 0;
@@ -106,8 +130,8 @@ static int check_flow(const struct plan *p, enum graph_flow f, struct plan_mark 
     *mk = pre ? s->mark_prefill_device : s->mark_decode_device;
     where(mk, at, sizeof at);
     snprintf(err, err_len, "%sserving.placement.%s.device is %s, but this build has no %s backend for cedar's op "
-             "groups yet; set device: cpu", at, phase, pl.dev == GRAPH_DEV_CUDA ? "cuda" : "?",
-             pl.dev == GRAPH_DEV_CUDA ? "CUDA" : "such");
+             "groups (it was built without CUDA: -DCEDAR_CUDA=ON where nvcc is installed); set device: cpu", at, phase,
+             pl.dev == GRAPH_DEV_CUDA ? "cuda" : "?", pl.dev == GRAPH_DEV_CUDA ? "CUDA" : "such");
     return CEDAR_EUNSUPPORTED;
   }
   char why[512];

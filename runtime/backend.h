@@ -4,9 +4,10 @@
  *
  *   cpu   the op groups of runtime/model.c through exec_node.c: every op
  *         group but TRANSFER (one process moves nothing between homes).
- *   cuda  no op group yet: each slot is filled by the op group's CUDA
- *         twin (kernels/ twins launched on ctx.stream); StarPU's codelets
- *         take a CUDA function for exactly the filled slots (exec_starpu.c).
+ *   cuda  every op group but TRANSFER (runtime/node_cuda.h: the groups'
+ *         kernels/ launchers on ctx.stream over device-resident data; CUDA
+ *         builds only, empty without CUDA); StarPU's codelets take a CUDA
+ *         function for exactly the filled slots (exec_starpu.c).
  *
  * rt_placement_check says, before anything runs, whether a plan's
  * serving.placement can run in this build and this process: every node's
@@ -29,6 +30,18 @@
 #include "scheduler/graph.h"
 
 struct rt_exec_out;
+struct rt_cuda_model;
+struct rt_cuda_worker;
+
+/* What a CUDA entry needs besides the node (runtime/node_cuda.h). All three
+ * are filled by the executor that runs CUDA nodes (cudastate's side:
+ * exec_direct / exec_starpu through the engine's device state); a CUDA entry
+ * refuses its node when ctx.cuda is NULL. */
+struct rt_cuda_env {
+  const struct rt_cuda_model *cm; /* filled by the engine: rt_cuda_model_open once per device */
+  struct rt_cuda_worker *cw;      /* filled by the executor: one per stream that runs nodes (rt_cuda_worker_open) */
+  const int32_t *tokens;          /* filled by the binder: the request's ids on the device, id p at [p] (r->tokens' copy) */
+};
 
 /* Everything one node runs on: the graph, the model, the request, the node,
  * its activation and bus buffers by data id, the request state bound from
@@ -47,6 +60,9 @@ struct rt_node_ctx {
    * starpu_cuda_get_local_stream() in a STARPU_CUDA_ASYNC codelet; NULL,
    * CUDA's default stream, from the direct executor). CPU entries: NULL. */
   void *stream;
+  /* CUDA entries: the device model, worker and tokens (filled by the
+   * executor, cudastate's side). CPU entries: NULL. */
+  const struct rt_cuda_env *cuda;
 };
 
 typedef int (*rt_group_fn)(const struct rt_node_ctx *c);
@@ -58,7 +74,7 @@ struct rt_backend {
 };
 
 extern const struct rt_backend rt_backend_cpu;  /* exec_node.c */
-extern const struct rt_backend rt_backend_cuda; /* backend.c: empty until kernels/ has twins */
+extern const struct rt_backend rt_backend_cuda; /* backend.c: runtime/node_cuda.h's entries (CUDA builds) */
 
 /* The backend of a device kind. */
 const struct rt_backend *rt_backend_for(enum graph_device dev);

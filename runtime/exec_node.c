@@ -15,6 +15,7 @@
 #include "runtime/exec.h"
 #include "runtime/expert_par.h"
 #include "runtime/mtp.h"
+#include "runtime/node_cuda.h"
 #include "runtime/pd.h"
 #include "runtime/pipeline.h"
 #include "runtime/round_trace.h"
@@ -188,6 +189,11 @@ const struct rt_backend rt_backend_cpu = {
 /* ---- binding and dispatch ------------------------------------------------ */
 
 void rt_node_error(const struct graph_node *nd, int rc, char *err, size_t err_len) {
+#ifdef CEDAR_HAVE_CUDA
+  if (nd->place.dev == GRAPH_DEV_CUDA && rt_cuda_node_why()[0]) /* a CUDA entry's reason (node_cuda.h) */
+    snprintf(err, err_len, "%s; this request is dropped", rt_cuda_node_why());
+  else
+#endif
   if (rc == CEDAR_ENOMEM)
     snprintf(err, err_len, "%s: the KV page pool is exhausted; this request is dropped", nd->name);
   else if (rc == RT_ENOMEM_SCRATCH)
@@ -264,7 +270,7 @@ int rt_run_node_stream(const struct graph *g, const struct rt_model *M, struct r
     if (r) rt_bind_node(g, r, nd, &own); /* no request (a transfer outside a P/D one): nothing to bind */
     st = &own;
   }
-  struct rt_node_ctx c = {g, M, r, nd, buf, st, out, out_row, ar, stream};
+  struct rt_node_ctx c = {g, M, r, nd, buf, st, out, out_row, ar, stream, NULL}; /* cuda: the executor's (backend.h) */
   rt_rtrace_tile(nd->a); /* the positions of the op groups that are not given them (round_trace.h) */
   return run_guarded(fn, &c, ar);
 }

@@ -124,6 +124,10 @@ struct rt_bound {
   struct rt_kv_seq *kv_r;        /* the source read, or NULL */
   int64_t kv_r_end;              /* entries [0, kv_r_end) visible */
   const uint8_t *const *kv_r_pages; /* the pages to read them from, or NULL: kv_r's own table */
+  /* CUDA nodes (runtime/node_cuda.h): a device array of kv_w's device page
+   * addresses covering kv_w_end entries, pages reserved before the node runs;
+   * filled by the executor's binder (cudastate's side). CPU nodes: NULL. */
+  const uint8_t *const *kv_w_pages;
 };
 
 /* The attention sublayer of node nd (GRAPH_ATTN) on X (n, hc, d) and the

@@ -94,8 +94,8 @@ int rt_pipe_placement_check(const struct plan *p, struct plan_mark *at, char *er
         snprintf(err, err_len, "%sserving.placement.stages[%d] names cuda:%d, but this machine has %d CUDA device%s; "
                  "%s", where(at, w, sizeof w), s, st->device_id, nd, nd == 1 ? "" : "s", nd > 0 ? "set a smaller device_id or device: cpu" : "set device: cpu");
       else
-        snprintf(err, err_len, "%sserving.placement.stages[%d] names cuda:%d: this build has no CUDA backend for "
-                 "cedar's op groups yet; set device: cpu", where(at, w, sizeof w), s, st->device_id);
+        snprintf(err, err_len, "%sserving.placement.stages[%d] names cuda:%d: layer stages run on CPU ranks only "
+                 "(their transfers move host memory); set device: cpu", where(at, w, sizeof w), s, st->device_id);
       return CEDAR_EUNSUPPORTED;
     }
   }

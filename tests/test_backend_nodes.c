@@ -2,8 +2,15 @@
  * placement check (runtime/backend.h, scheduler/graph.h).
  *
  *  - the backend table: cpu has an entry for every op group (TRANSFER is
- *    runtime/pd.c's), cuda none yet; rt_backend_for maps each device kind
- *    to its table;
+ *    runtime/pd.c's); cuda, in a CUDA build, every op group but TRANSFER
+ *    (runtime/node_cuda.h), none without CUDA; rt_backend_for maps each
+ *    device kind to its table;
+ *  - a CUDA entry called without the executor's device state (ctx.cuda
+ *    NULL, as here) refuses its node with CEDAR_EUNSUPPORTED and says why,
+ *    before touching the device, and rt_node_error passes the reason on;
+ *  - rt_cuda_swa_rank (the device's SWA view order) puts a ring's slots
+ *    where model.c's swa_view insertion sort puts them, over random rings
+ *    with empty slots, rotations and arbitrary positions;
  *  - rt_placement_check accepts every shipped plan (v41-mini-pd too) and a
  *    P/D split on ranks 0 and 1, and refuses, naming file:line:col and the
  *    value to set, a rank beyond what this process plays (two ranks without
@@ -32,6 +39,7 @@
 #include "base/check.h"
 #include "runtime/backend.h"
 #include "runtime/exec.h"
+#include "runtime/node_cuda.h"
 #include "scheduler/graph.h"
 #include "scheduler/policy.h"
 #include "tests/harness.h"
@@ -55,9 +63,99 @@ static bool temp_plan(char *path, size_t len, const char *serving_yaml, struct p
 static void check_table(void) {
   EXPECT(rt_backend_for(GRAPH_DEV_CPU) == &rt_backend_cpu, "cpu maps to the cpu table");
   EXPECT(rt_backend_for(GRAPH_DEV_CUDA) == &rt_backend_cuda, "cuda maps to the cuda table");
+#ifdef CEDAR_HAVE_CUDA
+  const bool cuda = true;
+#else
+  const bool cuda = false;
+#endif
   for (int op = 0; op < GRAPH_OP_COUNT; op++) {
     EXPECT(rt_backend_cpu.run[op] != NULL, "cpu backend: op group %s missing", graph_op_name(op));
-    EXPECT(rt_backend_cuda.run[op] == NULL, "cuda backend: op group %s claims a twin", graph_op_name(op));
+    bool want = cuda && op != GRAPH_TRANSFER;
+    EXPECT((rt_backend_cuda.run[op] != NULL) == want, "cuda backend: op group %s %s", graph_op_name(op),
+           want ? "has no entry" : "has an entry it should not");
+  }
+  char list[256];
+  int missing = rt_backend_missing(&rt_backend_cuda, false, list, sizeof list);
+  EXPECT(missing == (cuda ? 0 : GRAPH_OP_COUNT - 1), "cuda backend: %d op groups missing (%s)", missing, list);
+  missing = rt_backend_missing(&rt_backend_cuda, true, list, sizeof list);
+  EXPECT(cuda ? missing == 1 && strcmp(list, "transfer") == 0 : missing == GRAPH_OP_COUNT,
+         "cuda backend with TRANSFER: %d missing (%s)", missing, list);
+  /* Without a GPU (this machine), rt_cuda_ready refuses for the device, and
+   * in a CUDA build only for the device. */
+  char why[512] = "";
+  if (rt_cuda_ready(why, sizeof why) != 0 && cuda)
+    EXPECT(strstr(why, "no CUDA device") == why, "a CUDA build refuses for something else than the device: %s", why);
+}
+
+/* Each op group's CUDA entry through rt_run_node with no device state: a
+ * clean refusal with the reason, before any CUDA call. */
+static void check_cuda_entries_refuse(void) {
+#ifdef CEDAR_HAVE_CUDA
+  char path[256];
+  snprintf(path, sizeof path, "%s/tests/oracle/plans/tiny.yaml", CEDAR_SOURCE_DIR);
+  struct plan p;
+  if (!h_load_plan(path, &p)) return;
+  struct rt_model M;
+  memset(&M, 0, sizeof M);
+  M.p = &p;
+  struct graph_node nd;
+  memset(&nd, 0, sizeof nd);
+  snprintf(nd.name, sizeof nd.name, "cuda-node");
+  nd.place.dev = GRAPH_DEV_CUDA;
+  nd.x = nd.aux = nd.pre = -1;
+  for (int op = 0; op < GRAPH_OP_COUNT; op++) {
+    if (op == GRAPH_TRANSFER) continue;
+    nd.op = (enum graph_op)op;
+    struct rt_bound st;
+    memset(&st, 0, sizeof st);
+    int rc = rt_run_node(NULL, &M, NULL, &nd, NULL, &st, NULL, 0, NULL);
+    EXPECT(rc == CEDAR_EUNSUPPORTED, "cuda %s without device state: rc %d", graph_op_name(op), rc);
+    rt_node_error(&nd, rc, err, sizeof err);
+    EXPECT(strstr(err, "cuda-node") && strstr(err, "device state") && strstr(err, graph_op_name(op)),
+           "cuda %s: message '%s' does not say why", graph_op_name(op), err);
+  }
+  plan_free(&p);
+#endif
+}
+
+/* model.c's swa_view order: insertion sort of slot ids by position, empty
+ * (-1) as the largest, stable. */
+static void swa_order_cpu(const int64_t *pos, int window, int *ord) {
+  for (int s = 0; s < window; s++) {
+    int64_t ps = pos[s] < 0 ? INT64_MAX : pos[s];
+    int j = s;
+    for (; j > 0 && (pos[ord[j - 1]] < 0 ? INT64_MAX : pos[ord[j - 1]]) > ps; j--) ord[j] = ord[j - 1];
+    ord[j] = s;
+  }
+}
+
+static void check_swa_rank(void) {
+  uint64_t seed = 0x5eed;
+  enum { W = 40 };
+  int64_t pos[W];
+  int ord[W], seen[W];
+  for (int trial = 0; trial < 2000; trial++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    int window = 1 + (int)((seed >> 33) % W), kind = (int)((seed >> 20) % 3);
+    int64_t head = (int64_t)((seed >> 40) % 500);
+    for (int s = 0; s < window; s++) {
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      if (kind == 0) { /* a ring after position head: slot p mod window, the unwritten ones empty */
+        int64_t p = head - ((head - s) % window + window) % window;
+        pos[s] = p >= 0 ? p : -1;
+      } else if (kind == 1) /* a reset ring partly refilled */
+        pos[s] = (seed >> 60) < 6 ? -1 : (int64_t)s + window * (int64_t)((seed >> 50) % 4);
+      else /* arbitrary distinct positions, some empty */
+        pos[s] = (seed >> 61) == 0 ? -1 : (int64_t)s * 7919 % 1009 + 1009 * (int64_t)((seed >> 40) % 3);
+    }
+    swa_order_cpu(pos, window, ord);
+    memset(seen, 0, sizeof seen);
+    for (int s = 0; s < window; s++) {
+      int r = rt_cuda_swa_rank(pos, window, s);
+      EXPECT(r >= 0 && r < window && !seen[r]++, "trial %d: slot %d ranked %d twice or out of range", trial, s, r);
+      if (r >= 0 && r < window) EXPECT(ord[r] == s, "trial %d (window %d): slot %d at %d, model.c puts slot %d there",
+                                       trial, window, s, r, ord[r]);
+    }
   }
 }
 
@@ -276,6 +374,8 @@ static void check_policy(void) {
 
 int main(void) {
   check_table();
+  check_cuda_entries_refuse();
+  check_swa_rank();
   check_policy();
   check_shipped();
   check_refusals();
