@@ -47,6 +47,12 @@ struct rt_node_ctx {
    * starpu_cuda_get_local_stream() in a STARPU_CUDA_ASYNC codelet; NULL,
    * CUDA's default stream, from the direct executor). CPU entries: NULL. */
   void *stream;
+  /* CUDA entries inside a graph segment (runtime/devseg.h): the device
+   * parameter block (struct rt_dev_params) the step's per-step values come
+   * from: a captured graph replays with new values there, so kernels read
+   * positions, ring slots and page ids from it, never from host arguments.
+   * NULL outside a segment. Filled by the executors (cudastate). */
+  const void *params;
 };
 
 typedef int (*rt_group_fn)(const struct rt_node_ctx *c);

@@ -16,7 +16,9 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/log.h"
 #include "runtime/backend.h"
+#include "runtime/devbind.h"
 #include "runtime/pd.h"
 #include "runtime/pipeline.h"
 #include "scheduler/plan_place.h"
@@ -181,6 +183,7 @@ int rt_engine_open(struct rt_engine *e, const struct rt_engine_opts *o, char *er
   if (!rc) {
     step = RT_ENGINE_EXECUTOR;
     rc = start_exec(e, &o->exec, err, err_len);
+    if (!rc) rc = rt_engine_dev_open(e, err, err_len); /* a CUDA home's state (engine_dev.c) */
   }
   if (!rc) {
     e->open = true;
@@ -201,6 +204,7 @@ int rt_engine_open(struct rt_engine *e, const struct rt_engine_opts *o, char *er
 
 void rt_engine_close(struct rt_engine *e) {
   if (!e->open) return;
+  rt_engine_dev_close(e); /* its StarPU handles go before StarPU */
   stop_exec(e);
   if (e->cache) pc_free(e->cache); /* its pages go back to the pools first */
   free(e->cache);
@@ -246,12 +250,17 @@ int rt_engine_generate(struct rt_engine *e, struct rt_request *r, const int32_t 
   }
   if (plan_has_stages(&e->plan) || e->plan.serving.place.n_ep_ranks) /* layer stages (runtime/pipeline.h) */
     return rt_pipe_generate(&e->model, e->pools, r, prompt, n, &go, res, err, err_len);
-  return rt_generate(&e->model, e->pools, r, prompt, n, &go, res, err, err_len);
+  int rc = rt_generate(&e->model, e->pools, r, prompt, n, &go, res, err, err_len);
+  if (!rc && e->dev) rc = rt_dev_request_download(e->dev, r, err, err_len); /* the host reads r's state next */
+  return rc;
 }
 
 void rt_engine_request_free(struct rt_engine *e, struct rt_request *r) {
-  (void)e; /* the request's pages are the engine's pools': freed while it is open */
-  rt_request_free(r);
+  if (e->dev) { /* its device slot back; the state was downloaded after the run */
+    char err[256];
+    if (rt_dev_request_release(e->dev, r, err, sizeof err)) LOG_WARN("%s", err);
+  }
+  rt_request_free(r); /* the request's pages are the engine's pools': freed while it is open */
 }
 
 int rt_engine_generate_isolated(const struct rt_engine *e, const int32_t *prompt, int64_t n,

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "runtime/devbind.h"
 #include "ops/compressor.h"
 
 /* One owner of handles: a pool (its page slots) or a request. */
@@ -207,9 +208,43 @@ static void add_pages(struct tb *b, struct rt_request *r, int l, const struct gr
     tb_add(b, sp__page_handle(s->pool, s->page_id[i]), STARPU_R);
 }
 
+/* The device state's handle of one region (devbind.h), in its mode. */
+static void dev_region(struct tb *b, const struct rt_dev_twin *tw, const struct rt_dev_span *sp) {
+  const struct rt_dev_state *ds = tw->state;
+  void *h = NULL;
+  if (ds) switch (sp->kind) {
+  case RT_DEV_RING: h = rt_dev_ring_handle(ds, tw->slot, sp->layer); break;
+  case RT_DEV_RING_POS: h = rt_dev_ring_pos_handle(ds, tw->slot, sp->layer); break;
+  case RT_DEV_TAIL: h = rt_dev_tail_handle(ds, tw->slot, sp->layer); break;
+  case RT_DEV_PAGE: h = rt_dev_page_handle(ds, sp->layer, sp->page); break;
+  }
+  CEDAR_ASSERT_MSG(h, "device state: no StarPU handle for a region of layer %d (StarPU was not running when the "
+                   "state opened)", sp->layer);
+  tb_add(b, h, sp->kind != RT_DEV_PAGE && sp->write ? STARPU_RW : STARPU_R); /* pages: R, as add_pages says */
+}
+
+/* A device-home node's state accesses: the regions rt_dev_node_regions
+ * lists for use u, as the device state's handles. */
+static void dev_use(struct tb *b, const struct graph *g, const struct graph_node *nd, struct rt_request *r,
+                    const struct rt_dev_twin *tw, int u, struct sp_task_map *map) {
+  struct graph_node one = *nd; /* the regions of this one access */
+  one.use = &nd->use[u];
+  one.n_use = 1;
+  int n = rt_dev_node_regions(tw, g, r, &one, NULL, 0);
+  struct rt_dev_span *sp = cedar_xcalloc((size_t)(n ? n : 1), sizeof(*sp));
+  rt_dev_node_regions(tw, g, r, &one, sp, n);
+  const struct graph_use *us = &nd->use[u];
+  bool reads = g->data[us->data].state == GRAPH_ST_KV && us->e_read > 0 &&
+               (us->mode == GRAPH_R || us->mode == GRAPH_APPEND);
+  if (reads) map->kv_pages_first = b->n;
+  for (int i = 0; i < n; i++) dev_region(b, tw, &sp[i]);
+  if (reads && map->kv_pages_count < 0) map->kv_pages_count = b->n - map->kv_pages_first;
+  free(sp);
+}
+
 void sp__task_buffers(struct starpu_task *t, const struct graph *g, const struct graph_node *nd, struct rt_request *r,
-                      starpu_data_handle_t *act, struct sp_task_map *map) {
-  struct sp_req_handles *q = sp__request_handles(r);
+                      starpu_data_handle_t *act, const struct rt_dev_twin *tw, struct sp_task_map *map) {
+  struct sp_req_handles *q = tw ? NULL : sp__request_handles(r);
   struct tb b = {0};
   map->first = cedar_xcalloc((size_t)(nd->n_use ? nd->n_use : 1), sizeof(int));
   map->count = cedar_xcalloc((size_t)(nd->n_use ? nd->n_use : 1), sizeof(int));
@@ -224,6 +259,8 @@ void sp__task_buffers(struct starpu_task *t, const struct graph *g, const struct
       tb_add(&b, act[us->data], m);
     } else if (gd->kind == GRAPH_STATE && !graph_place_eq(gd->home, nd->place)) {
       /* a twin at another home (TRANSFER's destination): no buffer in this process */
+    } else if (gd->kind == GRAPH_STATE && tw) {
+      dev_use(&b, g, nd, r, tw, u, map);
     } else if (gd->kind == GRAPH_STATE) {
       switch (gd->state) {
       case GRAPH_ST_RING:
