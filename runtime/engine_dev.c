@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "base/log.h"
 #include "runtime/devbind.h"
 #include "runtime/engine.h"
 #include "runtime/pd.h"
@@ -85,6 +86,11 @@ int rt_engine_dev_open(struct rt_engine *e, char *err, size_t err_len) {
 }
 
 void rt_engine_dev_close(struct rt_engine *e) {
+  if (e->dev && e->dev->graphs) { /* CEDAR_LOG=info: what tests/gpu/run.sh reads to see graphs did replay */
+    struct rt_graph_stats gs = rt_graph_cache_stats(e->dev->graphs);
+    LOG_INFO("CUDA graphs (%s): %lld captures, %lld replays, %lld eager segment runs", e->dev->graphs_on ? "on" : "off",
+             (long long)gs.captures, (long long)gs.replays, (long long)gs.eager_runs);
+  }
   rt_dev_ctx_close(e->dev);
   e->dev = NULL;
   e->model.dev = NULL;
