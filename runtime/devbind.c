@@ -147,6 +147,8 @@ int rt_dev_node_regions(const struct rt_dev_twin *t, const struct graph *g, cons
     if (gd->kind != GRAPH_STATE || !graph_place_eq(gd->home, nd->place)) continue; /* a TRANSFER's far twin */
     int l = gd->layer;
     bool w = us->mode != GRAPH_R;
+    bool per_layer = gd->state == GRAPH_ST_RING || gd->state == GRAPH_ST_TAIL || gd->state == GRAPH_ST_KV;
+    if (per_layer && (l < 0 || l >= A->L.n_layers)) continue;
     switch (gd->state) {
     case GRAPH_ST_RING:
       span_add(out, cap, &n, (struct rt_dev_span){RT_DEV_RING, l, -1, rt_dev_addr_ring(A, t->slot, l), A->L.ring[l].bytes, w, false});

@@ -178,6 +178,7 @@ struct rt_dev_ctx {
   struct rt_graph_cache *graphs;   /* CUDA: decode segments (cuda_graph.h); NULL: none */
   bool segments;                   /* run decode steps by layer segment (devseg.h): CUDA with a graph cache; the stand-in calls them in place */
   bool graphs_on;                  /* replay segments as graphs (else eager) */
+  int64_t segment_runs;            /* segments run so far (exec_dev.c), for reports and tests */
   struct rt_dev_twin *twin;        /* (L.n_slots) */
   struct rt_request **owner;       /* (L.n_slots) the request in each slot, or NULL */
   void *host_slabs;                /* the stand-in's memory */

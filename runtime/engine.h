@@ -51,8 +51,6 @@ struct rt_engine_exec {
   const char *sched;         /* StarPU policy; NULL: StarPU's */
   bool profile;              /* StarPU per-task profiling (traces) */
   bool cuda;                 /* both phases on CUDA device 0, over the plan's serving.placement */
-  int cuda_graphs;           /* a CUDA home's decode segments: 0 default (graphs), 1 graphs, 2 eager (engine_dev.c) */
-  int64_t dev_tokens;        /* a CUDA home: positions one request slot holds; 0: RT_DEV_DEFAULT_TOKENS */
 };
 
 /* The prefix cache over the engine's pools (issue 6); off when zeroed. */
@@ -74,6 +72,8 @@ struct rt_engine_opts {
   uint64_t seed;
   uint64_t synth_max_bytes;  /* synthetic weights refused above this; 0: WEIGHTS_DEFAULT_MAX_BYTES */
   struct rt_engine_exec exec;
+  int cuda_graphs;           /* a CUDA home's decode segments: 0 default (graphs), 1 graphs, 2 eager (engine_dev.c) */
+  int64_t dev_tokens;        /* a CUDA home: positions one request slot holds; 0: 4096 (engine_dev.c) */
   struct rt_engine_cache cache;
   /* A tokenizer.json, or NULL: the Engram token map comes from it
    * (runtime/engram_map.h) when its size fits the plan; a released
@@ -126,8 +126,9 @@ struct rt_engine {
 
 /* The device home of an open (engine_dev.c, runtime/devbind.h): when the
  * plan places a flow on CUDA, the device state sized from e->exec, the
- * weights uploaded once, the graph cache; hung on e->model.dev. 0 when the
- * plan runs on the CPU (a --cuda-graphs choice is then refused). Closed by
+ * weights uploaded once, the graph cache (opts.cuda_graphs, opts.dev_tokens);
+ * hung on e->model.dev. 0 when the plan runs on the CPU (a cuda_graphs
+ * choice is then refused). Closed by
  * rt_engine_dev_close. */
 int rt_engine_dev_open(struct rt_engine *e, char *err, size_t err_len);
 void rt_engine_dev_close(struct rt_engine *e);

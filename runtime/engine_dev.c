@@ -34,7 +34,7 @@ static bool cuda_home(const struct plan *p) {
 
 int rt_engine_dev_open(struct rt_engine *e, char *err, size_t err_len) {
   const struct plan *p = &e->plan;
-  const struct rt_engine_exec *x = &e->exec;
+  const struct rt_engine_opts *x = &e->opts;
   if (!cuda_home(p)) {
     if (x->cuda_graphs) {
       snprintf(err, err_len, "--cuda-graphs applies to a CUDA home, and plan %s runs on the CPU: add --device cuda "
@@ -64,7 +64,7 @@ int rt_engine_dev_open(struct rt_engine *e, char *err, size_t err_len) {
     }
   size_t act = 0;
   struct graph g;
-  struct graph_opts go = {0};
+  struct graph_opts go = {.replay = -1};
   if (graph_build_prefill(&g, p, tokens < p->serving.prefill_chunk ? tokens : p->serving.prefill_chunk, &go, err,
                           err_len) == 0) {
     act = rt_dev_act_bytes(&g);

@@ -150,6 +150,7 @@ int rt_exec_direct_dev(const struct graph *g, const struct rt_model *M, struct r
         if (S.failed) rt_node_error(&g->node[S.failed - 1], S.rc, err, err_len);
       }
       for (int j = k; j < S.k1 && !rc; j++) rt_dev_node_advance(tw, r, g, &g->node[j]);
+      dv->segment_runs += !rc;
       double each = (now_s() - t) / (S.k1 - k);
       for (int j = k; j < S.k1; j++) count_node(st, &g->node[j], each);
       k = S.k1;

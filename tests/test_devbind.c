@@ -30,14 +30,14 @@
 #include "runtime/devbind.h"
 #include "runtime/devseg.h"
 
-#define N_PROMPT 21
+#define N_PROMPT 22 /* 27 positions in all: ratio-2 tails end with a pending row (downloaded and compared) */
 #define N_DECODE 5
 #define CAP 64
 
 /* The activation bytes of the largest graph this test runs. */
 static size_t act_need(const struct fx *f) {
   struct graph g;
-  struct graph_opts go = {0};
+  struct graph_opts go = {.replay = -1};
   size_t need = 0;
   if (graph_build_prefill(&g, f->p, N_PROMPT, &go, err, sizeof err) == 0) {
     need = rt_dev_act_bytes(&g);
@@ -191,6 +191,8 @@ static void test_plan(const char *path) {
       EXPECT(!memcmp(ref, got, sizeof(float) * nl), "%s: stand-in logits differ from the host run (segments %d)",
              path, segments);
       EXPECT(host_rings_untouched(&f, &r), "%s: the host rings were written during a device-home run", path);
+      EXPECT(segments ? d->segment_runs >= N_DECODE * f.p->n_layers : d->segment_runs == 0,
+             "%s: %lld decode segments ran (segments %d)", path, (long long)d->segment_runs, segments);
       struct rt_dev_twin *tw = rt_dev_request_twin(d, &r, err, sizeof err);
       EXPECT(tw != NULL, "twin: %s", err);
       if (tw && segments) check_regions(&f, tw, &r);
@@ -216,7 +218,7 @@ static void test_plan(const char *path) {
       CEDAR_ASSERT(rt_request_init(&r, 1, f.p, f.pools, CAP) == 0);
       for (int i = 0; i < N_PROMPT; i++) CEDAR_ASSERT(rt_request_push_token(&r, prompt[i]) == 0);
       struct graph g;
-      struct graph_opts go = {0};
+      struct graph_opts go = {.replay = -1};
       CEDAR_ASSERT(graph_build_prefill(&g, f.p, N_PROMPT, &go, err, sizeof err) == 0);
       struct rt_exec_out out = {lg, NULL};
       rc = rt_exec_direct(&g, &f.M, &r, &out, NULL, NULL, NULL, err, sizeof err);
