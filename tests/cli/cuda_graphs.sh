@@ -4,7 +4,8 @@
 #  - a bad value is a usage error (exit 2) naming on and off;
 #  - --cuda-graphs with a plan that runs on the CPU is refused (exit 1) with
 #    the reason and the fix, and prints no report;
-#  - --cuda-graphs with --speculate on --device cuda is a usage error;
+#  - --speculate with --device cuda is a usage error (its rollback reads
+#    the tails' logs on the host);
 #  - the help tells of it.
 # On a machine whose build runs nodes on CUDA this test skips (77):
 # tests/gpu/run.sh compares the two modes there.
