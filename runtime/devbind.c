@@ -282,6 +282,7 @@ struct rt_dev_twin *rt_dev_request_twin(struct rt_dev_ctx *d, struct rt_request 
       return NULL;
     }
     d->twin[s].state = d->state;
+    d->twin[s].ctx = d;
     d->owner[s] = r;
   }
   return rt_dev_twin_sync(&d->twin[s], r, err, err_len) ? NULL : &d->twin[s];
@@ -331,7 +332,7 @@ int rt_dev_ctx_open_host(struct rt_dev_ctx **out, const struct rt_dev_layout *L,
   d->A.act = d->A.req + L->req_total;
   d->A.params = (struct rt_dev_params *)(d->A.act + L->act_total);
   d->dev = -1;
-  d->starpu_node = -1;
+  d->starpu_node = 0; /* STARPU_MAIN_RAM: the StarPU executor registers its handles there */
   d->all_nodes = true;
   d->segments = true;
   d->host_slabs = m;
@@ -343,6 +344,7 @@ int rt_dev_ctx_open_host(struct rt_dev_ctx **out, const struct rt_dev_layout *L,
 
 void rt_dev_ctx_close(struct rt_dev_ctx *d) {
   if (!d) return;
+  if (d->exec_release) d->exec_release(d->exec_data);
   for (int s = 0; d->owner && s < d->A.L.n_slots; s++)
     if (d->owner[s]) rt_dev_twin_free(&d->twin[s]);
   free(d->twin);

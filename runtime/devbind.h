@@ -73,6 +73,7 @@ float *rt_dev_addr_tail(const struct rt_dev_addrs *A, int slot, int l);
 struct rt_dev_twin {
   const struct rt_dev_addrs *A;
   const struct rt_dev_state *state; /* its StarPU handles (a CUDA home), or NULL */
+  const struct rt_dev_ctx *ctx;     /* the context it is in */
   int slot;
   int n_layers;
   struct rt_ring ring[PLAN_MAX_LAYERS];
@@ -171,7 +172,7 @@ struct rt_dev_ctx {
   const struct rt_dev_ops *ops;
   struct rt_dev_addrs A;
   int dev;                         /* CUDA device; -1 for the stand-in */
-  int starpu_node;                 /* StarPU memory node of the slabs, -1 when not registered */
+  int starpu_node;                 /* StarPU memory node of the slabs (0, main RAM, for the stand-in), -1: none */
   bool all_nodes;                  /* the stand-in: every node binds here, whatever its device */
   struct rt_dev_state *state;      /* CUDA: the slabs and their StarPU handles (devstate_cuda.c) */
   struct rt_dev_weights *weights;  /* CUDA: the weights, uploaded once */
@@ -182,6 +183,12 @@ struct rt_dev_ctx {
   struct rt_dev_twin *twin;        /* (L.n_slots) */
   struct rt_request **owner;       /* (L.n_slots) the request in each slot, or NULL */
   void *host_slabs;                /* the stand-in's memory */
+  /* The stand-in's StarPU handles over its slabs, on main RAM (a CUDA home
+   * uses its state's): registered by the StarPU executor the first time it
+   * runs on this context (exec_starpu_data.c), released through
+   * exec_release by rt_dev_ctx_close or rt_starpu_shutdown. */
+  void *exec_data;
+  void (*exec_release)(void *exec_data);
 };
 
 /* Whether node nd binds its state in d (its home is d's device). */

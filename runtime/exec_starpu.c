@@ -506,7 +506,7 @@ int rt_exec_starpu(const struct graph *g, const struct rt_model *M, struct rt_re
       snprintf(err, err_len, "the %s device state has no StarPU handles (it was opened while StarPU was not "
                "running); this request is dropped", R.dv->ops->name);
       rc = CEDAR_EUNSUPPORTED;
-    } else if (!(R.tw = rt_dev_request_twin(R.dv, r, err, err_len))) {
+    } else if (sp__dev_register(R.dv), !(R.tw = rt_dev_request_twin(R.dv, r, err, err_len))) {
       rc = CEDAR_ENOMEM;
     }
   }

@@ -13,9 +13,10 @@
 #include "runtime/devbind.h"
 #include "ops/compressor.h"
 
-/* One owner of handles: a pool (its page slots) or a request. */
+/* One owner of handles: a pool (its page slots), a request, or a device
+ * state's stand-in (is_dev). */
 struct sp_owner {
-  bool is_pool;
+  bool is_pool, is_dev;
   void *obj;                     /* struct rt_kv_pool * or struct rt_request * */
   starpu_data_handle_t *h;       /* pool: (cap) by page slot, NULL = not registered */
   int cap;
@@ -133,10 +134,71 @@ struct sp_req_handles *sp__request_handles(struct rt_request *r) {
   return q;
 }
 
+/* ---- the stand-in of a device state ----------------------------------------- */
+
+struct sp_dev_handles {
+  struct sp_owner own;
+  starpu_data_handle_t *page[PLAN_MAX_LAYERS]; /* (pages[l]) */
+  starpu_data_handle_t *ring, *pos, *tail;     /* (n_slots * n_layers) */
+};
+
+static void dev_release(void *data) {
+  struct sp_dev_handles *q = data;
+  struct rt_dev_ctx *d = q->own.obj;
+  const struct rt_dev_layout *L = &d->A.L;
+  for (int l = 0; l < L->n_layers; l++) {
+    for (int i = 0; q->page[l] && i < L->pages[l]; i++) unreg(&q->page[l][i]);
+    free(q->page[l]);
+  }
+  for (int i = 0; i < L->n_slots * L->n_layers; i++) {
+    unreg(&q->ring[i]);
+    unreg(&q->pos[i]);
+    unreg(&q->tail[i]);
+  }
+  free(q->ring);
+  free(q->pos);
+  free(q->tail);
+  unlink_owner(&q->own);
+  free(q);
+  d->exec_data = NULL;
+  d->exec_release = NULL;
+}
+
+void sp__dev_register(struct rt_dev_ctx *d) {
+  if (d->exec_data || d->state) return; /* registered, or a CUDA state with handles of its own */
+  const struct rt_dev_layout *L = &d->A.L;
+  struct sp_dev_handles *q = cedar_xcalloc(1, sizeof(*q));
+  q->own.is_dev = true;
+  q->own.obj = d;
+  for (int l = 0; l < L->n_layers; l++) {
+    if (!L->pages[l]) continue;
+    q->page[l] = cedar_xcalloc((size_t)L->pages[l], sizeof(starpu_data_handle_t));
+    for (int i = 0; i < L->pages[l]; i++) q->page[l][i] = reg(rt_dev_addr_page(&d->A, l, i), L->page_bytes[l], "dev page");
+  }
+  size_t n = (size_t)L->n_slots * (size_t)L->n_layers;
+  q->ring = cedar_xcalloc(n, sizeof(starpu_data_handle_t));
+  q->pos = cedar_xcalloc(n, sizeof(starpu_data_handle_t));
+  q->tail = cedar_xcalloc(n, sizeof(starpu_data_handle_t));
+  for (int s = 0; s < L->n_slots; s++)
+    for (int l = 0; l < L->n_layers; l++) {
+      size_t i = (size_t)s * L->n_layers + l;
+      if (L->ring[l].bytes) {
+        q->ring[i] = reg(rt_dev_addr_ring(&d->A, s, l), L->ring[l].bytes, "dev ring");
+        q->pos[i] = reg(rt_dev_addr_ring_pos(&d->A, s, l), L->ring_pos[l].bytes, "dev ring pos");
+      }
+      if (L->tail[l].bytes) q->tail[i] = reg(rt_dev_addr_tail(&d->A, s, l), L->tail[l].bytes, "dev tail");
+    }
+  link_owner(&q->own);
+  d->exec_data = q;
+  d->exec_release = dev_release;
+}
+
 void sp__release_all(void) {
   while (owners) {
     struct sp_owner *o = owners;
-    if (o->is_pool)
+    if (o->is_dev)
+      dev_release(o); /* own is the first member */
+    else if (o->is_pool)
       pool_release(o);
     else
       request_release((struct sp_req_handles *)o); /* own is the first member */
@@ -211,12 +273,16 @@ static void add_pages(struct tb *b, struct rt_request *r, int l, const struct gr
 /* The device state's handle of one region (devbind.h), in its mode. */
 static void dev_region(struct tb *b, const struct rt_dev_twin *tw, const struct rt_dev_span *sp) {
   const struct rt_dev_state *ds = tw->state;
+  const struct sp_dev_handles *q = tw->ctx ? tw->ctx->exec_data : NULL; /* the stand-in's */
+  size_t i = (size_t)tw->slot * (size_t)tw->n_layers + (size_t)sp->layer;
   void *h = NULL;
-  if (ds) switch (sp->kind) {
-  case RT_DEV_RING: h = rt_dev_ring_handle(ds, tw->slot, sp->layer); break;
-  case RT_DEV_RING_POS: h = rt_dev_ring_pos_handle(ds, tw->slot, sp->layer); break;
-  case RT_DEV_TAIL: h = rt_dev_tail_handle(ds, tw->slot, sp->layer); break;
-  case RT_DEV_PAGE: h = rt_dev_page_handle(ds, sp->layer, sp->page); break;
+  switch (sp->kind) {
+  case RT_DEV_RING: h = ds ? rt_dev_ring_handle(ds, tw->slot, sp->layer) : q ? q->ring[i] : NULL; break;
+  case RT_DEV_RING_POS: h = ds ? rt_dev_ring_pos_handle(ds, tw->slot, sp->layer) : q ? q->pos[i] : NULL; break;
+  case RT_DEV_TAIL: h = ds ? rt_dev_tail_handle(ds, tw->slot, sp->layer) : q ? q->tail[i] : NULL; break;
+  case RT_DEV_PAGE:
+    h = ds ? rt_dev_page_handle(ds, sp->layer, sp->page) : q && q->page[sp->layer] ? q->page[sp->layer][sp->page] : NULL;
+    break;
   }
   CEDAR_ASSERT_MSG(h, "device state: no StarPU handle for a region of layer %d (StarPU was not running when the "
                    "state opened)", sp->layer);

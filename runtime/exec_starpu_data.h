@@ -63,6 +63,12 @@ void sp__task_map_free(struct sp_task_map *map);
  * cannot get its pages (the request fails), or -1. */
 int sp__reserve_pages(const struct graph *g, struct rt_request *r);
 
+/* The host-memory stand-in of a device state (runtime/devbind.h): its
+ * pages, rings, positions and tails registered on main RAM, once, if not
+ * yet. */
+struct rt_dev_ctx;
+void sp__dev_register(struct rt_dev_ctx *d);
+
 /* Release every handle still registered (rt_starpu_shutdown). */
 void sp__release_all(void);
 

@@ -20,6 +20,9 @@
  *  - segments cover every layer node of a decode graph once, one layer
  *    each; two consecutive steps with the same pages have the same key and
  *    different blocks;
+ *  - the StarPU executor on the stand-in (its slabs registered on main RAM,
+ *    a node's state from those handles, its metadata written back from the
+ *    workers): the same logits and state, bitwise;
  *  - refusals: a device pool too small for the request's pages drops the
  *    request with the page named; all request slots taken is refused.
  *
@@ -58,6 +61,32 @@ static bool run(const struct fx *f, struct rt_request *r, const int32_t *prompt,
   for (int s = 0; s < N_DECODE; s++) {
     int32_t tok = greedy(logits + (size_t)s * f->V, f->V);
     if (!decode(f, r, tok, logits + (size_t)(s + 1) * f->V, NULL)) return false;
+  }
+  return true;
+}
+
+/* The same on the StarPU executor: prefill, then the greedy steps. */
+static bool run_starpu(const struct fx *f, struct rt_request *r, const int32_t *prompt, float *logits) {
+  if (rt_request_init(r, 0, f->p, f->pools, CAP)) return false;
+  for (int64_t i = 0; i < N_PROMPT; i++) CEDAR_ASSERT(rt_request_push_token(r, prompt[i]) == 0);
+  struct graph g;
+  struct graph_opts go = {.replay = -1};
+  CEDAR_ASSERT(graph_build_prefill(&g, f->p, N_PROMPT, &go, err, sizeof err) == 0);
+  struct rt_exec_out out = {logits, NULL};
+  int rc = rt_exec_starpu(&g, &f->M, r, &out, NULL, NULL, NULL, NULL, err, sizeof err);
+  graph_free(&g);
+  EXPECT(rc == 0, "%s: StarPU prefill: %s", f->path, err);
+  if (rc) return false;
+  r->n_pos = N_PROMPT;
+  for (int s = 0; s < N_DECODE; s++) {
+    CEDAR_ASSERT(rt_request_push_token(r, greedy(logits + (size_t)s * f->V, f->V)) == 0);
+    CEDAR_ASSERT(graph_build_decode(&g, f->p, r->n_pos, err, sizeof err) == 0);
+    out.logits = logits + (size_t)(s + 1) * f->V;
+    rc = rt_exec_starpu(&g, &f->M, r, &out, NULL, NULL, NULL, NULL, err, sizeof err);
+    graph_free(&g);
+    EXPECT(rc == 0, "%s: StarPU decode: %s", f->path, err);
+    if (rc) return false;
+    r->n_pos++;
   }
   return true;
 }
@@ -177,25 +206,26 @@ static void test_plan(const char *path) {
   struct rt_dev_layout L;
   int rc = rt_dev_layout_init(&L, f.p, f.pools, &shape, 64, 2, act_need(&f), err, sizeof err);
   EXPECT(rc == 0, "%s: layout: %s", path, err);
-  for (int segments = 1; ok && rc == 0 && segments >= 0; segments--) {
+  /* mode 1: direct, by segment; 0: direct, node by node; -1: StarPU */
+  for (int segments = 1; ok && rc == 0 && segments >= -1; segments--) {
     struct rt_dev_ctx *d = NULL;
     EXPECT(rt_dev_ctx_open_host(&d, &L, err, sizeof err) == 0, "stand-in: %s", err);
     if (!d) break;
-    d->segments = segments;
+    d->segments = segments > 0;
     f.M.dev = d;
     struct rt_request r = {0};
     memset(got, 0, sizeof(float) * nl);
-    bool ran = run(&f, &r, prompt, got);
+    bool ran = segments >= 0 ? run(&f, &r, prompt, got) : run_starpu(&f, &r, prompt, got);
     EXPECT(ran, "%s: stand-in run (segments %d)", path, segments);
     if (ran) {
       EXPECT(!memcmp(ref, got, sizeof(float) * nl), "%s: stand-in logits differ from the host run (segments %d)",
              path, segments);
       EXPECT(host_rings_untouched(&f, &r), "%s: the host rings were written during a device-home run", path);
-      EXPECT(segments ? d->segment_runs >= N_DECODE * f.p->n_layers : d->segment_runs == 0,
+      EXPECT(segments > 0 ? d->segment_runs >= N_DECODE * f.p->n_layers : d->segment_runs == 0,
              "%s: %lld decode segments ran (segments %d)", path, (long long)d->segment_runs, segments);
       struct rt_dev_twin *tw = rt_dev_request_twin(d, &r, err, sizeof err);
       EXPECT(tw != NULL, "twin: %s", err);
-      if (tw && segments) check_regions(&f, tw, &r);
+      if (tw && segments > 0) check_regions(&f, tw, &r);
       EXPECT(rt_dev_request_release(d, &r, err, sizeof err) == 0, "download: %s", err);
       EXPECT(!host_rings_untouched(&f, &r), "%s: the download brought no ring back", path);
       EXPECT(requests_equal(&f, &rref, &r, true), "%s: state after download differs from the host run (segments %d)",
@@ -247,8 +277,14 @@ static void test_plan(const char *path) {
 }
 
 int main(void) {
+  struct rt_starpu_opts so = {.workers = 2};
+  if (rt_starpu_init(&so, err, sizeof err)) {
+    fprintf(stderr, "devbind: StarPU did not start: %s\n", err);
+    return 1;
+  }
   test_plan(PLAN_TINY);
   test_plan(PLAN_TWO);
   test_plan("plans/v41-mini.yaml");
+  rt_starpu_shutdown();
   return h_report("devbind");
 }
