@@ -275,6 +275,11 @@ int rt_engine_generate_isolated(const struct rt_engine *e, const int32_t *prompt
              "(cedar run); concurrent isolated requests do not take a P/D plan yet");
     return CEDAR_EUNSUPPORTED;
   }
+  if (e->dev) { /* its request slots are shared, one thread at a time (engine_dev.c) */
+    snprintf(err, err_len, "plan %s runs on a CUDA home, whose request slots take one thread at a time; concurrent "
+             "isolated requests do not run there yet", e->plan.name);
+    return CEDAR_EUNSUPPORTED;
+  }
   struct rt_kv_pool *pools = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*pools));
   struct rt_request r = {0};
   int rc = rt_kv_pools_init(pools, &e->plan, err, err_len);
