@@ -204,6 +204,8 @@ res["speed"] = {
     "sparse_attention_note": "not measured: needs the sparse attention kernel (kernels/, branch kern)",
     "model_decode_step_v41_mini": dg.get("graph_step_s"),
     "model_decode_step_v41_mini_eager": dg.get("eager_step_s"),
+    "model_decode_step_note": "itl_steady_s of decode_graphs_on / _off (seconds per decode step); null when "
+                              "--device cuda was refused or failed: decode_graphs says why",
     "layer_at_flash_widths": None,
 }
 json.dump(res, open(os.path.join(out, "gpu-results.json"), "w"), indent=1)
