@@ -499,6 +499,7 @@ int cmd_run(int argc, char **argv) {
                                        .sched = o.sched,
                                        .profile = o.trace != NULL,
                                        .cuda = o.device && !strcmp(o.device, "cuda")},
+                              .cuda_graphs = o.cuda_graphs,
                               .diags = &diags,
                               .problems = &pr,
                               .on_plan = prompt_on_plan,

@@ -50,6 +50,7 @@ int run_parse(int argc, char **argv, struct ropts *o) {
       {"stop", required_argument, NULL, 'Z'},        {"ids", no_argument, NULL, 'I'},
       {"top-k", required_argument, NULL, 'k' + 256}, {"repetition-penalty", required_argument, NULL, 'R' + 256},
       {"sample-seed", required_argument, NULL, 's' + 256},
+      {"cuda-graphs", required_argument, NULL, 1005},
       {0, 0, 0, 0}};
   memset(o, 0, sizeof(*o));
   o->max_new = 16;
@@ -135,6 +136,11 @@ int run_parse(int argc, char **argv, struct ropts *o) {
         return cli_usage_error("run", "--device takes cpu or cuda (got '%s')", optarg);
       o->device = optarg;
       break;
+    case 1005:
+      if (strcmp(optarg, "on") && strcmp(optarg, "off"))
+        return cli_usage_error("run", "--cuda-graphs takes on or off (got '%s')", optarg);
+      o->cuda_graphs = strcmp(optarg, "on") ? 2 : 1;
+      break;
     case 'R': o->raw = true; break;
     case 'Y': o->system = optarg; break;
     case 'I': o->ids = true; break;
@@ -162,6 +168,8 @@ int run_parse(int argc, char **argv, struct ropts *o) {
   if (o->speculate && (o->exact || o->dump || o->dump_round || o->trace || o->dot || o->executor != RT_EXEC_DIRECT))
     return cli_usage_error("run", "--speculate runs on the direct executor and takes none of --exact-replay, --dump, "
                                   "--dump-roundings, --trace, --dot");
+  if (o->speculate && o->device && !strcmp(o->device, "cuda"))
+    return cli_usage_error("run", "--speculate runs on the CPU: its rollback reads the tails' logs on the host");
   if (!o->speculate && (o->spec.draft_len || o->spec.verify_len >= 0))
     return cli_usage_error("run", "--draft-len and --verify-len need --speculate");
   o->spec.json = o->json;

@@ -17,6 +17,7 @@ extern const char run_default_prompt[];
 struct ropts {
   const char *plan, *weights, *prompt, *tokens, *dump, *sched, *trace, *dot, *model, *dump_round;
   const char *device; /* --device: NULL, "cpu" or "cuda" */
+  int cuda_graphs;    /* --cuda-graphs: 0 not given, 1 on, 2 off (struct rt_engine_opts.cuda_graphs) */
   const char *system, *stops[16]; /* text: --system, --stop */
   int n_stops, top_k;
   float rep_penalty;

@@ -30,6 +30,8 @@ const struct rt_backend rt_backend_cuda = {
         [GRAPH_KEEP_XE] = rt_cuda_keep_xe,
         [GRAPH_REPLAY_IN] = rt_cuda_replay_in,
         [GRAPH_HEAD] = rt_cuda_head,
+        [GRAPH_MOE_SHARD] = rt_cuda_moe_shard,
+        [GRAPH_MOE_SUM] = rt_cuda_moe_sum,
     },
 };
 #else

@@ -63,6 +63,12 @@ struct rt_node_ctx {
   /* CUDA entries: the device model, worker and tokens (filled by the
    * executor, cudastate's side). CPU entries: NULL. */
   const struct rt_cuda_env *cuda;
+  /* CUDA entries inside a graph segment (runtime/devseg.h): the device
+   * parameter block (struct rt_dev_params) the step's per-step values come
+   * from: a captured graph replays with new values there, so kernels read
+   * positions, ring slots and page ids from it, never from host arguments.
+   * NULL outside a segment. Filled by the executors (cudastate). */
+  const void *params;
 };
 
 typedef int (*rt_group_fn)(const struct rt_node_ctx *c);

@@ -84,10 +84,12 @@ size_t rt_dev_layout_total(const struct rt_dev_layout *L);
 struct rt_dev_state;     /* slabs, StarPU handles: devstate_cuda.c */
 struct rt_dev_weights;   /* one slab + an offset per tensor */
 
-/* Allocate the slabs of L on CUDA device dev and register pages, rings and
- * tails with StarPU on that device's memory node (StarPU must be
- * initialized with a CUDA worker for dev). Returns 0, CEDAR_EUNSUPPORTED
- * (no CUDA in this build, no device, or a StarPU without CUDA workers: err
+/* Allocate the slabs of L on CUDA device dev and, when StarPU is running,
+ * register pages, rings, ring positions and tails with StarPU on that
+ * device's memory node (it must then have a CUDA worker for dev; without
+ * StarPU, for the direct executor, no handles are made and
+ * rt_dev_state_node is -1). Returns 0, CEDAR_EUNSUPPORTED (no CUDA in this
+ * build, no device, or a running StarPU without a CUDA worker on dev: err
  * says which) or CEDAR_ENOMEM (cudaMalloc failed: err has the bytes). */
 int rt_dev_state_open(struct rt_dev_state **out, const struct rt_dev_layout *L, int dev, char *err, size_t err_len);
 void rt_dev_state_close(struct rt_dev_state *s);
@@ -104,6 +106,9 @@ struct rt_dev_params *rt_dev_param_block(const struct rt_dev_state *s);
  * ring of (slot, l); NULL when StarPU data was not registered. */
 void *rt_dev_page_handle(const struct rt_dev_state *s, int l, int32_t id);
 void *rt_dev_ring_handle(const struct rt_dev_state *s, int slot, int l);
+/* ... of the ring positions and of the tail of (slot, l); NULL when none. */
+void *rt_dev_ring_pos_handle(const struct rt_dev_state *s, int slot, int l);
+void *rt_dev_tail_handle(const struct rt_dev_state *s, int slot, int l);
 /* StarPU's memory node of the state (-1: not registered). */
 int rt_dev_state_node(const struct rt_dev_state *s);
 

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "runtime/devbind.h"
 #include "runtime/devstate.h"
 
 struct rt_dev_state {
@@ -29,6 +30,8 @@ struct rt_dev_state {
   struct rt_dev_params *params;
   starpu_data_handle_t *page_h[PLAN_MAX_LAYERS]; /* (pages[l]) */
   starpu_data_handle_t *ring_h;                  /* (n_slots * n_layers) */
+  starpu_data_handle_t *pos_h, *tail_h;          /* (n_slots * n_layers): ring positions, tails */
+  struct rt_dev_addrs A;                         /* the same slabs, for devbind.h */
 };
 
 struct rt_dev_weights {
@@ -85,7 +88,7 @@ int rt_dev_state_open(struct rt_dev_state **out, const struct rt_dev_layout *L, 
   int rc = use_device(dev, err, err_len);
   if (rc) return rc;
   int node = starpu_node_of(dev);
-  if (node < 0) {
+  if (node < 0 && starpu_is_initialized()) { /* StarPU is up but could not reach the slabs */
     snprintf(err, err_len, "StarPU runs no CUDA worker on device %d (%s); the device state needs StarPU built with "
              "CUDA: .ci/starpu-cuda.sh, then configure cedar with PKG_CONFIG_PATH=.deps/starpu-cuda/lib/pkgconfig",
              dev, starpu_is_initialized() ? "STARPU_NCUDA=0, or this StarPU was built without CUDA" :
@@ -103,22 +106,31 @@ int rt_dev_state_open(struct rt_dev_state **out, const struct rt_dev_layout *L, 
     rt_dev_state_close(s);
     return rc;
   }
+  s->A = (struct rt_dev_addrs){*L, s->kv, s->req, s->act, s->params};
   /* Empty rings: every position -1 (all bytes 0xff), as rt_ring_reset. */
   for (int slot = 0; slot < L->n_slots; slot++)
     for (int l = 0; l < L->n_layers; l++)
       if (L->ring_pos[l].bytes) cudaMemset(rt_dev_ring_pos(s, slot, l), 0xff, L->ring_pos[l].bytes);
-  for (int l = 0; l < L->n_layers; l++) {
+  for (int l = 0; node >= 0 && l < L->n_layers; l++) { /* StarPU not started (the direct executor): no handles */
     if (!L->pages[l]) continue;
     s->page_h[l] = cedar_xcalloc((size_t)L->pages[l], sizeof(starpu_data_handle_t));
     for (int id = 0; id < L->pages[l]; id++)
       starpu_variable_data_register(&s->page_h[l][id], node, (uintptr_t)rt_dev_page(s, l, id), L->page_bytes[l]);
   }
-  s->ring_h = cedar_xcalloc((size_t)L->n_slots * (size_t)L->n_layers, sizeof(starpu_data_handle_t));
-  for (int slot = 0; slot < L->n_slots; slot++)
-    for (int l = 0; l < L->n_layers; l++)
-      if (L->ring[l].bytes)
-        starpu_variable_data_register(&s->ring_h[slot * L->n_layers + l], node, (uintptr_t)rt_dev_ring(s, slot, l),
-                                      L->ring[l].bytes);
+  size_t n_rq = (size_t)L->n_slots * (size_t)L->n_layers;
+  s->ring_h = cedar_xcalloc(n_rq, sizeof(starpu_data_handle_t));
+  s->pos_h = cedar_xcalloc(n_rq, sizeof(starpu_data_handle_t));
+  s->tail_h = cedar_xcalloc(n_rq, sizeof(starpu_data_handle_t));
+  for (int slot = 0; node >= 0 && slot < L->n_slots; slot++)
+    for (int l = 0; l < L->n_layers; l++) {
+      int i = slot * L->n_layers + l;
+      if (L->ring[l].bytes) {
+        starpu_variable_data_register(&s->ring_h[i], node, (uintptr_t)rt_dev_ring(s, slot, l), L->ring[l].bytes);
+        starpu_variable_data_register(&s->pos_h[i], node, (uintptr_t)rt_dev_ring_pos(s, slot, l), L->ring_pos[l].bytes);
+      }
+      if (L->tail[l].bytes)
+        starpu_variable_data_register(&s->tail_h[i], node, (uintptr_t)rt_dev_tail(s, slot, l), L->tail[l].bytes);
+    }
   cudaError_t e = cudaDeviceSynchronize();
   if (e != cudaSuccess) {
     rt_dev_state_close(s);
@@ -135,9 +147,14 @@ void rt_dev_state_close(struct rt_dev_state *s) {
       if (s->page_h[l][id]) starpu_data_unregister_no_coherency(s->page_h[l][id]);
     free(s->page_h[l]);
   }
-  for (int i = 0; s->ring_h && i < s->L.n_slots * s->L.n_layers; i++)
+  for (int i = 0; s->ring_h && i < s->L.n_slots * s->L.n_layers; i++) {
     if (s->ring_h[i]) starpu_data_unregister_no_coherency(s->ring_h[i]);
+    if (s->pos_h[i]) starpu_data_unregister_no_coherency(s->pos_h[i]);
+    if (s->tail_h[i]) starpu_data_unregister_no_coherency(s->tail_h[i]);
+  }
   free(s->ring_h);
+  free(s->pos_h);
+  free(s->tail_h);
   cudaFree(s->kv);
   cudaFree(s->req);
   cudaFree(s->act);
@@ -145,21 +162,10 @@ void rt_dev_state_close(struct rt_dev_state *s) {
   free(s);
 }
 
-void *rt_dev_page(const struct rt_dev_state *s, int l, int32_t id) {
-  if (!s->kv || id < 0 || id >= s->L.pages[l]) return NULL;
-  return s->kv + s->L.kv[l].off + (size_t)id * s->L.page_bytes[l];
-}
-
-static uint8_t *req_at(const struct rt_dev_state *s, int slot, struct rt_dev_region r) {
-  if (!s->req || !r.bytes || slot < 0 || slot >= s->L.n_slots) return NULL;
-  return s->req + (size_t)slot * s->L.req_bytes + r.off;
-}
-
-void *rt_dev_ring(const struct rt_dev_state *s, int slot, int l) { return req_at(s, slot, s->L.ring[l]); }
-int64_t *rt_dev_ring_pos(const struct rt_dev_state *s, int slot, int l) {
-  return (int64_t *)req_at(s, slot, s->L.ring_pos[l]);
-}
-float *rt_dev_tail(const struct rt_dev_state *s, int slot, int l) { return (float *)req_at(s, slot, s->L.tail[l]); }
+void *rt_dev_page(const struct rt_dev_state *s, int l, int32_t id) { return rt_dev_addr_page(&s->A, l, id); }
+void *rt_dev_ring(const struct rt_dev_state *s, int slot, int l) { return rt_dev_addr_ring(&s->A, slot, l); }
+int64_t *rt_dev_ring_pos(const struct rt_dev_state *s, int slot, int l) { return rt_dev_addr_ring_pos(&s->A, slot, l); }
+float *rt_dev_tail(const struct rt_dev_state *s, int slot, int l) { return rt_dev_addr_tail(&s->A, slot, l); }
 void *rt_dev_act(const struct rt_dev_state *s) { return s->act; }
 struct rt_dev_params *rt_dev_param_block(const struct rt_dev_state *s) { return s->params; }
 int rt_dev_state_node(const struct rt_dev_state *s) { return s->node; }
@@ -173,8 +179,27 @@ void *rt_dev_ring_handle(const struct rt_dev_state *s, int slot, int l) {
   return s->ring_h[slot * s->L.n_layers + l];
 }
 
+void *rt_dev_ring_pos_handle(const struct rt_dev_state *s, int slot, int l) {
+  if (!s->pos_h || slot < 0 || slot >= s->L.n_slots) return NULL;
+  return s->pos_h[slot * s->L.n_layers + l];
+}
+
+void *rt_dev_tail_handle(const struct rt_dev_state *s, int slot, int l) {
+  if (!s->tail_h || slot < 0 || slot >= s->L.n_slots) return NULL;
+  return s->tail_h[slot * s->L.n_layers + l];
+}
+
 int rt_dev_weights_upload(struct rt_dev_weights **out, const struct weights *w, int dev, char *err, size_t err_len) {
   *out = NULL;
+  /* Whole tensors only: a rank's part (weights.h: weights_part) holds some
+   * rows, and the mmap tier's split Engram tables (engram_scales) keep
+   * values and scales apart in the shards; copying nbytes from either
+   * would read past what is there. */
+  if (w->part || w->engram_scales)
+    return snprintf(err, err_len, "weights on a CUDA device need every tensor whole in memory: %s",
+                    w->part ? "this rank holds only its experts (expert parallel under mpirun)"
+                            : "serving.engram.tier: mmap keeps the Engram tables in the files; use tier: memory"),
+           CEDAR_EUNSUPPORTED;
   int rc = use_device(dev, err, err_len);
   if (rc) return rc;
   struct rt_dev_weights *dw = cedar_xcalloc(1, sizeof(*dw));
@@ -213,4 +238,55 @@ void rt_dev_weights_free(struct rt_dev_weights *dw) {
   cudaFree(dw->slab);
   free(dw->off);
   free(dw);
+}
+
+/* ---- the context on rt_model.dev (devbind.h) ---------------------------------- */
+
+static int cuda_h2d(void *dev, const void *host, size_t bytes, char *err, size_t err_len) {
+  cudaError_t e = cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice);
+  return e == cudaSuccess ? 0 : cuda_fail(e, "cudaMemcpy (upload of a request's state)", CEDAR_EIO, err, err_len);
+}
+
+static int cuda_d2h(void *host, const void *dev, size_t bytes, char *err, size_t err_len) {
+  cudaError_t e = cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost);
+  return e == cudaSuccess ? 0 : cuda_fail(e, "cudaMemcpy (download of a request's state)", CEDAR_EIO, err, err_len);
+}
+
+static void *cuda_alloc(size_t bytes) {
+  void *p = NULL;
+  return cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess ? p : NULL;
+}
+
+static void cuda_free(void *p) { cudaFree(p); }
+
+static int cuda_sync(char *err, size_t err_len) {
+  cudaError_t e = cudaDeviceSynchronize();
+  return e == cudaSuccess ? 0 : cuda_fail(e, "cudaDeviceSynchronize after a graph", CEDAR_EIO, err, err_len);
+}
+
+static const struct rt_dev_ops cuda_ops = {
+    .name = "cuda", .h2d = cuda_h2d, .d2h = cuda_d2h, .alloc = cuda_alloc, .free = cuda_free, .sync = cuda_sync};
+
+int rt_dev_ctx_open_cuda(struct rt_dev_ctx **out, const struct rt_dev_layout *L, int dev, const struct weights *w,
+                         bool graphs, char *err, size_t err_len) {
+  *out = NULL;
+  struct rt_dev_ctx *d = cedar_xcalloc(1, sizeof(*d));
+  d->ops = &cuda_ops;
+  d->dev = dev;
+  d->starpu_node = -1;
+  int rc = rt_dev_state_open(&d->state, L, dev, err, err_len);
+  if (!rc) rc = rt_dev_weights_upload(&d->weights, w, dev, err, err_len);
+  if (!rc) rc = rt_graph_cache_open(&d->graphs, dev, sizeof(struct rt_dev_params), err, err_len);
+  if (rc) {
+    rt_dev_ctx_close(d);
+    return rc;
+  }
+  d->A = d->state->A;
+  d->starpu_node = d->state->node;
+  d->segments = true;
+  d->graphs_on = graphs;
+  d->twin = cedar_xcalloc((size_t)L->n_slots, sizeof(*d->twin));
+  d->owner = cedar_xcalloc((size_t)L->n_slots, sizeof(*d->owner));
+  *out = d;
+  return 0;
 }

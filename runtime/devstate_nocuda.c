@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "base/check.h"
+#include "runtime/devbind.h"
 #include "runtime/devstate.h"
 
 static int no_cuda(char *err, size_t err_len) {
@@ -28,6 +29,8 @@ void *rt_dev_act(const struct rt_dev_state *s) { return (void)s, NULL; }
 struct rt_dev_params *rt_dev_param_block(const struct rt_dev_state *s) { return (void)s, NULL; }
 void *rt_dev_page_handle(const struct rt_dev_state *s, int l, int32_t id) { return (void)s, (void)l, (void)id, NULL; }
 void *rt_dev_ring_handle(const struct rt_dev_state *s, int slot, int l) { return (void)s, (void)slot, (void)l, NULL; }
+void *rt_dev_ring_pos_handle(const struct rt_dev_state *s, int slot, int l) { return (void)s, (void)slot, (void)l, NULL; }
+void *rt_dev_tail_handle(const struct rt_dev_state *s, int slot, int l) { return (void)s, (void)slot, (void)l, NULL; }
 int rt_dev_state_node(const struct rt_dev_state *s) { return (void)s, -1; }
 
 int rt_dev_weights_upload(struct rt_dev_weights **out, const struct weights *w, int dev, char *err, size_t err_len) {
@@ -40,3 +43,10 @@ const void *rt_dev_weights_get(const struct rt_dev_weights *dw, const char *name
 }
 size_t rt_dev_weights_bytes(const struct rt_dev_weights *dw) { return (void)dw, 0; }
 void rt_dev_weights_free(struct rt_dev_weights *dw) { (void)dw; }
+
+int rt_dev_ctx_open_cuda(struct rt_dev_ctx **out, const struct rt_dev_layout *L, int dev, const struct weights *w,
+                         bool graphs, char *err, size_t err_len) {
+  (void)L, (void)dev, (void)w, (void)graphs;
+  *out = NULL;
+  return no_cuda(err, err_len);
+}

@@ -16,8 +16,10 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/log.h"
 #include "runtime/expert_par.h"
 #include "runtime/backend.h"
+#include "runtime/devbind.h"
 #include "runtime/pd.h"
 #include "runtime/pipeline.h"
 #include "scheduler/plan_place.h"
@@ -184,6 +186,7 @@ int rt_engine_open(struct rt_engine *e, const struct rt_engine_opts *o, char *er
   if (!rc) {
     step = RT_ENGINE_EXECUTOR;
     rc = start_exec(e, &o->exec, err, err_len);
+    if (!rc) rc = rt_engine_dev_open(e, err, err_len); /* a CUDA home's state (engine_dev.c) */
   }
   if (!rc) {
     e->open = true;
@@ -204,6 +207,7 @@ int rt_engine_open(struct rt_engine *e, const struct rt_engine_opts *o, char *er
 
 void rt_engine_close(struct rt_engine *e) {
   if (!e->open) return;
+  rt_engine_dev_close(e); /* its StarPU handles go before StarPU */
   stop_exec(e);
   if (e->cache) pc_free(e->cache); /* its pages go back to the pools first */
   free(e->cache);
@@ -249,12 +253,17 @@ int rt_engine_generate(struct rt_engine *e, struct rt_request *r, const int32_t 
   }
   if (plan_has_stages(&e->plan) || e->plan.serving.place.n_ep_ranks) /* layer stages (runtime/pipeline.h) */
     return rt_pipe_generate(&e->model, e->pools, r, prompt, n, &go, res, err, err_len);
-  return rt_generate(&e->model, e->pools, r, prompt, n, &go, res, err, err_len);
+  int rc = rt_generate(&e->model, e->pools, r, prompt, n, &go, res, err, err_len);
+  if (!rc && e->dev) rc = rt_dev_request_download(e->dev, r, err, err_len); /* the host reads r's state next */
+  return rc;
 }
 
 void rt_engine_request_free(struct rt_engine *e, struct rt_request *r) {
-  (void)e; /* the request's pages are the engine's pools': freed while it is open */
-  rt_request_free(r);
+  if (e->dev) { /* its device slot back; the state was downloaded after the run */
+    char err[256];
+    if (rt_dev_request_release(e->dev, r, err, sizeof err)) LOG_WARN("%s", err);
+  }
+  rt_request_free(r); /* the request's pages are the engine's pools': freed while it is open */
 }
 
 int rt_engine_generate_isolated(const struct rt_engine *e, const int32_t *prompt, int64_t n,
@@ -267,6 +276,11 @@ int rt_engine_generate_isolated(const struct rt_engine *e, const int32_t *prompt
   if (rt_pd_split(&e->plan)) {
     snprintf(err, err_len, "prefill and decode on different homes (serving.placement) run one request at a time "
              "(cedar run); concurrent isolated requests do not take a P/D plan yet");
+    return CEDAR_EUNSUPPORTED;
+  }
+  if (e->dev) { /* its request slots are shared, one thread at a time (engine_dev.c) */
+    snprintf(err, err_len, "plan %s runs on a CUDA home, whose request slots take one thread at a time; concurrent "
+             "isolated requests do not run there yet", e->plan.name);
     return CEDAR_EUNSUPPORTED;
   }
   struct rt_kv_pool *pools = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*pools));

@@ -72,6 +72,8 @@ struct rt_engine_opts {
   uint64_t seed;
   uint64_t synth_max_bytes;  /* synthetic weights refused above this; 0: WEIGHTS_DEFAULT_MAX_BYTES */
   struct rt_engine_exec exec;
+  int cuda_graphs;           /* a CUDA home's decode segments: 0 default (graphs), 1 graphs, 2 eager (engine_dev.c) */
+  int64_t dev_tokens;        /* a CUDA home: positions one request slot holds; 0: 4096 (engine_dev.c) */
   struct rt_engine_cache cache;
   /* A tokenizer.json, or NULL: the Engram token map comes from it
    * (runtime/engram_map.h) when its size fits the plan; a released
@@ -116,10 +118,20 @@ struct rt_engine {
   struct dt_tier *disk;         /* or NULL; cache->disk when set */
   struct rt_engine_exec exec;   /* in force */
   bool holds_starpu;            /* this engine started StarPU and stops it */
+  struct rt_dev_ctx *dev;       /* a CUDA home's state, weights and graphs (engine_dev.c), or NULL; model.dev */
   bool open;
   enum rt_engine_step failed;   /* after a failed open */
   char name[96];                /* the plan's name once it loaded (kept after a failed open, for messages) */
 };
+
+/* The device home of an open (engine_dev.c, runtime/devbind.h): when the
+ * plan places a flow on CUDA, the device state sized from e->exec, the
+ * weights uploaded once, the graph cache (opts.cuda_graphs, opts.dev_tokens);
+ * hung on e->model.dev. 0 when the plan runs on the CPU (a cuda_graphs
+ * choice is then refused). Closed by
+ * rt_engine_dev_close. */
+int rt_engine_dev_open(struct rt_engine *e, char *err, size_t err_len);
+void rt_engine_dev_close(struct rt_engine *e);
 
 /* Open e from o. Returns 0, or a negative cedar_status with a message in
  * err; then e->failed names the step and nothing is left open. */

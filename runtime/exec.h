@@ -86,6 +86,21 @@ int rt_run_node_stream(const struct graph *g, const struct rt_model *M, struct r
                        const struct graph_node *nd, void *const *buf, const struct rt_bound *st,
                        struct rt_exec_out *out, int64_t out_row, struct rt_arena *ar, void *stream);
 
+/* rt_run_node_stream inside a CUDA graph segment: params is the device
+ * parameter block the node's kernels read per-step values from
+ * (rt_node_ctx.params; runtime/devseg.h). */
+int rt_run_node_dev(const struct graph *g, const struct rt_model *M, struct rt_request *r, const struct graph_node *nd,
+                    void *const *buf, const struct rt_bound *st, struct rt_exec_out *out, int64_t out_row,
+                    struct rt_arena *ar, void *stream, const void *params);
+
+/* The direct executor when M->dev is set and g runs on its home
+ * (exec_dev.c, runtime/devbind.h): the request's state bound in the device
+ * slabs, activations in the device's activation slab, decode segments
+ * through the CUDA graph cache when it is on. rt_exec_direct calls it. */
+int rt_exec_direct_dev(const struct graph *g, const struct rt_model *M, struct rt_request *r,
+                       struct rt_exec_out *out, struct rt_exec_stats *st, rt_progress_cb progress, void *user,
+                       char *err, size_t err_len);
+
 /* ---- the StarPU executor (exec_starpu.c) ------------------------------ */
 
 struct rt_starpu_opts {

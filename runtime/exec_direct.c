@@ -1,9 +1,12 @@
-/* exec_direct.c: the direct executor (exec.h): one thread, graph order. */
+/* exec_direct.c: the direct executor (exec.h): one thread, graph order.
+ * A graph on a device home (M->dev, runtime/devbind.h) goes to
+ * rt_exec_direct_dev (exec_dev.c). */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "base/check.h"
+#include "runtime/devbind.h"
 #include "runtime/exec.h"
 
 static double now_s(void) {
@@ -60,6 +63,8 @@ static int node_bufs(struct bufs *b, const struct graph_node *nd, char *err, siz
 
 int rt_exec_direct(const struct graph *g, const struct rt_model *M, struct rt_request *r, struct rt_exec_out *out,
                    struct rt_exec_stats *st, rt_progress_cb progress, void *user, char *err, size_t err_len) {
+  if (M->dev && g->n_node > 0 && rt_dev_home(M->dev, &g->node[0])) /* the device home (runtime/devbind.h) */
+    return rt_exec_direct_dev(g, M, r, out, st, progress, user, err, err_len);
   struct bufs b = {g, cedar_xcalloc((size_t)g->n_data, sizeof(void *)), 0, 0};
   struct rt_arena ar;
   rt_arena_init(&ar, 0);

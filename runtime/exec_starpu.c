@@ -47,6 +47,7 @@
 #include "base/check.h"
 #include "base/log.h"
 #include "runtime/backend.h"
+#include "runtime/devbind.h"
 #include "runtime/exec.h"
 #include "runtime/exec_starpu_data.h"
 #include "scheduler/policy.h"
@@ -118,6 +119,8 @@ struct run {
   struct starpu_task **task; /* (n_node) */
   struct node_arg *arg;      /* (n_node) */
   int64_t act_bytes;
+  struct rt_dev_ctx *dv;     /* the device home of this graph (M->dev), or NULL: the host's state */
+  struct rt_dev_twin *tw;    /* r's twin there */
   atomic_int failed;         /* first failing node + 1, 0 when none */
   atomic_int failed_rc;      /* its status */
   atomic_int done;
@@ -133,12 +136,18 @@ static void bind_from_interfaces(struct run *R, const struct node_arg *A, void *
                                  struct rt_bound *st, struct rt_ring *ring, struct rt_arena *ar) {
   const struct graph *g = R->g;
   const struct graph_node *nd = &g->node[A->k];
-  rt_bind_node(g, R->r, nd, st);
+  bool dev = R->tw != NULL;
+  if (dev) /* the twin: device addresses, which are the handles' homes on the CUDA node this task runs on */
+    rt_dev_bind_node(R->tw, g, R->r, nd, st);
+  else
+    rt_bind_node(g, R->r, nd, st);
   for (int u = 0; u < nd->n_use; u++) {
     const struct graph_data *gd = &g->data[nd->use[u].data];
     void *p0 = A->map.count[u] ? (void *)STARPU_VARIABLE_GET_PTR(buffers[A->map.first[u]]) : NULL;
     if (gd->kind == GRAPH_ACT || gd->kind == GRAPH_BUS) {
       buf[nd->use[u].data] = p0;
+    } else if (dev) {
+      CEDAR_ASSERT(!p0 || gd->kind != GRAPH_STATE || gd->state != GRAPH_ST_RING || p0 == (void *)st->ring->slot);
     } else if (gd->kind == GRAPH_STATE && gd->state == GRAPH_ST_RING && A->map.count[u] == 2) {
       *ring = *st->ring;
       ring->slot = p0;
@@ -176,7 +185,10 @@ static void run_task(void *buffers[], void *cl_arg, void *stream) {
     struct rt_ring ring;
     bind_from_interfaces(R, A, buffers, buf, &st, &ring, ar);
     int rc = rt_run_node_stream(R->g, R->M, R->r, nd, buf, &st, R->out, A->out_row, ar, stream);
-    if (st.ring == &ring) R->r->ring[nd->layer].r0 = ring.r0;
+    if (R->tw && !rc)
+      rt_dev_node_done(R->tw, R->r, &st); /* the host keeps the metadata (runtime/devbind.h) */
+    else if (st.ring == &ring)
+      R->r->ring[nd->layer].r0 = ring.r0;
     int none = 0;
     if (rc && atomic_compare_exchange_strong(&R->failed, &none, A->k + 1)) atomic_store(&R->failed_rc, rc);
   }
@@ -343,10 +355,11 @@ static int register_acts(struct run *R) {
     const struct graph_data *gd = &g->data[d];
     if (gd->kind != GRAPH_ACT && gd->kind != GRAPH_BUS) continue;
     size_t bytes = (size_t)gd->bytes;
-    void *p = R->buf[d] = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    void *p = R->buf[d] = R->dv ? R->dv->ops->alloc(bytes) : aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
     if (!p) return d;
     R->act_bytes += gd->bytes;
-    starpu_variable_data_register(&R->h[d], STARPU_MAIN_RAM, (uintptr_t)p, bytes);
+    /* home: main RAM, or the device's memory node for a device-home graph (StarPU moves nothing then) */
+    starpu_variable_data_register(&R->h[d], R->dv ? R->dv->starpu_node : STARPU_MAIN_RAM, (uintptr_t)p, bytes);
     starpu_data_set_sequential_consistency_flag(R->h[d], 0);
     starpu_data_set_name(R->h[d], gd->name);
   }
@@ -356,7 +369,10 @@ static int register_acts(struct run *R) {
 static void unregister_acts(struct run *R) {
   for (int d = 0; d < R->g->n_data; d++) {
     if (R->h[d]) starpu_data_unregister_no_coherency(R->h[d]);
-    free(R->buf[d]);
+    if (R->dv && R->buf[d])
+      R->dv->ops->free(R->buf[d]);
+    else
+      free(R->buf[d]);
   }
 }
 
@@ -380,7 +396,7 @@ static struct starpu_task *make_task(struct run *R, int k, uint64_t tag0, int ti
   t->sequential_consistency = 0;
   t->where = nd->place.dev == GRAPH_DEV_CUDA ? STARPU_CUDA : STARPU_CPU; /* the plan's placement, never moved */
   t->priority = sched_priority(R->g, k, tiles, starpu_sched_get_min_priority(), starpu_sched_get_max_priority());
-  sp__task_buffers(t, R->g, nd, R->r, R->h, &A->map);
+  sp__task_buffers(t, R->g, nd, R->r, R->h, R->tw, &A->map);
   return t;
 }
 
@@ -483,8 +499,20 @@ int rt_exec_starpu(const struct graph *g, const struct rt_model *M, struct rt_re
   atomic_init(&R.done, 0);
   double t0 = starpu_timing_now(), fam0[RT_FAM_COUNT];
   family_seconds(fam0);
-  int rc = 0, short_k = sp__reserve_pages(g, r), oom_d = short_k < 0 ? register_acts(&R) : -1;
-  if (short_k >= 0) {
+  int rc = 0, short_k = sp__reserve_pages(g, r);
+  if (short_k < 0 && M->dev && g->n_node > 0 && rt_dev_home(M->dev, &g->node[0])) { /* runtime/devbind.h */
+    R.dv = M->dev;
+    if (R.dv->starpu_node < 0) {
+      snprintf(err, err_len, "the %s device state has no StarPU handles (it was opened while StarPU was not "
+               "running); this request is dropped", R.dv->ops->name);
+      rc = CEDAR_EUNSUPPORTED;
+    } else if (sp__dev_register(R.dv), !(R.tw = rt_dev_request_twin(R.dv, r, err, err_len))) {
+      rc = CEDAR_ENOMEM;
+    }
+  }
+  int oom_d = short_k < 0 && !rc ? register_acts(&R) : -1;
+  if (rc) { /* err says why: nothing was submitted */
+  } else if (short_k >= 0) {
     rt_node_error(&g->node[short_k], CEDAR_ENOMEM, err, err_len);
     rc = CEDAR_ENOMEM;
   } else if (oom_d >= 0) {

@@ -10,11 +10,13 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "runtime/devbind.h"
 #include "ops/compressor.h"
 
-/* One owner of handles: a pool (its page slots) or a request. */
+/* One owner of handles: a pool (its page slots), a request, or a device
+ * state's stand-in (is_dev). */
 struct sp_owner {
-  bool is_pool;
+  bool is_pool, is_dev;
   void *obj;                     /* struct rt_kv_pool * or struct rt_request * */
   starpu_data_handle_t *h;       /* pool: (cap) by page slot, NULL = not registered */
   int cap;
@@ -132,10 +134,71 @@ struct sp_req_handles *sp__request_handles(struct rt_request *r) {
   return q;
 }
 
+/* ---- the stand-in of a device state ----------------------------------------- */
+
+struct sp_dev_handles {
+  struct sp_owner own;
+  starpu_data_handle_t *page[PLAN_MAX_LAYERS]; /* (pages[l]) */
+  starpu_data_handle_t *ring, *pos, *tail;     /* (n_slots * n_layers) */
+};
+
+static void dev_release(void *data) {
+  struct sp_dev_handles *q = data;
+  struct rt_dev_ctx *d = q->own.obj;
+  const struct rt_dev_layout *L = &d->A.L;
+  for (int l = 0; l < L->n_layers; l++) {
+    for (int i = 0; q->page[l] && i < L->pages[l]; i++) unreg(&q->page[l][i]);
+    free(q->page[l]);
+  }
+  for (int i = 0; i < L->n_slots * L->n_layers; i++) {
+    unreg(&q->ring[i]);
+    unreg(&q->pos[i]);
+    unreg(&q->tail[i]);
+  }
+  free(q->ring);
+  free(q->pos);
+  free(q->tail);
+  unlink_owner(&q->own);
+  free(q);
+  d->exec_data = NULL;
+  d->exec_release = NULL;
+}
+
+void sp__dev_register(struct rt_dev_ctx *d) {
+  if (d->exec_data || d->state) return; /* registered, or a CUDA state with handles of its own */
+  const struct rt_dev_layout *L = &d->A.L;
+  struct sp_dev_handles *q = cedar_xcalloc(1, sizeof(*q));
+  q->own.is_dev = true;
+  q->own.obj = d;
+  for (int l = 0; l < L->n_layers; l++) {
+    if (!L->pages[l]) continue;
+    q->page[l] = cedar_xcalloc((size_t)L->pages[l], sizeof(starpu_data_handle_t));
+    for (int i = 0; i < L->pages[l]; i++) q->page[l][i] = reg(rt_dev_addr_page(&d->A, l, i), L->page_bytes[l], "dev page");
+  }
+  size_t n = (size_t)L->n_slots * (size_t)L->n_layers;
+  q->ring = cedar_xcalloc(n, sizeof(starpu_data_handle_t));
+  q->pos = cedar_xcalloc(n, sizeof(starpu_data_handle_t));
+  q->tail = cedar_xcalloc(n, sizeof(starpu_data_handle_t));
+  for (int s = 0; s < L->n_slots; s++)
+    for (int l = 0; l < L->n_layers; l++) {
+      size_t i = (size_t)s * L->n_layers + l;
+      if (L->ring[l].bytes) {
+        q->ring[i] = reg(rt_dev_addr_ring(&d->A, s, l), L->ring[l].bytes, "dev ring");
+        q->pos[i] = reg(rt_dev_addr_ring_pos(&d->A, s, l), L->ring_pos[l].bytes, "dev ring pos");
+      }
+      if (L->tail[l].bytes) q->tail[i] = reg(rt_dev_addr_tail(&d->A, s, l), L->tail[l].bytes, "dev tail");
+    }
+  link_owner(&q->own);
+  d->exec_data = q;
+  d->exec_release = dev_release;
+}
+
 void sp__release_all(void) {
   while (owners) {
     struct sp_owner *o = owners;
-    if (o->is_pool)
+    if (o->is_dev)
+      dev_release(o); /* own is the first member */
+    else if (o->is_pool)
       pool_release(o);
     else
       request_release((struct sp_req_handles *)o); /* own is the first member */
@@ -207,9 +270,47 @@ static void add_pages(struct tb *b, struct rt_request *r, int l, const struct gr
     tb_add(b, sp__page_handle(s->pool, s->page_id[i]), STARPU_R);
 }
 
+/* The device state's handle of one region (devbind.h), in its mode. */
+static void dev_region(struct tb *b, const struct rt_dev_twin *tw, const struct rt_dev_span *sp) {
+  const struct rt_dev_state *ds = tw->state;
+  const struct sp_dev_handles *q = tw->ctx ? tw->ctx->exec_data : NULL; /* the stand-in's */
+  size_t i = (size_t)tw->slot * (size_t)tw->n_layers + (size_t)sp->layer;
+  void *h = NULL;
+  switch (sp->kind) {
+  case RT_DEV_RING: h = ds ? rt_dev_ring_handle(ds, tw->slot, sp->layer) : q ? q->ring[i] : NULL; break;
+  case RT_DEV_RING_POS: h = ds ? rt_dev_ring_pos_handle(ds, tw->slot, sp->layer) : q ? q->pos[i] : NULL; break;
+  case RT_DEV_TAIL: h = ds ? rt_dev_tail_handle(ds, tw->slot, sp->layer) : q ? q->tail[i] : NULL; break;
+  case RT_DEV_PAGE:
+    h = ds ? rt_dev_page_handle(ds, sp->layer, sp->page) : q && q->page[sp->layer] ? q->page[sp->layer][sp->page] : NULL;
+    break;
+  }
+  CEDAR_ASSERT_MSG(h, "device state: no StarPU handle for a region of layer %d (StarPU was not running when the "
+                   "state opened)", sp->layer);
+  tb_add(b, h, sp->kind != RT_DEV_PAGE && sp->write ? STARPU_RW : STARPU_R); /* pages: R, as add_pages says */
+}
+
+/* A device-home node's state accesses: the regions rt_dev_node_regions
+ * lists for use u, as the device state's handles. */
+static void dev_use(struct tb *b, const struct graph *g, const struct graph_node *nd, struct rt_request *r,
+                    const struct rt_dev_twin *tw, int u, struct sp_task_map *map) {
+  struct graph_node one = *nd; /* the regions of this one access */
+  one.use = &nd->use[u];
+  one.n_use = 1;
+  int n = rt_dev_node_regions(tw, g, r, &one, NULL, 0);
+  struct rt_dev_span *sp = cedar_xcalloc((size_t)(n ? n : 1), sizeof(*sp));
+  rt_dev_node_regions(tw, g, r, &one, sp, n);
+  const struct graph_use *us = &nd->use[u];
+  bool reads = g->data[us->data].state == GRAPH_ST_KV && us->e_read > 0 &&
+               (us->mode == GRAPH_R || us->mode == GRAPH_APPEND);
+  if (reads) map->kv_pages_first = b->n;
+  for (int i = 0; i < n; i++) dev_region(b, tw, &sp[i]);
+  if (reads && map->kv_pages_count < 0) map->kv_pages_count = b->n - map->kv_pages_first;
+  free(sp);
+}
+
 void sp__task_buffers(struct starpu_task *t, const struct graph *g, const struct graph_node *nd, struct rt_request *r,
-                      starpu_data_handle_t *act, struct sp_task_map *map) {
-  struct sp_req_handles *q = sp__request_handles(r);
+                      starpu_data_handle_t *act, const struct rt_dev_twin *tw, struct sp_task_map *map) {
+  struct sp_req_handles *q = tw ? NULL : sp__request_handles(r);
   struct tb b = {0};
   map->first = cedar_xcalloc((size_t)(nd->n_use ? nd->n_use : 1), sizeof(int));
   map->count = cedar_xcalloc((size_t)(nd->n_use ? nd->n_use : 1), sizeof(int));
@@ -224,6 +325,8 @@ void sp__task_buffers(struct starpu_task *t, const struct graph *g, const struct
       tb_add(&b, act[us->data], m);
     } else if (gd->kind == GRAPH_STATE && !graph_place_eq(gd->home, nd->place)) {
       /* a twin at another home (TRANSFER's destination): no buffer in this process */
+    } else if (gd->kind == GRAPH_STATE && tw) {
+      dev_use(&b, g, nd, r, tw, u, map);
     } else if (gd->kind == GRAPH_STATE) {
       switch (gd->state) {
       case GRAPH_ST_RING:

@@ -20,8 +20,8 @@
  * e_read, e_w0..e_w1), in R mode even where appended to (add_pages says
  * why: the graph orders appends against readers; StarPU's exclusion would
  * serialize them and its 1.3 leaks on that path).
- * Weights are not task buffers yet: they are read-only and bound through
- * the model (the CUDA issue decides where device copies live).
+ * Weights are not task buffers: they are read-only, bound through the
+ * model on the CPU and uploaded once to a CUDA home (rt_dev_weights_get).
  * rt_starpu_shutdown releases every handle still registered.
  */
 #ifndef CEDAR_RUNTIME_EXEC_STARPU_DATA_H
@@ -48,15 +48,26 @@ starpu_data_handle_t sp__page_handle(struct rt_kv_pool *pool, int32_t id);
 
 /* Fill task t's handles and modes for node nd of graph g on request r,
  * given the per-graph activation handles act (n_data; NULL for state).
+ * tw: the request's twin when nd's home is a device (runtime/devbind.h):
+ * its state handles are then the device state's, on the CUDA memory node
+ * (rt_dev_node_regions, in that order; token ids and encoder outputs stay
+ * the host's and are not task buffers), else NULL.
  * Returns the map (arrays owned by the caller: sp__task_map_free). */
+struct rt_dev_twin;
 void sp__task_buffers(struct starpu_task *t, const struct graph *g, const struct graph_node *nd, struct rt_request *r,
-                      starpu_data_handle_t *act, struct sp_task_map *map);
+                      starpu_data_handle_t *act, const struct rt_dev_twin *tw, struct sp_task_map *map);
 void sp__task_map_free(struct sp_task_map *map);
 
 /* Reserve the KV pages every APPEND of g needs, in program order, so each
  * task's page handles exist at submission. Returns the first node that
  * cannot get its pages (the request fails), or -1. */
 int sp__reserve_pages(const struct graph *g, struct rt_request *r);
+
+/* The host-memory stand-in of a device state (runtime/devbind.h): its
+ * pages, rings, positions and tails registered on main RAM, once, if not
+ * yet. */
+struct rt_dev_ctx;
+void sp__dev_register(struct rt_dev_ctx *d);
 
 /* Release every handle still registered (rt_starpu_shutdown). */
 void sp__release_all(void);

@@ -57,6 +57,8 @@ struct rt_layer {
   uint64_t e_mult[64];
 };
 
+struct rt_dev_ctx;
+
 struct rt_model {
   const struct plan *p;
   const struct weights *w;
@@ -74,6 +76,9 @@ struct rt_model {
   float eps, tau, idx_scale;
   struct op_kv_format swa_fmt;     /* plan formats.swa */
   size_t swa_bytes;                /* one SWA entry */
+  /* The device home's state, weights and CUDA graphs (runtime/devbind.h),
+   * set by the engine when nodes run on CUDA; NULL: the host request's. */
+  struct rt_dev_ctx *dev;
 };
 
 /* Bind p to w (w checked against p). Returns 0, or CEDAR_EUNSUPPORTED /

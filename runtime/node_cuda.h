@@ -115,6 +115,8 @@ int rt_cuda_engram_rows(const struct rt_node_ctx *c);
 int rt_cuda_engram(const struct rt_node_ctx *c);
 int rt_cuda_attn(const struct rt_node_ctx *c);
 int rt_cuda_moe(const struct rt_node_ctx *c);
+int rt_cuda_moe_shard(const struct rt_node_ctx *c); /* refuse: expert-parallel layers run on CPU ranks */
+int rt_cuda_moe_sum(const struct rt_node_ctx *c);
 int rt_cuda_dec_kv(const struct rt_node_ctx *c);
 int rt_cuda_keep_xe(const struct rt_node_ctx *c);
 int rt_cuda_replay_in(const struct rt_node_ctx *c);

@@ -117,6 +117,17 @@ extern "C" int rt_cuda_engram(const struct rt_node_ctx *c) {
   return cn_round_x(&x, X, n);
 }
 
+/* An expert-parallel layer's shard and sum (scheduler/graph_ep.c): those
+ * layers run on CPU ranks (runtime/expert_par.h), so a CUDA node of either
+ * refuses, naming why, after the device-state check every entry makes. */
+static int ep_refuse(const struct rt_node_ctx *c, const char *group) {
+  struct cn x;
+  CN_TRY(cn_begin(&x, c, group));
+  return cn_fail(&x, CEDAR_EUNSUPPORTED, "expert-parallel layers run on CPU ranks (runtime/expert_par.h)");
+}
+extern "C" int rt_cuda_moe_shard(const struct rt_node_ctx *c) { return ep_refuse(c, "moe_shard"); }
+extern "C" int rt_cuda_moe_sum(const struct rt_node_ctx *c) { return ep_refuse(c, "moe_sum"); }
+
 /* rt_moe (not an expert-parallel layer: those run on CPU ranks). The
  * `experts` statistic (distinct routed experts a call ran) needs the
  * selection on the host and is not counted for CUDA nodes. */
@@ -126,7 +137,7 @@ extern "C" int rt_cuda_moe(const struct rt_node_ctx *c) {
   const struct graph_node *nd = c->nd;
   const struct plan_model *m = x.m;
   const int n = nd->n, d = m->hidden;
-  if (rt_ep_helper(x.M, nd) || rt_ep_layer(x.M->p, nd->layer))
+  if ((nd->flags & GRAPH_F_EP) || rt_ep_layer(x.M->p, nd->layer))
     return cn_fail(&x, CEDAR_EUNSUPPORTED, "expert-parallel layers run on CPU ranks (runtime/expert_par.h)");
   const struct rt_cuda_layer *D = &x.cm->L[nd->layer];
   float *X = (float *)cn_buf(&x, nd->x), *pre = (float *)cn_buf(&x, nd->aux);

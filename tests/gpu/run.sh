@@ -20,6 +20,13 @@
 #                --dump on both devices, then tests/gpu/compare_logits.py:
 #                identical tokens and every logit row within the relative
 #                RMS derived there (cuBLAS GEMMs are not OpenBLAS's bits);
+#   5c. decode   v41-mini on CUDA, eager against graph decode
+#                (`--cuda-graphs off` / `on`, side by side in this call):
+#                identical tokens and identical --dump state (bitwise), the
+#                steady decode step time of each (itl_steady_s), their ratio
+#                (goal graph/eager <= 0.8) and the graph cache's captures and
+#                replays (CEDAR_LOG=info); refused, and recorded, where the
+#                cuda runs are refused;
 #   6. speed     the device-to-device copy bandwidth (tests/gpu/test_gpu_bandwidth.cu,
 #                the reference for sparse attention's HBM fraction) and the
 #                issue's speed rows that this build can measure (see
@@ -106,8 +113,14 @@ step kernels 150 "$B/bin/test_backend_ops"
 step state 60 "$B/bin/test_devstate"
 CEDAR_GPU_JSON=$OUT/graph.json step graph 90 "$B/bin/test_gpu_graph"
 CEDAR_GPU_JSON=$OUT/bandwidth.json step bandwidth 30 "$B/bin/test_gpu_bandwidth"
+# 5. The --device cuda vs CPU comparison (cudanode's step: model_cpu, model_cuda).
 step model_cpu 90 "$B/bin/cedar" run --plan plans/v41-mini.yaml --max-new 8 --json --device cpu
 step model_cuda 90 "$B/bin/cedar" run --plan plans/v41-mini.yaml --max-new 8 --json --device cuda
+# 5c. Eager against graph decode on v41-mini (cudastate's step): the same run twice.
+for mode in off on; do
+  CEDAR_LOG=info step "decode_graphs_$mode" 90 "$B/bin/cedar" run --plan plans/v41-mini.yaml --max-new 48 --json \
+    --device cuda --cuda-graphs "$mode" --dump "$OUT/decode_graphs_$mode.dump"
+done
 
 # 5b. The CUDA op groups' logits against the CPU executor's (cudanode's step).
 rm -f "$OUT/v41-mini-cpu.safetensors" "$OUT/v41-mini-cuda.safetensors"
@@ -153,23 +166,68 @@ if cuda is None:
         pass
 else:
     m["compare"] = "identical" if cpu == cuda else "DIFFERENT"
+# 5c: eager (off) against graph (on) decode.
+def run_json(name):
+    try:
+        txt = open(os.path.join(out, f"{name}.log")).read()
+        return json.loads(txt[txt.index("{"):txt.rindex("}") + 1])
+    except Exception:
+        return None
+
+def graph_line(name):
+    try:
+        for line in open(os.path.join(out, f"{name}.log")):
+            if "CUDA graphs (" in line:
+                return line.strip()
+    except Exception:
+        pass
+    return None
+
+eag, gra = run_json("decode_graphs_off"), run_json("decode_graphs_on")
+dg = {"eager_cache": graph_line("decode_graphs_off"), "graph_cache": graph_line("decode_graphs_on")}
+if eag is None or gra is None:
+    dg["compare"] = "no result (refused or failed: see decode_graphs_off.log, decode_graphs_on.log)"
+    for name in ("decode_graphs_off", "decode_graphs_on"):
+        try:
+            dg[name] = open(os.path.join(out, f"{name}.log")).read().strip().splitlines()[-1]
+        except Exception:
+            pass
+else:
+    same_tokens = eag.get("tokens") == gra.get("tokens")
+    try:
+        same_dump = open(os.path.join(out, "decode_graphs_off.dump"), "rb").read() == \
+            open(os.path.join(out, "decode_graphs_on.dump"), "rb").read()
+    except Exception:
+        same_dump = False
+    dg["compare"] = "identical" if same_tokens and same_dump else "DIFFERENT"
+    dg["tokens_identical"], dg["dump_identical"] = same_tokens, same_dump
+    dg["eager_step_s"], dg["graph_step_s"] = eag.get("itl_steady_s"), gra.get("itl_steady_s")
+    if dg["eager_step_s"] and dg["graph_step_s"]:
+        dg["graph_over_eager"] = dg["graph_step_s"] / dg["eager_step_s"]
+        dg["goal_met"] = dg["graph_over_eager"] <= 0.8
+res["decode_graphs"] = dg
+
 res["speed"] = {
     "decode_graph_over_eager": res["steps"].get("graph", {}).get("result", {}).get("ratio"),
-    "decode_graph_over_eager_note": "the stand-in segment of tests/gpu/test_gpu_graph.cu (72 launches/step), "
-                                    "not the model: the model's decode step through the CUDA graph cache is not "
-                                    "wired yet (the CUDA op groups exist: runtime/node_cuda.h)",
+    "decode_graph_over_eager_note": "the stand-in segment of tests/gpu/test_gpu_graph.cu (72 launches/step)",
+    "model_decode_graph_over_eager_v41_mini": dg.get("graph_over_eager"),
     "copy_bandwidth_gbs": res["steps"].get("bandwidth", {}).get("result", {}).get("copy_gbs"),
     "sparse_attention_hbm_fraction": None,
     "sparse_attention_note": "not measured: needs the sparse attention kernel (kernels/, branch kern)",
-    "model_decode_step_v41_mini": None,
+    "model_decode_step_v41_mini": dg.get("graph_step_s"),
+    "model_decode_step_v41_mini_eager": dg.get("eager_step_s"),
+    "model_decode_step_note": "itl_steady_s of decode_graphs_on / _off (seconds per decode step); null when "
+                              "--device cuda was refused or failed: decode_graphs says why",
     "layer_at_flash_widths": None,
 }
 json.dump(res, open(os.path.join(out, "gpu-results.json"), "w"), indent=1)
 # Without a GPU (GPU_RUN_DRY=1) the cuda runs are refused: recorded, not failures.
-bad = [n for n, s in res["steps"].items()
-       if s["rc"] not in ("0", "77") and n != "model_cuda" and not (dry and n == "model_dump_cuda")]
+refusable = ("model_dump_cuda", "decode_graphs_off", "decode_graphs_on") if dry else ()
+bad = [n for n, s in res["steps"].items() if s["rc"] not in ("0", "77") and n != "model_cuda" and n not in refusable]
 if m.get("compare") == "DIFFERENT":
     bad.append("model_cuda")
+if dg.get("compare") == "DIFFERENT":
+    bad.append("decode_graphs")
 print("gpu-run: failed steps:", ", ".join(bad) if bad else "none")
 sys.exit(1 if bad else 0)
 EOF

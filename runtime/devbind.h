@@ -1,0 +1,217 @@
+/* devbind.h: a request's state in a device state's slabs (issue 15): how a
+ * node whose home is a device binds its ring, tail and KV pages there, what
+ * the parameter block of a step holds, and the explicit copies that bring
+ * a request's state to the device and back. Host logic, in every build.
+ *
+ * The rule: while a request runs on a device home, its state's bytes live
+ * in the device slabs (runtime/devstate.h) and only there; the host
+ * request keeps the metadata the executors and graphs reason with (page
+ * tables, n_entries, ring r0, tail count and pos0) and, as bytes, what it
+ * held when the request was claimed. Host code that reads the bytes after a
+ * run (--dump, a P/D package, the prefix cache) gets them back with
+ * rt_dev_request_download, never by reading a device pointer.
+ *
+ *   twin        (struct rt_dev_twin) host structs shaped like the
+ *               request's own (struct rt_ring, op_comp_tail, rt_kv_seq)
+ *               whose byte pointers are device addresses: a request slot's
+ *               ring, positions and tail, and the device pages of the host
+ *               page ids. rt_dev_bind_node gives a node a struct rt_bound
+ *               over them; rt_dev_node_done writes the metadata a node
+ *               changed (ring r0, tail count/pos0, n_entries) back to the
+ *               host request. A twin's sequences have cap_pages = the pages
+ *               reserved, so an append can never take a host page.
+ *   regions     (rt_dev_node_regions) the device regions a node binds, with
+ *               their access: what the StarPU executor hands a CUDA task as
+ *               its buffers (runtime/exec_starpu_data.c) and what a test can
+ *               hold against the host binding.
+ *   params      (rt_dev_params_fill) struct rt_dev_params for a node's step
+ *               from the host metadata: what a CUDA graph replays with.
+ *   copies      (rt_dev_copies) every (host, device, bytes) of a request:
+ *               rings, positions, tails and the KV pages it holds; uploaded
+ *               when a request is claimed, downloaded on demand.
+ *   context     (struct rt_dev_ctx) what the engine hangs on rt_model.dev
+ *               when a node's home is CUDA: the slabs' addresses, the memory
+ *               operations of that home (cudaMemcpy for CUDA, memcpy for the
+ *               host-memory stand-in tests use), the weights, the graph
+ *               cache and the request slots.
+ *
+ * The host-memory stand-in (rt_dev_ctx_open_host): the same slabs in host
+ * memory and every node bound through the twin, so the CPU backend runs the
+ * whole path here (tests/test_devbind.c: bitwise the host-state run). It
+ * is a test device, never chosen by a plan.
+ *
+ * Not here: the layout (devstate.c), cudaMalloc and StarPU's CUDA handles
+ * (devstate_cuda.c), the graph cache (cuda_graph.h).
+ * Test: tests/test_devbind.c (ctest -R devbind).
+ */
+#ifndef CEDAR_RUNTIME_DEVBIND_H
+#define CEDAR_RUNTIME_DEVBIND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/cuda_graph.h"
+#include "runtime/devstate.h"
+#include "runtime/model.h"
+#include "scheduler/graph.h"
+
+/* Where a device state's slabs are (device addresses; host addresses for
+ * the stand-in). The rt_dev_* accessors of devstate.h are these sums. */
+struct rt_dev_addrs {
+  struct rt_dev_layout L;
+  uint8_t *kv, *req, *act;
+  struct rt_dev_params *params;
+};
+
+void *rt_dev_addr_page(const struct rt_dev_addrs *A, int l, int32_t id);
+void *rt_dev_addr_ring(const struct rt_dev_addrs *A, int slot, int l);
+int64_t *rt_dev_addr_ring_pos(const struct rt_dev_addrs *A, int slot, int l);
+float *rt_dev_addr_tail(const struct rt_dev_addrs *A, int slot, int l);
+
+/* One request slot's state seen through device addresses. */
+struct rt_dev_twin {
+  const struct rt_dev_addrs *A;
+  const struct rt_dev_state *state; /* its StarPU handles (a CUDA home), or NULL */
+  const struct rt_dev_ctx *ctx;     /* the context it is in */
+  int slot;
+  int n_layers;
+  struct rt_ring ring[PLAN_MAX_LAYERS];
+  struct op_comp_tail tail[PLAN_MAX_LAYERS];
+  struct rt_kv_seq seq[PLAN_MAX_LAYERS];    /* page_id: the host's ids; page_ptr: device pages */
+};
+
+/* A twin of r in slot of A (r's rings, tails and pools must be the ones
+ * the layout was made for). Returns 0 or CEDAR_EINVAL (slot out of range,
+ * or a ring or tail whose size differs from the layout's region). */
+int rt_dev_twin_init(struct rt_dev_twin *t, const struct rt_dev_addrs *A, int slot, const struct rt_request *r,
+                     char *err, size_t err_len);
+void rt_dev_twin_free(struct rt_dev_twin *t);
+/* The twin's metadata from the host request: ring r0, tail count and pos0,
+ * each sequence's n_entries and pages (device addresses of its page ids).
+ * Returns 0 or CEDAR_ENOMEM when a page id is past the device pool's pages
+ * (err names the source and the capacity). */
+int rt_dev_twin_sync(struct rt_dev_twin *t, const struct rt_request *r, char *err, size_t err_len);
+
+/* rt_bind_node's state for nd, over the twin (device addresses). */
+void rt_dev_bind_node(struct rt_dev_twin *t, const struct graph *g, struct rt_request *r, const struct graph_node *nd,
+                      struct rt_bound *st);
+/* After nd ran on st (rt_dev_bind_node's): the host request's metadata
+ * from the twin (ring r0, tail count/pos0, n_entries of the source it
+ * appended to). */
+void rt_dev_node_done(const struct rt_dev_twin *t, struct rt_request *r, const struct rt_bound *st);
+
+/* Make room in the host page tables for every append of g (in graph
+ * order), as the StarPU executor does at submission, so the twin holds
+ * every page a node will write. Returns the first node short of pages, or
+ * -1. */
+int rt_dev_reserve(const struct graph *g, struct rt_request *r);
+
+/* ---- the regions a node binds ---------------------------------------------- */
+
+enum rt_dev_region_kind { RT_DEV_RING, RT_DEV_RING_POS, RT_DEV_TAIL, RT_DEV_PAGE };
+
+struct rt_dev_span {
+  enum rt_dev_region_kind kind;
+  int layer;
+  int32_t page;        /* RT_DEV_PAGE: the page id; else -1 */
+  void *addr;          /* device address */
+  size_t bytes;
+  bool write;          /* written by the node (a ring, a tail, a page appended to) */
+  bool read_kv;        /* RT_DEV_PAGE: among the pages the node reads (kv_r) */
+};
+
+/* The regions node nd of g binds for request r in the twin's slot, in the
+ * order of its accesses (a ring's slots then positions; a KV source's pages
+ * from the first it reads or appends to, through the last its entry ranges
+ * cover). Returns how many, up to cap written (call with cap 0 to count). */
+int rt_dev_node_regions(const struct rt_dev_twin *t, const struct graph *g, const struct rt_request *r,
+                        const struct graph_node *nd, struct rt_dev_span *out, int cap);
+
+/* ---- the parameter block of a step ---------------------------------------- */
+
+/* struct rt_dev_params for node nd of request r in slot: the node's first
+ * position and count, the SWA slots (pos + i) mod window of the node's
+ * layer's ring, and the page ids of the KV source it reads (else the one it
+ * appends to), as many as its entry ranges cover. Returns 0 or
+ * CEDAR_EINVAL (more than 8 positions, or more pages than
+ * RT_DEV_PARAM_MAX_PAGES: a graph segment cannot take that step). */
+int rt_dev_params_fill(struct rt_dev_params *P, const struct graph *g, const struct rt_request *r, int slot,
+                       const struct graph_node *nd, char *err, size_t err_len);
+
+/* ---- copies between the host request and its slot ---------------------------- */
+
+struct rt_dev_copy {
+  void *host;
+  void *dev;
+  size_t bytes;
+};
+
+/* Every copy of request r's state in the twin's slot: each layer's ring
+ * slots, ring positions and tail, then each page r's sequences hold.
+ * Returns how many, up to cap written. */
+int rt_dev_copies(const struct rt_dev_twin *t, const struct rt_request *r, struct rt_dev_copy *out, int cap);
+
+/* ---- the context on rt_model.dev ------------------------------------------- */
+
+/* The memory operations of a device home. h2d/d2h return 0 or a
+ * cedar_status with err; they complete before returning. */
+struct rt_dev_ops {
+  const char *name;    /* "cuda", "host (test stand-in)" */
+  int (*h2d)(void *dev, const void *host, size_t bytes, char *err, size_t err_len);
+  int (*d2h)(void *host, const void *dev, size_t bytes, char *err, size_t err_len);
+  void *(*alloc)(size_t bytes);  /* an activation or bus; NULL when out of memory */
+  void (*free)(void *p);
+  int (*sync)(char *err, size_t err_len); /* wait for everything launched; NULL: nothing is asynchronous */
+};
+
+struct rt_dev_weights;
+struct rt_dev_state;
+
+struct rt_dev_ctx {
+  const struct rt_dev_ops *ops;
+  struct rt_dev_addrs A;
+  int dev;                         /* CUDA device; -1 for the stand-in */
+  int starpu_node;                 /* StarPU memory node of the slabs (0, main RAM, for the stand-in), -1: none */
+  bool all_nodes;                  /* the stand-in: every node binds here, whatever its device */
+  struct rt_dev_state *state;      /* CUDA: the slabs and their StarPU handles (devstate_cuda.c) */
+  struct rt_dev_weights *weights;  /* CUDA: the weights, uploaded once */
+  struct rt_graph_cache *graphs;   /* CUDA: decode segments (cuda_graph.h); NULL: none */
+  bool segments;                   /* run decode steps by layer segment (devseg.h): CUDA with a graph cache; the stand-in calls them in place */
+  bool graphs_on;                  /* replay segments as graphs (else eager) */
+  int64_t segment_runs;            /* segments run so far (exec_dev.c), for reports and tests */
+  struct rt_dev_twin *twin;        /* (L.n_slots) */
+  struct rt_request **owner;       /* (L.n_slots) the request in each slot, or NULL */
+  void *host_slabs;                /* the stand-in's memory */
+  /* The stand-in's StarPU handles over its slabs, on main RAM (a CUDA home
+   * uses its state's): registered by the StarPU executor the first time it
+   * runs on this context (exec_starpu_data.c), released through
+   * exec_release by rt_dev_ctx_close or rt_starpu_shutdown. */
+  void *exec_data;
+  void (*exec_release)(void *exec_data);
+};
+
+/* Whether node nd binds its state in d (its home is d's device). */
+static inline bool rt_dev_home(const struct rt_dev_ctx *d, const struct graph_node *nd) {
+  return d && (d->all_nodes || nd->place.dev == GRAPH_DEV_CUDA);
+}
+
+/* The host-memory stand-in for layout L (tests). 0 or CEDAR_ENOMEM. */
+int rt_dev_ctx_open_host(struct rt_dev_ctx **out, const struct rt_dev_layout *L, char *err, size_t err_len);
+/* The context over an open CUDA state (devstate_cuda.c fills A and ops). */
+int rt_dev_ctx_open_cuda(struct rt_dev_ctx **out, const struct rt_dev_layout *L, int dev, const struct weights *w,
+                         bool graphs, char *err, size_t err_len);
+void rt_dev_ctx_close(struct rt_dev_ctx *d);
+
+/* r's twin, claiming a free slot and uploading r's state into it the
+ * first time r is seen (a restored prefix or a P/D package arrive that
+ * way), its metadata synced from r every call. NULL with err when every
+ * slot is taken or a copy or sync fails. */
+struct rt_dev_twin *rt_dev_request_twin(struct rt_dev_ctx *d, struct rt_request *r, char *err, size_t err_len);
+/* r's state bytes from its slot into the host request (the download step
+ * before host code reads them). 0 when r holds no slot. */
+int rt_dev_request_download(struct rt_dev_ctx *d, struct rt_request *r, char *err, size_t err_len);
+/* Download r's state and give its slot back (before rt_request_free). */
+int rt_dev_request_release(struct rt_dev_ctx *d, struct rt_request *r, char *err, size_t err_len);
+
+#endif

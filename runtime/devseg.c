@@ -1,0 +1,89 @@
+/* devseg.c: decode segments, their keys and the metadata a replayed node
+ * leaves (devseg.h). Host logic in every build.
+ * Test: tests/test_devbind.c. */
+#include "runtime/devseg.h"
+
+#include <string.h>
+
+#include "runtime/exec.h"
+
+static bool layer_group(enum graph_op op) {
+  return op == GRAPH_ENGRAM || op == GRAPH_ATTN || op == GRAPH_MOE || op == GRAPH_DEC_KV;
+}
+
+int rt_dev_segments(const struct graph *g, int *seg_end) {
+  memset(seg_end, 0, sizeof(int) * (size_t)g->n_node);
+  if (g->flow != GRAPH_DECODE) return 0;
+  int n = 0;
+  for (int k = 0; k < g->n_node;) {
+    const struct graph_node *nd = &g->node[k];
+    if (!layer_group(nd->op) || nd->layer < 0) {
+      k++;
+      continue;
+    }
+    int e = k + 1;
+    while (e < g->n_node && layer_group(g->node[e].op) && g->node[e].layer == nd->layer && g->node[e].a == nd->a &&
+           g->node[e].n == nd->n)
+      e++;
+    seg_end[k] = e;
+    n++;
+    k = e;
+  }
+  return n;
+}
+
+static bool has_kv(const struct graph *g, const struct graph_node *nd) {
+  for (int u = 0; u < nd->n_use; u++) {
+    const struct graph_data *gd = &g->data[nd->use[u].data];
+    if (gd->kind == GRAPH_STATE && gd->state == GRAPH_ST_KV) return true;
+  }
+  return false;
+}
+
+int rt_dev_segment_lead(const struct graph *g, int k0, int k1) {
+  for (int k = k0; k < k1; k++)
+    if (has_kv(g, &g->node[k])) return k;
+  return k0;
+}
+
+struct rt_graph_key rt_dev_segment_key(const struct graph *g, int k0, int k1, const struct rt_dev_params *P) {
+  struct rt_graph_key k;
+  memset(&k, 0, sizeof k);
+  k.segment = g->node[k0].layer;
+  k.shape[0] = P->n;
+  k.shape[1] = P->n_pages;
+  k.shape[2] = k1 - k0;
+  k.shape[3] = g->n_node;
+  size_t act = rt_dev_act_bytes(g);
+  k.shape[4] = (int32_t)(act & 0x7fffffff);
+  k.shape[5] = (int32_t)(act >> 31);
+  k.shape[6] = g->node[k0].op;
+  return k;
+}
+
+void rt_dev_node_advance(struct rt_dev_twin *t, struct rt_request *r, const struct graph *g,
+                         const struct graph_node *nd) {
+  struct rt_bound st;
+  rt_bind_node(g, r, nd, &st);
+  if (st.kv_w) {
+    int l = (int)(st.kv_w - r->seq);
+    __atomic_store_n(&st.kv_w->n_entries, st.kv_w_end, __ATOMIC_RELEASE);
+    if (t) t->seq[l].n_entries = st.kv_w_end;
+  }
+  if (st.tail && (nd->op == GRAPH_DEC_KV || (nd->flags & GRAPH_F_WRITE_KV))) {
+    int l = (int)(st.tail - r->tail);
+    int64_t next = nd->a + nd->n, ratio = st.tail->ratio;
+    st.tail->pos0 = next / ratio * ratio;
+    st.tail->count = (int)(next - st.tail->pos0);
+    if (t) {
+      t->tail[l].pos0 = st.tail->pos0;
+      t->tail[l].count = st.tail->count;
+    }
+  }
+  if (st.ring && nd->op == GRAPH_ATTN) {
+    int l = (int)(st.ring - r->ring);
+    if (nd->flags & GRAPH_F_RING_RESET) st.ring->r0 = nd->r0;
+    else if (nd->r0 > st.ring->r0) st.ring->r0 = nd->r0;
+    if (t) t->ring[l].r0 = st.ring->r0;
+  }
+}

@@ -1,0 +1,290 @@
+/* test_devbind.c: a request's state in device slabs (runtime/devbind.h,
+ * runtime/devseg.h, runtime/exec_dev.c), on the CPU through the host-memory
+ * stand-in of a device state (rt_dev_ctx_open_host): the same slabs, twin,
+ * bindings, segments and copies a CUDA home uses, with the CPU backend
+ * computing.
+ *
+ *  - the stand-in run: prefill then greedy decode with the request's state
+ *    in the slabs (every node bound through the twin; decode steps by layer
+ *    segment, their metadata applied from the graph as a replay needs, and,
+ *    second, node by node) gives the host run's logits bitwise at every
+ *    step, and after the download the same KV entries, rings and tails,
+ *    bitwise; before the download the host request's rings were never
+ *    written (every position still -1): the state lived in the slabs;
+ *  - the regions a decode node binds are the host binding's (its ring and
+ *    positions, its tail when the source has pending rows, the pages its
+ *    entry ranges cover, the appended ones marked written), each inside its
+ *    slab and distinct;
+ *  - the parameter block of a decode node: its position and count, the ring
+ *    slots p mod window, the page ids of the source it reads;
+ *  - segments cover every layer node of a decode graph once, one layer
+ *    each; two consecutive steps with the same pages have the same key and
+ *    different blocks;
+ *  - the StarPU executor on the stand-in (its slabs registered on main RAM,
+ *    a node's state from those handles, its metadata written back from the
+ *    workers): the same logits and state, bitwise;
+ *  - refusals: a device pool too small for the request's pages drops the
+ *    request with the page named; all request slots taken is refused.
+ *
+ * Run: ctest --test-dir build -R '^devbind$'.
+ */
+#include "tests/model_fixture.h"
+
+#include "runtime/devbind.h"
+#include "runtime/devseg.h"
+
+#define N_PROMPT 22 /* 27 positions in all: ratio-2 tails end with a pending row (downloaded and compared) */
+#define N_DECODE 5
+#define CAP 64
+
+/* The activation bytes of the largest graph this test runs. */
+static size_t act_need(const struct fx *f) {
+  struct graph g;
+  struct graph_opts go = {.replay = -1};
+  size_t need = 0;
+  if (graph_build_prefill(&g, f->p, N_PROMPT, &go, err, sizeof err) == 0) {
+    need = rt_dev_act_bytes(&g);
+    graph_free(&g);
+  }
+  for (int64_t p = N_PROMPT; p < N_PROMPT + N_DECODE; p++)
+    if (graph_build_decode(&g, f->p, p, err, sizeof err) == 0) {
+      size_t b = rt_dev_act_bytes(&g);
+      if (b > need) need = b;
+      graph_free(&g);
+    }
+  return need;
+}
+
+/* prompt, then N_DECODE greedy steps; logits (1 + N_DECODE, V). */
+static bool run(const struct fx *f, struct rt_request *r, const int32_t *prompt, float *logits) {
+  if (!prefill(f, r, prompt, N_PROMPT, CAP, 0, -1, logits, NULL)) return false;
+  for (int s = 0; s < N_DECODE; s++) {
+    int32_t tok = greedy(logits + (size_t)s * f->V, f->V);
+    if (!decode(f, r, tok, logits + (size_t)(s + 1) * f->V, NULL)) return false;
+  }
+  return true;
+}
+
+/* The same on the StarPU executor: prefill, then the greedy steps. */
+static bool run_starpu(const struct fx *f, struct rt_request *r, const int32_t *prompt, float *logits) {
+  if (rt_request_init(r, 0, f->p, f->pools, CAP)) return false;
+  for (int64_t i = 0; i < N_PROMPT; i++) CEDAR_ASSERT(rt_request_push_token(r, prompt[i]) == 0);
+  struct graph g;
+  struct graph_opts go = {.replay = -1};
+  CEDAR_ASSERT(graph_build_prefill(&g, f->p, N_PROMPT, &go, err, sizeof err) == 0);
+  struct rt_exec_out out = {logits, NULL};
+  int rc = rt_exec_starpu(&g, &f->M, r, &out, NULL, NULL, NULL, NULL, err, sizeof err);
+  graph_free(&g);
+  EXPECT(rc == 0, "%s: StarPU prefill: %s", f->path, err);
+  if (rc) return false;
+  r->n_pos = N_PROMPT;
+  for (int s = 0; s < N_DECODE; s++) {
+    CEDAR_ASSERT(rt_request_push_token(r, greedy(logits + (size_t)s * f->V, f->V)) == 0);
+    CEDAR_ASSERT(graph_build_decode(&g, f->p, r->n_pos, err, sizeof err) == 0);
+    out.logits = logits + (size_t)(s + 1) * f->V;
+    rc = rt_exec_starpu(&g, &f->M, r, &out, NULL, NULL, NULL, NULL, err, sizeof err);
+    graph_free(&g);
+    EXPECT(rc == 0, "%s: StarPU decode: %s", f->path, err);
+    if (rc) return false;
+    r->n_pos++;
+  }
+  return true;
+}
+
+static bool host_rings_untouched(const struct fx *f, const struct rt_request *r) {
+  for (int l = 0; l < f->p->n_layers; l++)
+    for (int i = 0; i < r->ring[l].window; i++)
+      if (r->ring[l].pos[i] != -1) return false;
+  return true;
+}
+
+static void check_regions(const struct fx *f, struct rt_dev_twin *tw, struct rt_request *r) {
+  struct graph g;
+  if (graph_build_decode(&g, f->p, r->n_pos, err, sizeof err)) return;
+  CEDAR_ASSERT(rt_dev_reserve(&g, r) < 0);
+  const struct rt_dev_addrs *A = tw->A;
+  int checked = 0;
+  for (int k = 0; k < g.n_node; k++) {
+    const struct graph_node *nd = &g.node[k];
+    struct rt_bound st;
+    rt_bind_node(&g, r, nd, &st);
+    int n = rt_dev_node_regions(tw, &g, r, nd, NULL, 0);
+    struct rt_dev_span *s = calloc((size_t)(n ? n : 1), sizeof(*s));
+    rt_dev_node_regions(tw, &g, r, nd, s, n);
+    int rings = 0, tails = 0, read_pages = 0, write_pages = 0;
+    for (int i = 0; i < n; i++) {
+      uint8_t *a = s[i].addr;
+      EXPECT(a != NULL, "%s: region %d has no address", nd->name, i);
+      bool in_kv = a >= A->kv && a + s[i].bytes <= A->kv + A->L.kv_total;
+      bool in_req = a >= A->req + (size_t)tw->slot * A->L.req_bytes && a + s[i].bytes <= A->req + (size_t)(tw->slot + 1) * A->L.req_bytes;
+      EXPECT(s[i].kind == RT_DEV_PAGE ? in_kv : in_req, "%s: region %d outside its slab", nd->name, i);
+      for (int j = 0; j < i; j++) EXPECT(s[j].addr != s[i].addr, "%s: regions %d and %d share an address", nd->name, j, i);
+      rings += s[i].kind == RT_DEV_RING;
+      tails += s[i].kind == RT_DEV_TAIL;
+      read_pages += s[i].kind == RT_DEV_PAGE && s[i].read_kv;
+      write_pages += s[i].kind == RT_DEV_PAGE && s[i].write;
+    }
+    EXPECT(rings == (st.ring != NULL), "%s: %d ring regions, host binds %s", nd->name, rings, st.ring ? "one" : "none");
+    bool tail_buf = st.tail && r->tail_buf[st.tail - r->tail];
+    EXPECT(tails == tail_buf, "%s: %d tail regions, host tail buffer %s", nd->name, tails, tail_buf ? "yes" : "no");
+    if (st.kv_r) {
+      int64_t pe = st.kv_r->pool->page_entries;
+      EXPECT(read_pages == (st.kv_r_end + pe - 1) / pe, "%s: %d pages read, %lld entries visible", nd->name,
+             read_pages, (long long)st.kv_r_end);
+    }
+    if (st.kv_w && st.kv_w_end > st.kv_w->n_entries) {
+      int64_t pe = st.kv_w->pool->page_entries;
+      EXPECT(write_pages == (st.kv_w_end + pe - 1) / pe - st.kv_w->n_entries / pe, "%s: %d pages written", nd->name,
+             write_pages);
+    }
+    if (nd->op == GRAPH_ATTN) { /* the parameter block of its step */
+      struct rt_dev_params P;
+      EXPECT(rt_dev_params_fill(&P, &g, r, tw->slot, nd, err, sizeof err) == 0, "%s: params: %s", nd->name, err);
+      EXPECT(P.pos == nd->a && P.n == nd->n && P.request == tw->slot, "%s: params pos %lld n %d", nd->name,
+             (long long)P.pos, P.n);
+      EXPECT(P.ring_slot[0] == (int32_t)(nd->a % r->ring[nd->layer].window), "%s: ring slot %d", nd->name,
+             P.ring_slot[0]);
+      const struct rt_kv_seq *q = st.kv_r ? st.kv_r : st.kv_w;
+      if (q) {
+        EXPECT(P.n_pages > 0 && P.n_pages <= q->n_pages, "%s: %d pages of %d", nd->name, P.n_pages, q->n_pages);
+        EXPECT(!memcmp(P.page, q->page_id, sizeof(int32_t) * (size_t)P.n_pages), "%s: page ids differ", nd->name);
+      }
+      checked++;
+    }
+    free(s);
+  }
+  EXPECT(checked > 0, "no attention node checked");
+  /* segments: every layer node once, one layer each; keys of two steps */
+  int *end = calloc((size_t)g.n_node, sizeof(int)), *end2 = NULL;
+  int n_seg = rt_dev_segments(&g, end);
+  EXPECT(n_seg >= f->p->n_layers, "%d segments for %d layers", n_seg, f->p->n_layers);
+  for (int k = 0, in = 0; k < g.n_node; k++) {
+    if (end[k] > k) in = end[k];
+    bool layer_op = g.node[k].op == GRAPH_ATTN || g.node[k].op == GRAPH_MOE;
+    if (layer_op) EXPECT(k < in, "%s is in no segment", g.node[k].name);
+  }
+  struct graph g2;
+  if (!graph_build_decode(&g2, f->p, r->n_pos + 1, err, sizeof err)) {
+    end2 = calloc((size_t)g2.n_node, sizeof(int));
+    EXPECT(rt_dev_segments(&g2, end2) == n_seg, "segments differ between two steps");
+    for (int k = 0; k < g.n_node && k < g2.n_node; k++) {
+      if (end[k] <= k || end2[k] != end[k]) continue;
+      struct rt_dev_params P1, P2;
+      int l1 = rt_dev_segment_lead(&g, k, end[k]);
+      if (rt_dev_params_fill(&P1, &g, r, tw->slot, &g.node[l1], err, sizeof err) ||
+          rt_dev_params_fill(&P2, &g2, r, tw->slot, &g2.node[l1], err, sizeof err))
+        continue; /* the next step's pages are not reserved: nothing to compare */
+      struct rt_graph_key k1 = rt_dev_segment_key(&g, k, end[k], &P1), k2 = rt_dev_segment_key(&g2, k, end[k], &P2);
+      if (P1.n_pages == P2.n_pages)
+        EXPECT(!memcmp(&k1, &k2, sizeof k1), "segment at %s: keys of two steps differ", g.node[k].name);
+      EXPECT(P1.pos + 1 == P2.pos, "segment at %s: positions %lld, %lld", g.node[k].name, (long long)P1.pos,
+             (long long)P2.pos);
+    }
+    graph_free(&g2);
+  }
+  free(end);
+  free(end2);
+  graph_free(&g);
+}
+
+static void test_plan(const char *path) {
+  struct fx f;
+  if (!fx_open(&f, path)) {
+    fx_close(&f);
+    return;
+  }
+  int32_t prompt[N_PROMPT];
+  make_prompt(prompt, N_PROMPT, f.V, PROMPT_SEED);
+  size_t nl = (size_t)(1 + N_DECODE) * f.V;
+  float *ref = calloc(nl, sizeof(float)), *got = calloc(nl, sizeof(float));
+  struct rt_request rref = {0};
+  bool ok = run(&f, &rref, prompt, ref);
+  EXPECT(ok, "%s: host run", path);
+
+  struct rt_request shape = {0};
+  CEDAR_ASSERT(rt_request_init(&shape, 9, f.p, f.pools, CAP) == 0);
+  struct rt_dev_layout L;
+  int rc = rt_dev_layout_init(&L, f.p, f.pools, &shape, 64, 2, act_need(&f), err, sizeof err);
+  EXPECT(rc == 0, "%s: layout: %s", path, err);
+  /* mode 1: direct, by segment; 0: direct, node by node; -1: StarPU */
+  for (int segments = 1; ok && rc == 0 && segments >= -1; segments--) {
+    struct rt_dev_ctx *d = NULL;
+    EXPECT(rt_dev_ctx_open_host(&d, &L, err, sizeof err) == 0, "stand-in: %s", err);
+    if (!d) break;
+    d->segments = segments > 0;
+    f.M.dev = d;
+    struct rt_request r = {0};
+    memset(got, 0, sizeof(float) * nl);
+    bool ran = segments >= 0 ? run(&f, &r, prompt, got) : run_starpu(&f, &r, prompt, got);
+    EXPECT(ran, "%s: stand-in run (segments %d)", path, segments);
+    if (ran) {
+      EXPECT(!memcmp(ref, got, sizeof(float) * nl), "%s: stand-in logits differ from the host run (segments %d)",
+             path, segments);
+      EXPECT(host_rings_untouched(&f, &r), "%s: the host rings were written during a device-home run", path);
+      EXPECT(segments > 0 ? d->segment_runs >= N_DECODE * f.p->n_layers : d->segment_runs == 0,
+             "%s: %lld decode segments ran (segments %d)", path, (long long)d->segment_runs, segments);
+      struct rt_dev_twin *tw = rt_dev_request_twin(d, &r, err, sizeof err);
+      EXPECT(tw != NULL, "twin: %s", err);
+      if (tw && segments > 0) check_regions(&f, tw, &r);
+      EXPECT(rt_dev_request_release(d, &r, err, sizeof err) == 0, "download: %s", err);
+      EXPECT(!host_rings_untouched(&f, &r), "%s: the download brought no ring back", path);
+      EXPECT(requests_equal(&f, &rref, &r, true), "%s: state after download differs from the host run (segments %d)",
+             path, segments);
+    }
+    f.M.dev = NULL;
+    rt_request_free(&r);
+    rt_dev_ctx_close(d);
+  }
+
+  /* refusals: a device pool of one page (the request's pages have ids past
+   * it: the host run's request still holds the first ones); one slot taken */
+  struct rt_dev_layout L1;
+  if (rt_dev_layout_init(&L1, f.p, f.pools, &shape, 1, 1, act_need(&f), err, sizeof err) == 0) {
+    struct rt_dev_ctx *d = NULL;
+    if (rt_dev_ctx_open_host(&d, &L1, err, sizeof err) == 0) {
+      f.M.dev = d;
+      struct rt_request r = {0}, r2 = {0};
+      float *lg = calloc((size_t)f.V, sizeof(float));
+      CEDAR_ASSERT(rt_request_init(&r, 1, f.p, f.pools, CAP) == 0);
+      for (int i = 0; i < N_PROMPT; i++) CEDAR_ASSERT(rt_request_push_token(&r, prompt[i]) == 0);
+      struct graph g;
+      struct graph_opts go = {.replay = -1};
+      CEDAR_ASSERT(graph_build_prefill(&g, f.p, N_PROMPT, &go, err, sizeof err) == 0);
+      struct rt_exec_out out = {lg, NULL};
+      rc = rt_exec_direct(&g, &f.M, &r, &out, NULL, NULL, NULL, err, sizeof err);
+      EXPECT(rc == CEDAR_ENOMEM && strstr(err, "past the device pool"), "%s: one-page device pool: rc %d: %s", path,
+             rc, err);
+      graph_free(&g);
+      rt_request_free(&r);
+      CEDAR_ASSERT(rt_request_init(&r, 1, f.p, f.pools, CAP) == 0); /* no pages: it takes the one slot */
+      EXPECT(rt_dev_request_twin(d, &r, err, sizeof err) != NULL, "a fresh request: %s", err);
+      CEDAR_ASSERT(rt_request_init(&r2, 2, f.p, f.pools, CAP) == 0);
+      EXPECT(rt_dev_request_twin(d, &r2, err, sizeof err) == NULL && strstr(err, "slots are taken"),
+             "a second request in one slot: %s", err);
+      f.M.dev = NULL;
+      EXPECT(rt_dev_request_release(d, &r, err, sizeof err) == 0, "release: %s", err);
+      rt_request_free(&r);
+      rt_request_free(&r2);
+      free(lg);
+      rt_dev_ctx_close(d);
+    }
+  }
+  rt_request_free(&shape);
+  rt_request_free(&rref);
+  free(ref);
+  free(got);
+  fx_close(&f);
+}
+
+int main(void) {
+  struct rt_starpu_opts so = {.workers = 2};
+  if (rt_starpu_init(&so, err, sizeof err)) {
+    fprintf(stderr, "devbind: StarPU did not start: %s\n", err);
+    return 1;
+  }
+  test_plan(PLAN_TINY);
+  test_plan(PLAN_TWO);
+  test_plan("plans/v41-mini.yaml");
+  rt_starpu_shutdown();
+  return h_report("devbind");
+}
