@@ -117,7 +117,7 @@ void rt_dev_node_done(const struct rt_dev_twin *t, struct rt_request *r, const s
   if (st->kv_w) __atomic_store_n(&r->seq[st->kv_w - t->seq].n_entries, st->kv_w->n_entries, __ATOMIC_RELEASE);
 }
 
-int rt_dev_reserve(const struct graph *g, struct rt_request *r) {
+int rt_reserve_pages(const struct graph *g, struct rt_request *r) {
   for (int k = 0; k < g->n_node; k++) {
     const struct graph_node *nd = &g->node[k];
     for (int u = 0; u < nd->n_use; u++) {

@@ -102,10 +102,11 @@ void rt_dev_bind_node(struct rt_dev_twin *t, const struct graph *g, struct rt_re
 void rt_dev_node_done(const struct rt_dev_twin *t, struct rt_request *r, const struct rt_bound *st);
 
 /* Make room in the host page tables for every append of g (in graph
- * order), as the StarPU executor does at submission, so the twin holds
- * every page a node will write. Returns the first node short of pages, or
- * -1. */
-int rt_dev_reserve(const struct graph *g, struct rt_request *r);
+ * order): the StarPU executor at submission (each task's page handles
+ * exist before it runs) and a device home (the twin holds every page a
+ * node will write). Returns the first node short of pages (the request
+ * fails), or -1. */
+int rt_reserve_pages(const struct graph *g, struct rt_request *r);
 
 /* ---- the regions a node binds ---------------------------------------------- */
 

@@ -115,7 +115,7 @@ int rt_exec_direct_dev(const struct graph *g, const struct rt_model *M, struct r
                        char *err, size_t err_len) {
   struct rt_dev_ctx *dv = M->dev;
   double t0 = now_s();
-  int short_k = rt_dev_reserve(g, r);
+  int short_k = rt_reserve_pages(g, r);
   if (short_k >= 0) {
     rt_node_error(&g->node[short_k], CEDAR_ENOMEM, err, err_len);
     return CEDAR_ENOMEM;

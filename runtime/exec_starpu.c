@@ -499,7 +499,7 @@ int rt_exec_starpu(const struct graph *g, const struct rt_model *M, struct rt_re
   atomic_init(&R.done, 0);
   double t0 = starpu_timing_now(), fam0[RT_FAM_COUNT];
   family_seconds(fam0);
-  int rc = 0, short_k = sp__reserve_pages(g, r);
+  int rc = 0, short_k = rt_reserve_pages(g, r);
   if (short_k < 0 && M->dev && g->n_node > 0 && rt_dev_home(M->dev, &g->node[0])) { /* runtime/devbind.h */
     R.dv = M->dev;
     if (R.dv->starpu_node < 0) {

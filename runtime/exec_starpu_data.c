@@ -205,21 +205,6 @@ void sp__release_all(void) {
   }
 }
 
-/* ---- pages a graph needs ------------------------------------------------- */
-
-int sp__reserve_pages(const struct graph *g, struct rt_request *r) {
-  for (int k = 0; k < g->n_node; k++) {
-    const struct graph_node *nd = &g->node[k];
-    for (int u = 0; u < nd->n_use; u++) {
-      const struct graph_use *us = &nd->use[u];
-      const struct graph_data *gd = &g->data[us->data];
-      if (gd->kind != GRAPH_STATE || gd->state != GRAPH_ST_KV || us->mode != GRAPH_APPEND) continue;
-      if (rt_kv_reserve(&r->seq[gd->layer], us->e_w1)) return k;
-    }
-  }
-  return -1;
-}
-
 /* ---- a task's buffers ---------------------------------------------------- */
 
 static enum starpu_data_access_mode sp_mode(enum graph_access a) {

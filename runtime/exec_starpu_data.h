@@ -58,11 +58,6 @@ void sp__task_buffers(struct starpu_task *t, const struct graph *g, const struct
                       starpu_data_handle_t *act, const struct rt_dev_twin *tw, struct sp_task_map *map);
 void sp__task_map_free(struct sp_task_map *map);
 
-/* Reserve the KV pages every APPEND of g needs, in program order, so each
- * task's page handles exist at submission. Returns the first node that
- * cannot get its pages (the request fails), or -1. */
-int sp__reserve_pages(const struct graph *g, struct rt_request *r);
-
 /* The host-memory stand-in of a device state (runtime/devbind.h): its
  * pages, rings, positions and tails registered on main RAM, once, if not
  * yet. */

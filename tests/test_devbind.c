@@ -101,7 +101,7 @@ static bool host_rings_untouched(const struct fx *f, const struct rt_request *r)
 static void check_regions(const struct fx *f, struct rt_dev_twin *tw, struct rt_request *r) {
   struct graph g;
   if (graph_build_decode(&g, f->p, r->n_pos, err, sizeof err)) return;
-  CEDAR_ASSERT(rt_dev_reserve(&g, r) < 0);
+  CEDAR_ASSERT(rt_reserve_pages(&g, r) < 0);
   const struct rt_dev_addrs *A = tw->A;
   int checked = 0;
   for (int k = 0; k < g.n_node; k++) {
