@@ -500,6 +500,7 @@ int cmd_run(int argc, char **argv) {
                                        .profile = o.trace != NULL,
                                        .cuda = o.device && !strcmp(o.device, "cuda")},
                               .cuda_graphs = o.cuda_graphs,
+                              .dev_scratch = o.cuda_scratch,
                               .diags = &diags,
                               .problems = &pr,
                               .on_plan = prompt_on_plan,

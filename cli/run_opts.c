@@ -51,6 +51,7 @@ int run_parse(int argc, char **argv, struct ropts *o) {
       {"top-k", required_argument, NULL, 'k' + 256}, {"repetition-penalty", required_argument, NULL, 'R' + 256},
       {"sample-seed", required_argument, NULL, 's' + 256},
       {"cuda-graphs", required_argument, NULL, 1005},
+      {"cuda-scratch", required_argument, NULL, 1006},
       {0, 0, 0, 0}};
   memset(o, 0, sizeof(*o));
   o->max_new = 16;
@@ -141,6 +142,14 @@ int run_parse(int argc, char **argv, struct ropts *o) {
         return cli_usage_error("run", "--cuda-graphs takes on or off (got '%s')", optarg);
       o->cuda_graphs = strcmp(optarg, "on") ? 2 : 1;
       break;
+    case 1006: {
+      char *end;
+      long long mib = strtoll(optarg, &end, 10);
+      if (*end || mib < 1 || mib > (1LL << 20))
+        return cli_usage_error("run", "--cuda-scratch takes MiB, 1 to 1048576 (got '%s')", optarg);
+      o->cuda_scratch = mib << 20;
+      break;
+    }
     case 'R': o->raw = true; break;
     case 'Y': o->system = optarg; break;
     case 'I': o->ids = true; break;

@@ -18,6 +18,7 @@ struct ropts {
   const char *plan, *weights, *prompt, *tokens, *dump, *sched, *trace, *dot, *model, *dump_round;
   const char *device; /* --device: NULL, "cpu" or "cuda" */
   int cuda_graphs;    /* --cuda-graphs: 0 not given, 1 on, 2 off (struct rt_engine_opts.cuda_graphs) */
+  int64_t cuda_scratch; /* --cuda-scratch MiB, in bytes; 0 not given (struct rt_engine_opts.dev_scratch) */
   const char *system, *stops[16]; /* text: --system, --stop */
   int n_stops, top_k;
   float rep_penalty;

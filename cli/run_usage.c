@@ -74,6 +74,8 @@ const char run_usage[] =
     "                    (default) replays each decode step's layer segments as CUDA graphs\n"
     "                    captured once per shape, off launches the same kernels eagerly (the\n"
     "                    comparison: same bits); refused for a plan that runs on the CPU\n"
+    "  --cuda-scratch MIB  on a CUDA home: device scratch of each worker (default 512); a node\n"
+    "                    that needs more fails naming the bytes it asked for\n"
     "A prefill longer than a second shows a progress bar on stderr when stderr is a terminal.\n"
     "A plan whose serving.placement puts prefill and decode on different ranks (plans/v41-mini-pd.yaml)\n"
     "runs under `mpirun -np 2` through StarPU-MPI (the decode rank prints the report, --dump and --dot,\n"

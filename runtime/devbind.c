@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "runtime/backend.h"
 #include "runtime/exec.h"
 
 /* ---- addresses ------------------------------------------------------------ */
@@ -103,8 +104,14 @@ void rt_dev_bind_node(struct rt_dev_twin *t, const struct graph *g, struct rt_re
   rt_bind_node(g, r, nd, st);
   if (st->ring) st->ring = &t->ring[st->ring - r->ring];
   if (st->tail) st->tail = &t->tail[st->tail - r->tail];
-  if (st->kv_w) st->kv_w = &t->seq[st->kv_w - r->seq];
-  if (st->kv_r) st->kv_r = &t->seq[st->kv_r - r->seq];
+  if (st->kv_w) {
+    st->kv_w = &t->seq[st->kv_w - r->seq];
+    st->kv_w_pages = t->pt_dev[st->kv_w - t->seq];
+  }
+  if (st->kv_r) {
+    st->kv_r = &t->seq[st->kv_r - r->seq];
+    st->kv_r_pages = t->pt_dev[st->kv_r - t->seq];
+  }
 }
 
 void rt_dev_node_done(const struct rt_dev_twin *t, struct rt_request *r, const struct rt_bound *st) {
@@ -262,6 +269,106 @@ static int copy_all(struct rt_dev_ctx *d, const struct rt_dev_twin *t, const str
 
 /* ---- the context ---------------------------------------------------------- */
 
+#define AUX_ALIGN(b) (((b) + RT_DEV_ALIGN - 1) / RT_DEV_ALIGN * RT_DEV_ALIGN)
+
+/* The twin's token ids and page tables in d's memory, sized from r (its
+ * token capacity, each source's page capacity), with their host mirrors. */
+static int aux_open(struct rt_dev_ctx *d, struct rt_dev_twin *t, const struct rt_request *r, char *err,
+                    size_t err_len) {
+  size_t bytes = AUX_ALIGN(sizeof(int32_t) * (size_t)(r->max_tokens > 0 ? r->max_tokens : 1));
+  for (int l = 0; l < t->n_layers; l++)
+    if (r->seq[l].pool) bytes += AUX_ALIGN(sizeof(uint8_t *) * (size_t)(r->seq[l].cap_pages > 0 ? r->seq[l].cap_pages : 1));
+  t->aux = d->ops->alloc(bytes);
+  if (!t->aux) {
+    snprintf(err, err_len, "out of %s memory for a request's token ids and page tables (%zu bytes); this request "
+             "is dropped", d->ops->name, bytes);
+    return CEDAR_ENOMEM;
+  }
+  uint8_t *at = t->aux;
+  t->tok_dev = (int32_t *)at;
+  t->tok_cap = r->max_tokens;
+  t->tok_host = cedar_xcalloc((size_t)(r->max_tokens > 0 ? r->max_tokens : 1), sizeof(int32_t));
+  at += AUX_ALIGN(sizeof(int32_t) * (size_t)(r->max_tokens > 0 ? r->max_tokens : 1));
+  for (int l = 0; l < t->n_layers; l++) {
+    if (!r->seq[l].pool) continue;
+    int cap = r->seq[l].cap_pages > 0 ? r->seq[l].cap_pages : 1;
+    t->pt_dev[l] = (const uint8_t **)at;
+    t->pt_host[l] = cedar_xcalloc((size_t)cap, sizeof(uint8_t *));
+    t->pt_cap[l] = r->seq[l].cap_pages;
+    at += AUX_ALIGN(sizeof(uint8_t *) * (size_t)cap);
+  }
+  return 0;
+}
+
+static void aux_close(struct rt_dev_ctx *d, struct rt_dev_twin *t) {
+  if (t->aux) d->ops->free(t->aux);
+  free(t->tok_host);
+  for (int l = 0; l < PLAN_MAX_LAYERS; l++) free(t->pt_host[l]);
+}
+
+/* The first index where a[0, n) and b[0, n) differ, n when none. */
+static int64_t first_diff(const void *a, const void *b, int64_t n, size_t each) {
+  const int64_t chunk = 1024;
+  int64_t i = 0;
+  while (i < n && !memcmp((const char *)a + (size_t)i * each, (const char *)b + (size_t)i * each,
+                          each * (size_t)(n - i < chunk ? n - i : chunk)))
+    i += chunk;
+  for (; i < n; i++)
+    if (memcmp((const char *)a + (size_t)i * each, (const char *)b + (size_t)i * each, each)) break;
+  return i < n ? i : n;
+}
+
+/* Upload what changed in r's token ids and the twin's page tables since
+ * the last call: from the first id (page) that differs from the mirror. */
+static int aux_sync(struct rt_dev_ctx *d, struct rt_dev_twin *t, const struct rt_request *r, char *err,
+                    size_t err_len) {
+  if (r->n_tokens > t->tok_cap) {
+    snprintf(err, err_len, "device state: %lld token ids, the request's slot holds %lld", (long long)r->n_tokens,
+             (long long)t->tok_cap);
+    return CEDAR_EINVAL;
+  }
+  int64_t same = first_diff(r->tokens, t->tok_host, t->tok_n < r->n_tokens ? t->tok_n : r->n_tokens, sizeof(int32_t));
+  if (same < r->n_tokens) {
+    size_t b = sizeof(int32_t) * (size_t)(r->n_tokens - same);
+    int rc = d->ops->h2d(t->tok_dev + same, r->tokens + same, b, err, err_len);
+    if (rc) return rc;
+    memcpy(t->tok_host + same, r->tokens + same, b);
+  }
+  t->tok_n = r->n_tokens;
+  for (int l = 0; l < t->n_layers; l++) {
+    const struct rt_kv_seq *s = &t->seq[l];
+    if (!t->pt_dev[l]) continue;
+    if (s->n_pages > t->pt_cap[l]) {
+      snprintf(err, err_len, "device state: KV source %d holds %d pages, its page table %d", l, s->n_pages,
+               t->pt_cap[l]);
+      return CEDAR_EINVAL;
+    }
+    int64_t k = first_diff(s->page_ptr, t->pt_host[l], t->pt_n[l] < s->n_pages ? t->pt_n[l] : s->n_pages,
+                           sizeof(uint8_t *));
+    if (k < s->n_pages) {
+      size_t b = sizeof(uint8_t *) * (size_t)(s->n_pages - k);
+      int rc = d->ops->h2d((void *)(t->pt_dev[l] + k), s->page_ptr + k, b, err, err_len);
+      if (rc) return rc;
+      memcpy(t->pt_host[l] + k, s->page_ptr + k, b);
+    }
+    t->pt_n[l] = s->n_pages;
+  }
+  return 0;
+}
+
+static void twin_drop(struct rt_dev_ctx *d, int s) {
+  aux_close(d, &d->twin[s]);
+  rt_dev_twin_free(&d->twin[s]);
+  d->owner[s] = NULL;
+}
+
+const struct rt_cuda_env *rt_dev_env(const struct rt_dev_ctx *d, const struct rt_dev_twin *t,
+                                     struct rt_cuda_worker *w, struct rt_cuda_env *env) {
+  if (!d || !d->cm || !t) return NULL;
+  *env = (struct rt_cuda_env){d->cm, w, t->tok_dev};
+  return env;
+}
+
 static int slot_of(const struct rt_dev_ctx *d, const struct rt_request *r) {
   for (int s = 0; s < d->A.L.n_slots; s++)
     if (d->owner[s] == r) return s;
@@ -277,7 +384,9 @@ struct rt_dev_twin *rt_dev_request_twin(struct rt_dev_ctx *d, struct rt_request 
       return NULL;
     }
     if (rt_dev_twin_init(&d->twin[s], &d->A, s, r, err, err_len)) return NULL;
-    if (rt_dev_twin_sync(&d->twin[s], r, err, err_len) || copy_all(d, &d->twin[s], r, true, err, err_len)) {
+    if (aux_open(d, &d->twin[s], r, err, err_len) || rt_dev_twin_sync(&d->twin[s], r, err, err_len) ||
+        copy_all(d, &d->twin[s], r, true, err, err_len)) {
+      aux_close(d, &d->twin[s]);
       rt_dev_twin_free(&d->twin[s]);
       return NULL;
     }
@@ -285,7 +394,8 @@ struct rt_dev_twin *rt_dev_request_twin(struct rt_dev_ctx *d, struct rt_request 
     d->twin[s].ctx = d;
     d->owner[s] = r;
   }
-  return rt_dev_twin_sync(&d->twin[s], r, err, err_len) ? NULL : &d->twin[s];
+  if (rt_dev_twin_sync(&d->twin[s], r, err, err_len) || aux_sync(d, &d->twin[s], r, err, err_len)) return NULL;
+  return &d->twin[s];
 }
 
 int rt_dev_request_download(struct rt_dev_ctx *d, struct rt_request *r, char *err, size_t err_len) {
@@ -297,8 +407,7 @@ int rt_dev_request_release(struct rt_dev_ctx *d, struct rt_request *r, char *err
   int s = slot_of(d, r);
   if (s < 0) return 0;
   int rc = copy_all(d, &d->twin[s], r, false, err, err_len);
-  rt_dev_twin_free(&d->twin[s]);
-  d->owner[s] = NULL;
+  twin_drop(d, s);
   return rc;
 }
 
@@ -346,7 +455,8 @@ void rt_dev_ctx_close(struct rt_dev_ctx *d) {
   if (!d) return;
   if (d->exec_release) d->exec_release(d->exec_data);
   for (int s = 0; d->owner && s < d->A.L.n_slots; s++)
-    if (d->owner[s]) rt_dev_twin_free(&d->twin[s]);
+    if (d->owner[s]) twin_drop(d, s);
+  rt_dev_model_close(d);
   free(d->twin);
   free(d->owner);
   rt_graph_cache_close(d->graphs);

@@ -56,6 +56,10 @@
 #include "runtime/model.h"
 #include "scheduler/graph.h"
 
+struct rt_cuda_env;    /* runtime/backend.h */
+struct rt_cuda_model;  /* runtime/node_cuda.h */
+struct rt_cuda_worker;
+
 /* Where a device state's slabs are (device addresses; host addresses for
  * the stand-in). The rt_dev_* accessors of devstate.h are these sums. */
 struct rt_dev_addrs {
@@ -79,6 +83,20 @@ struct rt_dev_twin {
   struct rt_ring ring[PLAN_MAX_LAYERS];
   struct op_comp_tail tail[PLAN_MAX_LAYERS];
   struct rt_kv_seq seq[PLAN_MAX_LAYERS];    /* page_id: the host's ids; page_ptr: device pages */
+  /* What a CUDA entry reads from the device besides the slabs (struct
+   * rt_cuda_env, rt_bound.kv_r_pages/kv_w_pages), one allocation of the
+   * context's memory per claim (aux): the request's token ids (tok_dev,
+   * tok_cap of them) and each KV source's page table (pt_dev[l]: device page
+   * addresses, seq[l].cap_pages of them at claim). tok_host and pt_host[l]
+   * are what the device copies hold, so a sync uploads only what changed
+   * (appended ids and pages, or a rolled-back suffix rewritten). */
+  void *aux;
+  int32_t *tok_dev;
+  int64_t tok_cap, tok_n;
+  int32_t *tok_host;
+  const uint8_t **pt_dev[PLAN_MAX_LAYERS];
+  const uint8_t **pt_host[PLAN_MAX_LAYERS];
+  int pt_cap[PLAN_MAX_LAYERS], pt_n[PLAN_MAX_LAYERS];
 };
 
 /* A twin of r in slot of A (r's rings, tails and pools must be the ones
@@ -93,7 +111,10 @@ void rt_dev_twin_free(struct rt_dev_twin *t);
  * (err names the source and the capacity). */
 int rt_dev_twin_sync(struct rt_dev_twin *t, const struct rt_request *r, char *err, size_t err_len);
 
-/* rt_bind_node's state for nd, over the twin (device addresses). */
+/* rt_bind_node's state for nd, over the twin (device addresses), with
+ * kv_r_pages and kv_w_pages the twin's page tables in the context's memory
+ * (what a CUDA entry reads; the host stand-in's CPU groups read the same
+ * table through kv_r_pages). */
 void rt_dev_bind_node(struct rt_dev_twin *t, const struct graph *g, struct rt_request *r, const struct graph_node *nd,
                       struct rt_bound *st);
 /* After nd ran on st (rt_dev_bind_node's): the host request's metadata
@@ -177,6 +198,16 @@ struct rt_dev_ctx {
   bool all_nodes;                  /* the stand-in: every node binds here, whatever its device */
   struct rt_dev_state *state;      /* CUDA: the slabs and their StarPU handles (devstate_cuda.c) */
   struct rt_dev_weights *weights;  /* CUDA: the weights, uploaded once */
+  /* CUDA: what the op groups' entries run on (runtime/node_cuda.h), opened
+   * by rt_dev_ctx_open_model: the model's device pointers; the direct
+   * executor's worker (device scratch and cuBLAS handle); one worker per
+   * StarPU CUDA worker on this device, by StarPU worker id (cw_sp[id], NULL
+   * for the others; n_cw_sp ids). All NULL on the stand-in (its nodes run
+   * the CPU groups). */
+  struct rt_cuda_model *cm;
+  struct rt_cuda_worker *cw_direct;
+  struct rt_cuda_worker **cw_sp;
+  int n_cw_sp;
   struct rt_graph_cache *graphs;   /* CUDA: decode segments (cuda_graph.h); NULL: none */
   bool segments;                   /* run decode steps by layer segment (devseg.h): CUDA with a graph cache; the stand-in calls them in place */
   bool graphs_on;                  /* replay segments as graphs (else eager) */
@@ -203,6 +234,19 @@ int rt_dev_ctx_open_host(struct rt_dev_ctx **out, const struct rt_dev_layout *L,
 int rt_dev_ctx_open_cuda(struct rt_dev_ctx **out, const struct rt_dev_layout *L, int dev, const struct weights *w,
                          bool graphs, char *err, size_t err_len);
 void rt_dev_ctx_close(struct rt_dev_ctx *d);
+/* The device model of M over d's weights and the workers with
+ * scratch_bytes of device scratch each (devstate_cuda.c): the direct
+ * executor's, and one per StarPU CUDA worker on d's device when StarPU is
+ * running. 0, or CEDAR_EUNSUPPORTED / CEDAR_ENOMEM / CEDAR_EIO with err. */
+int rt_dev_ctx_open_model(struct rt_dev_ctx *d, const struct rt_model *M, size_t scratch_bytes, char *err,
+                          size_t err_len);
+/* Close what rt_dev_ctx_open_model opened (rt_dev_ctx_close calls it). */
+void rt_dev_model_close(struct rt_dev_ctx *d);
+/* The struct rt_cuda_env a CUDA node of the twin's request runs with on
+ * worker w (a cw_direct or cw_sp entry), in *env; NULL when d has no device
+ * model (the stand-in: its CPU groups take none). */
+const struct rt_cuda_env *rt_dev_env(const struct rt_dev_ctx *d, const struct rt_dev_twin *t,
+                                     struct rt_cuda_worker *w, struct rt_cuda_env *env);
 
 /* r's twin, claiming a free slot and uploading r's state into it the
  * first time r is seen (a restored prefix or a P/D package arrive that

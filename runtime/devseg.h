@@ -4,10 +4,20 @@
  * nodes leave (a replay runs no host code, so the executor applies it).
  *
  *   segments  a maximal run of consecutive nodes of one layer whose op
- *             groups are the layer's own (ENGRAM, ATTN, MOE, DEC_KV) in a
- *             decode graph; EMBED, the Engram row gather (it reads the
- *             host's token ids), HEAD, TRANSFER, KEEP_XE and REPLAY_IN run
- *             eagerly, one at a time.
+ *             groups are ENGRAM or MOE in a decode graph: the layer's own
+ *             groups whose CUDA entries read nothing that changes from one
+ *             step to the next (their kernels' arguments are weights,
+ *             activation-slab addresses and shapes). Everything else runs
+ *             eagerly, one node at a time: EMBED and the Engram row gather
+ *             (they index the token ids by position), HEAD, TRANSFER,
+ *             KEEP_XE, REPLAY_IN, and ATTN and DEC_KV. Those two take the
+ *             step's values as host arguments today: the positions, the
+ *             compressor tail's count and first position, the entries
+ *             committed in the source they read and append to (grid sizes
+ *             and offsets of their kernels); a graph captured at one step
+ *             would replay that step's values. They join segments when
+ *             their kernels read those values from the parameter block
+ *             (docs/cuda.md, "What is left").
  *   key       (struct rt_graph_key) segment = the first node's layer;
  *             shape = positions, the KV pages the segment's parameter
  *             block lists, the segment's node count, the graph's node

@@ -22,6 +22,7 @@
 #include "base/check.h"
 #include "runtime/devbind.h"
 #include "runtime/devstate.h"
+#include "runtime/node_cuda.h"
 
 struct rt_dev_state {
   struct rt_dev_layout L;
@@ -289,4 +290,34 @@ int rt_dev_ctx_open_cuda(struct rt_dev_ctx **out, const struct rt_dev_layout *L,
   d->owner = cedar_xcalloc((size_t)L->n_slots, sizeof(*d->owner));
   *out = d;
   return 0;
+}
+
+/* ---- the device model and the workers (devbind.h) ------------------------------ */
+
+int rt_dev_ctx_open_model(struct rt_dev_ctx *d, const struct rt_model *M, size_t scratch_bytes, char *err,
+                          size_t err_len) {
+  int rc = rt_cuda_model_open(&d->cm, M, d->weights, d->dev, err, err_len);
+  if (!rc) rc = rt_cuda_worker_open(&d->cw_direct, d->dev, scratch_bytes, err, err_len);
+  if (!rc && starpu_is_initialized()) { /* a worker per StarPU CUDA worker on the device: its stream's nodes */
+    int ids[STARPU_NMAXWORKERS];
+    int n = starpu_worker_get_ids_by_type(STARPU_CUDA_WORKER, ids, STARPU_NMAXWORKERS);
+    d->n_cw_sp = (int)starpu_worker_get_count();
+    d->cw_sp = cedar_xcalloc((size_t)(d->n_cw_sp > 0 ? d->n_cw_sp : 1), sizeof(*d->cw_sp));
+    for (int i = 0; i < n && !rc; i++)
+      if (starpu_worker_get_devid(ids[i]) == d->dev && ids[i] < d->n_cw_sp)
+        rc = rt_cuda_worker_open(&d->cw_sp[ids[i]], d->dev, scratch_bytes, err, err_len);
+  }
+  if (rc) rt_dev_model_close(d);
+  return rc;
+}
+
+void rt_dev_model_close(struct rt_dev_ctx *d) {
+  for (int i = 0; i < d->n_cw_sp; i++) rt_cuda_worker_close(d->cw_sp[i]);
+  free(d->cw_sp);
+  rt_cuda_worker_close(d->cw_direct);
+  rt_cuda_model_close(d->cm);
+  d->cw_sp = NULL;
+  d->n_cw_sp = 0;
+  d->cw_direct = NULL;
+  d->cm = NULL;
 }

@@ -74,6 +74,7 @@ struct rt_engine_opts {
   struct rt_engine_exec exec;
   int cuda_graphs;           /* a CUDA home's decode segments: 0 default (graphs), 1 graphs, 2 eager (engine_dev.c) */
   int64_t dev_tokens;        /* a CUDA home: positions one request slot holds; 0: 4096 (engine_dev.c) */
+  int64_t dev_scratch;       /* a CUDA home: device scratch bytes per worker; 0: 512 MiB (engine_dev.c) */
   struct rt_engine_cache cache;
   /* A tokenizer.json, or NULL: the Engram token map comes from it
    * (runtime/engram_map.h) when its size fits the plan; a released
@@ -126,7 +127,8 @@ struct rt_engine {
 
 /* The device home of an open (engine_dev.c, runtime/devbind.h): when the
  * plan places a flow on CUDA, the device state sized from e->exec, the
- * weights uploaded once, the graph cache (opts.cuda_graphs, opts.dev_tokens);
+ * weights uploaded once, the graph cache (opts.cuda_graphs, opts.dev_tokens),
+ * the device model and its workers' scratch (opts.dev_scratch);
  * hung on e->model.dev. 0 when the plan runs on the CPU (a cuda_graphs
  * choice is then refused). Closed by
  * rt_engine_dev_close. */

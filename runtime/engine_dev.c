@@ -5,8 +5,9 @@
  * slots of dev_tokens positions each, every KV pool given the pages one
  * slot's positions need times the slots (the largest source's count, for
  * every pool: one figure for the layout), the activations of the largest
- * graph of that length, the weights uploaded once and the CUDA graph cache
- * (graphs unless --cuda-graphs off). The context hangs on model.dev, so
+ * graph of that length, the weights uploaded once, the CUDA graph cache
+ * (graphs unless --cuda-graphs off), and the device model with its workers
+ * (dev_scratch bytes of scratch each: rt_dev_ctx_open_model). The context hangs on model.dev, so
  * every executor binds the CUDA nodes' state there.
  *
  * Refused with a device home, each with the reason: the prefix cache and a
@@ -26,6 +27,11 @@
 
 /* Positions one request slot holds when the caller does not say. */
 #define RT_DEV_DEFAULT_TOKENS 4096
+/* A worker's device scratch when the caller does not say: a node's
+ * temporaries (its largest is a prefill chunk's MoE or its indexer's scores
+ * over every entry); a node that needs more fails naming the bytes it asked
+ * for, and --cuda-scratch gives them. */
+#define RT_DEV_DEFAULT_SCRATCH ((int64_t)512 << 20)
 
 static bool cuda_home(const struct plan *p) {
   return graph_place_of(p, GRAPH_PREFILL_CED).dev == GRAPH_DEV_CUDA ||
@@ -36,9 +42,10 @@ int rt_engine_dev_open(struct rt_engine *e, char *err, size_t err_len) {
   const struct plan *p = &e->plan;
   const struct rt_engine_opts *x = &e->opts;
   if (!cuda_home(p)) {
-    if (x->cuda_graphs) {
-      snprintf(err, err_len, "--cuda-graphs applies to a CUDA home, and plan %s runs on the CPU: add --device cuda "
-               "(or place the plan on cuda), or drop --cuda-graphs", p->name);
+    if (x->cuda_graphs || x->dev_scratch) {
+      const char *f = x->cuda_graphs ? "--cuda-graphs" : "--cuda-scratch";
+      snprintf(err, err_len, "%s applies to a CUDA home, and plan %s runs on the CPU: add --device cuda "
+               "(or place the plan on cuda), or drop %s", f, p->name, f);
       return CEDAR_EINVAL;
     }
     return 0;
@@ -81,6 +88,13 @@ int rt_engine_dev_open(struct rt_engine *e, char *err, size_t err_len) {
   if (!rc) rc = rt_dev_layout_init(&L, p, e->pools, &shape, (int)(pages * slots), slots, act, err, err_len);
   rt_request_free(&shape);
   if (!rc) rc = rt_dev_ctx_open_cuda(&e->dev, &L, 0, &e->weights, x->cuda_graphs != 2, err, err_len);
+  if (!rc)
+    rc = rt_dev_ctx_open_model(e->dev, &e->model, (size_t)(x->dev_scratch > 0 ? x->dev_scratch : RT_DEV_DEFAULT_SCRATCH),
+                               err, err_len);
+  if (rc) {
+    rt_dev_ctx_close(e->dev);
+    e->dev = NULL;
+  }
   if (!rc) e->model.dev = e->dev;
   return rc;
 }

@@ -80,18 +80,22 @@ void rt_bind_node(const struct graph *g, struct rt_request *r, const struct grap
 int rt_run_node(const struct graph *g, const struct rt_model *M, struct rt_request *r, const struct graph_node *nd,
                 void *const *buf, const struct rt_bound *st, struct rt_exec_out *out, int64_t out_row,
                 struct rt_arena *ar);
-/* rt_run_node for a CUDA entry: the same, with the stream its kernels
- * launch on (a cudaStream_t; StarPU's local stream in a CUDA codelet). */
-int rt_run_node_stream(const struct graph *g, const struct rt_model *M, struct rt_request *r,
-                       const struct graph_node *nd, void *const *buf, const struct rt_bound *st,
-                       struct rt_exec_out *out, int64_t out_row, struct rt_arena *ar, void *stream);
+/* What a CUDA entry runs with besides the node (backend.h's rt_node_ctx
+ * fields): the stream its kernels launch on (a cudaStream_t; StarPU's local
+ * stream in a CUDA codelet, NULL for CUDA's default stream), the device
+ * parameter block inside a graph segment (runtime/devseg.h; NULL outside
+ * one) and the device model, worker and token ids (struct rt_cuda_env:
+ * runtime/devbind.h's rt_dev_env; NULL for a CPU node). */
+struct rt_node_dev {
+  void *stream;
+  const void *params;
+  const struct rt_cuda_env *cuda;
+};
 
-/* rt_run_node_stream inside a CUDA graph segment: params is the device
- * parameter block the node's kernels read per-step values from
- * (rt_node_ctx.params; runtime/devseg.h). */
+/* rt_run_node with the device side dv (NULL: none, as rt_run_node). */
 int rt_run_node_dev(const struct graph *g, const struct rt_model *M, struct rt_request *r, const struct graph_node *nd,
                     void *const *buf, const struct rt_bound *st, struct rt_exec_out *out, int64_t out_row,
-                    struct rt_arena *ar, void *stream, const void *params);
+                    struct rt_arena *ar, const struct rt_node_dev *dv);
 
 /* The direct executor when M->dev is set and g runs on its home
  * (exec_dev.c, runtime/devbind.h): the request's state bound in the device

@@ -34,6 +34,7 @@
 #include <time.h>
 
 #include "base/check.h"
+#include "runtime/backend.h"
 #include "runtime/devbind.h"
 #include "runtime/devseg.h"
 #include "runtime/exec.h"
@@ -72,6 +73,7 @@ struct seg {
   const struct graph *g;
   const struct rt_model *M;
   struct rt_request *r;
+  const struct rt_dev_ctx *dv;
   struct rt_dev_twin *tw;
   void *const *buf;
   struct rt_exec_out *out;
@@ -91,7 +93,9 @@ static int seg_fn(void *stream, const void *params, void *arg) {
     const struct graph_node *nd = &S->g->node[k];
     struct rt_bound st;
     rt_dev_bind_node(S->tw, S->g, S->r, nd, &st);
-    int rc = rt_run_node_dev(S->g, S->M, S->r, nd, S->buf, &st, S->out, S->out_row[k], S->ar, stream, params);
+    struct rt_cuda_env env;
+    const struct rt_node_dev dv = {stream, params, rt_dev_env(S->dv, S->tw, S->dv->cw_direct, &env)};
+    int rc = rt_run_node_dev(S->g, S->M, S->r, nd, S->buf, &st, S->out, S->out_row[k], S->ar, &dv);
     rt_arena_reset(S->ar);
     if (rc) {
       S->failed = k + 1;
@@ -140,7 +144,7 @@ int rt_exec_direct_dev(const struct graph *g, const struct rt_model *M, struct r
     const struct graph_node *nd = &g->node[k];
     double t = now_s();
     if (seg_end[k] > k) { /* a decode segment through the graph cache */
-      struct seg S = {g, M, r, tw, buf, out, out_row, &ar, k, seg_end[k], 0, 0};
+      struct seg S = {g, M, r, dv, tw, buf, out, out_row, &ar, k, seg_end[k], 0, 0};
       struct rt_dev_params P;
       rc = rt_dev_params_fill(&P, g, r, tw->slot, &g->node[rt_dev_segment_lead(g, k, S.k1)], err, err_len);
       if (!rc) {
@@ -157,7 +161,9 @@ int rt_exec_direct_dev(const struct graph *g, const struct rt_model *M, struct r
     } else {
       struct rt_bound bs;
       rt_dev_bind_node(tw, g, r, nd, &bs);
-      rc = rt_run_node(g, M, r, nd, buf, &bs, out, out_row[k], &ar);
+      struct rt_cuda_env env;
+      const struct rt_node_dev nd_dev = {NULL, NULL, rt_dev_env(dv, tw, dv->cw_direct, &env)};
+      rc = rt_run_node_dev(g, M, r, nd, buf, &bs, out, out_row[k], &ar, &nd_dev);
       if (!rc) rt_dev_node_done(tw, r, &bs);
       rt_arena_reset(&ar);
       count_node(st, nd, now_s() - t);

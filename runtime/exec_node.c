@@ -255,18 +255,12 @@ static int run_guarded(rt_group_fn fn, struct rt_node_ctx *c, struct rt_arena *a
 int rt_run_node(const struct graph *g, const struct rt_model *M, struct rt_request *r, const struct graph_node *nd,
                 void *const *buf, const struct rt_bound *st, struct rt_exec_out *out, int64_t out_row,
                 struct rt_arena *ar) {
-  return rt_run_node_stream(g, M, r, nd, buf, st, out, out_row, ar, NULL);
-}
-
-int rt_run_node_stream(const struct graph *g, const struct rt_model *M, struct rt_request *r,
-                       const struct graph_node *nd, void *const *buf, const struct rt_bound *st,
-                       struct rt_exec_out *out, int64_t out_row, struct rt_arena *ar, void *stream) {
-  return rt_run_node_dev(g, M, r, nd, buf, st, out, out_row, ar, stream, NULL);
+  return rt_run_node_dev(g, M, r, nd, buf, st, out, out_row, ar, NULL);
 }
 
 int rt_run_node_dev(const struct graph *g, const struct rt_model *M, struct rt_request *r, const struct graph_node *nd,
                     void *const *buf, const struct rt_bound *st, struct rt_exec_out *out, int64_t out_row,
-                    struct rt_arena *ar, void *stream, const void *params) {
+                    struct rt_arena *ar, const struct rt_node_dev *dv) {
   const struct rt_backend *b = rt_backend_for(nd->place.dev);
   rt_group_fn fn = b ? b->run[nd->op] : NULL;
   if (rt_pipe_skip(g, nd)) return 0; /* another rank's node (layer stages: runtime/pipeline.h) */
@@ -276,7 +270,8 @@ int rt_run_node_dev(const struct graph *g, const struct rt_model *M, struct rt_r
     if (r) rt_bind_node(g, r, nd, &own); /* no request (a transfer outside a P/D one): nothing to bind */
     st = &own;
   }
-  struct rt_node_ctx c = {g, M, r, nd, buf, st, out, out_row, ar, stream, NULL, params}; /* cuda: the executor's (backend.h) */
+  struct rt_node_ctx c = {g, M, r, nd, buf, st, out, out_row, ar, dv ? dv->stream : NULL, dv ? dv->cuda : NULL,
+                          dv ? dv->params : NULL};
   rt_rtrace_tile(nd->a); /* the positions of the op groups that are not given them (round_trace.h) */
   return run_guarded(fn, &c, ar);
 }

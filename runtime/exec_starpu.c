@@ -159,7 +159,14 @@ static void bind_from_interfaces(struct run *R, const struct node_arg *A, void *
       CEDAR_ASSERT(p0 == (void *)R->r->tokens);
     }
   }
-  if (A->map.kv_pages_count > 0) {
+  if (A->map.kv_pages_count > 0 && dev) {
+    /* the twin's page table (in the device's memory, what a CUDA entry
+     * reads) holds the same addresses as the interfaces: the pages' homes */
+    const struct rt_kv_seq *s = st->kv_r;
+    for (int i = 0; i < A->map.kv_pages_count; i++)
+      CEDAR_ASSERT(s && i < s->n_pages &&
+                   s->page_ptr[i] == (const uint8_t *)STARPU_VARIABLE_GET_PTR(buffers[A->map.kv_pages_first + i]));
+  } else if (A->map.kv_pages_count > 0) {
     const uint8_t **pages = RT_ALLOC(ar, const uint8_t *, A->map.kv_pages_count);
     for (int i = 0; i < A->map.kv_pages_count; i++)
       pages[i] = (const uint8_t *)STARPU_VARIABLE_GET_PTR(buffers[A->map.kv_pages_first + i]);
@@ -184,7 +191,11 @@ static void run_task(void *buffers[], void *cl_arg, void *stream) {
     struct rt_bound st;
     struct rt_ring ring;
     bind_from_interfaces(R, A, buffers, buf, &st, &ring, ar);
-    int rc = rt_run_node_stream(R->g, R->M, R->r, nd, buf, &st, R->out, A->out_row, ar, stream);
+    struct rt_cuda_env env;
+    const struct rt_node_dev dv = {stream, NULL,
+                                   stream && R->dv && w < R->dv->n_cw_sp ? rt_dev_env(R->dv, R->tw, R->dv->cw_sp[w], &env)
+                                                                        : NULL};
+    int rc = rt_run_node_dev(R->g, R->M, R->r, nd, buf, &st, R->out, A->out_row, ar, &dv);
     if (R->tw && !rc)
       rt_dev_node_done(R->tw, R->r, &st); /* the host keeps the metadata (runtime/devbind.h) */
     else if (st.ring == &ring)

@@ -17,9 +17,13 @@
  *    slab and distinct;
  *  - the parameter block of a decode node: its position and count, the ring
  *    slots p mod window, the page ids of the source it reads;
- *  - segments cover every layer node of a decode graph once, one layer
- *    each; two consecutive steps with the same pages have the same key and
- *    different blocks;
+ *  - segments cover every ENGRAM and MOE node of a decode graph once, one
+ *    layer each, and no ATTN or DEC_KV node (their CUDA entries take the
+ *    step's values as host arguments: devseg.h); two consecutive steps
+ *    have the same key and different blocks;
+ *  - the twin's token ids and page tables in the stand-in's memory: the
+ *    CPU groups read the KV through the twin's table (kv_r_pages), and
+ *    after each run the ids are the request's;
  *  - the StarPU executor on the stand-in (its slabs registered on main RAM,
  *    a node's state from those handles, its metadata written back from the
  *    workers): the same logits and state, bitwise;
@@ -154,14 +158,20 @@ static void check_regions(const struct fx *f, struct rt_dev_twin *tw, struct rt_
     free(s);
   }
   EXPECT(checked > 0, "no attention node checked");
-  /* segments: every layer node once, one layer each; keys of two steps */
+  /* segments: every ENGRAM and MOE node once, one layer each, no ATTN or
+   * DEC_KV; keys of two steps */
   int *end = calloc((size_t)g.n_node, sizeof(int)), *end2 = NULL;
   int n_seg = rt_dev_segments(&g, end);
   EXPECT(n_seg >= f->p->n_layers, "%d segments for %d layers", n_seg, f->p->n_layers);
   for (int k = 0, in = 0; k < g.n_node; k++) {
-    if (end[k] > k) in = end[k];
-    bool layer_op = g.node[k].op == GRAPH_ATTN || g.node[k].op == GRAPH_MOE;
-    if (layer_op) EXPECT(k < in, "%s is in no segment", g.node[k].name);
+    if (end[k] > k) {
+      in = end[k];
+      for (int j = k + 1; j < end[k]; j++)
+        EXPECT(g.node[j].layer == g.node[k].layer, "segment at %s spans layers", g.node[k].name);
+    }
+    enum graph_op op = g.node[k].op;
+    if (op == GRAPH_ENGRAM || op == GRAPH_MOE) EXPECT(k < in, "%s is in no segment", g.node[k].name);
+    if (op == GRAPH_ATTN || op == GRAPH_DEC_KV) EXPECT(k >= in, "%s is in a segment", g.node[k].name);
   }
   struct graph g2;
   if (!graph_build_decode(&g2, f->p, r->n_pos + 1, err, sizeof err)) {
@@ -185,6 +195,38 @@ static void check_regions(const struct fx *f, struct rt_dev_twin *tw, struct rt_
   free(end);
   free(end2);
   graph_free(&g);
+}
+
+/* The twin's token ids and page tables in the stand-in's memory hold the
+ * request's; a rewritten id (a rolled-back suffix) reaches them on the
+ * next sync, and only what differs is uploaded. */
+static void check_aux(struct rt_dev_ctx *d, struct rt_dev_twin *tw, struct rt_request *r) {
+  char err[256];
+  EXPECT(tw->tok_n == r->n_tokens && !memcmp(tw->tok_dev, r->tokens, sizeof(int32_t) * (size_t)r->n_tokens),
+         "the twin's token ids are not the request's (%lld of %lld)", (long long)tw->tok_n, (long long)r->n_tokens);
+  int tables = 0;
+  for (int l = 0; l < tw->n_layers; l++) {
+    if (!r->seq[l].pool) {
+      EXPECT(!tw->pt_dev[l], "layer %d has no KV source but a page table", l);
+      continue;
+    }
+    EXPECT(tw->pt_dev[l] && tw->pt_n[l] == r->seq[l].n_pages, "layer %d: page table of %d pages, the request holds %d",
+           l, tw->pt_n[l], r->seq[l].n_pages);
+    if (!tw->pt_dev[l]) continue;
+    for (int i = 0; i < r->seq[l].n_pages; i++)
+      EXPECT(tw->pt_dev[l][i] == rt_dev_addr_page(tw->A, l, r->seq[l].page_id[i]), "layer %d page %d: table entry",
+             l, i);
+    tables += r->seq[l].n_pages > 0;
+  }
+  EXPECT(tables > 0, "no page table checked");
+  if (r->n_tokens < 2) return;
+  int64_t k = r->n_tokens - 2;
+  int32_t keep = r->tokens[k];
+  r->tokens[k] = keep ^ 1;
+  EXPECT(rt_dev_request_twin(d, r, err, sizeof err) == tw && tw->tok_dev[k] == (keep ^ 1) && tw->tok_host[k] == (keep ^ 1),
+         "a rewritten token id did not reach the twin: %s", err);
+  r->tokens[k] = keep;
+  EXPECT(rt_dev_request_twin(d, r, err, sizeof err) == tw && tw->tok_dev[k] == keep, "restoring an id: %s", err);
 }
 
 static void test_plan(const char *path) {
@@ -226,6 +268,7 @@ static void test_plan(const char *path) {
       struct rt_dev_twin *tw = rt_dev_request_twin(d, &r, err, sizeof err);
       EXPECT(tw != NULL, "twin: %s", err);
       if (tw && segments > 0) check_regions(&f, tw, &r);
+      if (tw) check_aux(d, tw, &r);
       EXPECT(rt_dev_request_release(d, &r, err, sizeof err) == 0, "download: %s", err);
       EXPECT(!host_rings_untouched(&f, &r), "%s: the download brought no ring back", path);
       EXPECT(requests_equal(&f, &rref, &r, true), "%s: state after download differs from the host run (segments %d)",
