@@ -26,6 +26,7 @@ struct attn_src {
   int page_entries;
   size_t entry_bytes, main_off;
   int64_t n_entries;
+  const int64_t *n_dev; /* the committed count in device memory (op_kv_view.n_dev), or NULL */
   struct op_kv_format main_fmt;
   const uint8_t *swa; /* NULL: no ring */
   const int64_t *spos;
@@ -46,9 +47,10 @@ __global__ void attn_list_kernel(int32_t *list, int32_t *n_used, const int64_t *
     if (ps < 0 || ps < lo || ps > p) continue; /* empty, too old, before r0, or future */
     li[u++] = -2 - s;
   }
+  const int64_t committed = src.n_dev ? *src.n_dev : src.n_entries;
   for (int t = 0; src.pages && topk_idx && t < topk; t++) {
     const int32_t e = topk_idx[(size_t)i * topk + t];
-    if (e < 0 || e >= src.n_entries) continue; /* -1 = none; uncommitted */
+    if (e < 0 || e >= committed) continue; /* -1 = none; uncommitted */
     li[u++] = e;
   }
   n_used[i] = u;
@@ -128,7 +130,7 @@ cudaError_t kern_sparse_attn(float *o, int32_t *n_used, const float *q, const in
   const int topk = topk_idx && kv ? pr->topk : 0;
   if (topk > 0) {
     src.pages = kv->pages, src.page_entries = kv->page_entries, src.entry_bytes = kv->entry_bytes;
-    src.main_off = kv->main_off, src.n_entries = kv->n_entries, src.main_fmt = kv->main_fmt;
+    src.main_off = kv->main_off, src.n_entries = kv->n_entries, src.n_dev = kv->n_dev, src.main_fmt = kv->main_fmt;
   }
   if (swa) {
     src.swa = swa->slots, src.spos = swa->pos, src.slots = swa->n_slots, src.swa_bytes = swa->entry_bytes;

@@ -119,6 +119,115 @@ cublasStatus_t kern_compress_tail(cublasHandle_t h, uint8_t *entries, size_t ent
   return launched(cudaGetLastError());
 }
 
+/* ---- the step inside a graph segment (device counts) ---------------------------- */
+
+/* Rows [0, *cnt) from the tail, then the n_new projected rows, then zeros
+ * up to rows (the groups that could close). */
+__global__ void comp_step_gather_kernel(float *__restrict__ v, const float *__restrict__ tv,
+                                        const float *__restrict__ vn, const int32_t *cnt, int n_new, int rows, int d) {
+  const long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= (long long)rows * d) return;
+  const int i = (int)(k / d), c = (int)(k % d), have = *cnt;
+  v[k] = i < have ? tv[(size_t)i * d + c] : i < have + n_new ? vn[(size_t)(i - have) * d + c] : 0.0f;
+}
+
+__global__ void comp_step_pos_kernel(int64_t *epos, const int64_t *pos0, int groups, int r) {
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e < groups) epos[e] = *pos0 + (int64_t)e * r;
+}
+
+/* Entry e of the closed groups into its page: *e0 + e. */
+__global__ void comp_step_write_kernel(uint8_t *const *pages, int page_entries, size_t eb, const int64_t *e0,
+                                       const int32_t *cnt, int n_new, int r, const uint8_t *__restrict__ entries) {
+  const int e = blockIdx.x;
+  if (e >= (*cnt + n_new) / r) return;
+  const int64_t at = *e0 + e;
+  uint8_t *dst = pages[at / page_entries] + (size_t)(at % page_entries) * eb;
+  for (size_t b = threadIdx.x; b < eb; b += blockDim.x) dst[b] = entries[(size_t)e * eb + b];
+}
+
+/* The rows after the last closed group become the tail. */
+__global__ void comp_step_tail_kernel(float *__restrict__ tv, const float *__restrict__ v, const int32_t *cnt,
+                                      int n_new, int r, int d) {
+  const long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int total = *cnt + n_new, first = total / r * r;
+  if (k >= (long long)(total - first) * d) return;
+  tv[k] = v[(size_t)first * d + k];
+}
+
+static size_t step_align(size_t b) { return (b + 255) / 256 * 256; }
+
+size_t kern_compress_step_scratch_bytes(int n_new, int ratio, int d, int idx_dim, size_t entry_bytes) {
+  const size_t rows = (size_t)(ratio - 1 + n_new), groups = rows / (size_t)ratio, f = sizeof(float);
+  return step_align(rows * d * f) * (ratio > 1 ? 2 : 1) + step_align((size_t)n_new * d * f) * (ratio > 1 ? 2 : 1) +
+         step_align(groups * d * f) * 3 + step_align(groups * idx_dim * f) * 2 + step_align(groups * sizeof(int64_t)) +
+         step_align(groups * entry_bytes) + 256;
+}
+
+cublasStatus_t kern_compress_step(cublasHandle_t h, uint8_t *const *pages, int page_entries, size_t entry_bytes,
+                                  size_t main_off, size_t idx_off, float *tail_v, float *tail_g, const int32_t *cnt,
+                                  const int64_t *pos0, const int64_t *e0, const float *u, int n_new,
+                                  const struct op_comp_layer *L, void *scratch, cudaStream_t st) {
+  const int r = L->ratio, d = L->d, di = L->idx_dim, rows = r - 1 + n_new, groups = rows / r;
+  if (n_new <= 0) return CUBLAS_STATUS_SUCCESS;
+  if (kern_kv_pack_supported(&L->main_fmt) || kern_kv_pack_supported(&L->idx_fmt)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  const size_t f = sizeof(float);
+  char *at = (char *)scratch;
+  float *v = (float *)at, *g = NULL;
+  at += step_align((size_t)rows * d * f);
+  if (r > 1) g = (float *)at, at += step_align((size_t)rows * d * f);
+  float *vn = (float *)at, *gn = NULL;
+  at += step_align((size_t)n_new * d * f);
+  if (r > 1) gn = (float *)at, at += step_align((size_t)n_new * d * f);
+  float *c_hat = (float *)at, *c = c_hat + 0, *kM, *kI0, *kI;
+  at += step_align((size_t)groups * d * f);
+  c = (float *)at, at += step_align((size_t)groups * d * f);
+  kM = (float *)at, at += step_align((size_t)groups * d * f);
+  kI0 = (float *)at, at += step_align((size_t)groups * di * f);
+  kI = (float *)at, at += step_align((size_t)groups * di * f);
+  int64_t *epos = (int64_t *)at;
+  at += step_align((size_t)groups * sizeof(int64_t));
+  uint8_t *entries = (uint8_t *)at;
+  cublasStatus_t s = kern_linear(h, vn, u, L->W_kv, n_new, L->hidden, d, L->hidden, d, st);
+  if (s == CUBLAS_STATUS_SUCCESS && r > 1) s = kern_linear(h, gn, u, L->W_gate, n_new, L->hidden, d, L->hidden, d, st);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  const long long cells = (long long)rows * d;
+  comp_step_gather_kernel<<<kcall_blocks(cells, COMP_THREADS), COMP_THREADS, 0, st>>>(v, tail_v, vn, cnt, n_new, rows,
+                                                                                     d);
+  if (r > 1)
+    comp_step_gather_kernel<<<kcall_blocks(cells, COMP_THREADS), COMP_THREADS, 0, st>>>(g, tail_g, gn, cnt, n_new,
+                                                                                       rows, d);
+  if ((s = launched(cudaGetLastError())) != CUBLAS_STATUS_SUCCESS) return s;
+  if (r > 1) { /* the rows after the last closed group, before the pool reads v (tail_v is no input past here) */
+    const long long tcells = (long long)(r - 1) * d;
+    comp_step_tail_kernel<<<kcall_blocks(tcells, COMP_THREADS), COMP_THREADS, 0, st>>>(tail_v, v, cnt, n_new, r, d);
+    comp_step_tail_kernel<<<kcall_blocks(tcells, COMP_THREADS), COMP_THREADS, 0, st>>>(tail_g, g, cnt, n_new, r, d);
+    if ((s = launched(cudaGetLastError())) != CUBLAS_STATUS_SUCCESS) return s;
+  }
+  if (groups == 0) return CUBLAS_STATUS_SUCCESS;
+  comp_pool_kernel<<<kcall_blocks((long long)groups * d, COMP_THREADS), COMP_THREADS, 0, st>>>(c_hat, v, g, groups, r,
+                                                                                              d);
+  if ((s = launched(cudaGetLastError())) != CUBLAS_STATUS_SUCCESS ||
+      (s = launched(kern_rmsnorm(c, c_hat, L->gamma, groups, d, L->eps, st))) != CUBLAS_STATUS_SUCCESS)
+    return s;
+  if ((s = kern_linear(h, L->k_norm ? kI0 : kI, c, L->W_ik, groups, d, di, d, di, st)) != CUBLAS_STATUS_SUCCESS ||
+      (L->k_norm && (s = launched(kern_rmsnorm(kI, kI0, L->k_gamma, groups, di, L->eps, st))) != CUBLAS_STATUS_SUCCESS))
+    return s;
+  comp_step_pos_kernel<<<kcall_blocks(groups, COMP_THREADS), COMP_THREADS, 0, st>>>(epos, pos0, groups, r);
+  if ((s = launched(cudaGetLastError())) != CUBLAS_STATUS_SUCCESS ||
+      (s = launched(cudaMemcpyAsync(kM, c, (size_t)groups * d * f, cudaMemcpyDeviceToDevice, st))) !=
+          CUBLAS_STATUS_SUCCESS ||
+      (s = launched(kern_rope_apply(kM, L->rope, epos, groups, 1, d, +1, st))) != CUBLAS_STATUS_SUCCESS ||
+      (s = launched(kern_rope_apply(kI, L->rope_i, epos, groups, 1, di, +1, st))) != CUBLAS_STATUS_SUCCESS)
+    return s;
+  const long long blocks = (long long)groups * (d / L->main_fmt.block + di / L->idx_fmt.block);
+  comp_pack_kernel<<<kcall_blocks(blocks, COMP_THREADS), COMP_THREADS, 0, st>>>(
+      L->main_fmt, L->idx_fmt, entries, entry_bytes, main_off, idx_off, kM, kI, groups, d, di);
+  if ((s = launched(cudaGetLastError())) != CUBLAS_STATUS_SUCCESS) return s;
+  comp_step_write_kernel<<<groups, COMP_THREADS, 0, st>>>(pages, page_entries, entry_bytes, e0, cnt, n_new, r, entries);
+  return launched(cudaGetLastError());
+}
+
 /* ---- op slot ---------------------------------------------------------------------- */
 
 int kern_compress_run(const struct op_desc *self, struct op_io *io) {

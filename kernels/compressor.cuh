@@ -64,6 +64,27 @@ cublasStatus_t kern_compress_tail(cublasHandle_t h, uint8_t *entries, size_t ent
                                   const float *u, const int64_t *pos, int n_new, const struct op_comp_layer *L,
                                   float *scratch, cudaStream_t st);
 
+/* kern_compress_tail for a graph segment (runtime/devseg.h): the tail's
+ * count, its first position and the entries the source has committed are
+ * device values (cnt, pos0, e0: the step's parameter block), so every
+ * launch has a grid fixed by n_new and the ratio and one capture serves
+ * every step. The n_new rows are projected into rows of their own, the
+ * pending rows and those are gathered by the device count, every group that
+ * could close ((ratio - 1 + n_new) / ratio of them) is pooled, normed,
+ * roped (at *pos0 + e ratio) and packed as kern_compress_tail does, and only
+ * the groups that did close ((*cnt + n_new) / ratio) are written, entry
+ * *e0 + e into pages (a device page table, page_entries each); the rows
+ * after the last closed group become the tail. A group that could close
+ * and did not is computed from zero rows and dropped. Each float is made
+ * by the same kernels in the same order as kern_compress_tail's (the GEMMs
+ * have the same shapes when n_new = 1). Scratch:
+ * kern_compress_step_scratch_bytes(n_new, ratio, d, idx_dim, entry_bytes). */
+size_t kern_compress_step_scratch_bytes(int n_new, int ratio, int d, int idx_dim, size_t entry_bytes);
+cublasStatus_t kern_compress_step(cublasHandle_t h, uint8_t *const *pages, int page_entries, size_t entry_bytes,
+                                  size_t main_off, size_t idx_off, float *tail_v, float *tail_g, const int32_t *cnt,
+                                  const int64_t *pos0, const int64_t *e0, const float *u, int n_new,
+                                  const struct op_comp_layer *L, void *scratch, cudaStream_t st);
+
 extern "C" int kern_compress_run(const struct op_desc *self, struct op_io *io);
 
 #endif

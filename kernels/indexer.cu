@@ -14,16 +14,19 @@ size_t kern_indexer_topk_scratch_bytes(const struct op_kv_view *kv, int S, int p
   return (size_t)(S > 0 ? S : 1) * (n + nb) * sizeof(float);
 }
 
-__device__ __forceinline__ int64_t visible(int64_t pos, int ratio, int64_t n_entries) {
-  const int64_t n = (pos + 1) / ratio;
-  return n < n_entries ? n : n_entries;
+/* The entries query position pos may see: those committed by then, at most
+ * the view's committed count (in device memory inside a graph segment:
+ * op_kv_view.n_dev). */
+__device__ __forceinline__ int64_t visible(int64_t pos, const struct op_kv_view &kv) {
+  const int64_t n = (pos + 1) / kv.ratio, c = kv.n_dev ? *kv.n_dev : kv.n_entries;
+  return n < c ? n : c;
 }
 
 __global__ void idx_score_kernel(float *scores, const float *q, const float *w, const int64_t *pos,
                                  const struct op_kv_view kv, int heads, int64_t ld) {
   const int i = blockIdx.y;
   const int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (s >= visible(pos[i], kv.ratio, kv.n_entries)) return;
+  if (s >= visible(pos[i], kv)) return;
   const uint8_t *key = kv.pages[s / kv.page_entries] + (size_t)(s % kv.page_entries) * kv.entry_bytes + kv.idx_off;
   const int hd = kv.idx_w;
   const float *qi = q + (size_t)i * heads * hd, *wi = w + (size_t)i * heads;
@@ -94,7 +97,7 @@ __global__ void idx_select_kernel(int32_t *topk, int32_t *pool, float *scores, f
   extern __shared__ int32_t picks[];
   __shared__ unsigned long long red[IDX_THREADS];
   const int i = blockIdx.x;
-  const int64_t n = visible(pos[i], kv.ratio, kv.n_entries);
+  const int64_t n = visible(pos[i], kv);
   const float *sc = scores + (size_t)i * ld;
   block_topk(topk + (size_t)i * k, sc, n, k, red, picks, NULL);
   if (!pool) return;
@@ -142,7 +145,7 @@ __global__ void reindex_select_kernel(int32_t *topk, const float *scores, uint8_
   extern __shared__ int32_t picks[];
   __shared__ unsigned long long red[IDX_THREADS];
   const int i = blockIdx.x;
-  const int64_t n = visible(pos[i], kv.ratio, kv.n_entries);
+  const int64_t n = visible(pos[i], kv);
   uint8_t *mi = mask + (size_t)i * ld;
   for (int64_t s = threadIdx.x; s < n; s += blockDim.x) mi[s] = 0;
   __syncthreads();

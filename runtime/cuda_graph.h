@@ -51,7 +51,7 @@ extern "C" {
  * the parameter block instead. */
 struct rt_graph_key {
   int32_t segment;
-  int32_t shape[7];
+  int32_t shape[11];
 };
 
 /* Enqueue the segment's kernels on stream (a cudaStream_t), reading
@@ -71,6 +71,15 @@ struct rt_dev_params {
   int32_t ring_slot[8];          /* SWA slot of each position (pos + i) mod window, i < 8 */
   int32_t n_pages;               /* valid entries of page[] */
   int32_t page[RT_DEV_PARAM_MAX_PAGES]; /* page-table entries of the KV source the segment reads */
+  /* The segment's KV node before the step (runtime/devbind.h,
+   * rt_dev_params_fill): its compressor tail's pending rows and the
+   * position of the first, the entries committed in the source it appends
+   * to (where the next one goes), and the entries it may read. */
+  int32_t tail_count;
+  int64_t tail_pos0;
+  int64_t w_entries;
+  int64_t r_entries;
+  int64_t r0;                    /* the SWA ring's first valid position for the step (max of the ring's and the node's) */
 };
 
 struct rt_graph_stats {

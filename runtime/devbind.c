@@ -190,6 +190,27 @@ int rt_dev_node_regions(const struct rt_dev_twin *t, const struct graph *g, cons
 
 /* ---- the parameter block ----------------------------------------------------- */
 
+/* The KV use of nd whose pages a parameter block lists: the source it
+ * reads, else the one it appends to (rt_bind_node's kv_r: the last read). */
+static const struct graph_use *listed_use(const struct graph *g, const struct graph_node *nd) {
+  const struct graph_use *kv = NULL;
+  for (int u = 0; u < nd->n_use; u++) {
+    const struct graph_use *us = &nd->use[u];
+    const struct graph_data *gd = &g->data[us->data];
+    if (gd->kind != GRAPH_STATE || gd->state != GRAPH_ST_KV) continue;
+    bool reads = us->mode == GRAPH_R || (us->mode == GRAPH_APPEND && us->e_read > 0);
+    if (!kv || reads) kv = us;
+  }
+  return kv;
+}
+
+int64_t rt_dev_listed_pages(const struct graph *g, const struct rt_request *r, const struct graph_node *nd) {
+  const struct graph_use *kv = listed_use(g, nd);
+  if (!kv) return 0;
+  int64_t pe = r->seq[g->data[kv->data].layer].pool->page_entries, end = kv->e_read > kv->e_w1 ? kv->e_read : kv->e_w1;
+  return (end + pe - 1) / pe;
+}
+
 int rt_dev_params_fill(struct rt_dev_params *P, const struct graph *g, const struct rt_request *r, int slot,
                        const struct graph_node *nd, char *err, size_t err_len) {
   memset(P, 0, sizeof(*P));
@@ -202,18 +223,19 @@ int rt_dev_params_fill(struct rt_dev_params *P, const struct graph *g, const str
   P->request = slot;
   const struct rt_ring *ring = nd->layer >= 0 ? &r->ring[nd->layer] : NULL;
   for (int i = 0; i < nd->n; i++) P->ring_slot[i] = ring && ring->window ? (int32_t)((nd->a + i) % ring->window) : -1;
-  const struct graph_use *kv = NULL;
-  for (int u = 0; u < nd->n_use; u++) {
-    const struct graph_use *us = &nd->use[u];
-    const struct graph_data *gd = &g->data[us->data];
-    if (gd->kind != GRAPH_STATE || gd->state != GRAPH_ST_KV) continue;
-    bool reads = us->mode == GRAPH_R || (us->mode == GRAPH_APPEND && us->e_read > 0);
-    if (!kv || reads) kv = us; /* the source it reads, else the one it appends to */
+  P->r0 = ring ? (ring->r0 > nd->r0 ? ring->r0 : nd->r0) : 0;
+  struct rt_bound st; /* the node's state on the host request: pointers only, nothing is changed */
+  rt_bind_node(g, (struct rt_request *)r, nd, &st);
+  if (st.tail) {
+    P->tail_count = st.tail->count;
+    P->tail_pos0 = st.tail->pos0;
   }
+  if (st.kv_w) P->w_entries = st.kv_w->n_entries;
+  if (st.kv_r) P->r_entries = st.kv_r_end;
+  const struct graph_use *kv = listed_use(g, nd);
   if (!kv) return 0;
   const struct rt_kv_seq *s = &r->seq[g->data[kv->data].layer];
-  int64_t pe = s->pool->page_entries, end = kv->e_read > kv->e_w1 ? kv->e_read : kv->e_w1;
-  int64_t pages = (end + pe - 1) / pe;
+  int64_t pages = rt_dev_listed_pages(g, r, nd);
   if (pages > RT_DEV_PARAM_MAX_PAGES || pages > s->n_pages) {
     snprintf(err, err_len, "%s: %lld KV pages (%d held); a graph segment's parameter block takes at most %d", nd->name,
              (long long)pages, s->n_pages, RT_DEV_PARAM_MAX_PAGES);

@@ -154,10 +154,17 @@ int rt_dev_node_regions(const struct rt_dev_twin *t, const struct graph *g, cons
 
 /* struct rt_dev_params for node nd of request r in slot: the node's first
  * position and count, the SWA slots (pos + i) mod window of the node's
- * layer's ring, and the page ids of the KV source it reads (else the one it
- * appends to), as many as its entry ranges cover. Returns 0 or
+ * layer's ring and its first valid position (r0), the page ids of the KV
+ * source it reads (else the one it appends to), as many as its entry
+ * ranges cover (rt_dev_listed_pages), its tail's count and first position,
+ * the entries committed in the source it appends to and the entries it may
+ * read, all from r's host metadata before the node. Returns 0 or
  * CEDAR_EINVAL (more than 8 positions, or more pages than
  * RT_DEV_PARAM_MAX_PAGES: a graph segment cannot take that step). */
+/* How many pages the block of nd lists (0 when nd has no KV use): a CUDA
+ * entry inside a segment sizes its reads by them, and the segment's key
+ * holds them. */
+int64_t rt_dev_listed_pages(const struct graph *g, const struct rt_request *r, const struct graph_node *nd);
 int rt_dev_params_fill(struct rt_dev_params *P, const struct graph *g, const struct rt_request *r, int slot,
                        const struct graph_node *nd, char *err, size_t err_len);
 

@@ -7,10 +7,21 @@
 
 #include "runtime/exec.h"
 
-/* The op groups a segment holds: a layer's own groups whose CUDA entries
- * take no per-step host value (devseg.h says why ATTN and DEC_KV are not
- * among them yet). */
-static bool layer_group(enum graph_op op) { return op == GRAPH_ENGRAM || op == GRAPH_MOE; }
+static bool has_kv(const struct graph *g, const struct graph_node *nd) {
+  for (int u = 0; u < nd->n_use; u++) {
+    const struct graph_data *gd = &g->data[nd->use[u].data];
+    if (gd->kind == GRAPH_STATE && gd->state == GRAPH_ST_KV) return true;
+  }
+  return false;
+}
+
+/* Whether node nd can be in a segment: a layer's own group, at most 8
+ * positions (the parameter block's ring slots), no ring reset (its r0
+ * comes from the node, so it would be a step of its own). */
+static bool in_segment(const struct graph_node *nd) {
+  bool op = nd->op == GRAPH_ENGRAM || nd->op == GRAPH_ATTN || nd->op == GRAPH_MOE || nd->op == GRAPH_DEC_KV;
+  return op && nd->layer >= 0 && nd->n <= 8 && !(nd->flags & GRAPH_F_RING_RESET);
+}
 
 int rt_dev_segments(const struct graph *g, int *seg_end) {
   memset(seg_end, 0, sizeof(int) * (size_t)g->n_node);
@@ -18,27 +29,19 @@ int rt_dev_segments(const struct graph *g, int *seg_end) {
   int n = 0;
   for (int k = 0; k < g->n_node;) {
     const struct graph_node *nd = &g->node[k];
-    if (!layer_group(nd->op) || nd->layer < 0) {
+    if (!in_segment(nd)) {
       k++;
       continue;
     }
-    int e = k + 1;
-    while (e < g->n_node && layer_group(g->node[e].op) && g->node[e].layer == nd->layer && g->node[e].a == nd->a &&
-           g->node[e].n == nd->n)
-      e++;
+    int kv = has_kv(g, nd), e = k + 1; /* one KV node a segment: the block holds one node's tail and counts */
+    while (e < g->n_node && in_segment(&g->node[e]) && g->node[e].layer == nd->layer && g->node[e].a == nd->a &&
+           g->node[e].n == nd->n && kv + has_kv(g, &g->node[e]) <= 1)
+      kv += has_kv(g, &g->node[e++]);
     seg_end[k] = e;
     n++;
     k = e;
   }
   return n;
-}
-
-static bool has_kv(const struct graph *g, const struct graph_node *nd) {
-  for (int u = 0; u < nd->n_use; u++) {
-    const struct graph_data *gd = &g->data[nd->use[u].data];
-    if (gd->kind == GRAPH_STATE && gd->state == GRAPH_ST_KV) return true;
-  }
-  return false;
 }
 
 int rt_dev_segment_lead(const struct graph *g, int k0, int k1) {
@@ -59,6 +62,12 @@ struct rt_graph_key rt_dev_segment_key(const struct graph *g, int k0, int k1, co
   k.shape[4] = (int32_t)(act & 0x7fffffff);
   k.shape[5] = (int32_t)(act >> 31);
   k.shape[6] = g->node[k0].op;
+  k.shape[7] = P->request; /* the slot's ring, tail and page-table addresses are baked in */
+  k.shape[8] = (int32_t)(P->r0 & 0x7fffffff); /* the sparse attention's window floor, a kernel argument */
+  k.shape[9] = (int32_t)(P->r0 >> 31);
+  int32_t flags = 0;
+  for (int j = k0; j < k1; j++) flags = flags * 31 + (int32_t)g->node[j].flags;
+  k.shape[10] = flags;
   return k;
 }
 

@@ -4,30 +4,30 @@
  * nodes leave (a replay runs no host code, so the executor applies it).
  *
  *   segments  a maximal run of consecutive nodes of one layer whose op
- *             groups are ENGRAM or MOE in a decode graph: the layer's own
- *             groups whose CUDA entries read nothing that changes from one
- *             step to the next (their kernels' arguments are weights,
- *             activation-slab addresses and shapes). Everything else runs
- *             eagerly, one node at a time: EMBED and the Engram row gather
- *             (they index the token ids by position), HEAD, TRANSFER,
- *             KEEP_XE, REPLAY_IN, and ATTN and DEC_KV. Those two take the
- *             step's values as host arguments today: the positions, the
- *             compressor tail's count and first position, the entries
- *             committed in the source they read and append to (grid sizes
- *             and offsets of their kernels); a graph captured at one step
- *             would replay that step's values. They join segments when
- *             their kernels read those values from the parameter block
- *             (docs/cuda.md, "What is left").
+ *             groups are the layer's own (ENGRAM, ATTN, MOE, DEC_KV) in a
+ *             decode graph, with at most one node that uses a KV source
+ *             (the block holds one node's tail and counts), at most 8
+ *             positions, and no ring reset (its floor comes from the node);
+ *             EMBED and the Engram row gather (they index the token ids by
+ *             position), HEAD, TRANSFER, KEEP_XE and REPLAY_IN run eagerly,
+ *             one at a time.
  *   key       (struct rt_graph_key) segment = the first node's layer;
  *             shape = positions, the KV pages the segment's parameter
- *             block lists, the segment's node count, the graph's node
- *             count and activation bytes (so the activation slab's offsets
- *             it bakes in are the same). Everything else that changes per
- *             step (position, ring slots, page ids) is in the block
- *             (rt_dev_params_fill): a segment is captured once per key and
- *             replayed for every later step of that key, which is every
- *             step until its source's pages grow (every page_tokens
- *             positions).
+ *             block lists (the CUDA attention sizes its reads by them:
+ *             rt_dev_listed_pages), the segment's node count, the graph's
+ *             node count and activation bytes (so the activation slab's
+ *             offsets it bakes in are the same), the first op, the request
+ *             slot (its ring, tail and page-table addresses), the ring's
+ *             floor r0 and the nodes' flags. Everything else that changes
+ *             per step is in the block (rt_dev_params_fill): the position,
+ *             ring slots, page ids, the tail's count and first position,
+ *             the entries committed and readable. The CUDA entries read
+ *             them there inside a segment (node_cuda_attn.cu: positions,
+ *             the compressor's step with a device-side emit, the indexer
+ *             clamped by the device count), so a segment is captured once
+ *             per key and replayed for every later step of that key, which
+ *             is every step until its source's pages grow (every
+ *             page_entries x ratio positions).
  *   advance   the metadata a node leaves, computed from the graph alone:
  *             n_entries of the source it appends to = the graph's e_w1;
  *             its tail's pos0 and count from the node's last position (a

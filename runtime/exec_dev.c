@@ -143,16 +143,17 @@ int rt_exec_direct_dev(const struct graph *g, const struct rt_model *M, struct r
   for (int k = 0; k < g->n_node && rc == 0;) {
     const struct graph_node *nd = &g->node[k];
     double t = now_s();
+    struct rt_dev_params P;
+    char why[256];
+    if (seg_end[k] > k &&
+        rt_dev_params_fill(&P, g, r, tw->slot, &g->node[rt_dev_segment_lead(g, k, seg_end[k])], why, sizeof why))
+      seg_end[k] = 0; /* a step the block cannot hold (over its pages): these nodes run one by one, eagerly */
     if (seg_end[k] > k) { /* a decode segment through the graph cache */
       struct seg S = {g, M, r, dv, tw, buf, out, out_row, &ar, k, seg_end[k], 0, 0};
-      struct rt_dev_params P;
-      rc = rt_dev_params_fill(&P, g, r, tw->slot, &g->node[rt_dev_segment_lead(g, k, S.k1)], err, err_len);
-      if (!rc) {
-        struct rt_graph_key key = rt_dev_segment_key(g, k, S.k1, &P);
-        rc = dv->graphs ? rt_graph_run(dv->graphs, &key, seg_fn, &S, &P, NULL, dv->graphs_on, err, err_len)
-                        : seg_fn(NULL, &P, &S); /* the host stand-in: in place, params on the host */
-        if (S.failed) rt_node_error(&g->node[S.failed - 1], S.rc, err, err_len);
-      }
+      struct rt_graph_key key = rt_dev_segment_key(g, k, S.k1, &P);
+      rc = dv->graphs ? rt_graph_run(dv->graphs, &key, seg_fn, &S, &P, NULL, dv->graphs_on, err, err_len)
+                      : seg_fn(NULL, &P, &S); /* the host stand-in: in place, params on the host */
+      if (S.failed) rt_node_error(&g->node[S.failed - 1], S.rc, err, err_len);
       for (int j = k; j < S.k1 && !rc; j++) rt_dev_node_advance(tw, r, g, &g->node[j]);
       dv->segment_runs += !rc;
       double each = (now_s() - t) / (S.k1 - k);

@@ -18,7 +18,11 @@
 #include "kernels/kcall.cuh"
 #include "kernels/mhc.cuh"
 #include "kernels/qkv.cuh"
+#include "runtime/cuda_graph.h"
 #include "runtime/node_cuda_internal.cuh"
+extern "C" {
+#include "runtime/devbind.h" /* a C header without its own extern "C" */
+}
 
 enum { CN_COPY_THREADS = 128 };
 
@@ -96,6 +100,33 @@ static int ring_reset(const struct cn *x, struct rt_ring *g, int64_t r0) {
 
 /* ---- the compressor and the KV append (model.c: append_entries) ---------- */
 
+/* Inside a graph segment (ctx->params, runtime/devseg.h): the step's
+ * values are device values in the parameter block, so the compressor
+ * continues its tail by kern_compress_step (the count, first position and
+ * committed entries read on the device) and a replay at a later step runs
+ * that step. The host metadata is updated as below for the step being
+ * captured or run; the executor applies it from the graph after a replay
+ * (rt_dev_node_advance). */
+static int append_step(const struct cn *x, const struct rt_bound *st, int l, const float *a_in, int n) {
+  struct rt_kv_seq *seq = st->kv_w;
+  struct op_comp_tail *tail = st->tail;
+  const struct rt_dev_params *P = (const struct rt_dev_params *)x->c->params;
+  const struct op_comp_layer *C = &x->cm->L[l].comp;
+  const struct rt_kv_pool *pool = seq->pool;
+  void *scratch;
+  CN_ALLOC(x, scratch, uint8_t,
+           kern_compress_step_scratch_bytes(n, C->ratio, C->d, C->idx_dim, pool->entry_bytes));
+  CN_TRY(cn_blas(x, kern_compress_step(x->w->h, (uint8_t *const *)st->kv_w_pages, pool->page_entries,
+                                       pool->entry_bytes, 0, pool->main_bytes, tail->v, tail->g, &P->tail_count,
+                                       &P->tail_pos0, &P->w_entries, a_in, n, C, scratch, x->st),
+                 "compressor (segment step)"));
+  const int emit = op_comp_n_emit(tail, n), total = tail->count + n;
+  tail->pos0 += (int64_t)emit * C->ratio;
+  tail->count = total - emit * C->ratio;
+  __atomic_store_n(&seq->n_entries, seq->n_entries + emit, __ATOMIC_RELEASE);
+  return 0;
+}
+
 static int append_entries(const struct cn *x, const struct rt_bound *st, int l, const float *a_in, int64_t a, int n) {
   struct rt_kv_seq *seq = st->kv_w;
   struct op_comp_tail *tail = st->tail;
@@ -118,6 +149,7 @@ static int append_entries(const struct cn *x, const struct rt_bound *st, int l, 
   if ((int64_t)seq->n_pages * pool->page_entries < st->kv_w_end)
     return cn_fail(x, CEDAR_EINVAL, "layer %d: %d pages reserved for %lld entries (the binder reserves them: "
                    "rt_kv_reserve)", l, seq->n_pages, (long long)st->kv_w_end);
+  if (x->c->params) return append_step(x, st, l, a_in, n);
   uint8_t *entries;
   float *kM, *kI, *scratch;
   int64_t *epos;
@@ -222,7 +254,23 @@ static int read_view(const struct cn *x, const struct graph_node *nd, const stru
                    nd->layer);
   kv->n_entries = st->kv_r_end;
   kv->pages = st->kv_r_pages;
+  if (x->c->params) { /* a graph segment: the grid covers the key's pages, the count is the block's */
+    kv->n_entries = rt_dev_listed_pages(x->c->g, x->c->r, nd) * kv->page_entries;
+    kv->n_dev = &((const struct rt_dev_params *)x->c->params)->r_entries;
+  }
   return 0;
+}
+
+__global__ void cn_pos_kernel(int64_t *pos, const struct rt_dev_params *P, int n) {
+  const int i = threadIdx.x;
+  if (i < n) pos[i] = P->pos + i;
+}
+
+/* The tile's positions: the node's, or inside a segment the block's. */
+static int positions(const struct cn *x, int64_t *pos, int64_t a, int n) {
+  if (!x->c->params) return cn_iota(x, pos, a, 1, n);
+  cn_pos_kernel<<<1, 32, 0, x->st>>>(pos, (const struct rt_dev_params *)x->c->params, n); /* n <= 8 in a segment */
+  return cn_cuda(x, cudaGetLastError(), "positions (segment)");
 }
 
 static int attn(const struct cn *x) {
@@ -251,7 +299,7 @@ static int attn(const struct cn *x) {
   CN_TRY(cn_round_io(x, a_in, n));
   CN_TRY(cn_lin_in(x, &a_q, a_in, n, d)); /* wq_a and wkv are FP8 */
   CN_ALLOC(x, pos, int64_t, n);
-  CN_TRY(cn_iota(x, pos, nd->a, 1, n));
+  CN_TRY(positions(x, pos, nd->a, n));
   const int tmp_w = hd > m->q_rank ? (hd > m->head_dim ? hd : m->head_dim) : (m->q_rank > m->head_dim ? m->q_rank
                                                                                                        : m->head_dim);
   CN_ALLOC(x, tmp, float, (size_t)n * tmp_w);

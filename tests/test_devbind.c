@@ -17,10 +17,13 @@
  *    slab and distinct;
  *  - the parameter block of a decode node: its position and count, the ring
  *    slots p mod window, the page ids of the source it reads;
- *  - segments cover every ENGRAM and MOE node of a decode graph once, one
- *    layer each, and no ATTN or DEC_KV node (their CUDA entries take the
- *    step's values as host arguments: devseg.h); two consecutive steps
- *    have the same key and different blocks;
+ *  - the parameter block of a decode node also holds what the CUDA
+ *    attention reads on the device inside a segment: its tail's count and
+ *    first position, the entries committed and readable, the ring floor,
+ *    and as many pages as rt_dev_listed_pages says;
+ *  - segments cover every layer node of a decode graph once (but a ring
+ *    reset's), one layer each, at most one KV node each; two consecutive
+ *    steps with the same pages have the same key and different blocks;
  *  - the twin's token ids and page tables in the stand-in's memory: the
  *    CPU groups read the KV through the twin's table (kv_r_pages), and
  *    after each run the ids are the request's;
@@ -152,26 +155,48 @@ static void check_regions(const struct fx *f, struct rt_dev_twin *tw, struct rt_
       if (q) {
         EXPECT(P.n_pages > 0 && P.n_pages <= q->n_pages, "%s: %d pages of %d", nd->name, P.n_pages, q->n_pages);
         EXPECT(!memcmp(P.page, q->page_id, sizeof(int32_t) * (size_t)P.n_pages), "%s: page ids differ", nd->name);
+        EXPECT(P.n_pages == rt_dev_listed_pages(&g, r, nd), "%s: %d pages listed, rt_dev_listed_pages %lld", nd->name,
+               P.n_pages, (long long)rt_dev_listed_pages(&g, r, nd));
       }
+      /* what the CUDA attention reads on the device inside a segment */
+      EXPECT(!st.tail || (P.tail_count == st.tail->count && P.tail_pos0 == st.tail->pos0), "%s: tail %d@%lld, "
+             "host %d@%lld", nd->name, P.tail_count, (long long)P.tail_pos0, st.tail ? st.tail->count : -1,
+             st.tail ? (long long)st.tail->pos0 : -1LL);
+      EXPECT(!st.kv_w || P.w_entries == st.kv_w->n_entries, "%s: %lld entries committed, host %lld", nd->name,
+             (long long)P.w_entries, st.kv_w ? (long long)st.kv_w->n_entries : -1LL);
+      EXPECT(!st.kv_r || P.r_entries == st.kv_r_end, "%s: %lld entries readable, graph %lld", nd->name,
+             (long long)P.r_entries, (long long)st.kv_r_end);
+      int64_t r0 = r->ring[nd->layer].r0 > nd->r0 ? r->ring[nd->layer].r0 : nd->r0;
+      EXPECT(P.r0 == r0, "%s: r0 %lld, want %lld", nd->name, (long long)P.r0, (long long)r0);
       checked++;
     }
     free(s);
   }
   EXPECT(checked > 0, "no attention node checked");
-  /* segments: every ENGRAM and MOE node once, one layer each, no ATTN or
-   * DEC_KV; keys of two steps */
+  /* segments: every layer node without a ring reset once, one layer each,
+   * at most one KV node each; keys of two steps */
   int *end = calloc((size_t)g.n_node, sizeof(int)), *end2 = NULL;
   int n_seg = rt_dev_segments(&g, end);
   EXPECT(n_seg >= f->p->n_layers, "%d segments for %d layers", n_seg, f->p->n_layers);
   for (int k = 0, in = 0; k < g.n_node; k++) {
     if (end[k] > k) {
       in = end[k];
-      for (int j = k + 1; j < end[k]; j++)
+      int kv = 0;
+      for (int j = k; j < end[k]; j++) {
         EXPECT(g.node[j].layer == g.node[k].layer, "segment at %s spans layers", g.node[k].name);
+        for (int u = 0; u < g.node[j].n_use; u++) {
+          const struct graph_data *gd = &g.data[g.node[j].use[u].data];
+          if (gd->kind == GRAPH_STATE && gd->state == GRAPH_ST_KV) {
+            kv++;
+            break;
+          }
+        }
+      }
+      EXPECT(kv <= 1, "segment at %s holds %d KV nodes", g.node[k].name, kv);
     }
     enum graph_op op = g.node[k].op;
-    if (op == GRAPH_ENGRAM || op == GRAPH_MOE) EXPECT(k < in, "%s is in no segment", g.node[k].name);
-    if (op == GRAPH_ATTN || op == GRAPH_DEC_KV) EXPECT(k >= in, "%s is in a segment", g.node[k].name);
+    bool layer_op = op == GRAPH_ENGRAM || op == GRAPH_ATTN || op == GRAPH_MOE || op == GRAPH_DEC_KV;
+    if (layer_op && !(g.node[k].flags & GRAPH_F_RING_RESET)) EXPECT(k < in, "%s is in no segment", g.node[k].name);
   }
   struct graph g2;
   if (!graph_build_decode(&g2, f->p, r->n_pos + 1, err, sizeof err)) {
