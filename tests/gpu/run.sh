@@ -14,6 +14,10 @@
 #   4. graph     tests/gpu/test_gpu_graph.cu: eager vs CUDA-graph replay of a
 #                decode-step segment, bitwise, the time ratio, and the replays
 #                inside StarPU CUDA tasks;
+#   4b. compress_step tests/gpu/test_gpu_compress_step.cu: the compressor's
+#                step of a graph segment (kern_compress_step, the tail's
+#                count and entry count on the device) replayed from one
+#                capture against the eager kern_compress_tail, bitwise;
 #   5. model     v41-mini end to end: `cedar run --device cuda` against
 #                `--device cpu`, identical tokens (a refusal is recorded);
 #   5b. model_logits (the CUDA op groups, runtime/node_cuda.h) v41-mini with
@@ -112,6 +116,7 @@ step() {
 step kernels 150 "$B/bin/test_backend_ops"
 step state 60 "$B/bin/test_devstate"
 CEDAR_GPU_JSON=$OUT/graph.json step graph 90 "$B/bin/test_gpu_graph"
+step compress_step 60 "$B/bin/test_gpu_compress_step"
 CEDAR_GPU_JSON=$OUT/bandwidth.json step bandwidth 30 "$B/bin/test_gpu_bandwidth"
 # 5. The --device cuda vs CPU comparison (cudanode's step: model_cpu, model_cuda).
 step model_cpu 90 "$B/bin/cedar" run --plan plans/v41-mini.yaml --max-new 8 --json --device cpu
