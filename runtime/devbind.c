@@ -291,6 +291,18 @@ static int copy_all(struct rt_dev_ctx *d, const struct rt_dev_twin *t, const str
 
 /* ---- the context ---------------------------------------------------------- */
 
+bool rt_dev_act_slab(const struct rt_dev_ctx *d, const struct graph *g, void **buf) {
+  if (!d->A.act || rt_dev_act_bytes(g) > d->A.L.act_total) return false;
+  size_t off = 0;
+  for (int k = 0; k < g->n_data; k++) {
+    const struct graph_data *gd = &g->data[k];
+    if (gd->kind != GRAPH_ACT && gd->kind != GRAPH_BUS) continue;
+    buf[k] = d->A.act + off;
+    off += ((size_t)gd->bytes + RT_DEV_ALIGN - 1) / RT_DEV_ALIGN * RT_DEV_ALIGN;
+  }
+  return true;
+}
+
 #define AUX_ALIGN(b) (((b) + RT_DEV_ALIGN - 1) / RT_DEV_ALIGN * RT_DEV_ALIGN)
 
 /* The twin's token ids and page tables in d's memory, sized from r (its

@@ -209,16 +209,19 @@ struct rt_dev_ctx {
    * by rt_dev_ctx_open_model: the model's device pointers; the direct
    * executor's worker (device scratch and cuBLAS handle); one worker per
    * StarPU CUDA worker on this device, by StarPU worker id (cw_sp[id], NULL
-   * for the others; n_cw_sp ids). All NULL on the stand-in (its nodes run
+   * for the others; n_cw_sp ids), each with a graph cache of its own
+   * (graphs_sp[id]: a capture bakes in its worker's scratch, and a cache
+   * serves one replaying stream). All NULL on the stand-in (its nodes run
    * the CPU groups). */
   struct rt_cuda_model *cm;
   struct rt_cuda_worker *cw_direct;
   struct rt_cuda_worker **cw_sp;
+  struct rt_graph_cache **graphs_sp;
   int n_cw_sp;
   struct rt_graph_cache *graphs;   /* CUDA: decode segments (cuda_graph.h); NULL: none */
   bool segments;                   /* run decode steps by layer segment (devseg.h): CUDA with a graph cache; the stand-in calls them in place */
   bool graphs_on;                  /* replay segments as graphs (else eager) */
-  int64_t segment_runs;            /* segments run so far (exec_dev.c), for reports and tests */
+  int64_t segment_runs;            /* segments run so far (both executors; atomic), for reports and tests */
   struct rt_dev_twin *twin;        /* (L.n_slots) */
   struct rt_request **owner;       /* (L.n_slots) the request in each slot, or NULL */
   void *host_slabs;                /* the stand-in's memory */
@@ -229,6 +232,13 @@ struct rt_dev_ctx {
   void *exec_data;
   void (*exec_release)(void *exec_data);
 };
+
+/* g's activations and buses at fixed offsets of d's activation slab (data
+ * id order, each RT_DEV_ALIGN-aligned: the same addresses for every graph
+ * of one shape, which a captured segment bakes in), in buf (g->n_data
+ * entries, the others untouched): true; false, buf untouched, when the slab
+ * cannot hold them all. */
+bool rt_dev_act_slab(const struct rt_dev_ctx *d, const struct graph *g, void **buf);
 
 /* Whether node nd binds its state in d (its home is d's device). */
 static inline bool rt_dev_home(const struct rt_dev_ctx *d, const struct graph_node *nd) {

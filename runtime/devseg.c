@@ -5,6 +5,8 @@
 
 #include <string.h>
 
+#include "runtime/arena.h"
+#include "runtime/backend.h"
 #include "runtime/exec.h"
 
 static bool has_kv(const struct graph *g, const struct graph_node *nd) {
@@ -96,4 +98,50 @@ void rt_dev_node_advance(struct rt_dev_twin *t, struct rt_request *r, const stru
     else if (nd->r0 > st.ring->r0) st.ring->r0 = nd->r0;
     if (t) t->ring[l].r0 = st.ring->r0;
   }
+}
+
+/* The segment's nodes on stream, their per-step values from params (NULL:
+ * host arguments). The host metadata is left to rt_dev_node_advance (the
+ * replays run none of this), so the twin is put back as the caller's step
+ * expects. */
+static int seg_fn(void *stream, const void *params, void *arg) {
+  struct rt_dev_seg *S = arg;
+  for (int k = S->k0; k < S->k1; k++) {
+    const struct graph_node *nd = &S->g->node[k];
+    struct rt_bound st;
+    rt_dev_bind_node(S->tw, S->g, S->r, nd, &st);
+    struct rt_cuda_env env;
+    const struct rt_node_dev dv = {stream, params, rt_dev_env(S->dv, S->tw, S->cw, &env)};
+    int rc = rt_run_node_dev(S->g, S->M, S->r, nd, S->buf, &st, S->out, 0 /* HEAD is never in a segment */, S->ar,
+                             &dv);
+    rt_arena_reset(S->ar);
+    if (rc) {
+      S->failed = k + 1;
+      S->rc = rc;
+      return rc;
+    }
+  }
+  return 0;
+}
+
+int rt_dev_seg_run(struct rt_dev_seg *S, struct rt_graph_cache *cache, bool graph, void *stream, char *err,
+                   size_t err_len) {
+  struct rt_dev_params P;
+  char why[256];
+  const struct graph *g = S->g;
+  S->failed = S->rc = 0;
+  bool block = rt_dev_params_fill(&P, g, S->r, S->tw->slot, &g->node[rt_dev_segment_lead(g, S->k0, S->k1)], why,
+                                  sizeof why) == 0;
+  int rc;
+  if (block && cache) {
+    struct rt_graph_key key = rt_dev_segment_key(g, S->k0, S->k1, &P);
+    rc = rt_graph_run(cache, &key, seg_fn, S, &P, stream, graph, err, err_len);
+  } else if (block && !S->dv->cm) { /* the host stand-in: in place, the block on the host */
+    rc = seg_fn(stream, &P, S);
+  } else { /* no block for this step or this stream: one by one, host arguments */
+    rc = seg_fn(stream, NULL, S);
+  }
+  if (S->failed) rt_node_error(&g->node[S->failed - 1], S->rc, err, err_len);
+  for (int j = S->k0; j < S->k1 && !rc; j++) rt_dev_node_advance(S->tw, S->r, g, &g->node[j]);
+  return rc;
 }

@@ -60,4 +60,39 @@ struct rt_graph_key rt_dev_segment_key(const struct graph *g, int k0, int k1, co
 void rt_dev_node_advance(struct rt_dev_twin *t, struct rt_request *r, const struct graph *g,
                          const struct graph_node *nd);
 
+struct rt_exec_out;
+struct rt_arena;
+
+/* One segment [k0, k1) of g to run for request r through its twin tw in
+ * dv, on buffers buf (the activation slab's addresses, which a capture
+ * bakes in), with the scratch arena ar and CUDA worker cw (NULL on the
+ * stand-in). failed: the first failing node + 1, with its status rc. */
+struct rt_dev_seg {
+  const struct graph *g;
+  const struct rt_model *M;
+  struct rt_request *r;
+  const struct rt_dev_ctx *dv;
+  struct rt_dev_twin *tw;
+  void *const *buf;
+  struct rt_exec_out *out;
+  struct rt_arena *ar;
+  struct rt_cuda_worker *cw;
+  int k0, k1;
+  int failed, rc;
+};
+
+/* Run segment S on stream (a cudaStream_t; NULL: CUDA's default stream):
+ * its parameter block from the lead node's step (rt_dev_params_fill), then
+ * through cache (captured once per key and replayed when graph, else the
+ * same kernels eagerly), or, on the stand-in (no device model, no cache),
+ * the nodes in place with the block on the host. A step the block cannot
+ * hold, or a CUDA home without a cache for this stream, runs the nodes one
+ * by one without a block (their entries take host arguments). Then the
+ * metadata every node leaves (rt_dev_node_advance), since a replay runs no
+ * host code. Returns 0, or the failing node's status with err naming it
+ * (rt_node_error), or a graph cache error. The direct executor (exec_dev.c)
+ * and the StarPU executor's segment task (exec_starpu.c) both run this. */
+int rt_dev_seg_run(struct rt_dev_seg *S, struct rt_graph_cache *cache, bool graph, void *stream, char *err,
+                   size_t err_len);
+
 #endif

@@ -303,17 +303,25 @@ int rt_dev_ctx_open_model(struct rt_dev_ctx *d, const struct rt_model *M, size_t
     int n = starpu_worker_get_ids_by_type(STARPU_CUDA_WORKER, ids, STARPU_NMAXWORKERS);
     d->n_cw_sp = (int)starpu_worker_get_count();
     d->cw_sp = cedar_xcalloc((size_t)(d->n_cw_sp > 0 ? d->n_cw_sp : 1), sizeof(*d->cw_sp));
+    d->graphs_sp = cedar_xcalloc((size_t)(d->n_cw_sp > 0 ? d->n_cw_sp : 1), sizeof(*d->graphs_sp));
     for (int i = 0; i < n && !rc; i++)
-      if (starpu_worker_get_devid(ids[i]) == d->dev && ids[i] < d->n_cw_sp)
+      if (starpu_worker_get_devid(ids[i]) == d->dev && ids[i] < d->n_cw_sp) {
         rc = rt_cuda_worker_open(&d->cw_sp[ids[i]], d->dev, scratch_bytes, err, err_len);
+        if (!rc) rc = rt_graph_cache_open(&d->graphs_sp[ids[i]], d->dev, sizeof(struct rt_dev_params), err, err_len);
+      }
   }
   if (rc) rt_dev_model_close(d);
   return rc;
 }
 
 void rt_dev_model_close(struct rt_dev_ctx *d) {
-  for (int i = 0; i < d->n_cw_sp; i++) rt_cuda_worker_close(d->cw_sp[i]);
+  for (int i = 0; i < d->n_cw_sp; i++) {
+    rt_cuda_worker_close(d->cw_sp[i]);
+    rt_graph_cache_close(d->graphs_sp[i]);
+  }
   free(d->cw_sp);
+  free(d->graphs_sp);
+  d->graphs_sp = NULL;
   rt_cuda_worker_close(d->cw_direct);
   rt_cuda_model_close(d->cm);
   d->cw_sp = NULL;

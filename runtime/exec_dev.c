@@ -50,57 +50,17 @@ static double now_s(void) {
  * be had. */
 static int dev_bufs(const struct graph *g, const struct rt_dev_ctx *dv, void **buf, bool *slab, int64_t *bytes,
                     char *err, size_t err_len) {
-  *slab = dv->A.act && rt_dev_act_bytes(g) <= dv->A.L.act_total;
-  size_t off = 0;
+  *slab = rt_dev_act_slab(dv, g, buf);
   *bytes = 0;
   for (int d = 0; d < g->n_data; d++) {
     const struct graph_data *gd = &g->data[d];
     if (gd->kind != GRAPH_ACT && gd->kind != GRAPH_BUS) continue;
-    size_t n = (size_t)gd->bytes;
-    buf[d] = *slab ? dv->A.act + off : dv->ops->alloc(n);
-    off += (n + RT_DEV_ALIGN - 1) / RT_DEV_ALIGN * RT_DEV_ALIGN;
+    if (!*slab) buf[d] = dv->ops->alloc((size_t)gd->bytes);
     *bytes += gd->bytes;
     if (!buf[d]) {
       snprintf(err, err_len, "out of %s memory for %s (%lld bytes); this request is dropped", dv->ops->name,
                gd->name, (long long)gd->bytes);
       return CEDAR_ENOMEM;
-    }
-  }
-  return 0;
-}
-
-struct seg {
-  const struct graph *g;
-  const struct rt_model *M;
-  struct rt_request *r;
-  const struct rt_dev_ctx *dv;
-  struct rt_dev_twin *tw;
-  void *const *buf;
-  struct rt_exec_out *out;
-  const int64_t *out_row; /* (n_node) */
-  struct rt_arena *ar;
-  int k0, k1;
-  int failed;             /* first failing node + 1 */
-  int rc;
-};
-
-/* The segment's nodes on stream, their per-step values from params. The
- * host metadata is left to rt_dev_node_advance (the replays run none of
- * this), so the twin is put back as the caller's step expects. */
-static int seg_fn(void *stream, const void *params, void *arg) {
-  struct seg *S = arg;
-  for (int k = S->k0; k < S->k1; k++) {
-    const struct graph_node *nd = &S->g->node[k];
-    struct rt_bound st;
-    rt_dev_bind_node(S->tw, S->g, S->r, nd, &st);
-    struct rt_cuda_env env;
-    const struct rt_node_dev dv = {stream, params, rt_dev_env(S->dv, S->tw, S->dv->cw_direct, &env)};
-    int rc = rt_run_node_dev(S->g, S->M, S->r, nd, S->buf, &st, S->out, S->out_row[k], S->ar, &dv);
-    rt_arena_reset(S->ar);
-    if (rc) {
-      S->failed = k + 1;
-      S->rc = rc;
-      return rc;
     }
   }
   return 0;
@@ -143,18 +103,9 @@ int rt_exec_direct_dev(const struct graph *g, const struct rt_model *M, struct r
   for (int k = 0; k < g->n_node && rc == 0;) {
     const struct graph_node *nd = &g->node[k];
     double t = now_s();
-    struct rt_dev_params P;
-    char why[256];
-    if (seg_end[k] > k &&
-        rt_dev_params_fill(&P, g, r, tw->slot, &g->node[rt_dev_segment_lead(g, k, seg_end[k])], why, sizeof why))
-      seg_end[k] = 0; /* a step the block cannot hold (over its pages): these nodes run one by one, eagerly */
     if (seg_end[k] > k) { /* a decode segment through the graph cache */
-      struct seg S = {g, M, r, dv, tw, buf, out, out_row, &ar, k, seg_end[k], 0, 0};
-      struct rt_graph_key key = rt_dev_segment_key(g, k, S.k1, &P);
-      rc = dv->graphs ? rt_graph_run(dv->graphs, &key, seg_fn, &S, &P, NULL, dv->graphs_on, err, err_len)
-                      : seg_fn(NULL, &P, &S); /* the host stand-in: in place, params on the host */
-      if (S.failed) rt_node_error(&g->node[S.failed - 1], S.rc, err, err_len);
-      for (int j = k; j < S.k1 && !rc; j++) rt_dev_node_advance(tw, r, g, &g->node[j]);
+      struct rt_dev_seg S = {g, M, r, dv, tw, buf, out, &ar, dv->cw_direct, k, seg_end[k], 0, 0};
+      rc = rt_dev_seg_run(&S, dv->graphs, dv->graphs_on, NULL, err, err_len);
       dv->segment_runs += !rc;
       double each = (now_s() - t) / (S.k1 - k);
       for (int j = k; j < S.k1; j++) count_node(st, &g->node[j], each);

@@ -23,6 +23,12 @@
  *             node's flops, a tag identifying (run, node) for traces, and a
  *             critical-path priority (lower layers of trailing tiles first).
  *   scratch   one rt_arena per worker, indexed by starpu_worker_get_id().
+ *   segments  on a device home whose activation slab holds the graph
+ *             (rt_dev_act_slab), a decode graph's layer segments
+ *             (runtime/devseg.h): the first node's task waits for every
+ *             dependency of the segment and runs its nodes (rt_dev_seg_run,
+ *             through its CUDA worker's graph cache); the later nodes'
+ *             tasks run nothing and keep the graph's order.
  *
  * Failure: the KV pages a graph appends to are reserved at submission, so
  * a pool or table that is full fails the request before anything runs,
@@ -48,6 +54,7 @@
 #include "base/log.h"
 #include "runtime/backend.h"
 #include "runtime/devbind.h"
+#include "runtime/devseg.h"
 #include "runtime/exec.h"
 #include "runtime/exec_starpu_data.h"
 #include "scheduler/policy.h"
@@ -105,6 +112,8 @@ struct node_arg {
   int64_t out_row;           /* HEAD: first row of its logits in out */
   double t0_us, t1_us;       /* the task's own clock (starpu_timing_now) */
   int worker;
+  int seg_k1;                /* a decode segment's lead: the segment is [k, seg_k1) and this task runs it; else 0 */
+  bool seg_member;           /* a later node of a segment: its lead ran it, this task only orders the graph */
   struct sp_task_map map;    /* where each access's handles are among the task's buffers */
   char name[48];
 };
@@ -121,6 +130,7 @@ struct run {
   int64_t act_bytes;
   struct rt_dev_ctx *dv;     /* the device home of this graph (M->dev), or NULL: the host's state */
   struct rt_dev_twin *tw;    /* r's twin there */
+  bool slab;                 /* activations at the device's activation slab (rt_dev_act_slab): segments may run */
   atomic_int failed;         /* first failing node + 1, 0 when none */
   atomic_int failed_rc;      /* its status */
   atomic_int done;
@@ -174,6 +184,23 @@ static void bind_from_interfaces(struct run *R, const struct node_arg *A, void *
   }
 }
 
+/* A decode segment [A->k, A->seg_k1) in one task (runtime/devseg.h): its
+ * nodes on the task's stream through this worker's graph cache (a CUDA
+ * worker's own; the stand-in's CPU workers run them in place), their
+ * buffers the activation slab's and the twin's. The segment's later nodes
+ * are tasks that only keep the graph's order (seg_member). */
+static void run_segment(struct run *R, struct node_arg *A, struct rt_arena *ar, void *stream, int w) {
+  const struct rt_dev_ctx *dv = R->dv;
+  bool cuda = stream != NULL && w < dv->n_cw_sp;
+  struct rt_dev_seg S = {R->g, R->M, R->r, dv, R->tw, R->buf, R->out, ar, cuda ? dv->cw_sp[w] : NULL, A->k,
+                         A->seg_k1, 0, 0};
+  char err[256];
+  int rc = rt_dev_seg_run(&S, cuda ? dv->graphs_sp[w] : NULL, dv->graphs_on, stream, err, sizeof err);
+  if (!rc) __atomic_fetch_add(&R->dv->segment_runs, 1, __ATOMIC_RELAXED);
+  int none = 0, at = S.failed ? S.failed - 1 : A->k;
+  if (rc && atomic_compare_exchange_strong(&R->failed, &none, at + 1)) atomic_store(&R->failed_rc, S.failed ? S.rc : rc);
+}
+
 /* A codelet's body on any worker: the node is in cl_arg, its data in the
  * task's interfaces; `stream` is the CUDA stream its kernels go on (NULL on
  * a CPU worker). */
@@ -186,7 +213,9 @@ static void run_task(void *buffers[], void *cl_arg, void *stream) {
   struct rt_arena *ar = &sp.arena[w];
   A->worker = w;
   A->t0_us = starpu_timing_now();
-  if (atomic_load(&R->failed) == 0) {
+  if (atomic_load(&R->failed) == 0 && A->seg_k1 > A->k) {
+    run_segment(R, A, ar, stream, w);
+  } else if (atomic_load(&R->failed) == 0 && !A->seg_member) {
     void **buf = RT_ALLOC(ar, void *, R->g->n_data);
     struct rt_bound st;
     struct rt_ring ring;
@@ -362,11 +391,14 @@ void rt_starpu_worker_name(int worker, char *b, size_t len) {
  * allocated (the request fails with CEDAR_ENOMEM). */
 static int register_acts(struct run *R) {
   const struct graph *g = R->g;
+  R->slab = R->dv && rt_dev_act_slab(R->dv, g, R->buf); /* a device home: its slab when the graph fits */
   for (int d = 0; d < g->n_data; d++) {
     const struct graph_data *gd = &g->data[d];
     if (gd->kind != GRAPH_ACT && gd->kind != GRAPH_BUS) continue;
     size_t bytes = (size_t)gd->bytes;
-    void *p = R->buf[d] = R->dv ? R->dv->ops->alloc(bytes) : aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    void *p = R->buf[d] = R->slab  ? R->buf[d]
+                          : R->dv ? R->dv->ops->alloc(bytes)
+                                  : aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
     if (!p) return d;
     R->act_bytes += gd->bytes;
     /* home: main RAM, or the device's memory node for a device-home graph (StarPU moves nothing then) */
@@ -380,6 +412,8 @@ static int register_acts(struct run *R) {
 static void unregister_acts(struct run *R) {
   for (int d = 0; d < R->g->n_data; d++) {
     if (R->h[d]) starpu_data_unregister_no_coherency(R->h[d]);
+    if (R->slab) /* the slab's addresses: the device's, kept */
+      continue;
     if (R->dv && R->buf[d])
       R->dv->ops->free(R->buf[d]);
     else
@@ -427,14 +461,29 @@ static void submit_graph(struct run *R) {
     }
   }
   struct starpu_task **deps = cedar_xmalloc(sizeof(*deps) * (size_t)(g->n_node > 0 ? g->n_node : 1));
+  int *seg_end = cedar_xcalloc((size_t)(g->n_node > 0 ? g->n_node : 1), sizeof(*seg_end));
+  if (R->slab && R->dv->segments) rt_dev_segments(g, seg_end); /* runtime/devseg.h; the slab's fixed addresses */
+  for (int k = 0; k < g->n_node; k++)
+    if (seg_end[k] > k) {
+      R->arg[k].seg_k1 = seg_end[k];
+      for (int j = k + 1; j < seg_end[k]; j++) R->arg[j].seg_member = true;
+    }
   for (int pass = 0; pass < 2; pass++)
     for (int k = 0; k < g->n_node; k++) {
       const struct graph_node *nd = &g->node[k];
       if ((nd->op == GRAPH_ENGRAM_GATHER && g->plan->serving.engram_prefetch) != (pass == 0)) continue;
-      for (int i = 0; i < nd->n_dep; i++) deps[i] = R->task[nd->dep[i]];
-      if (nd->n_dep) starpu_task_declare_deps_array(R->task[k], (unsigned)nd->n_dep, deps);
+      int n = 0;
+      for (int j = k; j < (seg_end[k] > k ? seg_end[k] : k + 1); j++) /* a segment's lead waits for all it runs */
+        for (int i = 0; i < g->node[j].n_dep; i++) {
+          int dk = g->node[j].dep[i];
+          bool seen = dk >= k && j > k; /* inside the segment: the lead runs it */
+          for (int q = 0; q < n && !seen; q++) seen = deps[q] == R->task[dk];
+          if (!seen) deps[n++] = R->task[dk];
+        }
+      if (n) starpu_task_declare_deps_array(R->task[k], (unsigned)n, deps);
       STARPU_CHECK(starpu_task_submit(R->task[k]));
     }
+  free(seg_end);
   free(deps);
 }
 

@@ -29,7 +29,9 @@
  *    after each run the ids are the request's;
  *  - the StarPU executor on the stand-in (its slabs registered on main RAM,
  *    a node's state from those handles, its metadata written back from the
- *    workers): the same logits and state, bitwise;
+ *    workers): the same logits and state, bitwise, node by node and with a
+ *    decode segment's nodes run by its first node's task (the others only
+ *    ordering the graph; a mutation that runs only the first node fails);
  *  - refusals: a device pool too small for the request's pages drops the
  *    request with the page named; all request slots taken is refused.
  *
@@ -273,8 +275,10 @@ static void test_plan(const char *path) {
   struct rt_dev_layout L;
   int rc = rt_dev_layout_init(&L, f.p, f.pools, &shape, 64, 2, act_need(&f), err, sizeof err);
   EXPECT(rc == 0, "%s: layout: %s", path, err);
-  /* mode 1: direct, by segment; 0: direct, node by node; -1: StarPU */
-  for (int segments = 1; ok && rc == 0 && segments >= -1; segments--) {
+  /* mode 1: direct, by segment; 0: direct, node by node; -1: StarPU, node by
+   * node; -2: StarPU, a segment's nodes in its lead's task */
+  for (int mode = 1; ok && rc == 0 && mode >= -2; mode--) {
+    int segments = mode == -2 ? 1 : mode;
     struct rt_dev_ctx *d = NULL;
     EXPECT(rt_dev_ctx_open_host(&d, &L, err, sizeof err) == 0, "stand-in: %s", err);
     if (!d) break;
@@ -282,22 +286,22 @@ static void test_plan(const char *path) {
     f.M.dev = d;
     struct rt_request r = {0};
     memset(got, 0, sizeof(float) * nl);
-    bool ran = segments >= 0 ? run(&f, &r, prompt, got) : run_starpu(&f, &r, prompt, got);
-    EXPECT(ran, "%s: stand-in run (segments %d)", path, segments);
+    bool ran = mode >= 0 ? run(&f, &r, prompt, got) : run_starpu(&f, &r, prompt, got);
+    EXPECT(ran, "%s: stand-in run (mode %d)", path, mode);
     if (ran) {
-      EXPECT(!memcmp(ref, got, sizeof(float) * nl), "%s: stand-in logits differ from the host run (segments %d)",
-             path, segments);
+      EXPECT(!memcmp(ref, got, sizeof(float) * nl), "%s: stand-in logits differ from the host run (mode %d)",
+             path, mode);
       EXPECT(host_rings_untouched(&f, &r), "%s: the host rings were written during a device-home run", path);
       EXPECT(segments > 0 ? d->segment_runs >= N_DECODE * f.p->n_layers : d->segment_runs == 0,
-             "%s: %lld decode segments ran (segments %d)", path, (long long)d->segment_runs, segments);
+             "%s: %lld decode segments ran (mode %d)", path, (long long)d->segment_runs, mode);
       struct rt_dev_twin *tw = rt_dev_request_twin(d, &r, err, sizeof err);
       EXPECT(tw != NULL, "twin: %s", err);
       if (tw && segments > 0) check_regions(&f, tw, &r);
       if (tw) check_aux(d, tw, &r);
       EXPECT(rt_dev_request_release(d, &r, err, sizeof err) == 0, "download: %s", err);
       EXPECT(!host_rings_untouched(&f, &r), "%s: the download brought no ring back", path);
-      EXPECT(requests_equal(&f, &rref, &r, true), "%s: state after download differs from the host run (segments %d)",
-             path, segments);
+      EXPECT(requests_equal(&f, &rref, &r, true), "%s: state after download differs from the host run (mode %d)",
+             path, mode);
     }
     f.M.dev = NULL;
     rt_request_free(&r);
