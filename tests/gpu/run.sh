@@ -32,7 +32,10 @@
 #                replays (CEDAR_LOG=info); refused, and recorded, where the
 #                cuda runs are refused;
 #   6. speed     the device-to-device copy bandwidth (tests/gpu/test_gpu_bandwidth.cu,
-#                the reference for sparse attention's HBM fraction) and the
+#                the reference for sparse attention's HBM fraction), the
+#                sparse attention at the flash widths against the copy
+#                bandwidth measured in its own process
+#                (tests/gpu/test_gpu_attn_speed.cu), and the
 #                issue's speed rows that this build can measure (see
 #                docs/cuda.md); rows it cannot are recorded with the reason.
 #
@@ -118,6 +121,7 @@ step state 60 "$B/bin/test_devstate"
 CEDAR_GPU_JSON=$OUT/graph.json step graph 90 "$B/bin/test_gpu_graph"
 step compress_step 60 "$B/bin/test_gpu_compress_step"
 CEDAR_GPU_JSON=$OUT/bandwidth.json step bandwidth 30 "$B/bin/test_gpu_bandwidth"
+CEDAR_GPU_JSON=$OUT/attn_speed.json step attn_speed 60 "$B/bin/test_gpu_attn_speed"
 # 5. The --device cuda vs CPU comparison (cudanode's step: model_cpu, model_cuda).
 step model_cpu 90 "$B/bin/cedar" run --plan plans/v41-mini.yaml --max-new 8 --json --device cpu
 step model_cuda 90 "$B/bin/cedar" run --plan plans/v41-mini.yaml --max-new 8 --json --device cuda
@@ -147,7 +151,7 @@ except Exception as e:
 for s in steps:
     name, rc, secs = s.rsplit(":", 2)
     res["steps"][name] = {"rc": rc, "seconds": int(secs), "log": f"{name}.log"}
-for name in ("graph", "bandwidth", "model_logits"):
+for name in ("graph", "bandwidth", "attn_speed", "model_logits"):
     try:
         res["steps"][name]["result"] = json.load(open(os.path.join(out, f"{name}.json")))
     except Exception:
@@ -217,8 +221,12 @@ res["speed"] = {
     "decode_graph_over_eager_note": "the stand-in segment of tests/gpu/test_gpu_graph.cu (72 launches/step)",
     "model_decode_graph_over_eager_v41_mini": dg.get("graph_over_eager"),
     "copy_bandwidth_gbs": res["steps"].get("bandwidth", {}).get("result", {}).get("copy_gbs"),
-    "sparse_attention_hbm_fraction": None,
-    "sparse_attention_note": "not measured: needs the sparse attention kernel (kernels/, branch kern)",
+    "sparse_attention_hbm_fraction": max((r.get("of_copy") or 0 for r in
+                                          res["steps"].get("attn_speed", {}).get("result", {}).get("rows", [])),
+                                         default=None),
+    "sparse_attention_note": "kern_sparse_attn at the flash widths (64 heads, d 512, Top-K 512 FP4 + 128 FP8 "
+                             "slots), the best of its query counts against its own copy bandwidth: attn_speed.json "
+                             "has every row; FlashMLA is not built there (its source is not carried)",
     "model_decode_step_v41_mini": dg.get("graph_step_s"),
     "model_decode_step_v41_mini_eager": dg.get("eager_step_s"),
     "model_decode_step_note": "itl_steady_s of decode_graphs_on / _off (seconds per decode step); null when "
