@@ -232,6 +232,8 @@ res["speed"] = {
     "model_decode_step_note": "itl_steady_s of decode_graphs_on / _off (seconds per decode step); null when "
                               "--device cuda was refused or failed: decode_graphs says why",
     "layer_at_flash_widths": None,
+    "layer_at_flash_widths_note": "not measured: no flash-width model runs on CUDA in one call (synthetic weights "
+                                  "exceed the 8 GiB bound; the released checkpoint is not on the GPU machine)",
 }
 json.dump(res, open(os.path.join(out, "gpu-results.json"), "w"), indent=1)
 # Without a GPU (GPU_RUN_DRY=1) the cuda runs are refused: recorded, not failures.
