@@ -106,11 +106,11 @@ void rt_dev_bind_node(struct rt_dev_twin *t, const struct graph *g, struct rt_re
   if (st->tail) st->tail = &t->tail[st->tail - r->tail];
   if (st->kv_w) {
     st->kv_w = &t->seq[st->kv_w - r->seq];
-    st->kv_w_pages = t->pt_dev[st->kv_w - t->seq];
+    st->kv_w_pages = t->aux ? t->aux->pt_dev[st->kv_w - t->seq] : NULL;
   }
   if (st->kv_r) {
     st->kv_r = &t->seq[st->kv_r - r->seq];
-    st->kv_r_pages = t->pt_dev[st->kv_r - t->seq];
+    st->kv_r_pages = t->aux ? t->aux->pt_dev[st->kv_r - t->seq] : NULL;
   }
 }
 
@@ -305,39 +305,43 @@ bool rt_dev_act_slab(const struct rt_dev_ctx *d, const struct graph *g, void **b
 
 #define AUX_ALIGN(b) (((b) + RT_DEV_ALIGN - 1) / RT_DEV_ALIGN * RT_DEV_ALIGN)
 
-/* The twin's token ids and page tables in d's memory, sized from r (its
- * token capacity, each source's page capacity), with their host mirrors. */
-static int aux_open(struct rt_dev_ctx *d, struct rt_dev_twin *t, const struct rt_request *r, char *err,
-                    size_t err_len) {
-  size_t bytes = AUX_ALIGN(sizeof(int32_t) * (size_t)(r->max_tokens > 0 ? r->max_tokens : 1));
-  for (int l = 0; l < t->n_layers; l++)
-    if (r->seq[l].pool) bytes += AUX_ALIGN(sizeof(uint8_t *) * (size_t)(r->seq[l].cap_pages > 0 ? r->seq[l].cap_pages : 1));
-  t->aux = d->ops->alloc(bytes);
-  if (!t->aux) {
-    snprintf(err, err_len, "out of %s memory for a request's token ids and page tables (%zu bytes); this request "
-             "is dropped", d->ops->name, bytes);
+/* Slot s's token ids and page tables in d's memory, sized from the layout
+ * (slot_tokens ids; as many page addresses as each pool has pages), made
+ * once. */
+static int aux_open(struct rt_dev_ctx *d, int s, char *err, size_t err_len) {
+  struct rt_dev_aux *x = &d->aux[s];
+  if (x->mem) return 0;
+  const struct rt_dev_layout *L = &d->A.L;
+  const int64_t ntok = L->slot_tokens > 0 ? L->slot_tokens : 1;
+  size_t bytes = AUX_ALIGN(sizeof(int32_t) * (size_t)ntok);
+  for (int l = 0; l < L->n_layers; l++)
+    if (L->pages[l] > 0) bytes += AUX_ALIGN(sizeof(uint8_t *) * (size_t)L->pages[l]);
+  x->mem = d->ops->alloc(bytes);
+  if (!x->mem) {
+    snprintf(err, err_len, "out of %s memory for a request slot's token ids and page tables (%zu bytes); this "
+             "request is dropped", d->ops->name, bytes);
     return CEDAR_ENOMEM;
   }
-  uint8_t *at = t->aux;
-  t->tok_dev = (int32_t *)at;
-  t->tok_cap = r->max_tokens;
-  t->tok_host = cedar_xcalloc((size_t)(r->max_tokens > 0 ? r->max_tokens : 1), sizeof(int32_t));
-  at += AUX_ALIGN(sizeof(int32_t) * (size_t)(r->max_tokens > 0 ? r->max_tokens : 1));
-  for (int l = 0; l < t->n_layers; l++) {
-    if (!r->seq[l].pool) continue;
-    int cap = r->seq[l].cap_pages > 0 ? r->seq[l].cap_pages : 1;
-    t->pt_dev[l] = (const uint8_t **)at;
-    t->pt_host[l] = cedar_xcalloc((size_t)cap, sizeof(uint8_t *));
-    t->pt_cap[l] = r->seq[l].cap_pages;
-    at += AUX_ALIGN(sizeof(uint8_t *) * (size_t)cap);
+  uint8_t *at = x->mem;
+  x->tok_dev = (int32_t *)at;
+  x->tok_cap = L->slot_tokens;
+  x->tok_host = cedar_xcalloc((size_t)ntok, sizeof(int32_t));
+  at += AUX_ALIGN(sizeof(int32_t) * (size_t)ntok);
+  for (int l = 0; l < L->n_layers; l++) {
+    if (L->pages[l] <= 0) continue;
+    x->pt_dev[l] = (const uint8_t **)at;
+    x->pt_host[l] = cedar_xcalloc((size_t)L->pages[l], sizeof(uint8_t *));
+    x->pt_cap[l] = L->pages[l];
+    at += AUX_ALIGN(sizeof(uint8_t *) * (size_t)L->pages[l]);
   }
   return 0;
 }
 
-static void aux_close(struct rt_dev_ctx *d, struct rt_dev_twin *t) {
-  if (t->aux) d->ops->free(t->aux);
-  free(t->tok_host);
-  for (int l = 0; l < PLAN_MAX_LAYERS; l++) free(t->pt_host[l]);
+static void aux_close(struct rt_dev_ctx *d, struct rt_dev_aux *x) {
+  if (x->mem) d->ops->free(x->mem);
+  free(x->tok_host);
+  for (int l = 0; l < PLAN_MAX_LAYERS; l++) free(x->pt_host[l]);
+  memset(x, 0, sizeof(*x));
 }
 
 /* The first index where a[0, n) and b[0, n) differ, n when none. */
@@ -356,50 +360,54 @@ static int64_t first_diff(const void *a, const void *b, int64_t n, size_t each) 
  * the last call: from the first id (page) that differs from the mirror. */
 static int aux_sync(struct rt_dev_ctx *d, struct rt_dev_twin *t, const struct rt_request *r, char *err,
                     size_t err_len) {
-  if (r->n_tokens > t->tok_cap) {
-    snprintf(err, err_len, "device state: %lld token ids, the request's slot holds %lld", (long long)r->n_tokens,
-             (long long)t->tok_cap);
+  struct rt_dev_aux *x = t->aux;
+  if (r->n_tokens > x->tok_cap) {
+    snprintf(err, err_len, "device state: %lld token ids, a request slot holds %lld; this request is dropped",
+             (long long)r->n_tokens, (long long)x->tok_cap);
     return CEDAR_EINVAL;
   }
-  int64_t same = first_diff(r->tokens, t->tok_host, t->tok_n < r->n_tokens ? t->tok_n : r->n_tokens, sizeof(int32_t));
+  int64_t same = first_diff(r->tokens, x->tok_host, x->tok_n < r->n_tokens ? x->tok_n : r->n_tokens, sizeof(int32_t));
   if (same < r->n_tokens) {
     size_t b = sizeof(int32_t) * (size_t)(r->n_tokens - same);
-    int rc = d->ops->h2d(t->tok_dev + same, r->tokens + same, b, err, err_len);
+    int rc = d->ops->h2d(x->tok_dev + same, r->tokens + same, b, err, err_len);
     if (rc) return rc;
-    memcpy(t->tok_host + same, r->tokens + same, b);
+    memcpy(x->tok_host + same, r->tokens + same, b);
   }
-  t->tok_n = r->n_tokens;
+  x->tok_n = r->n_tokens;
   for (int l = 0; l < t->n_layers; l++) {
     const struct rt_kv_seq *s = &t->seq[l];
-    if (!t->pt_dev[l]) continue;
-    if (s->n_pages > t->pt_cap[l]) {
+    if (!x->pt_dev[l]) continue;
+    if (s->n_pages > x->pt_cap[l]) { /* a page past the pool fails the sync first: not reached */
       snprintf(err, err_len, "device state: KV source %d holds %d pages, its page table %d", l, s->n_pages,
-               t->pt_cap[l]);
+               x->pt_cap[l]);
       return CEDAR_EINVAL;
     }
-    int64_t k = first_diff(s->page_ptr, t->pt_host[l], t->pt_n[l] < s->n_pages ? t->pt_n[l] : s->n_pages,
+    int64_t k = first_diff(s->page_ptr, x->pt_host[l], x->pt_n[l] < s->n_pages ? x->pt_n[l] : s->n_pages,
                            sizeof(uint8_t *));
     if (k < s->n_pages) {
       size_t b = sizeof(uint8_t *) * (size_t)(s->n_pages - k);
-      int rc = d->ops->h2d((void *)(t->pt_dev[l] + k), s->page_ptr + k, b, err, err_len);
+      int rc = d->ops->h2d((void *)(x->pt_dev[l] + k), s->page_ptr + k, b, err, err_len);
       if (rc) return rc;
-      memcpy(t->pt_host[l] + k, s->page_ptr + k, b);
+      memcpy(x->pt_host[l] + k, s->page_ptr + k, b);
     }
-    t->pt_n[l] = s->n_pages;
+    x->pt_n[l] = s->n_pages;
   }
   return 0;
 }
 
+/* Give slot s back: its tables stay (their addresses are baked into
+ * captured segments), holding nothing for the next request. */
 static void twin_drop(struct rt_dev_ctx *d, int s) {
-  aux_close(d, &d->twin[s]);
   rt_dev_twin_free(&d->twin[s]);
   d->owner[s] = NULL;
+  d->aux[s].tok_n = 0;
+  memset(d->aux[s].pt_n, 0, sizeof(d->aux[s].pt_n));
 }
 
 const struct rt_cuda_env *rt_dev_env(const struct rt_dev_ctx *d, const struct rt_dev_twin *t,
                                      struct rt_cuda_worker *w, struct rt_cuda_env *env) {
   if (!d || !d->cm || !t) return NULL;
-  *env = (struct rt_cuda_env){d->cm, w, t->tok_dev};
+  *env = (struct rt_cuda_env){d->cm, w, t->aux->tok_dev};
   return env;
 }
 
@@ -418,9 +426,9 @@ struct rt_dev_twin *rt_dev_request_twin(struct rt_dev_ctx *d, struct rt_request 
       return NULL;
     }
     if (rt_dev_twin_init(&d->twin[s], &d->A, s, r, err, err_len)) return NULL;
-    if (aux_open(d, &d->twin[s], r, err, err_len) || rt_dev_twin_sync(&d->twin[s], r, err, err_len) ||
+    d->twin[s].aux = &d->aux[s];
+    if (aux_open(d, s, err, err_len) || rt_dev_twin_sync(&d->twin[s], r, err, err_len) ||
         copy_all(d, &d->twin[s], r, true, err, err_len)) {
-      aux_close(d, &d->twin[s]);
       rt_dev_twin_free(&d->twin[s]);
       return NULL;
     }
@@ -480,6 +488,7 @@ int rt_dev_ctx_open_host(struct rt_dev_ctx **out, const struct rt_dev_layout *L,
   d->segments = true;
   d->host_slabs = m;
   d->twin = cedar_xcalloc((size_t)L->n_slots, sizeof(*d->twin));
+  d->aux = cedar_xcalloc((size_t)L->n_slots, sizeof(*d->aux));
   d->owner = cedar_xcalloc((size_t)L->n_slots, sizeof(*d->owner));
   *out = d;
   return 0;
@@ -490,7 +499,9 @@ void rt_dev_ctx_close(struct rt_dev_ctx *d) {
   if (d->exec_release) d->exec_release(d->exec_data);
   for (int s = 0; d->owner && s < d->A.L.n_slots; s++)
     if (d->owner[s]) twin_drop(d, s);
+  for (int s = 0; d->aux && s < d->A.L.n_slots; s++) aux_close(d, &d->aux[s]);
   rt_dev_model_close(d);
+  free(d->aux);
   free(d->twin);
   free(d->owner);
   rt_graph_cache_close(d->graphs);

@@ -83,14 +83,21 @@ struct rt_dev_twin {
   struct rt_ring ring[PLAN_MAX_LAYERS];
   struct op_comp_tail tail[PLAN_MAX_LAYERS];
   struct rt_kv_seq seq[PLAN_MAX_LAYERS];    /* page_id: the host's ids; page_ptr: device pages */
-  /* What a CUDA entry reads from the device besides the slabs (struct
-   * rt_cuda_env, rt_bound.kv_r_pages/kv_w_pages), one allocation of the
-   * context's memory per claim (aux): the request's token ids (tok_dev,
-   * tok_cap of them) and each KV source's page table (pt_dev[l]: device page
-   * addresses, seq[l].cap_pages of them at claim). tok_host and pt_host[l]
-   * are what the device copies hold, so a sync uploads only what changed
-   * (appended ids and pages, or a rolled-back suffix rewritten). */
-  void *aux;
+  struct rt_dev_aux *aux;                  /* the slot's token ids and page tables (below) */
+};
+
+/* What a CUDA entry reads from the device besides the slabs (struct
+ * rt_cuda_env, rt_bound.kv_r_pages/kv_w_pages), per request slot: one
+ * allocation of the context's memory, made the first time the slot is
+ * claimed and kept until the context closes (a captured segment bakes its
+ * addresses in, keyed by the slot), holding the request's token ids
+ * (tok_dev: the layout's slot_tokens of them) and each KV source's page
+ * table (pt_dev[l]: device page addresses, as many as the pool has pages).
+ * tok_host and pt_host[l] are what the device copies hold, so a sync
+ * uploads only what changed (appended ids and pages, or a rolled-back
+ * suffix rewritten); a new request in the slot starts from none held. */
+struct rt_dev_aux {
+  void *mem;
   int32_t *tok_dev;
   int64_t tok_cap, tok_n;
   int32_t *tok_host;
@@ -223,6 +230,7 @@ struct rt_dev_ctx {
   bool graphs_on;                  /* replay segments as graphs (else eager) */
   int64_t segment_runs;            /* segments run so far (both executors; atomic), for reports and tests */
   struct rt_dev_twin *twin;        /* (L.n_slots) */
+  struct rt_dev_aux *aux;          /* (L.n_slots) each slot's token ids and page tables, once claimed */
   struct rt_request **owner;       /* (L.n_slots) the request in each slot, or NULL */
   void *host_slabs;                /* the stand-in's memory */
   /* The stand-in's StarPU handles over its slabs, on main RAM (a CUDA home

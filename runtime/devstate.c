@@ -30,6 +30,7 @@ int rt_dev_layout_init(struct rt_dev_layout *L, const struct plan *p, const stru
   }
   L->n_layers = p->n_layers;
   L->n_slots = n_slots;
+  L->slot_tokens = r->max_tokens;
   size_t kv = 0, req = 0;
   for (int l = 0; l < p->n_layers; l++) {
     if (pools[l].entry_bytes) {

@@ -51,6 +51,7 @@ struct rt_dev_region {
 
 struct rt_dev_layout {
   int n_layers, n_slots;
+  int64_t slot_tokens;                 /* token ids a request slot holds (the shape request's max_tokens) */
   /* KV pool slab */
   int pages[PLAN_MAX_LAYERS];          /* page capacity of each pool (0: no pool) */
   size_t page_bytes[PLAN_MAX_LAYERS];  /* rt_kv_page_bytes */

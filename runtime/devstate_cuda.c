@@ -287,6 +287,7 @@ int rt_dev_ctx_open_cuda(struct rt_dev_ctx **out, const struct rt_dev_layout *L,
   d->segments = true;
   d->graphs_on = graphs;
   d->twin = cedar_xcalloc((size_t)L->n_slots, sizeof(*d->twin));
+  d->aux = cedar_xcalloc((size_t)L->n_slots, sizeof(*d->aux));
   d->owner = cedar_xcalloc((size_t)L->n_slots, sizeof(*d->owner));
   *out = d;
   return 0;

@@ -229,19 +229,19 @@ static void check_regions(const struct fx *f, struct rt_dev_twin *tw, struct rt_
  * next sync, and only what differs is uploaded. */
 static void check_aux(struct rt_dev_ctx *d, struct rt_dev_twin *tw, struct rt_request *r) {
   char err[256];
-  EXPECT(tw->tok_n == r->n_tokens && !memcmp(tw->tok_dev, r->tokens, sizeof(int32_t) * (size_t)r->n_tokens),
-         "the twin's token ids are not the request's (%lld of %lld)", (long long)tw->tok_n, (long long)r->n_tokens);
+  EXPECT(tw->aux->tok_n == r->n_tokens && !memcmp(tw->aux->tok_dev, r->tokens, sizeof(int32_t) * (size_t)r->n_tokens),
+         "the twin's token ids are not the request's (%lld of %lld)", (long long)tw->aux->tok_n, (long long)r->n_tokens);
   int tables = 0;
   for (int l = 0; l < tw->n_layers; l++) {
     if (!r->seq[l].pool) {
-      EXPECT(!tw->pt_dev[l], "layer %d has no KV source but a page table", l);
+      EXPECT(!tw->aux->pt_dev[l], "layer %d has no KV source but a page table", l);
       continue;
     }
-    EXPECT(tw->pt_dev[l] && tw->pt_n[l] == r->seq[l].n_pages, "layer %d: page table of %d pages, the request holds %d",
-           l, tw->pt_n[l], r->seq[l].n_pages);
-    if (!tw->pt_dev[l]) continue;
+    EXPECT(tw->aux->pt_dev[l] && tw->aux->pt_n[l] == r->seq[l].n_pages, "layer %d: page table of %d pages, the request holds %d",
+           l, tw->aux->pt_n[l], r->seq[l].n_pages);
+    if (!tw->aux->pt_dev[l]) continue;
     for (int i = 0; i < r->seq[l].n_pages; i++)
-      EXPECT(tw->pt_dev[l][i] == rt_dev_addr_page(tw->A, l, r->seq[l].page_id[i]), "layer %d page %d: table entry",
+      EXPECT(tw->aux->pt_dev[l][i] == rt_dev_addr_page(tw->A, l, r->seq[l].page_id[i]), "layer %d page %d: table entry",
              l, i);
     tables += r->seq[l].n_pages > 0;
   }
@@ -250,10 +250,10 @@ static void check_aux(struct rt_dev_ctx *d, struct rt_dev_twin *tw, struct rt_re
   int64_t k = r->n_tokens - 2;
   int32_t keep = r->tokens[k];
   r->tokens[k] = keep ^ 1;
-  EXPECT(rt_dev_request_twin(d, r, err, sizeof err) == tw && tw->tok_dev[k] == (keep ^ 1) && tw->tok_host[k] == (keep ^ 1),
+  EXPECT(rt_dev_request_twin(d, r, err, sizeof err) == tw && tw->aux->tok_dev[k] == (keep ^ 1) && tw->aux->tok_host[k] == (keep ^ 1),
          "a rewritten token id did not reach the twin: %s", err);
   r->tokens[k] = keep;
-  EXPECT(rt_dev_request_twin(d, r, err, sizeof err) == tw && tw->tok_dev[k] == keep, "restoring an id: %s", err);
+  EXPECT(rt_dev_request_twin(d, r, err, sizeof err) == tw && tw->aux->tok_dev[k] == keep, "restoring an id: %s", err);
 }
 
 static void test_plan(const char *path) {
@@ -298,7 +298,14 @@ static void test_plan(const char *path) {
       EXPECT(tw != NULL, "twin: %s", err);
       if (tw && segments > 0) check_regions(&f, tw, &r);
       if (tw) check_aux(d, tw, &r);
+      void *aux_mem = tw ? tw->aux->mem : NULL;
       EXPECT(rt_dev_request_release(d, &r, err, sizeof err) == 0, "download: %s", err);
+      if (mode == 1 && tw) { /* the slot's tables outlive its request (segments bake them in) and start empty */
+        struct rt_dev_twin *t2 = rt_dev_request_twin(d, &rref, err, sizeof err);
+        EXPECT(t2 && t2->aux->mem == aux_mem, "a reclaimed slot's tables moved (%s)", err);
+        if (t2) check_aux(d, t2, &rref);
+        EXPECT(rt_dev_request_release(d, &rref, err, sizeof err) == 0, "download: %s", err);
+      }
       EXPECT(!host_rings_untouched(&f, &r), "%s: the download brought no ring back", path);
       EXPECT(requests_equal(&f, &rref, &r, true), "%s: state after download differs from the host run (mode %d)",
              path, mode);
