@@ -36,6 +36,12 @@ int rt_batch_init(struct rt_batch *b, const struct rt_model *M, struct rt_kv_poo
              "batching runs both in one process; use a plan without serving.placement", p->name);
     return CEDAR_EINVAL;
   }
+  if (graph_place_of(p, GRAPH_DECODE).dev == GRAPH_DEV_CUDA) { /* the batched decode calls the CPU op groups */
+    snprintf(err, err_len, "plan %s places its flows on CUDA, and continuous batching runs the op groups on the CPU "
+             "(runtime/batch.c); serve it on the CPU, or run one request at a time on the device (cedar run "
+             "--device cuda)", p->name);
+    return CEDAR_EUNSUPPORTED;
+  }
   b->M = M;
   b->pools = pools;
   b->o = *o;

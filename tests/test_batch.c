@@ -15,7 +15,9 @@
  *    outputs equal their solo runs bitwise;
  *  - the prefix cache under batching: a request batched beside others hits
  *    the blocks an earlier one inserted and gives bitwise what the same
- *    request gives alone after the same earlier request.
+ *    request gives alone after the same earlier request;
+ *  - a plan placed on CUDA is refused with the reason (the batched decode
+ *    calls the CPU op groups).
  * Plans: tests/oracle/plans/tiny-40.yaml (the V4.1 schedule at toy widths,
  * CED), tiny-dense-40.yaml (dense prefill) and plans/v41-mini.yaml (the
  * V4.1 structure at CPU widths, where the ops take their wider paths).
@@ -274,8 +276,23 @@ static void cached(void) {
   fx_close(&f);
 }
 
+/* A plan placed on CUDA: refused, nothing run on the CPU in its place. */
+static void cuda_refused(void) {
+  struct fx f;
+  if (!fx_open(&f, PLAN_T40)) return;
+  f.p->serving.prefill_device = f.p->serving.decode_device = PLAN_DEV_CUDA;
+  struct rt_batch b;
+  struct rt_batch_opts o = {.max_requests = 2, .step_tokens = 12, .chunk = 8};
+  EXPECT(rt_batch_init(&b, &f.M, f.pools, &o, err, sizeof err) == CEDAR_EUNSUPPORTED &&
+             strstr(err, "continuous batching runs the op groups on the CPU"),
+         "a CUDA plan in the batcher: %s", err);
+  f.p->serving.prefill_device = f.p->serving.decode_device = PLAN_DEV_CPU;
+  fx_close(&f);
+}
+
 int main(void) {
   policy_cases();
+  cuda_refused();
   sixteen(PLAN_T40, 0);
   sixteen(PLAN_T40, 0.8f);
   sixteen("tests/oracle/plans/tiny-dense-40.yaml", 0);
