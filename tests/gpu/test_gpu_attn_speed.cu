@@ -34,6 +34,7 @@
 #include "kernels/attention.cuh"
 #include "ops/formats.h"
 #include "ops/rope.h"
+#include "tests/gpu/gpu_test.cuh"
 
 #define HEADS 64
 #define HD 512
@@ -44,21 +45,9 @@
 #define ROPE_DIM 64
 #define MAX_Q 128
 
-#define CK(x)                                                                               \
-  do {                                                                                      \
-    cudaError_t _e = (x);                                                                   \
-    if (_e != cudaSuccess) {                                                                \
-      fprintf(stderr, "FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(_e)); \
-      exit(1);                                                                              \
-    }                                                                                       \
-  } while (0)
-
 static uint64_t rng = 0x2545f4914f6cdd1dull;
-static uint32_t urand(void) {
-  rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-  return (uint32_t)(rng >> 32);
-}
-static float frand(void) { return (float)(urand() & 0xffffff) / (float)0x1000000 - 0.5f; }
+static uint32_t urand(void) { return gt_urand(&rng); }
+static float frand(void) { return gt_frand(&rng); }
 
 static int cmpf(const void *a, const void *b) {
   float x = *(const float *)a, y = *(const float *)b;

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "kernels/compressor.cuh"
+#include "tests/gpu/gpu_test.cuh"
 #include "ops/formats.h"
 #include "ops/rope.h"
 
@@ -53,28 +54,8 @@ struct source {
 };
 
 static int fails;
-#define CK(x)                                                                               \
-  do {                                                                                      \
-    cudaError_t _e = (x);                                                                   \
-    if (_e != cudaSuccess) {                                                                \
-      fprintf(stderr, "FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(_e)); \
-      exit(1);                                                                              \
-    }                                                                                       \
-  } while (0)
-#define BK(x)                                                                                     \
-  do {                                                                                            \
-    cublasStatus_t _s = (x);                                                                      \
-    if (_s != CUBLAS_STATUS_SUCCESS) {                                                            \
-      fprintf(stderr, "FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #x, cublasGetStatusString(_s)); \
-      exit(1);                                                                                    \
-    }                                                                                             \
-  } while (0)
-
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static float frand(void) {
-  rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-  return (float)((rng >> 40) & 0xffffff) / (float)0x1000000 - 0.5f;
-}
+static float frand(void) { return gt_frand(&rng); }
 
 static float *dev_random(size_t n, float scale) {
   float *h = (float *)malloc(n * sizeof(float)), *d;

@@ -33,6 +33,7 @@
 
 #include "base/check.h"
 #include "runtime/cuda_graph.h"
+#include "tests/gpu/gpu_test.cuh"
 
 #define LAYERS 24
 #define WIDTH 1024  /* floats per row */
@@ -86,15 +87,6 @@ static int segment(void *stream, const void *params, void *arg) {
 
 static size_t sz_ring = sizeof(float) * LAYERS * WINDOW * WIDTH, sz_pool = sizeof(float) * PAGES * PAGE_ROWS * WIDTH,
               sz_x = sizeof(float) * WIDTH, sz_acc = sizeof(float) * LAYERS * WIDTH;
-
-#define CK(call)                                                                                        \
-  do {                                                                                                  \
-    cudaError_t _e = (call);                                                                            \
-    if (_e != cudaSuccess) {                                                                            \
-      fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(_e));       \
-      exit(1);                                                                                          \
-    }                                                                                                   \
-  } while (0)
 
 static void dev_init(struct dev *d, const float *pool_host) {
   CK(cudaMalloc(&d->ring, sz_ring));
