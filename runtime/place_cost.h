@@ -20,6 +20,14 @@
  *             expert's output comes back (hidden f32) so the combine sums in
  *             expert order, bitwise the one-process sum.
  *
+ * Under P/D (prefill and decode on different homes) each role places the
+ * model on its own homes (plan_role_view; without stages the decode role's
+ * is serving.placement's decode rank) and a rank holds what either role
+ * puts on it: a tensor both roles put on it once, a layer's routed experts
+ * as the range covering both roles' blocks there (what runtime/expert_par.c
+ * loads), and each role's state, activation and expert traffic on its own
+ * homes.
+ *
  * Resident bytes = weights (less Engram tables kept in host memory or a
  * file) + state; a rank on cuda fits when that is at most the capacity.
  * Test: tests/test_place.c; tests/cli/place_cost.sh.

@@ -297,7 +297,8 @@ static void nccl(void) {
 /* A shard rank's weights against the whole model's. */
 static void weights_part(void) {
   static const char *const plans[] = {"tests/plans/ep2-tiny-40.yaml", "tests/plans/ppep3-tiny-40.yaml",
-                                      "tests/plans/ppep4-tiny-40.yaml"};
+                                      "tests/plans/ppep4-tiny-40.yaml", /* P/D: each role's shards, a rank both */
+                                      "tests/plans/pdep3-tiny-40.yaml", "tests/plans/pdppep4-tiny-40.yaml"};
   for (size_t pi = 0; pi < sizeof plans / sizeof *plans; pi++) {
     struct plan p;
     if (!h_load_plan(plans[pi], &p)) continue;
@@ -333,9 +334,14 @@ static void weights_part(void) {
       EXPECT_EQ(rt_place_held_experts(&p, &w), c.r[rank].experts, "held expert bytes = plan cost --per-rank");
       weights_free(&w);
     }
-    int64_t accounted = 0;
+    int64_t accounted = 0, whole = rt_place_held_experts(&p, &all);
     for (int r = 0; r < c.ranks; r++) accounted += c.r[r].experts;
-    EXPECT_EQ(rt_place_held_experts(&p, &all), accounted, "the whole model holds every rank's experts");
+    if (!plan_place_pd(&p)) {
+      EXPECT_EQ(whole, accounted, "the whole model holds every rank's experts");
+    } else { /* each role holds every expert once; a rank in both roles' lists holds its cover once */
+      EXPECT(accounted > whole && accounted <= 2 * whole, "%s: the ranks hold %lld expert bytes, the model %lld "
+             "(P/D: between once and twice)", plans[pi], (long long)accounted, (long long)whole);
+    }
     weights_free(&all);
     plan_free(&p);
   }
