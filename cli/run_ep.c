@@ -5,6 +5,7 @@
  * expects for the same placement under uniform routing. */
 #include <cJSON.h>
 #include <inttypes.h>
+#include <math.h>
 
 #include "cli/run_place.h"
 #include "runtime/expert_par.h"
@@ -27,10 +28,19 @@ static void figures(const struct plan *p, struct ep_fig *f) {
   }
   double per_pass = s->passes > 0 ? (double)s->layers / (double)s->passes : 0;
   f->dispatch_tok = (double)f->dispatch * per_pass, f->combine_tok = (double)f->combine * per_pass;
+  /* A token takes one role's layers (its prompt P's, a generated one D's):
+   * the expectation is a role's, and under P/D the roles must agree for the
+   * run's average to be held to it (else NaN: "n/a"). */
   static struct rt_place_cost c; /* large; one report at a time */
-  if (rt_place_cost(p, 1, 1e30, &c) == 0)
-    for (int r = 0; r < c.ranks; r++)
-      f->want_dispatch_tok += c.r[r].ep_dispatch_per_token, f->want_combine_tok += c.r[r].ep_combine_per_token;
+  double want[2][2] = {{0, 0}, {0, 0}};
+  for (int role = 0; role < 2; role++)
+    if (rt_place_cost_role(p, role, 1, 1e30, &c) == 0)
+      for (int r = 0; r < c.ranks; r++)
+        want[role][0] += c.r[r].ep_dispatch_per_token, want[role][1] += c.r[r].ep_combine_per_token;
+  bool agree = fabs(want[0][0] - want[1][0]) < 1e-6 * (1 + want[0][0]) &&
+               fabs(want[0][1] - want[1][1]) < 1e-6 * (1 + want[0][1]);
+  f->want_dispatch_tok = agree ? want[0][0] : NAN;
+  f->want_combine_tok = agree ? want[0][1] : NAN;
 }
 
 void run_ep_text(FILE *out, const struct plan *p) {
@@ -41,6 +51,12 @@ void run_ep_text(FILE *out, const struct plan *p) {
           s->mpi ? "through StarPU-MPI" : "in one process (dispatch and combine are copies)");
   for (int i = 0; i < pl->n_ep_ranks; i++)
     fprintf(out, "%s experts %d-%d on rank %d", i ? ";" : "", i * per, (i + 1) * per - 1, pl->ep_rank[i]);
+  if (pl->ep_pd) { /* the decode role's shards (the list above is the prefill role's) */
+    int per_d = E / (pl->n_ep_ranks_d ? pl->n_ep_ranks_d : 1);
+    fprintf(out, " (prefill); decode:");
+    for (int i = 0; i < pl->n_ep_ranks_d; i++)
+      fprintf(out, "%s experts %d-%d on rank %d", i ? ";" : "", i * per_d, (i + 1) * per_d - 1, pl->ep_rank_d[i]);
+  }
   fputc('\n', out);
   for (int r = 0; r < plan_place_ranks(p) && r < RT_EP_MAX_RANKS; r++) {
     const struct rt_ep_rank *k = &s->rank[r];
@@ -57,8 +73,12 @@ void run_ep_text(FILE *out, const struct plan *p) {
   struct ep_fig f;
   figures(p, &f);
   fprintf(out, "  dispatch %.0f B/token (token rows; + %" PRId64 " B of headers and routing in all), combine %.0f "
-          "B/token, over %" PRId64 " row-passes; plan cost --per-rank expects %.0f and %.0f B/token (uniform "
-          "routing)\n", f.dispatch_tok, f.meta, f.combine_tok, s->passes, f.want_dispatch_tok, f.want_combine_tok);
+          "B/token, over %" PRId64 " row-passes; ", f.dispatch_tok, f.meta, f.combine_tok, s->passes);
+  if (isnan(f.want_dispatch_tok))
+    fprintf(out, "no one expectation: the prefill and decode roles' shards differ in count or layers\n");
+  else
+    fprintf(out, "plan cost --per-rank expects %.0f and %.0f B/token (uniform routing)\n", f.want_dispatch_tok,
+            f.want_combine_tok);
 }
 
 void run_ep_json(cJSON *j, const struct plan *p) {

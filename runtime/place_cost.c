@@ -201,6 +201,10 @@ static void account_role(const struct plan *v, const struct plan_cost *c, struct
 }
 
 int rt_place_cost(const struct plan *p, int64_t tokens, double capacity, struct rt_place_cost *out) {
+  return rt_place_cost_role(p, -1, tokens, capacity, out);
+}
+
+int rt_place_cost_role(const struct plan *p, int role, int64_t tokens, double capacity, struct rt_place_cost *out) {
   memset(out, 0, sizeof *out);
   out->tokens = tokens;
   out->capacity = capacity;
@@ -216,7 +220,9 @@ int rt_place_cost(const struct plan *p, int64_t tokens, double capacity, struct 
     views[1].serving.prefill_device = p->serving.decode_device;
   }
   const struct plan *view[2] = {&views[0], &views[1]};
-  const int n_view = pd ? 2 : 1;
+  int n_view = pd ? 2 : 1;
+  if (pd && role >= 0) /* one role's homes only */
+    view[0] = &views[role ? 1 : 0], n_view = 1;
   int R = plan_place_ranks(p);
   if (pd) {
     if (p->serving.prefill_rank + 1 > R) R = p->serving.prefill_rank + 1;

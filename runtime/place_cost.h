@@ -71,6 +71,10 @@ struct rt_place_cost {
 /* Account plan p at N = tokens per request against a device capacity in
  * bytes. Returns 0, or a negative status with out->error. */
 int rt_place_cost(const struct plan *p, int64_t tokens, double capacity, struct rt_place_cost *out);
+/* The same for one role under P/D: role 0 the prefill role's homes alone,
+ * 1 the decode role's, -1 both (rt_place_cost); without P/D every role is
+ * the plan's one placement. */
+int rt_place_cost_role(const struct plan *p, int role, int64_t tokens, double capacity, struct rt_place_cost *out);
 
 /* The stored-format bytes of the routed experts weights w holds (a rank's
  * part, runtime/weights.h, or all of them), split per expert as
