@@ -62,6 +62,36 @@ static cublasStatus_t launched(cudaError_t e) {
   return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 
+/* n groups of r rows of v and g (pooled by position order) into entries:
+ * pool, RMSNorm_C, kI (and its k_norm) from c before any RoPE, kM = c, the
+ * two RoPEs at the entries' positions pos (device), both parts packed. The
+ * one sequence kern_compress_tail and kern_compress_step share, so a
+ * segment's step makes each float as the eager call does. */
+static cublasStatus_t groups_to_entries(cublasHandle_t h, uint8_t *entries, size_t entry_bytes, size_t main_off,
+                                        size_t idx_off, float *c_hat, float *c, float *kM, float *kI0, float *kI,
+                                        const float *v, const float *g, const int64_t *pos, int n,
+                                        const struct op_comp_layer *L, cudaStream_t st) {
+  const int r = L->ratio, d = L->d, di = L->idx_dim;
+  cublasStatus_t s;
+  comp_pool_kernel<<<kcall_blocks((long long)n * d, COMP_THREADS), COMP_THREADS, 0, st>>>(c_hat, v, g, n, r, d);
+  if ((s = launched(cudaGetLastError())) != CUBLAS_STATUS_SUCCESS ||
+      (s = launched(kern_rmsnorm(c, c_hat, L->gamma, n, d, L->eps, st))) != CUBLAS_STATUS_SUCCESS)
+    return s;
+  /* kI from c before any RoPE or quantization (SPEC 3.8, 8.10) */
+  if ((s = kern_linear(h, L->k_norm ? kI0 : kI, c, L->W_ik, n, d, di, d, di, st)) != CUBLAS_STATUS_SUCCESS ||
+      (L->k_norm && (s = launched(kern_rmsnorm(kI, kI0, L->k_gamma, n, di, L->eps, st))) != CUBLAS_STATUS_SUCCESS))
+    return s;
+  if ((s = launched(cudaMemcpyAsync(kM, c, (size_t)n * d * sizeof(float), cudaMemcpyDeviceToDevice, st))) !=
+          CUBLAS_STATUS_SUCCESS ||
+      (s = launched(kern_rope_apply(kM, L->rope, pos, n, 1, d, +1, st))) != CUBLAS_STATUS_SUCCESS ||
+      (s = launched(kern_rope_apply(kI, L->rope_i, pos, n, 1, di, +1, st))) != CUBLAS_STATUS_SUCCESS)
+    return s;
+  const long long blocks = (long long)n * (d / L->main_fmt.block + di / L->idx_fmt.block);
+  comp_pack_kernel<<<kcall_blocks(blocks, COMP_THREADS), COMP_THREADS, 0, st>>>(
+      L->main_fmt, L->idx_fmt, entries, entry_bytes, main_off, idx_off, kM, kI, n, d, di);
+  return launched(cudaGetLastError());
+}
+
 cublasStatus_t kern_compress(cublasHandle_t h, uint8_t *entries, size_t entry_bytes, size_t main_off, size_t idx_off,
                              float *kM, float *kI, float *tail_v, float *tail_g, const float *u, const int64_t *pos,
                              int n, const struct op_comp_layer *L, float *scratch, cudaStream_t st) {
@@ -73,7 +103,7 @@ cublasStatus_t kern_compress_tail(cublasHandle_t h, uint8_t *entries, size_t ent
                                   size_t idx_off, float *kM, float *kI, float *tail_v, float *tail_g, int count,
                                   const float *u, const int64_t *pos, int n_new, const struct op_comp_layer *L,
                                   float *scratch, cudaStream_t st) {
-  const int r = L->ratio, d = L->d, di = L->idx_dim, n = count + n_new, n_emit = n / r, left = n % r;
+  const int r = L->ratio, d = L->d, n = count + n_new, n_emit = n / r, left = n % r;
   if (n_new <= 0) return CUBLAS_STATUS_SUCCESS;
   if (count < 0 || count >= r) return CUBLAS_STATUS_INVALID_VALUE;
   if (kern_kv_pack_supported(&L->main_fmt) || kern_kv_pack_supported(&L->idx_fmt)) return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -99,24 +129,7 @@ cublasStatus_t kern_compress_tail(cublasHandle_t h, uint8_t *entries, size_t ent
       return s;
   }
   if (n_emit == 0) return CUBLAS_STATUS_SUCCESS;
-  comp_pool_kernel<<<kcall_blocks((long long)n_emit * d, COMP_THREADS), COMP_THREADS, 0, st>>>(c_hat, v, g, n_emit, r,
-                                                                                               d);
-  if ((s = launched(cudaGetLastError())) != CUBLAS_STATUS_SUCCESS ||
-      (s = launched(kern_rmsnorm(c, c_hat, L->gamma, n_emit, d, L->eps, st))) != CUBLAS_STATUS_SUCCESS)
-    return s;
-  /* kI from c before any RoPE or quantization (SPEC 3.8, 8.10) */
-  if ((s = kern_linear(h, L->k_norm ? kI0 : kI, c, L->W_ik, n_emit, d, di, d, di, st)) != CUBLAS_STATUS_SUCCESS ||
-      (L->k_norm && (s = launched(kern_rmsnorm(kI, kI0, L->k_gamma, n_emit, di, L->eps, st))) != CUBLAS_STATUS_SUCCESS))
-    return s;
-  if ((s = launched(cudaMemcpyAsync(kM, c, (size_t)n_emit * d * sizeof(float), cudaMemcpyDeviceToDevice, st))) !=
-          CUBLAS_STATUS_SUCCESS ||
-      (s = launched(kern_rope_apply(kM, L->rope, pos, n_emit, 1, d, +1, st))) != CUBLAS_STATUS_SUCCESS ||
-      (s = launched(kern_rope_apply(kI, L->rope_i, pos, n_emit, 1, di, +1, st))) != CUBLAS_STATUS_SUCCESS)
-    return s;
-  const long long blocks = (long long)n_emit * (d / L->main_fmt.block + di / L->idx_fmt.block);
-  comp_pack_kernel<<<kcall_blocks(blocks, COMP_THREADS), COMP_THREADS, 0, st>>>(
-      L->main_fmt, L->idx_fmt, entries, entry_bytes, main_off, idx_off, kM, kI, n_emit, d, di);
-  return launched(cudaGetLastError());
+  return groups_to_entries(h, entries, entry_bytes, main_off, idx_off, c_hat, c, kM, kI0, kI, v, g, pos, n_emit, L, st);
 }
 
 /* ---- the step inside a graph segment (device counts) ---------------------------- */
@@ -205,25 +218,11 @@ cublasStatus_t kern_compress_step(cublasHandle_t h, uint8_t *const *pages, int p
     if ((s = launched(cudaGetLastError())) != CUBLAS_STATUS_SUCCESS) return s;
   }
   if (groups == 0) return CUBLAS_STATUS_SUCCESS;
-  comp_pool_kernel<<<kcall_blocks((long long)groups * d, COMP_THREADS), COMP_THREADS, 0, st>>>(c_hat, v, g, groups, r,
-                                                                                              d);
-  if ((s = launched(cudaGetLastError())) != CUBLAS_STATUS_SUCCESS ||
-      (s = launched(kern_rmsnorm(c, c_hat, L->gamma, groups, d, L->eps, st))) != CUBLAS_STATUS_SUCCESS)
-    return s;
-  if ((s = kern_linear(h, L->k_norm ? kI0 : kI, c, L->W_ik, groups, d, di, d, di, st)) != CUBLAS_STATUS_SUCCESS ||
-      (L->k_norm && (s = launched(kern_rmsnorm(kI, kI0, L->k_gamma, groups, di, L->eps, st))) != CUBLAS_STATUS_SUCCESS))
-    return s;
   comp_step_pos_kernel<<<kcall_blocks(groups, COMP_THREADS), COMP_THREADS, 0, st>>>(epos, pos0, groups, r);
   if ((s = launched(cudaGetLastError())) != CUBLAS_STATUS_SUCCESS ||
-      (s = launched(cudaMemcpyAsync(kM, c, (size_t)groups * d * f, cudaMemcpyDeviceToDevice, st))) !=
-          CUBLAS_STATUS_SUCCESS ||
-      (s = launched(kern_rope_apply(kM, L->rope, epos, groups, 1, d, +1, st))) != CUBLAS_STATUS_SUCCESS ||
-      (s = launched(kern_rope_apply(kI, L->rope_i, epos, groups, 1, di, +1, st))) != CUBLAS_STATUS_SUCCESS)
+      (s = groups_to_entries(h, entries, entry_bytes, main_off, idx_off, c_hat, c, kM, kI0, kI, v, g, epos, groups, L,
+                             st)) != CUBLAS_STATUS_SUCCESS)
     return s;
-  const long long blocks = (long long)groups * (d / L->main_fmt.block + di / L->idx_fmt.block);
-  comp_pack_kernel<<<kcall_blocks(blocks, COMP_THREADS), COMP_THREADS, 0, st>>>(
-      L->main_fmt, L->idx_fmt, entries, entry_bytes, main_off, idx_off, kM, kI, groups, d, di);
-  if ((s = launched(cudaGetLastError())) != CUBLAS_STATUS_SUCCESS) return s;
   comp_step_write_kernel<<<groups, COMP_THREADS, 0, st>>>(pages, page_entries, entry_bytes, e0, cnt, n_new, r, entries);
   return launched(cudaGetLastError());
 }

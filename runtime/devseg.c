@@ -67,9 +67,9 @@ struct rt_graph_key rt_dev_segment_key(const struct graph *g, int k0, int k1, co
   k.shape[7] = P->request; /* the slot's ring, tail and page-table addresses are baked in */
   k.shape[8] = (int32_t)(P->r0 & 0x7fffffff); /* the sparse attention's window floor, a kernel argument */
   k.shape[9] = (int32_t)(P->r0 >> 31);
-  int32_t flags = 0;
-  for (int j = k0; j < k1; j++) flags = flags * 31 + (int32_t)g->node[j].flags;
-  k.shape[10] = flags;
+  uint32_t flags = 0; /* the nodes' flags, hashed (unsigned: wraps, never overflows) */
+  for (int j = k0; j < k1; j++) flags = flags * 31u + (uint32_t)g->node[j].flags;
+  k.shape[10] = (int32_t)(flags & 0x7fffffff);
   return k;
 }
 
