@@ -1,6 +1,6 @@
 /* bench_load.c: `cedar bench model --model DIR`'s load figures: the time to
  * open a released-layout checkpoint (map, check, verify hashes, dequantize:
- * runtime/checkpoint.h) against a plain read() of the same files in the same
+ * runtime/load/checkpoint.h) against a plain read() of the same files in the same
  * run, both from a warm page cache (the files are read once before either is
  * timed), and the process's RSS growth against the weights' bytes (files on
  * disk, and dequantized F32 in memory). Wall and process CPU time both:
@@ -29,7 +29,7 @@
 #include "ops/formats.h"
 #include "cli/bench_load.h"
 #include "cli/cli.h"
-#include "runtime/checkpoint.h"
+#include "runtime/load/checkpoint.h"
 
 static double now_s(void) {
   struct timespec ts;

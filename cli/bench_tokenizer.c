@@ -23,7 +23,7 @@
 
 #include "base/check.h"
 #include "cli/cli.h"
-#include "runtime/tokenizer.h"
+#include "runtime/text/tokenizer.h"
 
 #define JS_SCRIPT "tests/tokenizer/js_encode.cjs"
 

@@ -1,5 +1,5 @@
 /* cmd_bench_engram.c: `cedar bench engram`, decode steps with the Engram
- * tables in memory against the mmap tier (runtime/engram_tier.h), measured
+ * tables in memory against the mmap tier (runtime/model/engram_tier.h), measured
  * side by side in one run on the same prompt and weights:
  *
  *   memory     the tables in the weights' memory (serving.engram.tier: memory)
@@ -40,9 +40,9 @@
 #include "base/check.h"
 #include "cli/cli.h"
 #include "ops/basic.h"
-#include "runtime/checkpoint.h"
-#include "runtime/engine.h"
-#include "runtime/engram_tier.h"
+#include "runtime/load/checkpoint.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/engram_tier.h"
 #include "viz/trace.h"
 
 struct bargs {

@@ -30,7 +30,7 @@
 #include "base/check.h"
 #include "cli/bench_load.h"
 #include "cli/cli.h"
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 
 #define MAX_PLANS 8
 #define MAX_CONFIGS 6

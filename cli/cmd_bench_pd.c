@@ -1,5 +1,5 @@
 /* cmd_bench_pd.c: `cedar bench pd`, prefill and decode on two ranks against
- * one process, measured side by side in one mpirun (runtime/pd.h).
+ * one process, measured side by side in one mpirun (runtime/dist/pd.h).
  *
  *   mpirun -np 2 cedar bench pd [--plan P] [--prompt-len N] [--chunk N] [--workers N] [--json]
  *
@@ -19,10 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/comm/comm.h"
 #include "base/check.h"
 #include "cli/cli.h"
-#include "runtime/engine.h"
-#include "runtime/pd.h"
+#include "runtime/engine/engine.h"
+#include "runtime/dist/pd.h"
 
 #define BENCH_PD_PLAN "plans/v41-mini-pd.yaml"
 
@@ -128,14 +129,14 @@ int cmd_bench_pd(int argc, char **argv) {
   int rc = parse(argc, argv, &o);
   if (rc >= 0) return rc;
   char err[1024];
-  if (rt_pd_mpi_begin(&argc, &argv, err, sizeof err)) {
+  if (comm_begin(&argc, &argv, err, sizeof err)) {
     fprintf(stderr, "cedar bench pd: %s\n", err);
     return 1;
   }
-  if (rt_pd_world_size() < 2) {
+  if (comm_world_size() < 2) {
     fprintf(stderr, "cedar bench pd: it measures prefill and decode on two ranks: run it under mpirun -np 2%s\n",
-            rt_pd_mpi_built() ? "" : " (this build has no StarPU-MPI: install libopenmpi-dev and rebuild)");
-    rt_pd_mpi_end();
+            comm_mpi_built() ? "" : " (this build has no StarPU-MPI: install libopenmpi-dev and rebuild)");
+    comm_end();
     return 1;
   }
   struct rt_engine_opts eo = {.plan = o.plan, .exec = {.executor = RT_EXEC_STARPU, .workers = (int)o.workers}};
@@ -143,11 +144,11 @@ int cmd_bench_pd(int argc, char **argv) {
   int status = 1;
   if (rt_engine_open(&e, &eo, err, sizeof err)) {
     fprintf(stderr, "cedar bench pd: %s: %s\n", o.plan, err);
-    rt_pd_mpi_end();
+    comm_end();
     return 1;
   }
   struct plan *p = &e.plan;
-  int pr = p->serving.prefill_rank, dr = p->serving.decode_rank, me = rt_pd_world_rank();
+  int pr = p->serving.prefill_rank, dr = p->serving.decode_rank, me = comm_world_rank();
   enum rt_pd_role role = rt_pd_role_of(p);
   if (role == RT_PD_NONE || role == RT_PD_LOCAL) {
     fprintf(stderr, "cedar bench pd: %s puts prefill and decode on one rank; give a P/D plan (%s)\n", o.plan,
@@ -160,12 +161,12 @@ int cmd_bench_pd(int argc, char **argv) {
                            .executor = RT_EXEC_STARPU};
   /* 1. the link */
   double bw1 = 0, bw8 = 0;
-  rt_pd_mpi_barrier();
-  rt_pd_mpi_bandwidth(pr, dr, 1 << 20, 32, &bw1);
-  rt_pd_mpi_bandwidth(pr, dr, 8 << 20, 8, &bw8);
+  comm_barrier();
+  comm_bandwidth(pr, dr, 1 << 20, 32, &bw1);
+  comm_bandwidth(pr, dr, 8 << 20, 8, &bw8);
   /* 2. one process, on P's rank, the placement collapsed */
   double single[2] = {0, 0}; /* TTFT, prefill graph seconds */
-  rt_pd_mpi_barrier();
+  comm_barrier();
   if (me == pr) {
     int save_rank = p->serving.decode_rank, save_dev = p->serving.decode_device, save_id = p->serving.decode_device_id;
     p->serving.decode_rank = pr;
@@ -183,8 +184,8 @@ int cmd_bench_pd(int argc, char **argv) {
     p->serving.decode_device = save_dev;
     p->serving.decode_device_id = save_id;
   }
-  rt_pd_mpi_share(single, 2, pr, dr);
-  rt_pd_mpi_barrier();
+  comm_share(single, 2, pr, dr);
+  comm_barrier();
   /* 3. the P/D request */
   go.on_graph = no_graph;
   struct rt_request r = {0};
@@ -246,6 +247,6 @@ int cmd_bench_pd(int argc, char **argv) {
   rt_engine_request_free(&e, &r);
 out:
   rt_engine_close(&e);
-  rt_pd_mpi_end();
+  comm_end();
   return status;
 }

@@ -1,5 +1,5 @@
 /* cmd_bench_pp.c: `cedar bench pp`, layer stages on several ranks against
- * one process, measured side by side in one mpirun (runtime/pipeline.h).
+ * one process, measured side by side in one mpirun (runtime/dist/pipeline.h).
  *
  *   mpirun -np S cedar bench pp [--plan P] [--prompt-len N] [--chunk N] [--max-new N]
  *                              [--executor direct|starpu] [--workers N] [--json]
@@ -13,7 +13,7 @@
  * the pipeline efficiency (busy over rank-time, all ranks) and the bubble
  * fraction against the ideal C / (C + S - 1) for C chunks through S equal
  * stages; and the activation bytes the prefill moved against the per-rank
- * accounting (runtime/place_cost.h: act B/tok x prompt tokens, which counts
+ * accounting (runtime/dist/place_cost.h: act B/tok x prompt tokens, which counts
  * every position across every boundary: a stage of CED decoder layers
  * receives only its replay's positions, so it is an upper bound there).
  */
@@ -23,13 +23,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/comm/comm.h"
 #include "base/check.h"
 #include "cli/cli.h"
 #include "cli/run_place.h"
-#include "runtime/engine.h"
-#include "runtime/pd.h"
-#include "runtime/pipeline.h"
-#include "runtime/place_cost.h"
+#include "runtime/engine/engine.h"
+#include "runtime/dist/pd.h"
+#include "runtime/dist/pipeline.h"
+#include "runtime/dist/place_cost.h"
 #include "scheduler/plan_place.h"
 
 #define BENCH_PP_PLAN "plans/v41-mini-pp2.yaml"
@@ -168,14 +169,14 @@ int cmd_bench_pp(int argc, char **argv) {
   int rc = parse(argc, argv, &o);
   if (rc >= 0) return rc;
   char err[1024];
-  if (rt_pd_mpi_begin(&argc, &argv, err, sizeof err)) {
+  if (comm_begin(&argc, &argv, err, sizeof err)) {
     fprintf(stderr, "cedar bench pp: %s\n", err);
     return 1;
   }
-  if (rt_pd_world_size() < 2) {
+  if (comm_world_size() < 2) {
     fprintf(stderr, "cedar bench pp: it measures layer stages on several ranks: run it under mpirun -np S%s\n",
-            rt_pd_mpi_built() ? "" : " (this build has no StarPU-MPI: install libopenmpi-dev and rebuild)");
-    rt_pd_mpi_end();
+            comm_mpi_built() ? "" : " (this build has no StarPU-MPI: install libopenmpi-dev and rebuild)");
+    comm_end();
     return 1;
   }
   struct rt_engine_opts eo = {.plan = o.plan, .exec = {.executor = o.ex, .workers = (int)o.workers}};
@@ -183,11 +184,11 @@ int cmd_bench_pp(int argc, char **argv) {
   int status = 1;
   if (rt_engine_open(&e, &eo, err, sizeof err)) {
     fprintf(stderr, "cedar bench pp: %s: %s\n", o.plan, err);
-    rt_pd_mpi_end();
+    comm_end();
     return 1;
   }
   struct plan *p = &e.plan;
-  int me = rt_pd_world_rank();
+  int me = comm_world_rank();
   struct rt_place_cost *pc = cedar_xcalloc(1, sizeof *pc);
   if (!plan_has_stages(p) || rt_pd_split(p)) {
     fprintf(stderr, "cedar bench pp: %s has no layer stages (serving.placement.stages); give one (%s)\n", o.plan,
@@ -204,7 +205,7 @@ int cmd_bench_pp(int argc, char **argv) {
                            .top_p = 1, .seed = 1, .executor = o.ex};
   /* 1. one process on rank 0, the stages dropped; the others wait */
   double single[2] = {0, 0}; /* TTFT, prefill graph seconds */
-  rt_pd_mpi_barrier();
+  comm_barrier();
   if (me == 0) {
     int save = p->serving.place.n_stages;
     p->serving.place.n_stages = 0;
@@ -218,7 +219,7 @@ int cmd_bench_pp(int argc, char **argv) {
     rt_engine_request_free(&e, &r);
     p->serving.place.n_stages = save;
   }
-  rt_pd_mpi_barrier();
+  comm_barrier();
   /* 2. the stages */
   struct rt_request r = {0};
   struct rt_gen_result res = {0};
@@ -239,6 +240,6 @@ int cmd_bench_pp(int argc, char **argv) {
 out:
   free(pc);
   rt_engine_close(&e);
-  rt_pd_mpi_end();
+  comm_end();
   return status;
 }

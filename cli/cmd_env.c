@@ -31,8 +31,9 @@
 
 #include "kernels/backend.h"
 #include "kernels/device.h"
+#include "runtime/device/cuda_backend.h"
 #include "ops/registry.h"
-#include "runtime/backend.h"
+#include "runtime/node/backend.h"
 #include "ops/isa.h"
 #include "base/check.h"
 #include "cli/cli.h"
@@ -285,7 +286,7 @@ static void gather_cuda_devices(cJSON *root) {
 }
 
 /* The CUDA code this build has: the ops with a CUDA twin (kernels/backend.h),
- * the node op groups with a CUDA entry (runtime/backend.h), and whether
+ * the node op groups with a CUDA entry (runtime/node/backend.h), and whether
  * nodes can run on CUDA here (rt_cuda_ready) or why not. */
 static void gather_cuda_kernels(cJSON *root) {
   cJSON *k = jobj(root, "cuda_kernels");

@@ -24,7 +24,7 @@
 #include "ops/registry.h"
 #include "base/check.h"
 #include "cli/cli.h"
-#include "runtime/safetensors.h"
+#include "runtime/load/safetensors.h"
 
 /* The file and the call: m holds the inputs (copies of the file's tensors,
  * freed by ctx_free), the parameters and the outputs. */

@@ -6,8 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/dist/dist.h"
 #include "base/check.h"
-#include "runtime/backend.h"
+#include "runtime/node/backend.h"
 #include "cli/cli.h"
 #include "scheduler/plan.h"
 #include "scheduler/plan_bus.h"
@@ -92,7 +93,7 @@ int cmd_plan_check(int argc, char **argv) {
     struct plan_diags d = {0};
     int lrc = plan_load(argv[i], &p, &d);
     /* A plan the language accepts may still place a phase where this build
-     * cannot run it (runtime/backend.h): that is refused here too. */
+     * cannot run it (runtime/node/backend.h): that is refused here too. */
     char perr[512] = "";
     struct plan_mark at = {0};
     int prc = lrc ? 0 : rt_placement_check(&p, &at, perr, sizeof perr);

@@ -387,7 +387,7 @@ struct cost_args {
   int swa_given; /* 1: --swa-miss, 2: --swa-hit */
   const char *file[2];
   int n_files;
-  bool per_rank;   /* --per-rank: layer and expert placement (runtime/place_cost.h) */
+  bool per_rank;   /* --per-rank: layer and expert placement (runtime/dist/place_cost.h) */
   double capacity; /* --capacity BYTES a device (default an H200's 141 GB) */
 };
 
@@ -507,7 +507,7 @@ static int parse_args(const char *cmd, bool diff, int argc, char **argv, struct 
 
 /* ---- commands ----------------------------------------------------------------- */
 
-/* --per-rank: the placement's ranks (runtime/place_cost.h); 0 or 1. */
+/* --per-rank: the placement's ranks (runtime/dist/place_cost.h); 0 or 1. */
 static int per_rank(const char *cmd, const struct cost_args *a, const struct plan *p, int n) {
   struct rt_place_cost *c = cedar_xcalloc(2, sizeof *c);
   int rc = 0;

@@ -2,7 +2,7 @@
  * plan a released checkpoint's config.json implies) and `cedar plan config
  * [P] [-o config.json]` (the config.json a plan implies: the inverse, used
  * by `weights init --layout released` and the round-trip test). The rules
- * are runtime/ckpt_config.h's. Tested by tests/cli/checkpoint.sh.
+ * are runtime/load/ckpt_config.h's. Tested by tests/cli/checkpoint.sh.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "runtime/ckpt_config.h"
+#include "runtime/load/ckpt_config.h"
 
 static const char import_usage[] =
     "usage: cedar plan import CONFIG.json [-o plan.yaml] [--name NAME]\n"

@@ -1,7 +1,7 @@
 /* cmd_run.c: `cedar run`, the main job: a prompt in, tokens out, through the
  * graph compiled from the plan, on the direct executor (default) or the
- * StarPU one (runtime/engine.h opens plan, weights, model, pools and the
- * executor; runtime/generate.h runs the request).
+ * StarPU one (runtime/engine/engine.h opens plan, weights, model, pools and the
+ * executor; runtime/gen/generate.h runs the request).
  *
  * --prompt TEXT is text (cli/run_text.h: the chat format, the vocab check,
  * the output streamed as text until EOS, --stop or --max-new).
@@ -26,20 +26,22 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "runtime/device/cuda_backend.h"
+#include "runtime/comm/comm.h"
 #include "ops/isa.h"
 #include "base/check.h"
 #include "cli/cli.h"
 #include "cli/run_opts.h"
 #include "cli/run_spec.h"
-#include "runtime/speculate.h"
-#include "runtime/backend.h"
-#include "runtime/engine.h"
+#include "runtime/engine/speculate.h"
+#include "runtime/node/backend.h"
+#include "runtime/engine/engine.h"
 #include "cli/run_dump.h"
 #include "cli/run_pd.h"
 #include "cli/run_text.h"
 #include "cli/run_place.h"
 #include "scheduler/plan_place.h"
-#include "runtime/pd.h"
+#include "runtime/dist/pd.h"
 #include "scheduler/plan_cost.h"
 #include "viz/trace.h"
 
@@ -505,7 +507,7 @@ int cmd_run(int argc, char **argv) {
                               .problems = &pr,
                               .on_plan = prompt_on_plan,
                               .user = &q};
-  if (rt_pd_mpi_begin(&argc, &argv, err, sizeof err)) { /* under mpirun: MPI before StarPU (runtime/pd.h) */
+  if (comm_begin(&argc, &argv, err, sizeof err)) { /* under mpirun: MPI before StarPU (runtime/dist/pd.h) */
     fprintf(stderr, "cedar run: %s\n", err);
     return 1;
   }
@@ -610,7 +612,7 @@ out:
   rt_gen_result_free(&res);
   rt_engine_request_free(&e, &r);
   rt_engine_close(&e);
-  rt_pd_mpi_end();
+  comm_end();
   free(q.ids);
   text_out_free(&tout);
   run_text_close(&tx);

@@ -1,5 +1,5 @@
 /* cmd_serve_sim.c: `cedar serve-sim`, a workload driver for the prefix cache
- * (issue 6): JSON-lines requests through one engine (runtime/engine.h:
+ * (issue 6): JSON-lines requests through one engine (runtime/engine/engine.h:
  * model, page pools, prefix cache, encoder-SWA pool, optional disk tier),
  * one after the other, printing per request what was reused and what ran.
  *
@@ -31,7 +31,7 @@
 #include "cli/cli.h"
 #include "cli/serve_sim_batch.h"
 #include "cli/run_text.h"
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 
 static const char usage[] =
     "usage: cedar serve-sim --requests FILE [--plan P] [--weights W | --model DIR | --seed S] [--no-cache] [--no-swa-pool]\n"

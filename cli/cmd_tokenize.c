@@ -1,5 +1,5 @@
 /* cmd_tokenize.c: `cedar tokenize` and `cedar detokenize` (text <-> ids with
- * the DeepSeek-V3 tokenizer, runtime/tokenizer.h, docs/tokenizer.md).
+ * the DeepSeek-V3 tokenizer, runtime/text/tokenizer.h, docs/tokenizer.md).
  *
  *   cedar tokenize [--tokenizer PATH] [--json] [--chat [--system S]] [--file F | TEXT]
  *   cedar detokenize [--tokenizer PATH] [--skip-special] [--file F | ID...]
@@ -24,7 +24,7 @@
 #include "base/check.h"
 #include "cli/cli.h"
 #include "cli/run_text.h"
-#include "runtime/tokenizer.h"
+#include "runtime/text/tokenizer.h"
 
 struct tcli_args {
   const char *tokenizer, *file, *system;

@@ -1,5 +1,5 @@
 /* cmd_weights.c: `cedar weights init|check|list`, a plan's weights as
- * safetensors (runtime/weights.h; names in docs/weights.md).
+ * safetensors (runtime/load/weights.h; names in docs/weights.md).
  *
  *   cedar weights init  [--plan P] --seed S --out W.safetensors [--max-bytes N] [--json]
  *   cedar weights init  --layout released [--plan P] --seed S --out DIR [--shard-bytes N] [--dequant-out W]
@@ -20,7 +20,7 @@
 #include "base/check.h"
 #include "cli/cli.h"
 #include "cli/weights_ckpt.h"
-#include "runtime/weights.h"
+#include "runtime/load/weights.h"
 #include "scheduler/plan.h"
 
 #define MAX_SHOWN 20

@@ -8,7 +8,7 @@
 
 #include "cli/cli.h"
 #include "cli/weights_ckpt.h"
-#include "runtime/checkpoint.h"
+#include "runtime/load/checkpoint.h"
 
 int weights_init_released(const struct plan *p, uint64_t seed, uint64_t max_bytes, const char *dir,
                           uint64_t shard_bytes, const char *dequant, bool json) {

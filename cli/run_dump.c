@@ -8,8 +8,8 @@
 
 #include "base/check.h"
 #include "cli/cli.h"
-#include "runtime/round_trace.h"
-#include "runtime/safetensors.h"
+#include "runtime/model/round_trace.h"
+#include "runtime/load/safetensors.h"
 
 struct tlist {
   struct st_tensor *t;

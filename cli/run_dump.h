@@ -13,13 +13,13 @@
 
 #include <stddef.h>
 
-#include "runtime/generate.h"
-#include "runtime/model.h"
+#include "runtime/gen/generate.h"
+#include "runtime/model/model.h"
 
 int rt_dump_write(const char *path, const struct rt_model *M, const struct rt_request *r,
                   const struct rt_gen_result *res, char *err, size_t err_len);
 
-/* `cedar run --dump-roundings FILE` (runtime/round_trace.h, tests/oracle/
+/* `cedar run --dump-roundings FILE` (runtime/model/round_trace.h, tests/oracle/
  * follow.py): run_round_begin checks FILE can be written and starts
  * recording (before anything runs the model); run_round_write, right after
  * the run, stops and writes it. Each returns 0, or 1 after printing why. */

@@ -1,5 +1,5 @@
 /* run_ep.c: the expert-parallel section of `cedar run`'s report
- * (runtime/expert_par.h): the shards, each rank's load (rows and
+ * (runtime/dist/expert_par.h): the shards, each rank's load (rows and
  * expert-rows its experts computed, their seconds) and the dispatch and
  * combine bytes per token against what `cedar plan cost --per-rank`
  * expects for the same placement under uniform routing. */
@@ -8,8 +8,8 @@
 #include <math.h>
 
 #include "cli/run_place.h"
-#include "runtime/expert_par.h"
-#include "runtime/place_cost.h"
+#include "runtime/dist/expert_par.h"
+#include "runtime/dist/place_cost.h"
 #include "scheduler/plan_place.h"
 
 /* Measured bytes per token through every expert-parallel layer (a row

@@ -13,7 +13,7 @@
 #include "base/check.h"
 #include "cli/cli.h"
 #include "cli/run_text.h"
-#include "runtime/speculate.h"
+#include "runtime/engine/speculate.h"
 
 /* The built-in prompt when none is given (tokenized byte by byte). */
 const char run_default_prompt[] =

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "cli/run_spec.h"
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 
 struct text_out;
 

@@ -9,7 +9,7 @@
 
 #include "base/check.h"
 
-#include "runtime/pd.h"
+#include "runtime/dist/pd.h"
 #include "scheduler/plan_cost_pd.h"
 #include "viz/trace.h"
 

@@ -1,5 +1,5 @@
 /* run_pd.h: the transfer figures `cedar run` prints for a plan whose
- * prefill and decode run on different homes (runtime/pd.h): bytes by state
+ * prefill and decode run on different homes (runtime/dist/pd.h): bytes by state
  * class against the plan's package, messages, time and overlap; and the
  * package `cedar plan cost` prints. */
 #ifndef CEDAR_CLI_RUN_PD_H

@@ -9,12 +9,13 @@
 #include <string.h>
 
 #include "cli/run_dump.h"
-#include "runtime/pd.h"
+#include "runtime/comm/comm.h"
+#include "runtime/dist/pd.h"
 
 #include "base/check.h"
-#include "runtime/exec.h"
-#include "runtime/pipeline.h"
-#include "runtime/place_cost.h"
+#include "runtime/exec/exec.h"
+#include "runtime/dist/pipeline.h"
+#include "runtime/dist/place_cost.h"
 #include "scheduler/plan_place.h"
 #include "viz/trace.h"
 
@@ -246,7 +247,7 @@ void run_pipe_state_bytes(struct rt_state_bytes *b) {
 int run_pipe_dump(const char *path, const struct rt_model *M, const struct rt_request *r,
                   const struct rt_gen_result *res, char *err, size_t err_len) {
   char *p = malloc(strlen(path) + 32);
-  sprintf(p, "%s.rank%d", path, rt_pd_world_rank());
+  sprintf(p, "%s.rank%d", path, comm_world_rank());
   int rc = rt_dump_write(p, M, r, res, err, err_len);
   free(p);
   return rc;

@@ -1,7 +1,7 @@
 /* run_place.h: layer and expert placement in the commands' output:
- * `cedar plan cost --per-rank` (runtime/place_cost.h) as a table or JSON,
+ * `cedar plan cost --per-rank` (runtime/dist/place_cost.h) as a table or JSON,
  * `cedar plan diff --per-rank` side by side, and the pipeline section of
- * `cedar run` (runtime/pipeline.h: stages, bytes moved, busy time and
+ * `cedar run` (runtime/dist/pipeline.h: stages, bytes moved, busy time and
  * bubbles per rank, the efficiency against the ideal), and its expert-parallel
  * section (cli/run_ep.c). */
 #ifndef CEDAR_CLI_RUN_PLACE_H
@@ -11,9 +11,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "runtime/generate.h"
-#include "runtime/place_cost.h"
-#include "runtime/state.h"
+#include "runtime/gen/generate.h"
+#include "runtime/dist/place_cost.h"
+#include "runtime/model/state.h"
 #include "scheduler/plan.h"
 
 struct cJSON;
@@ -23,7 +23,7 @@ struct cJSON *place_cost_json(const struct plan *p, const struct rt_place_cost *
 void place_cost_diff(FILE *f, const struct plan *pa, const struct rt_place_cost *a, const struct plan *pb,
                      const struct rt_place_cost *b);
 
-/* The expert-parallel section (cli/run_ep.c, runtime/expert_par.h). */
+/* The expert-parallel section (cli/run_ep.c, runtime/dist/expert_par.h). */
 void run_ep_text(FILE *f, const struct plan *p);
 void run_ep_json(struct cJSON *j, const struct plan *p);
 /* The last pipeline request's prefill bubbles (under mpirun; zeros else). */
@@ -46,7 +46,7 @@ void run_pipe_state_bytes(struct rt_state_bytes *b);
  * nodes on the rank that ran each (a process per rank, a track per StarPU
  * worker), each transfer's arrival on its receiving rank's "StarPU-MPI
  * receives" track with a flow from the send. false (nothing added) when g
- * has no such record (runtime/pipeline.h: rt_pipe_graph_trace). */
+ * has no such record (runtime/dist/pipeline.h: rt_pipe_graph_trace). */
 struct viz_trace;
 bool run_pipe_trace_graph(struct viz_trace *t, const struct graph *g, int request);
 /* A rank other than 0 writes its --dump to PATH.rankN (its layers' state,

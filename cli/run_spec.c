@@ -10,8 +10,8 @@
 
 #include "base/check.h"
 #include "cli/bench.h"
-#include "runtime/mtp.h"
-#include "runtime/speculate.h"
+#include "runtime/model/mtp.h"
+#include "runtime/engine/speculate.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -20,7 +20,7 @@ static double now_s(void) {
 }
 
 bool run_spec_parse(const char *arg, struct run_spec_opts *o, char *err, size_t err_len) {
-  if (!strcmp(arg, "mtp") || !strcmp(arg, "dspark")) { /* the model's own drafter (runtime/mtp.h) */
+  if (!strcmp(arg, "mtp") || !strcmp(arg, "dspark")) { /* the model's own drafter (runtime/model/mtp.h) */
     o->mtp = true;
     o->n_rates = 1;
     o->rate[0] = -1;

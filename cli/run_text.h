@@ -1,8 +1,8 @@
 /* run_text.h: text in and out for `cedar run` and `cedar serve-sim` (issue
  * 13 section 4): which tokenizer, the prompt through the chat template
- * (runtime/chat_template.h) or as raw text, the check of its ids against the
+ * (runtime/text/chat_template.h) or as raw text, the check of its ids against the
  * plan's vocab, EOS from tokenizer_config.json, and the streamed output
- * (runtime/text_out.h) printed and reported.
+ * (runtime/text/text_out.h) printed and reported.
  *
  * The tokenizer: --tokenizer PATH, else a checkpoint directory's own
  * DIR/tokenizer.json (--model DIR), else the npm cache the build found
@@ -19,9 +19,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "runtime/chat_template.h"
-#include "runtime/text_out.h"
-#include "runtime/tokenizer.h"
+#include "runtime/text/chat_template.h"
+#include "runtime/text/text_out.h"
+#include "runtime/text/tokenizer.h"
 
 struct cJSON;
 
@@ -49,7 +49,7 @@ int run_text_prompt(struct run_text *t, const char *text, bool raw, const char *
 
 /* One user turn of a conversation whose ids so far end with last_id (-1:
  * none, the first turn): the first turn is run_text_prompt's; a later one
- * is U + text + A (rules of runtime/chat_template.h) after an EOS when
+ * is U + text + A (rules of runtime/text/chat_template.h) after an EOS when
  * last_id is not EOS, as the template closes an assistant turn
  * ('<｜Assistant｜>' + content + EOS). raw: the text encoded as is. */
 int run_text_turn(struct run_text *t, const char *text, bool raw, int32_t last_id, int32_t **ids, int64_t *n,

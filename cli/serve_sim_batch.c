@@ -1,5 +1,5 @@
 /* serve_sim_batch.c: `cedar serve-sim --max-batch N`: a serving simulation
- * of continuous batching (runtime/batch.h, docs/serving.md). Requests
+ * of continuous batching (runtime/engine/batch.h, docs/serving.md). Requests
  * arrive by a Poisson process, in bursts or from a trace file, run through
  * one engine with at most N at a time, and the serving metrics come out
  * under vLLM's benchmark names: TTFT, TPOT, ITL and E2EL (mean, median,
@@ -32,8 +32,8 @@
 #include "cli/cli.h"
 #include "cli/serve_sim_batch.h"
 #include "ops/sample.h"
-#include "runtime/batch.h"
-#include "runtime/engine.h"
+#include "runtime/engine/batch.h"
+#include "runtime/engine/engine.h"
 
 static const char usage[] =
     "usage: cedar serve-sim --max-batch N[,N...] [--plan P] [--weights W | --model DIR | --seed S]\n"

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "base/check.h"
-#include "runtime/weights.h"
+#include "runtime/load/weights.h"
 
 void study_mem_of(const struct plan_cost *c, struct study_mem *m) {
   memset(m, 0, sizeof(*m));

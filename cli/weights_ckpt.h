@@ -1,6 +1,6 @@
 /* weights_ckpt.h: the parts of `cedar weights init|check` that handle
  * released-layout checkpoint directories and content hashes
- * (cli/cmd_weights_ckpt.c; runtime/checkpoint.h does the work). Each returns
+ * (cli/cmd_weights_ckpt.c; runtime/load/checkpoint.h does the work). Each returns
  * the command's exit status (0 ok, 1 failed). */
 #ifndef CEDAR_CLI_WEIGHTS_CKPT_H
 #define CEDAR_CLI_WEIGHTS_CKPT_H

@@ -64,7 +64,7 @@ cublasStatus_t kern_compress_tail(cublasHandle_t h, uint8_t *entries, size_t ent
                                   const float *u, const int64_t *pos, int n_new, const struct op_comp_layer *L,
                                   float *scratch, cudaStream_t st);
 
-/* kern_compress_tail for a graph segment (runtime/devseg.h): the tail's
+/* kern_compress_tail for a graph segment (runtime/exec/devseg.h): the tail's
  * count, its first position and the entries the source has committed are
  * device values (cnt, pos0, e0: the step's parameter block), so every
  * launch has a grid fixed by n_new and the ratio and one capture serves

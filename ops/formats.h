@@ -212,7 +212,7 @@ void op_bf16_round_n(float *x, size_t n);
  * x = RNE_E4M3(x / s) * s (saturating at +-448). A block holding NaN or Inf
  * becomes NaN. When block does not divide cols, the last block is shorter. */
 void op_mxfp8_qdq(float *x, int rows, int cols, int ld, int block);
-/* A tap on op_mxfp8_qdq, for cedar's round trace (runtime/round_trace.h):
+/* A tap on op_mxfp8_qdq, for cedar's round trace (runtime/model/round_trace.h):
  * while fn is set on a thread, each op_mxfp8_qdq call of that thread hands
  * its output to fn(ctx, x, rows, cols, ld). */
 struct op_qdq_tap {

@@ -33,7 +33,7 @@ struct op_kv_view {
   int ratio;                   /* tokens per entry; entry j sits at position ratio*j */
   int main_w, idx_w;           /* widths: Main KV (head_dim), Indexer K (idx_dim) */
   struct op_kv_format main_fmt, idx_fmt; /* how each part is stored */
-  /* CUDA kernels inside a graph segment (runtime/devseg.h): the committed
+  /* CUDA kernels inside a graph segment (runtime/exec/devseg.h): the committed
    * count in device memory (the step's parameter block), read in place of
    * n_entries, which then only sizes the grid and the scratch (the pages
    * the segment's key covers). NULL everywhere else; the CPU ops never read

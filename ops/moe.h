@@ -30,7 +30,7 @@
  * row-invariant (ops/basic.h), so a token's output does not depend on which other tokens
  * share its expert batches or the shared expert's batch: bitwise the token run alone.
  *
- * What it is not: expert parallelism (dispatch/combine across ranks: runtime/expert_par.h), or
+ * What it is not: expert parallelism (dispatch/combine across ranks: runtime/dist/expert_par.h), or
  * the mHC around the sublayer (ops/mhc.h). The input x is the normalised u' (SPEC 3.3).
  * Test: tests/test_ops_moe.c (ctest -R ops_moe).
  */
@@ -107,7 +107,7 @@ void op_moe_ffn(float *y /* (n, hidden) */, const float *x /* (n, hidden) */, co
 size_t op_moe_workspace_bytes(int n, const struct op_moe_cfg *c);
 
 /* The shared expert alone: y = FFN_shared(x) (0 without one), exactly as op_moe_forward
- * computes it before adding the routed experts (expert parallelism, runtime/expert_par.h,
+ * computes it before adding the routed experts (expert parallelism, runtime/dist/expert_par.h,
  * adds them elsewhere in the same order). ws as op_moe_forward's. */
 void op_moe_shared(float *y /* (n, hidden) */, const float *x /* (n, hidden) */, const struct op_moe_weights *w,
                    int n, const struct op_moe_cfg *c, void *ws);

@@ -1,6 +1,6 @@
 /* batch_policy.h: which requests join a continuous-batching step
  * (docs/serving.md), as a pure function of the queue: the loop that runs
- * the step is runtime/batch.c.
+ * the step is runtime/engine/batch.c.
  *
  * One step serves, in this order and within serving.batch's limits:
  *   1. every running request that is decoding: one token each;
@@ -15,7 +15,7 @@
  * step_tokens (scheduler/plan_check.c), so every decode row fits and a
  * prefill alone always advances.
  *
- * Not here: running anything (runtime/batch.c). Test: tests/test_batch.c
+ * Not here: running anything (runtime/engine/batch.c). Test: tests/test_batch.c
  * (admission under the token budget).
  */
 #ifndef CEDAR_SCHEDULER_BATCH_POLICY_H

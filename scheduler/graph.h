@@ -36,7 +36,7 @@
  * the end; with serving.placement.replay: decode it stops before the
  * decoder replay, which D runs (graph_opts.at_decode).
  *
- * Not here: executing nodes (runtime/exec.h), state (runtime/state.h).
+ * Not here: executing nodes (runtime/exec/exec.h), state (runtime/model/state.h).
  * Test: tests/test_graph.c (ctest -R graph).
  */
 #ifndef CEDAR_SCHEDULER_GRAPH_H
@@ -78,7 +78,7 @@ enum graph_data_kind { GRAPH_WEIGHTS = 0, GRAPH_STATE, GRAPH_BUS, GRAPH_ACT };
  * 0 when one process runs) and a device on it. A data object's home is a
  * memory node: host memory for cpu, the device's memory for cuda:N. The
  * compiler sets both from serving.placement (graph_place_of); executors
- * refuse what they cannot run (runtime/backend.h: rt_placement_check). */
+ * refuse what they cannot run (runtime/node/backend.h: rt_placement_check). */
 enum graph_device { GRAPH_DEV_CPU = 0, GRAPH_DEV_CUDA };
 struct graph_place {
   int rank;
@@ -113,7 +113,7 @@ struct graph_data {
   char name[32];
 };
 
-/* Expert-parallel activations (graph_ep.c; runtime/expert_par.h lays them
+/* Expert-parallel activations (graph_ep.c; runtime/dist/expert_par.h lays them
  * out): the owner's routing state between route and sum, a shard's
  * dispatch packet, a shard's outputs. A packet or an output begins with a
  * GRAPH_EP_HDR_BYTES header saying how many of its bytes are used; its
@@ -142,9 +142,9 @@ enum graph_bus_slot { GRAPH_TOPK_OUT = 0, GRAPH_POOL_OUT, GRAPH_TOPK_IN, GRAPH_P
 #define GRAPH_F_PRE_NEXT 4u    /* sublayer carries its own pre to the next one (pairing: v41) */
 #define GRAPH_F_BUILD_POOL 8u  /* ATTN of a pool-building layer */
 #define GRAPH_F_REPLAY 16u     /* tile of a decoder bounded replay */
-#define GRAPH_F_STAGE 64u      /* TRANSFER between layer stages (graph_place.c; runtime/pipeline.h), not P->D */
+#define GRAPH_F_STAGE 64u      /* TRANSFER between layer stages (graph_place.c; runtime/dist/pipeline.h), not P->D */
 #define GRAPH_F_EP 128u        /* MOE: the owner's route of an expert-parallel layer (graph_ep.c); TRANSFER: a
-                                  dispatch packet or shard output (runtime/expert_par.h) */
+                                  dispatch packet or shard output (runtime/dist/expert_par.h) */
 #define GRAPH_F_RING_RESET 32u /* first replay tile: the layer's ring starts empty at r0 (SPEC 5.2: decoder
                                   SWA is rebuilt by every prefill's replay, never carried over) */
 
@@ -248,7 +248,7 @@ void graph__place_stages(struct graph *g);
 void graph__split_experts(struct graph *g);
 /* Node nd has work on `rank`: it runs there, or it is a stage transfer
  * whose copy lands there (the receiving side; a P->D transfer's receiver
- * takes its message outside the graph: runtime/pd.h). */
+ * takes its message outside the graph: runtime/dist/pd.h). */
 bool graph_runs_on(const struct graph *g, const struct graph_node *nd, int rank);
 
 /* Counts for tests and reports. */

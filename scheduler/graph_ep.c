@@ -1,5 +1,5 @@
 /* graph_ep.c: the compiler's expert-parallel split (serving.placement.experts,
- * scheduler/plan_place.h; runtime/expert_par.h runs it). Each MoE node of
+ * scheduler/plan_place.h; runtime/dist/expert_par.h runs it). Each MoE node of
  * a layer whose routed experts are sharded over R ranks becomes
  *
  *   L.moe      (MOE, GRAPH_F_EP) on the owner (the layer's rank): the mHC

@@ -204,7 +204,7 @@ struct plan_serving {
   enum { PLAN_REPLAY_ON_PREFILL = 0, PLAN_REPLAY_ON_DECODE } pd_replay;
   int prefill_device_id, decode_device_id;
   /* Where each placement value was written (file NULL: the default), for
-   * runtime/backend.h's refusals. */
+   * runtime/node/backend.h's refusals. */
   struct plan_mark mark_prefill_rank, mark_prefill_device, mark_decode_rank, mark_decode_device;
   /* serving.engram (scheduler/plan_engram.c, docs/runtime.md "Engram
    * tiers"): where the Engram tables live at run time. memory: with the

@@ -32,7 +32,7 @@ int plan_cost_pd_package(const struct plan *p, int64_t n, struct plan_pd_package
   }
   out->tails = pc.tail_bytes;
   /* a kept encoder row: X^E (hc x hidden) and the pre it carries (hc), as
-   * runtime/state.h's rt_xe_row_floats lays it out */
+   * runtime/model/state.h's rt_xe_row_floats lays it out */
   out->xe = ced ? (int64_t)s->replay_decoder * p->model.hc_streams * (p->model.hidden + 1) * (int64_t)sizeof(float) : 0;
   out->total = out->kv + out->swa_enc + out->swa_dec + out->tails + out->xe;
   return 0;

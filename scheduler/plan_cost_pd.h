@@ -1,6 +1,6 @@
 /* plan_cost_pd.h: the P->D state package a plan's placement ships after a
  * cold prefill of n positions (SPEC 7.2, 7.6), from the plan alone: what
- * `cedar plan cost` prints for a P/D plan and what runtime/pd.c holds the
+ * `cedar plan cost` prints for a P/D plan and what runtime/dist/pd.c holds the
  * bytes it moved to.
  *
  *   global KV        every source's entries after n positions x entry bytes

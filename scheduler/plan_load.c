@@ -236,7 +236,7 @@ static const struct field cache_fields[] = {
     END,
 };
 
-/* Placement values keep their place: runtime/backend.h refuses what this
+/* Placement values keep their place: runtime/node/backend.h refuses what this
  * build cannot run and names it. */
 static const struct field prefill_place_fields[] = {
     {"rank", F_INT, S(prefill_rank), 0, 1 << 20, NULL, NULL, 0, 0, S(mark_prefill_rank), true},

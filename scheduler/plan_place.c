@@ -426,3 +426,8 @@ void plan__check_placement(struct plan_ctx *ctx, struct plan *p) {
   check_ep_list(ctx, p, pl->n_ep_ranks, pl->ep_pd ? ".prefill" : "");
   if (pl->ep_pd) check_ep_list(ctx, p, pl->n_ep_ranks_d, ".decode");
 }
+
+bool plan_ep_layer(const struct plan *p, int l) {
+  const struct plan_placement *pl = &p->serving.place;
+  return pl->n_ep_ranks > 0 && l >= 0 && l < p->n_layers && pl->ep_layer[l];
+}

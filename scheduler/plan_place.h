@@ -11,7 +11,7 @@
  *            layers (all when `layers` is absent) split into equal contiguous
  *            blocks over the ranks; router and shared expert stay with the
  *            layer's stage. Accounted (plan cost --per-rank) and run
- *            (runtime/expert_par.h: dispatch, shards, combine).
+ *            (runtime/dist/expert_par.h: dispatch, shards, combine).
  *   engram   {rank: 0, memory: host | file}: where the Engram tables live.
  *
  * With prefill and decode on different homes (P/D), each stage names both
@@ -38,6 +38,8 @@ static inline bool plan_has_stages(const struct plan *p) { return p->serving.pla
 int plan_stage_of(const struct plan *p, int l);
 /* Ranks the layer and expert placement names (max rank + 1; 1 without any). */
 int plan_place_ranks(const struct plan *p);
+/* Layer l's routed experts are split over ranks (serving.placement.experts). */
+bool plan_ep_layer(const struct plan *p, int l);
 /* The rank holding routed expert e of layer l: its stage's rank, or its
  * block of serving.placement.experts. */
 int plan_expert_rank(const struct plan *p, int l, int e);
@@ -49,7 +51,7 @@ bool plan_place_pd(const struct plan *p);
  * the prefill role's homes (decode false: the plan as written) or the
  * decode role's. The graph compiler and the expert shards read only these,
  * so a prefill graph built from the prefill view runs on the P ranks and a
- * decode graph from the decode view on the D ranks (runtime/pd_stage.c). */
+ * decode graph from the decode view on the D ranks (runtime/dist/pd_stage.c). */
 void plan_role_view(const struct plan *p, bool decode, struct plan *v);
 /* The rank holding the Engram tables (the first stage's without engram:). */
 int plan_engram_rank(const struct plan *p);

@@ -1,6 +1,6 @@
 /* policy.h: scheduling policy over a compiled graph: the order in which
  * ready nodes should run when workers have a choice. Executors map it onto
- * their runtime (runtime/exec_starpu.c hands it to StarPU as task
+ * their runtime (runtime/exec/exec_starpu.c hands it to StarPU as task
  * priorities); the graph's edges alone decide what is ready, so a policy
  * changes speed, never results.
  *

@@ -2,7 +2,7 @@
  * Fresh mkdtemp directories under /tmp and their removal; whole-file reads
  * and writes; blocks whose bytes are a function of (key, version, part)
  * and their comparison; an independent encoder of the file format
- * runtime/disk_tier.h documents (forge_image: explicit little-endian
+ * runtime/cache/disk_tier.h documents (forge_image: explicit little-endian
  * fields, a valid header checksum, any field chosen by the caller); the
  * checks every case uses (stats_is, expect_rejected).
  *
@@ -29,7 +29,7 @@
 #include <xxhash.h>
 
 #include "base/check.h"
-#include "runtime/disk_tier.h"
+#include "runtime/cache/disk_tier.h"
 #include "tests/harness.h"
 
 #define FP 0x0123456789abcdefull /* the plan-and-weights fingerprint of most cases */

@@ -53,18 +53,53 @@ ALLOWED = {
     # Plans and the graph compiler: a plan's layers are sized by the ops'
     # shapes and formats (ops/), and report errors through base/.
     "scheduler": {"ops", "base"},
-    # The engine: runs the scheduler's graph (scheduler/), node by node
-    # through op groups on a backend (kernels/ for cuda, ops/ for cpu).
-    "runtime": {"scheduler", "kernels", "ops", "base"},
     # Exporters draw plans and graphs (scheduler/) and traces; they run
     # nothing, so they never see the runtime.
     "viz": {"scheduler", "base"},
+    # ---- runtime/: the engine, one floor per sub-folder ---------------------
+    # Text: the tokenizer, the chat template, streamed text. Nothing of the
+    # model: a tokenizer is loaded and tested alone.
+    "runtime/text": {"base"},
+    # Loading: safetensors, weights, released checkpoints (plans size them).
+    "runtime/load": {"scheduler", "ops", "base"},
+    # The model: op groups over weights, request state, arena, Engram map
+    # and tier, the DSpark drafter's math, rounding traces.
+    "runtime/model": {"runtime/load", "runtime/text", "scheduler", "ops", "base"},
+    # The prefix cache and its disk tier: blocks of request state.
+    "runtime/cache": {"runtime/model", "runtime/load", "scheduler", "ops", "base"},
+    # Rank messaging (StarPU-MPI) and the NCCL transport: bytes between
+    # ranks and devices, nothing of the model.
+    "runtime/comm": {"base"},
+    # Node dispatch: the backend table (features and devices register their
+    # entries), binding a node's state, the CPU op-group entries.
+    "runtime/node": {"runtime/model", "scheduler", "ops", "base"},
+    # The device home: device state, slot tables, CUDA graphs, the CUDA
+    # op-group entries (registered into the node table).
+    "runtime/device": {"runtime/node", "runtime/model", "runtime/load", "scheduler", "kernels", "ops", "base"},
+    # Executors: the direct and the StarPU one, decode segments.
+    "runtime/exec": {"runtime/device", "runtime/node", "runtime/model", "scheduler", "ops", "base"},
+    # Generation: one request's prefill and decode loop, the sampler path.
+    "runtime/gen": {"runtime/exec", "runtime/node", "runtime/cache", "runtime/model", "scheduler", "ops", "base"},
+    # Distribution: P/D, layer stages, expert parallel, per-rank accounting.
+    "runtime/dist": {"runtime/gen", "runtime/exec", "runtime/device", "runtime/node", "runtime/comm",
+                     "runtime/cache", "runtime/model", "runtime/load", "scheduler", "kernels", "ops", "base"},
+    # The engine: opens everything a plan needs and chooses the driver;
+    # batching and speculation.
+    "runtime/engine": {"runtime/dist", "runtime/gen", "runtime/exec", "runtime/device", "runtime/node",
+                       "runtime/comm", "runtime/cache", "runtime/model", "runtime/load", "runtime/text",
+                       "scheduler", "kernels", "ops", "base"},
     # The binary's commands parse, call the engine and print: the top, the
     # only folder allowed to see everything.
-    "cli": {"runtime", "viz", "scheduler", "kernels", "ops", "base"},
+    "cli": {"runtime/engine", "runtime/dist", "runtime/gen", "runtime/exec", "runtime/device",
+            "runtime/node", "runtime/comm", "runtime/cache", "runtime/model", "runtime/load",
+            "runtime/text", "viz", "scheduler", "kernels", "ops", "base"},
 }
 # Bottom-up: the order folders are listed and drawn in.
-FOLDERS = ["base", "ops", "kernels", "scheduler", "viz", "runtime", "cli"]
+FOLDERS = ["base", "ops", "kernels", "scheduler", "viz", "runtime/text", "runtime/load",
+           "runtime/model", "runtime/cache", "runtime/comm", "runtime/node", "runtime/device",
+           "runtime/exec", "runtime/gen", "runtime/dist", "runtime/engine", "cli"]
+# The top-level names an include may start with to name a layered folder.
+TOPS = sorted({f.split("/")[0] for f in FOLDERS})
 SOURCE_EXTS = (".c", ".h", ".cu", ".cuh")
 MAX_LINES = 800
 DOT_PATH = "docs/architecture-includes.dot"
@@ -73,6 +108,22 @@ REGEN = ("python3 tests/layering.py --dot > " + DOT_PATH +
          " && dot -Tsvg " + DOT_PATH + " -o " + SVG_PATH)
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*([<"])([^">]+)[">]')
+
+
+def folder_of(rel):
+    """The layered folder a path (relative to the root, / separated) is in:
+    the longest folder of FOLDERS it lies under, or None."""
+    best = None
+    for f in FOLDERS:
+        if rel.startswith(f + "/") and (best is None or len(f) > len(best)):
+            best = f
+    return best
+
+
+def lib_of(folder):
+    """The CMake library of a folder: cedar_ and its path with _ for /."""
+    return "cedar_" + folder.replace("/", "_")
+
 
 assert set(ALLOWED) == set(FOLDERS)
 
@@ -89,7 +140,7 @@ class Problem:
 def source_files(root):
     """Every layered source file, as a path relative to root, sorted."""
     out = []
-    for folder in FOLDERS:
+    for folder in TOPS:
         top = os.path.join(root, folder)
         for dirpath, dirnames, filenames in os.walk(top):
             dirnames.sort()
@@ -110,7 +161,7 @@ def scan_includes(root, files):
     layered folder)."""
     out = []
     for rel in files:
-        src = rel.split(os.sep)[0]
+        src = folder_of(rel.replace(os.sep, "/"))
         for n, line in enumerate(read_lines(root, rel), 1):
             m = INCLUDE_RE.match(line)
             if not m:
@@ -118,18 +169,24 @@ def scan_includes(root, files):
             quote, name = m.group(1), m.group(2).strip()
             norm = os.path.normpath(name)
             first = norm.split(os.sep)[0]
-            if quote == "<" and first not in ALLOWED:
+            if quote == "<" and first not in TOPS:
                 continue  # a system or library header
             where = "%s:%d" % (rel, n)
-            if first in ALLOWED:
+            if first in TOPS:
                 problem = None
+                dst = folder_of(norm.replace(os.sep, "/"))
                 if not os.path.isfile(os.path.join(root, norm)):
                     problem = Problem(
                         where, "missing",
                         '#include "%s": no file %s in the tree' % (name, norm),
                         "fix the name (headers are named from the repository root, "
                         '"folder/file.h") or add the header')
-                out.append((rel, n, name, src, first, problem))
+                elif dst is None:
+                    problem = Problem(
+                        where, "arrow",
+                        '#include "%s": %s is in no layered folder' % (name, os.path.dirname(norm)),
+                        "move the header into one of the folders of tests/layering.py's FOLDERS")
+                out.append((rel, n, name, src, dst, problem))
             elif os.path.isfile(os.path.join(root, norm)):
                 out.append((rel, n, name, src, None, Problem(
                     where, "arrow",
@@ -170,7 +227,7 @@ def check_arrows(includes):
     for rel, n, name, src, dst, problem in includes:
         if problem is not None:
             out.append(problem)
-        if dst is None or dst == src or dst in ALLOWED[src]:
+        if src is None or dst is None or dst == src or dst in ALLOWED[src]:
             continue
         out.append(Problem(
             "%s:%d" % (rel, n), "arrow",
@@ -252,6 +309,65 @@ def check_cycles(includes, counts):
     return out
 
 
+def module_of(rel):
+    """A file's module: its path without the extension, an _internal or
+    _impl header counted with the files it serves (x_internal.h with x)."""
+    stem = os.path.splitext(rel.replace(os.sep, "/"))[0]
+    for suffix in ("_internal", "_impl"):
+        if stem.endswith(suffix):
+            return stem[:-len(suffix)]
+    return stem
+
+
+def check_file_cycles(includes):
+    """Modules (a .c with its .h) of one folder that include each other in
+    a circle: each folder's files must form a one-way order too."""
+    graph, first_line = {}, {}
+    for rel, n, name, src, dst, _p in includes:
+        if src is None or src != dst:
+            continue
+        a, b = module_of(rel), module_of(os.path.normpath(name))
+        if a == b:
+            continue
+        graph.setdefault(a, set()).add(b)
+        first_line.setdefault((a, b), "%s:%d" % (rel, n))
+    out, index, low, stack, on_stack = [], {}, {}, [], set()
+
+    def strongconnect(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strongconnect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                group.sort()
+                steps = ["%s -> %s (%s)" % (a, b, first_line[(a, b)])
+                         for a in group for b in sorted(graph.get(a, ())) if b in group]
+                out.append(Problem(
+                    first_line[(group[0], sorted(b for b in graph[group[0]] if b in group)[0])],
+                    "filecycle", "files of one folder include each other in a circle: %s; %s"
+                    % (", ".join(group), "; ".join(steps)),
+                    "break one include: move what both need into a third file both include, "
+                    "or pass the value in"))
+
+    for v in sorted(graph):
+        if v not in index:
+            strongconnect(v)
+    return out
+
+
 def strip_cmake_comments(text):
     """CMake text with # comments blanked (lines kept, quotes respected)."""
     out_lines = []
@@ -281,15 +397,15 @@ def cmake_links(root):
         args = text[m.end():i - 1].split()
         if not args:
             continue
-        target = re.fullmatch(r"cedar_([a-z]+)", args[0])
-        if not target or target.group(1) not in ALLOWED:
+        by_lib = {lib_of(f): f for f in FOLDERS}
+        folder = by_lib.get(args[0])
+        if folder is None:
             continue
-        folder = target.group(1)
         deps = set()
         for arg in args[1:]:
-            for name in re.findall(r"\bcedar_([a-z]+)\b", arg):
-                if name in ALLOWED and name != folder:
-                    deps.add(name)
+            for name in re.findall(r"\bcedar_[a-z_]+\b", arg):
+                if name in by_lib and by_lib[name] != folder:
+                    deps.add(by_lib[name])
         line = text.count("\n", 0, m.start()) + 1
         old = links.get(folder, (set(), line))
         links[folder] = (old[0] | deps, old[1])
@@ -303,16 +419,16 @@ def check_cmake(root, files):
     except OSError as e:
         return [Problem("CMakeLists.txt", "cmake", "cannot read: %s" % e,
                         "run from the repository root, or pass --root")]
-    present = {rel.split(os.sep)[0] for rel in files}
+    present = {folder_of(rel.replace(os.sep, "/")) for rel in files}
     for folder in FOLDERS:
         want = ALLOWED[folder]
         if folder not in links:
             if want and folder in present:
                 out.append(Problem(
                     "CMakeLists.txt", "cmake",
-                    "no target_link_libraries(cedar_%s ...) call" % folder,
-                    "add target_link_libraries(cedar_%s PUBLIC %s)"
-                    % (folder, " ".join("cedar_" + f for f in FOLDERS if f in want))))
+                    "no target_link_libraries(%s ...) call" % lib_of(folder),
+                    "add target_link_libraries(%s PUBLIC %s)"
+                    % (lib_of(folder), " ".join(lib_of(f) for f in FOLDERS if f in want))))
             continue
         have, line = links[folder]
         if have == want:
@@ -322,22 +438,28 @@ def check_cmake(root, files):
         parts = []
         if extra:
             parts.append("links %s, which the table does not allow"
-                         % ", ".join("cedar_" + f for f in extra))
+                         % ", ".join(lib_of(f) for f in extra))
         if lacking:
             parts.append("does not link %s, which the table allows"
-                         % ", ".join("cedar_" + f for f in lacking))
+                         % ", ".join(lib_of(f) for f in lacking))
         out.append(Problem(
             "CMakeLists.txt:%d" % line, "cmake",
-            "cedar_%s %s" % (folder, "; ".join(parts)),
-            "link exactly the allowed arrows: target_link_libraries(cedar_%s "
+            "%s %s" % (lib_of(folder), "; ".join(parts)),
+            "link exactly the allowed arrows: target_link_libraries(%s "
             "PUBLIC %s ...); code that needs another folder moves down, or "
             "takes the value as an argument" % (
-                folder, " ".join("cedar_" + f for f in FOLDERS if f in want))))
+                lib_of(folder), " ".join(lib_of(f) for f in FOLDERS if f in want))))
     return out
 
 
 def check_files(root, files):
     out = []
+    for rel in files:
+        if folder_of(rel.replace(os.sep, "/")) is None:
+            out.append(Problem(
+                "%s:1" % rel, "folder",
+                "the file is in no layered folder (runtime/ holds only its sub-folders)",
+                "move it into the sub-folder of its concern (tests/layering.py FOLDERS)"))
     for rel in files:
         lines = read_lines(root, rel)
         if len(lines) > MAX_LINES:
@@ -417,18 +539,18 @@ def check_dot(root):
     return [Problem(DOT_PATH, "dot", what, "regenerate it and its picture: " + REGEN)]
 
 
-def check(root):
+def check(root, dot=True):
     files = source_files(root)
     includes = scan_includes(root, files)
     counts = edge_counts(includes)
-    problems = (check_arrows(includes) + check_cycles(includes, counts) +
+    problems = (check_arrows(includes) + check_cycles(includes, counts) + check_file_cycles(includes) +
                 check_cmake(root, files) + check_files(root, files) +
-                check_dot(root))
+                (check_dot(root) if dot else []))
     return files, counts, problems
 
 
-def run_check(root):
-    files, counts, problems = check(root)
+def run_check(root, dot=True):
+    files, counts, problems = check(root, dot)
     for p in problems:
         print(p)
     if problems:
@@ -458,20 +580,22 @@ def clean_tree():
         return "/* %s */\n" % comment + "".join('#include "%s"\n' % i for i in includes)
     cmake = ["# test tree"]
     for f in FOLDERS:
-        cmake.append("cedar_folder_library(cedar_%s %s)" % (f, f))
-        deps = " ".join("cedar_" + d for d in FOLDERS if d in ALLOWED[f])
-        cmake.append("target_link_libraries(cedar_%s PUBLIC %s m)  # cedar_viz" % (f, deps))
+        cmake.append("cedar_folder_library(%s %s)" % (lib_of(f), f))
+        deps = " ".join(lib_of(d) for d in FOLDERS if d in ALLOWED[f])
+        cmake.append("target_link_libraries(%s PUBLIC %s m)  # cedar_viz" % (lib_of(f), deps))
     return {
         "CMakeLists.txt": "\n".join(cmake) + "\n",
         "base/b.h": src("b.h: base"),
         "ops/o.h": src("o.h: ops", "base/b.h"),
         "ops/o.c": "// o.c: ops\n/* a comment line is not an include:\n"
-                   ' * #include "runtime/r.h"\n */\n#include <stdio.h>\n#include "ops/o.h"\n',
+                   ' * #include "runtime/engine/r.h"\n */\n#include <stdio.h>\n#include "ops/o.h"\n',
         "kernels/k.cuh": src("k.cuh: kernels", "ops/o.h"),
         "scheduler/s.h": src("s.h: scheduler", "ops/o.h", "base/b.h"),
-        "runtime/r.h": src("r.h: runtime", "scheduler/s.h"),
+        "runtime/engine/r.h": src("r.h: runtime/engine", "scheduler/s.h", "runtime/engine/q.h"),
+        "runtime/engine/q.h": src("q.h: runtime/engine", "runtime/model/m.h"),
+        "runtime/model/m.h": src("m.h: runtime/model", "scheduler/s.h"),
         "viz/v.c": src("v.c: viz", "scheduler/s.h"),
-        "cli/c.c": src("c.c: cli", "runtime/r.h", "viz/v.c", "kernels/k.cuh"),
+        "cli/c.c": src("c.c: cli", "runtime/engine/r.h", "viz/v.c", "kernels/k.cuh"),
         "scheduler/limit.c": "// exactly at the limit\n" + "\n" * (MAX_LINES - 1),
         "tests/t.c": '#include "cli/c.c"\n' + "\n" * (2 * MAX_LINES),
     }
@@ -481,12 +605,18 @@ def selftest():
     cases = [
         # (name, edits to the clean tree, rules expected, text expected)
         ("clean", {}, set(), None),
-        ("upward", {"kernels/k.cuh": '/* k */\n#include "runtime/r.h"\n'},
+        ("upward", {"kernels/k.cuh": '/* k */\n#include "runtime/engine/r.h"\n'},
          {"arrow"}, "kernels/k.cuh:2"),
         ("cycle", {"base/b.h": '/* b */\n#include "ops/o.h"\n'},
          {"arrow", "cycle"}, "base -> ops -> base"),
-        ("missing", {"runtime/m.c": '/* m */\n#include "ops/absent.h"\n'},
-         {"missing"}, "runtime/m.c:2"),
+        ("missing", {"runtime/engine/m.c": '/* m */\n#include "ops/absent.h"\n'},
+         {"missing"}, "runtime/engine/m.c:2"),
+        ("sub up", {"runtime/model/m.h": '/* m */\n#include "runtime/engine/r.h"\n'},
+         {"arrow", "cycle"}, "runtime/model -> runtime/engine"),
+        ("no floor", {"runtime/x.c": '/* x */\n#include "ops/o.h"\n'},
+         {"folder"}, "runtime/x.c:1"),
+        ("file cycle", {"runtime/engine/q.h": '/* q */\n#include "runtime/engine/r.h"\n'},
+         {"filecycle"}, "runtime/engine/q, runtime/engine/r"),
         ("relative", {"ops/p.c": '/* p */\n#include "o.h"\n'},
          {"path"}, '"ops/o.h"'),
         ("outside", {"viz/w.c": '/* w */\n#include "tests/t.c"\n'},
@@ -498,8 +628,8 @@ def selftest():
         ("cmake", {"CMakeLists.txt": "target_link_libraries(cedar_ops PUBLIC m)\n"
                    "target_link_libraries(cedar_viz PUBLIC cedar_scheduler\n"
                    "  cedar_base)\n"
-                   "if(X)\n  target_link_libraries(cedar_viz PUBLIC cedar_runtime)\nendif()\n"},
-         {"cmake"}, "cedar_viz links cedar_runtime"),
+                   "if(X)\n  target_link_libraries(cedar_viz PUBLIC cedar_runtime_engine)\nendif()\n"},
+         {"cmake"}, "cedar_viz links cedar_runtime_engine"),
     ]
     failures = 0
     for name, edits, want_rules, want_text in cases:
@@ -555,6 +685,8 @@ def main():
                       help="print the folder include graph as Graphviz DOT")
     mode.add_argument("--selftest", action="store_true",
                       help="check the checker on small temporary trees")
+    ap.add_argument("--no-dot", action="store_true",
+                    help="skip the picture's staleness (the build's check; ctest checks it)")
     args = ap.parse_args()
     if args.selftest:
         return selftest()
@@ -566,7 +698,7 @@ def main():
     if args.dot:
         sys.stdout.write(render_dot(root))
         return 0
-    return run_check(root)
+    return run_check(root, dot=not args.no_dot)
 
 
 if __name__ == "__main__":

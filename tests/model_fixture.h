@@ -1,7 +1,7 @@
 /* model_fixture.h: what the tests/test_model_*.c files share. A plan with
  * in-memory synthetic weights (weights_synth, fixed seed), its model and KV
  * pools (struct fx); drivers that run one graph at a time the way
- * runtime/generate.c does (prefill, decode); and the comparison of two
+ * runtime/gen/generate.c does (prefill, decode); and the comparison of two
  * requests' stored state (state_compare: global entries, rings, tails),
  * with FLIP ORIGIN, the rule that tells a rounding flip from a wrong value.
  *
@@ -22,10 +22,10 @@
 
 #include "ops/sample.h"
 #include "base/check.h"
-#include "runtime/exec.h"
-#include "runtime/generate.h"
-#include "runtime/model.h"
-#include "runtime/state.h"
+#include "runtime/exec/exec.h"
+#include "runtime/gen/generate.h"
+#include "runtime/model/model.h"
+#include "runtime/model/state.h"
 #include "scheduler/graph.h"
 #include "scheduler/plan_cost.h"
 #include "tests/harness.h"
@@ -113,7 +113,7 @@ static inline bool prefill(const struct fx *f, struct rt_request *r, const int32
   EXPECT(rc == 0, "graph_build_prefill(%lld): %s", (long long)n, err);
   if (rc) return false;
   CEDAR_ASSERT(g.out_rows == 1);
-  struct rt_exec_out out = {last, NULL};
+  struct rt_exec_out out = {.logits = last, .pos = NULL};
   rc = rt_exec_direct(&g, &f->M, r, &out, st, NULL, NULL, err, sizeof err);
   graph_free(&g);
   EXPECT(rc == 0, "%s: prefill of %lld (chunk %d): %s", f->path, (long long)n, chunk, err);
@@ -129,7 +129,7 @@ static inline bool decode(const struct fx *f, struct rt_request *r, int32_t tok,
   int rc = graph_build_decode(&g, f->p, r->n_pos, err, sizeof err);
   EXPECT(rc == 0, "graph_build_decode: %s", err);
   if (rc) return false;
-  struct rt_exec_out out = {logits, NULL};
+  struct rt_exec_out out = {.logits = logits, .pos = NULL};
   rc = rt_exec_direct(&g, &f->M, r, &out, st, NULL, NULL, err, sizeof err);
   graph_free(&g);
   EXPECT(rc == 0, "%s: decode at %lld: %s", f->path, (long long)r->n_pos, err);

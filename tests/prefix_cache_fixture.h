@@ -30,8 +30,8 @@
 
 #include "ops/formats.h"
 #include "base/check.h"
-#include "runtime/prefix_cache.h"
-#include "runtime/state.h"
+#include "runtime/cache/prefix_cache.h"
+#include "runtime/model/state.h"
 #include "scheduler/plan.h"
 #include "tests/harness.h"
 

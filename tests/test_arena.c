@@ -1,5 +1,5 @@
 /* test_arena.c: a worker's scratch arena running out of memory (issue 18
- * row 4; runtime/arena.h, runtime/exec_node.c).
+ * row 4; runtime/model/arena.h, runtime/node/exec_node.c).
  *
  *  - with on_oom set, an allocation no machine holds (2^60 bytes) jumps back
  *    with oom_bytes recorded instead of aborting; the arena stays usable:
@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "runtime/arena.h"
+#include "runtime/model/arena.h"
 #include "tests/harness.h"
 
 static const size_t HUGE_BYTES = (size_t)1 << 60;

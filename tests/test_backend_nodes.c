@@ -1,10 +1,13 @@
 /* test_backend_nodes.c: placement in the graph, the node backends and the
- * placement check (runtime/backend.h, scheduler/graph.h).
+ * placement check (runtime/node/backend.h, scheduler/graph.h).
  *
- *  - the backend table: cpu has an entry for every op group (TRANSFER is
- *    runtime/pd.c's); cuda, in a CUDA build, every op group but TRANSFER
- *    (runtime/node_cuda.h), none without CUDA; rt_backend_for maps each
- *    device kind to its table;
+ *  - the backend table: cpu has an entry for every model op group; the
+ *    features' (TRANSFER, MOE_SHARD, MOE_SUM, an expert-parallel route) come
+ *    from rt_dist_register, after which nothing is missing and each node
+ *    kind dispatches to its feature's entry by its flags; cuda, in a CUDA
+ *    build, every op group but TRANSFER (runtime/device/node_cuda.h), none
+ *    without CUDA; rt_backend_for maps each device kind to its table once
+ *    the device home registered it;
  *  - a CUDA entry called without the executor's device state (ctx.cuda
  *    NULL, as here) refuses its node with CEDAR_EUNSUPPORTED and says why,
  *    before touching the device, and rt_node_error passes the reason on;
@@ -36,10 +39,15 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "runtime/device/cuda_backend.h"
+#include "runtime/dist/dist.h"
 #include "base/check.h"
-#include "runtime/backend.h"
-#include "runtime/exec.h"
-#include "runtime/node_cuda.h"
+#include "runtime/node/backend.h"
+#include "runtime/exec/exec.h"
+#include "runtime/device/node_cuda.h"
+#include "runtime/dist/expert_par.h"
+#include "runtime/dist/pd.h"
+#include "runtime/dist/pipeline.h"
 #include "scheduler/graph.h"
 #include "scheduler/policy.h"
 #include "tests/harness.h"
@@ -60,7 +68,31 @@ static bool temp_plan(char *path, size_t len, const char *serving_yaml, struct p
   return h_load_plan(path, p);
 }
 
+/* The entry a node of op group op with these flags dispatches to on dev. */
+static rt_group_fn entry_of(enum graph_device dev, enum graph_op op, unsigned flags) {
+  struct graph_node nd = {0};
+  nd.op = op, nd.flags = flags, nd.place.dev = dev;
+  return rt_backend_entry(&nd);
+}
+
 static void check_table(void) {
+  for (int op = 0; op < GRAPH_OP_COUNT; op++) {
+    bool feature = op == GRAPH_TRANSFER || op == GRAPH_MOE_SHARD || op == GRAPH_MOE_SUM;
+    EXPECT((rt_backend_cpu.run[op] != NULL) == !feature, "cpu table: op group %s %s", graph_op_name(op),
+           feature ? "is a feature's, not the table's" : "missing");
+  }
+  rt_dist_register();
+  rt_dist_register(); /* idempotent */
+  char none[256];
+  EXPECT(rt_backend_missing(&rt_backend_cpu, true, none, sizeof none) == 0, "cpu with the features: missing %s", none);
+  EXPECT(entry_of(GRAPH_DEV_CPU, GRAPH_TRANSFER, GRAPH_F_EP) == rt_ep_transfer_node, "EP transfer entry");
+  EXPECT(entry_of(GRAPH_DEV_CPU, GRAPH_TRANSFER, GRAPH_F_STAGE) == rt_pipe_transfer_node, "stage transfer entry");
+  EXPECT(entry_of(GRAPH_DEV_CPU, GRAPH_TRANSFER, 0) == rt_pd_transfer_node, "P/D transfer entry");
+  EXPECT(entry_of(GRAPH_DEV_CPU, GRAPH_MOE, GRAPH_F_EP) == rt_ep_route, "EP route entry");
+  EXPECT(entry_of(GRAPH_DEV_CPU, GRAPH_MOE, 0) == rt_backend_cpu.run[GRAPH_MOE], "a plain MoE runs the table's");
+  EXPECT(entry_of(GRAPH_DEV_CPU, GRAPH_MOE_SHARD, 0) == rt_ep_shard, "shard entry");
+  EXPECT(entry_of(GRAPH_DEV_CPU, GRAPH_MOE_SUM, 0) == rt_ep_sum, "sum entry");
+  EXPECT(entry_of(GRAPH_DEV_CUDA, GRAPH_TRANSFER, 0) == NULL, "a feature entry of the CPU is not a CUDA one");
   EXPECT(rt_backend_for(GRAPH_DEV_CPU) == &rt_backend_cpu, "cpu maps to the cpu table");
   EXPECT(rt_backend_for(GRAPH_DEV_CUDA) == &rt_backend_cuda, "cuda maps to the cuda table");
 #ifdef CEDAR_HAVE_CUDA
@@ -69,7 +101,6 @@ static void check_table(void) {
   const bool cuda = false;
 #endif
   for (int op = 0; op < GRAPH_OP_COUNT; op++) {
-    EXPECT(rt_backend_cpu.run[op] != NULL, "cpu backend: op group %s missing", graph_op_name(op));
     bool want = cuda && op != GRAPH_TRANSFER;
     EXPECT((rt_backend_cuda.run[op] != NULL) == want, "cuda backend: op group %s %s", graph_op_name(op),
            want ? "has no entry" : "has an entry it should not");
@@ -308,7 +339,7 @@ static void check_placement(void) {
            g.node[k].place.rank);
   check_transfers(&g, &p, chunk, n);
   check_entry_ranges(&g, &p, 0, n, "P/D prefill");
-  /* A transfer outside a P/D request (runtime/pd.h) has nowhere to go: the
+  /* A transfer outside a P/D request (runtime/dist/pd.h) has nowhere to go: the
    * node fails, the process goes on. */
   for (int k = 0; k < g.n_node; k++) {
     if (g.node[k].op != GRAPH_TRANSFER) continue;

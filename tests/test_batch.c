@@ -1,4 +1,4 @@
-/* test_batch.c: continuous batching (runtime/batch.h, scheduler/batch_policy.h).
+/* test_batch.c: continuous batching (runtime/engine/batch.h, scheduler/batch_policy.h).
  *
  *  - admission under the token budget: bp_plan_step's rule case by case
  *    (decode rows first, prefill segments oldest first and never split,
@@ -23,7 +23,7 @@
  * V4.1 structure at CPU widths, where the ops take their wider paths).
  * Run: ctest --test-dir build -R '^batch$' --output-on-failure
  */
-#include "runtime/batch.h"
+#include "runtime/engine/batch.h"
 #include "scheduler/batch_policy.h"
 #include "tests/model_fixture.h"
 

@@ -1,4 +1,4 @@
-/* test_chat_template.c: runtime/chat_template.h, the single-turn DeepSeek
+/* test_chat_template.c: runtime/text/chat_template.h, the single-turn DeepSeek
  * chat format read from a tokenizer_config.json.
  *
  * What it checks:
@@ -23,8 +23,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/chat_template.h"
-#include "runtime/tokenizer.h"
+#include "runtime/text/chat_template.h"
+#include "runtime/text/tokenizer.h"
 #include "tests/harness.h"
 
 #define BOS "<｜begin▁of▁sentence｜>"

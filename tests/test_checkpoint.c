@@ -1,5 +1,5 @@
-/* test_checkpoint.c: released-layout checkpoints (runtime/checkpoint.h,
- * runtime/ckpt_config.h) and per-tensor content hashes (issue 18 row 16).
+/* test_checkpoint.c: released-layout checkpoints (runtime/load/checkpoint.h,
+ * runtime/load/ckpt_config.h) and per-tensor content hashes (issue 18 row 16).
  *
  *  - config.json: the release's nesting (text_config), a flat config and
  *    colibri's short names give the same fields; a missing field and two
@@ -38,7 +38,7 @@
 
 #include "base/check.h"
 #include "ops/formats.h"
-#include "runtime/checkpoint.h"
+#include "runtime/load/checkpoint.h"
 #include "tests/harness.h"
 
 static char err[4096];

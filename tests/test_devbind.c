@@ -1,5 +1,5 @@
-/* test_devbind.c: a request's state in device slabs (runtime/devbind.h,
- * runtime/devseg.h, runtime/exec_dev.c), on the CPU through the host-memory
+/* test_devbind.c: a request's state in device slabs (runtime/device/devbind.h,
+ * runtime/exec/devseg.h, runtime/exec/exec_dev.c), on the CPU through the host-memory
  * stand-in of a device state (rt_dev_ctx_open_host): the same slabs, twin,
  * bindings, segments and copies a CUDA home uses, with the CPU backend
  * computing.
@@ -39,8 +39,8 @@
  */
 #include "tests/model_fixture.h"
 
-#include "runtime/devbind.h"
-#include "runtime/devseg.h"
+#include "runtime/device/devbind.h"
+#include "runtime/exec/devseg.h"
 
 #define N_PROMPT 22 /* 27 positions in all: ratio-2 tails end with a pending row (downloaded and compared) */
 #define N_DECODE 5
@@ -81,7 +81,7 @@ static bool run_starpu(const struct fx *f, struct rt_request *r, const int32_t *
   struct graph g;
   struct graph_opts go = {.replay = -1};
   CEDAR_ASSERT(graph_build_prefill(&g, f->p, N_PROMPT, &go, err, sizeof err) == 0);
-  struct rt_exec_out out = {logits, NULL};
+  struct rt_exec_out out = {.logits = logits, .pos = NULL};
   int rc = rt_exec_starpu(&g, &f->M, r, &out, NULL, NULL, NULL, NULL, err, sizeof err);
   graph_free(&g);
   EXPECT(rc == 0, "%s: StarPU prefill: %s", f->path, err);
@@ -329,7 +329,7 @@ static void test_plan(const char *path) {
       struct graph g;
       struct graph_opts go = {.replay = -1};
       CEDAR_ASSERT(graph_build_prefill(&g, f.p, N_PROMPT, &go, err, sizeof err) == 0);
-      struct rt_exec_out out = {lg, NULL};
+      struct rt_exec_out out = {.logits = lg, .pos = NULL};
       rc = rt_exec_direct(&g, &f.M, &r, &out, NULL, NULL, NULL, err, sizeof err);
       EXPECT(rc == CEDAR_ENOMEM && strstr(err, "past the device pool"), "%s: one-page device pool: rc %d: %s", path,
              rc, err);

@@ -1,4 +1,4 @@
-/* test_devstate.c: the device-state layout (runtime/devstate.h) on the CPU,
+/* test_devstate.c: the device-state layout (runtime/device/devstate.h) on the CPU,
  * and the refusals of the device half where it cannot run.
  *
  *  - for plans/v41-mini.yaml and v41-flash.yaml: every pool region holds
@@ -20,9 +20,9 @@
 #include <string.h>
 
 #include "base/check.h"
-#include "runtime/cuda_graph.h"
-#include "runtime/devstate.h"
-#include "runtime/state.h"
+#include "runtime/device/cuda_graph.h"
+#include "runtime/device/devstate.h"
+#include "runtime/model/state.h"
 #include "tests/harness.h"
 
 static struct plan plan;

@@ -1,5 +1,5 @@
 /* test_disk_tier_crash.c: crash safety of the persistent tier of the global
- * prefix cache (runtime/disk_tier.h; issue 6 "Fault tests"), on real files
+ * prefix cache (runtime/cache/disk_tier.h; issue 6 "Fault tests"), on real files
  * in a fresh mkdtemp directory under /tmp (removed at the end).
  *
  *  - a forked child rewrites and adds blocks in a loop and is SIGKILLed at

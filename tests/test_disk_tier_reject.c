@@ -1,5 +1,5 @@
 /* test_disk_tier_reject.c: the persistent tier of the global prefix cache
- * (runtime/disk_tier.h) given damaged, foreign or expired files, on real
+ * (runtime/cache/disk_tier.h) given damaged, foreign or expired files, on real
  * files, one fresh mkdtemp directory under /tmp per case (removed at the
  * end):
  *

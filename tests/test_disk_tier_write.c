@@ -1,5 +1,5 @@
 /* test_disk_tier_write.c: writing and reading the persistent tier of the
- * global prefix cache (runtime/disk_tier.h), on real files, one fresh
+ * global prefix cache (runtime/cache/disk_tier.h), on real files, one fresh
  * mkdtemp directory under /tmp per case (removed at the end):
  *
  *  - dt_init creates the directory (and missing parents) and refuses a path

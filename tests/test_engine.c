@@ -1,4 +1,4 @@
-/* test_engine.c: runtime/engine.h, the plan-to-executor bundle the commands
+/* test_engine.c: runtime/engine/engine.h, the plan-to-executor bundle the commands
  * open (cedar run, serve-sim, bench model).
  *
  *  - every step of an open can fail: a missing plan, the caller's on_plan
@@ -25,7 +25,7 @@
 
 #include "base/check.h"
 #include "ops/basic.h"
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 #include "tests/harness.h"
 
 static const char *tiny = "tests/oracle/plans/tiny-40.yaml";

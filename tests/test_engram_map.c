@@ -1,4 +1,4 @@
-/* test_engram_map.c: the Engram token map (runtime/engram_map.h).
+/* test_engram_map.c: the Engram token map (runtime/model/engram_map.h).
  *
  * What it is:
  *   - keys of hand-made texts: case, accents (NFD + Mn), compatibility forms
@@ -20,9 +20,9 @@
 #include <unistd.h>
 
 #include "base/check.h"
-#include "runtime/engram_map.h"
-#include "runtime/model.h"
-#include "runtime/tokenizer.h"
+#include "runtime/model/engram_map.h"
+#include "runtime/model/model.h"
+#include "runtime/text/tokenizer.h"
 #include "scheduler/plan.h"
 #include "tests/harness.h"
 

@@ -1,4 +1,4 @@
-/* test_engram_tier.c: the Engram tables' tier and prefetch (runtime/engram_tier.h,
+/* test_engram_tier.c: the Engram tables' tier and prefetch (runtime/model/engram_tier.h,
  * docs/runtime.md "Engram tiers and prefetch").
  *
  *  1. plans: serving.engram.tier / file / prefetch read, and agreeing with
@@ -42,10 +42,10 @@
 
 #include "base/check.h"
 #include "ops/basic.h"
-#include "runtime/checkpoint.h"
-#include "runtime/engine.h"
-#include "runtime/engram_tier.h"
-#include "runtime/exec.h"
+#include "runtime/load/checkpoint.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/engram_tier.h"
+#include "runtime/exec/exec.h"
 #include "scheduler/graph.h"
 #include "tests/harness.h"
 

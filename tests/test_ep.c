@@ -1,5 +1,5 @@
 /* test_ep.c: routed experts on several ranks, in one process
- * (runtime/expert_par.h; serving.placement.experts).
+ * (runtime/dist/expert_par.h; serving.placement.experts).
  *
  *  - equivalence: tiny-40 with its experts in 2 shards, in 4 shards named
  *    out of rank order, with 2 stages whose ranks serve each other's
@@ -24,7 +24,7 @@
  *    shard and a combine TRANSFER back before the sum, with the edges
  *    route -> dispatch -> shard -> combine -> sum; no transfer for a shard
  *    on the owner's rank; layers without expert parallelism keep one node;
- *  - NCCL (runtime/ep_nccl.c, compiled, never run): a dispatch between two
+ *  - NCCL (runtime/dist/ep_nccl.c, compiled, never run): a dispatch between two
  *    GPUs of one rank is what it takes, a CPU one is not; opening its
  *    pair here (no GPU) is refused with the reason;
  *  - a rank's part of the weights (rt_ep_part_init): its shard's expert
@@ -38,10 +38,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/expert_par.h"
-#include "runtime/pd_nccl.h"
-#include "runtime/pipeline.h"
-#include "runtime/place_cost.h"
+#include "runtime/dist/expert_par.h"
+#include "runtime/comm/nccl.h"
+#include "runtime/dist/pipeline.h"
+#include "runtime/dist/place_cost.h"
 #include "scheduler/plan_place.h"
 #include "tests/model_fixture.h"
 
@@ -178,7 +178,7 @@ static void check_shape(const struct plan *p, const struct graph *g, const char 
   for (int k = 0; k < g->n_node; k++) {
     const struct graph_node *rt = &g->node[k];
     if (rt->op == GRAPH_MOE) {
-      EXPECT(!!(rt->flags & GRAPH_F_EP) == rt_ep_layer(p, rt->layer), "%s: %s: route flag", what, rt->name);
+      EXPECT(!!(rt->flags & GRAPH_F_EP) == plan_ep_layer(p, rt->layer), "%s: %s: route flag", what, rt->name);
       routes += !!(rt->flags & GRAPH_F_EP);
     }
     if (rt->op != GRAPH_MOE || !(rt->flags & GRAPH_F_EP)) continue;
@@ -276,7 +276,7 @@ static void nccl(void) {
   EXPECT(k >= 0, "ep2 decode: no expert transfer");
   if (k >= 0) {
     struct graph_node *nd = &g.node[k];
-    struct rt_nccl_pair *pair = (struct rt_nccl_pair *)&g; /* must be cleared */
+    struct comm_nccl_pair *pair = (struct comm_nccl_pair *)&g; /* must be cleared */
     EXPECT(!rt_ep_nccl_wanted(&g, nd), "a transfer between CPU ranks is not NCCL's");
     EXPECT(rt_ep_nccl_open(&pair, &g, nd, err, sizeof err) == CEDAR_EINVAL && !pair, "not wanted: %s", err);
     g.data[nd->xfer_src].home = (struct graph_place){0, GRAPH_DEV_CUDA, 0};
@@ -285,7 +285,7 @@ static void nccl(void) {
     int rc = rt_ep_nccl_open(&pair, &g, nd, err, sizeof err);
     /* refused with why without two GPUs (here); a machine with two opens it */
     EXPECT((rc == CEDAR_EUNSUPPORTED && !pair && err[0]) || (rc == 0 && pair), "the pair: rc %d: %s", rc, err);
-    if (!rc) rt_nccl_pair_close(pair);
+    if (!rc) comm_nccl_close(pair);
     EXPECT(rt_ep_nccl_submit(NULL, &g, nd, NULL, NULL, err, sizeof err) == CEDAR_EINVAL, "no pair: %s", err);
     g.data[nd->xfer_dst].home.rank = 1;
     EXPECT(!rt_ep_nccl_wanted(&g, nd), "two ranks: StarPU-MPI, not NCCL");
@@ -368,12 +368,12 @@ static void refusals(void) {
   o.executor = RT_EXEC_DIRECT;
   EXPECT(rt_ep_begin(&p, &o, false, err, sizeof err) == 0, "one process: %s", err);
   rt_ep_end();
-  EXPECT(rt_ep_layer(&p, 0) && rt_ep_layer(&p, 39) && !rt_ep_layer(&p, 40), "ep2 layers");
+  EXPECT(plan_ep_layer(&p, 0) && plan_ep_layer(&p, 39) && !plan_ep_layer(&p, 40), "ep2 layers");
   EXPECT_EQ(plan_expert_rank(&p, 5, 1), 0, "expert 1 of ep2 on rank 0");
   EXPECT_EQ(plan_expert_rank(&p, 5, 2), 1, "expert 2 of ep2 on rank 1");
   plan_free(&p);
   if (!h_load_plan("tests/plans/ppep3-tiny-40.yaml", &p)) return;
-  EXPECT(!rt_ep_layer(&p, 3) && rt_ep_layer(&p, 4), "ppep3: layers 4-39 only");
+  EXPECT(!plan_ep_layer(&p, 3) && plan_ep_layer(&p, 4), "ppep3: layers 4-39 only");
   EXPECT_EQ(plan_place_ranks(&p), 3, "ppep3 ranks");
   EXPECT_EQ(plan_expert_rank(&p, 20, 0), 2, "ppep3: expert 0 on rank 2");
   EXPECT_EQ(plan_expert_rank(&p, 2, 0), 0, "ppep3: L2's experts with its stage");

@@ -1,4 +1,4 @@
-/* test_exec_starpu.c: the StarPU executor (runtime/exec_starpu.c) held to
+/* test_exec_starpu.c: the StarPU executor (runtime/exec/exec_starpu.c) held to
  * the direct executor bitwise (DESIGN.md decision 1; STYLE.md 8), and the
  * overlap the graph allows, checked on the task times StarPU records.
  *
@@ -45,8 +45,8 @@
 #include "ops/basic.h"
 #include "ops/sample.h"
 #include "base/check.h"
-#include "runtime/exec.h"
-#include "runtime/generate.h"
+#include "runtime/exec/exec.h"
+#include "runtime/gen/generate.h"
 #include "scheduler/graph.h"
 #include "tests/harness.h"
 
@@ -254,7 +254,7 @@ static void outcome_free(struct outcome *o) {
 
 static int exec(bool starpu, const struct graph *g, const struct fx *f, struct rt_request *r, float *logits,
                 struct rt_task_time *times) {
-  struct rt_exec_out out = {logits, NULL};
+  struct rt_exec_out out = {.logits = logits, .pos = NULL};
   if (!starpu) return rt_exec_direct(g, &f->M, r, &out, NULL, NULL, NULL, err, sizeof err);
   return rt_exec_starpu(g, &f->M, r, &out, NULL, times, NULL, NULL, err, sizeof err);
 }

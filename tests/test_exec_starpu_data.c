@@ -1,5 +1,5 @@
 /* test_exec_starpu_data.c: the StarPU executor's data are real buffers
- * (runtime/exec_starpu_data.h), registered at the right lifetimes.
+ * (runtime/exec/exec_starpu_data.h), registered at the right lifetimes.
  *
  * On tests/oracle/plans/tiny.yaml (CED, ratio-2 and ratio-1 sources) with
  * synthetic weights, one request prefills and decodes on StarPU and a twin
@@ -30,7 +30,7 @@
 
 #include "base/check.h"
 #include "ops/sample.h"
-#include "runtime/exec.h"
+#include "runtime/exec/exec.h"
 #include "scheduler/graph.h"
 #include "tests/harness.h"
 
@@ -86,7 +86,7 @@ static bool run_request(struct fx *f, struct rt_request *r, int id, bool starpu)
                     : graph_build_decode(&g, &f->p, N_PROMPT + s - 1, err, sizeof err);
     EXPECT(rc == 0, "graph: %s", err);
     if (rc) break;
-    struct rt_exec_out out = {lg, NULL};
+    struct rt_exec_out out = {.logits = lg, .pos = NULL};
     rc = starpu ? rt_exec_starpu(&g, &f->M, r, &out, NULL, NULL, NULL, NULL, err, sizeof err)
                 : rt_exec_direct(&g, &f->M, r, &out, NULL, NULL, NULL, err, sizeof err);
     EXPECT(rc == 0, "%s step %d: %s", starpu ? "starpu" : "direct", s, err);

@@ -42,7 +42,7 @@
  * under CED (SPEC 8.8 #43). graph_print and graph_dot list every node and
  * edge.
  *
- * Not here: executing graphs (tests of runtime/exec.h, generate.h), the
+ * Not here: executing graphs (tests of runtime/exec/exec.h, generate.h), the
  * values appended (the runtime side of #38, #40).
  * Run: ctest --test-dir build -R '^graph$', or build/tests/test_graph from
  * the repository root.

@@ -1,5 +1,5 @@
 /* test_model_buses.c: the Top-K and pool buses of a real chunked prefill
- * (scheduler/graph.h, runtime/exec.h) on small plans with synthetic weights
+ * (scheduler/graph.h, runtime/exec/exec.h) on small plans with synthetic weights
  * (tests/model_fixture.h): tests/oracle/plans/tiny.yaml, tiny-40.yaml,
  * tiny-two-dec.yaml and tiny-dense.yaml at toy widths.
  *
@@ -134,7 +134,7 @@ static int insp_node(struct insp *s, const struct graph_node *nd, float *logits,
     if (gd->kind == GRAPH_ACT || gd->kind == GRAPH_BUS) ibuf(s, nd->use[u].data);
   }
   if (nd->op == GRAPH_HEAD) CEDAR_ASSERT(nd->n == 1);
-  struct rt_exec_out out = {logits, NULL};
+  struct rt_exec_out out = {.logits = logits, .pos = NULL};
   int rc = rt_run_node(s->g, &s->f->M, s->r, nd, s->buf, NULL, &out, 0, ar);
   if (!rc && nd->op == GRAPH_ATTN) {
     check_buses(s, nd);

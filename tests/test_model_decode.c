@@ -1,5 +1,5 @@
 /* test_model_decode.c: the running model's decode steps and whole requests
- * (runtime/generate.h, model.h, exec.h, state.h) on small plans with
+ * (runtime/gen/generate.h, model.h, exec.h, state.h) on small plans with
  * synthetic weights (tests/model_fixture.h), against SPEC s8's invariants.
  * Plans: tests/oracle/plans/tiny.yaml (6 layers, CED), tiny-dense.yaml (CED
  * off), tiny-40.yaml (the 40-layer flash schedule) and tiny-two-dec.yaml
@@ -206,7 +206,7 @@ static void test_pages_exhausted(const char *path, int64_t n) {
   struct graph g;
   CEDAR_ASSERT(graph_build_prefill(&g, f.p, n, &(struct graph_opts){.replay = -1}, err, sizeof err) == 0);
   err[0] = 0;
-  int rc = rt_exec_direct(&g, &f.M, bad, &(struct rt_exec_out){l1, NULL}, NULL, NULL, NULL, err, sizeof err);
+  int rc = rt_exec_direct(&g, &f.M, bad, &(struct rt_exec_out){.logits = l1}, NULL, NULL, NULL, err, sizeof err);
   graph_free(&g);
   char name[16];
   snprintf(name, sizeof name, "L%d.", src);

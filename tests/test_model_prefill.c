@@ -1,4 +1,4 @@
-/* test_model_prefill.c: the running model's prefill (runtime/exec.h,
+/* test_model_prefill.c: the running model's prefill (runtime/exec/exec.h,
  * state.h, scheduler/graph.h) on small plans with synthetic weights
  * (tests/model_fixture.h), against SPEC s8's invariants. Plans:
  * tests/oracle/plans/tiny.yaml (6 layers, CED), tiny-dense.yaml (CED off),

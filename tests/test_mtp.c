@@ -1,4 +1,4 @@
-/* test_mtp.c: the DSpark drafter (runtime/mtp.h) on v41-mini with synthetic
+/* test_mtp.c: the DSpark drafter (runtime/model/mtp.h) on v41-mini with synthetic
  * weights.
  *
  *  - Greedy speculative decoding with the drafter gives plain greedy's
@@ -24,9 +24,9 @@
  */
 #include "tests/model_fixture.h"
 
-#include "runtime/mtp.h"
-#include "runtime/speculate.h"
-#include "runtime/safetensors.h"
+#include "runtime/model/mtp.h"
+#include "runtime/engine/speculate.h"
+#include "runtime/load/safetensors.h"
 
 #define PLAN_MINI "plans/v41-mini.yaml"
 #define NEW 10

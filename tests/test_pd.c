@@ -1,5 +1,5 @@
 /* test_pd.c: prefill and decode on different homes, both roles in one
- * process (runtime/pd.h; the same graph and messages mpirun runs, the
+ * process (runtime/dist/pd.h; the same graph and messages mpirun runs, the
  * transfers applied as local copies), with the decoder replay on P (P
  * ships the decoder rings and y1) and on D (P ships the kept encoder
  * outputs; D replays and samples y1), SPEC 7.6.
@@ -26,9 +26,9 @@
 #include <unistd.h>
 
 #include "base/check.h"
-#include "runtime/exec.h"
-#include "runtime/generate.h"
-#include "runtime/pd.h"
+#include "runtime/exec/exec.h"
+#include "runtime/gen/generate.h"
+#include "runtime/dist/pd.h"
 #include "tests/model_fixture.h"
 
 #define PD_PLAN "tests/plans/pd-tiny-40.yaml" /* tiny-40 with P on rank 0, D on rank 1 */

@@ -1,6 +1,6 @@
 /* test_place.c: layer (pipeline) and expert placement, in one process
- * (scheduler/plan_place.h, scheduler/graph_place.c, runtime/pipeline.h,
- * runtime/place_cost.h).
+ * (scheduler/plan_place.h, scheduler/graph_place.c, runtime/dist/pipeline.h,
+ * runtime/dist/place_cost.h).
  *
  *  - plan language: stages that overlap, leave a gap, stop short, name an
  *    unknown key, or come with a P/D split, and experts over a number of ranks that does not divide the
@@ -28,8 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/pipeline.h"
-#include "runtime/place_cost.h"
+#include "runtime/dist/pipeline.h"
+#include "runtime/dist/place_cost.h"
 #include "scheduler/plan_cost.h"
 #include "scheduler/plan_place.h"
 #include "tests/model_fixture.h"

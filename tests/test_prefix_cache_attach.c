@@ -1,5 +1,5 @@
 /* test_prefix_cache_attach.c: insert, lookup and attach of the global prefix
- * cache (runtime/prefix_cache.h), with synthetic state
+ * cache (runtime/cache/prefix_cache.h), with synthetic state
  * (tests/prefix_cache_fixture.h): no weights, no forward.
  *
  *  - insert, lookup, attach (tiny.yaml with 8-token blocks, and v41-mini.yaml

@@ -1,5 +1,5 @@
 /* test_prefix_cache_keys.c: pc_init and the block keys of the global prefix
- * cache (runtime/prefix_cache.h), with synthetic state
+ * cache (runtime/cache/prefix_cache.h), with synthetic state
  * (tests/prefix_cache_fixture.h): no weights, no forward.
  *
  *  - pc_init: page and block sizes that do not divide are CEDAR_EINVAL with

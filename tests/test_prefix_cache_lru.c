@@ -1,5 +1,5 @@
 /* test_prefix_cache_lru.c: eviction and the hash table of the global prefix
- * cache (runtime/prefix_cache.h), with synthetic state
+ * cache (runtime/cache/prefix_cache.h), with synthetic state
  * (tests/prefix_cache_fixture.h): no weights, no forward.
  *
  *  - LRU: evicts the least recently used unpinned leaf, never a block with a

@@ -1,5 +1,5 @@
 /* test_prefix_cache_snap.c: the encoder-SWA snapshot pool of the global
- * prefix cache (runtime/prefix_cache.h), with synthetic state
+ * prefix cache (runtime/cache/prefix_cache.h), with synthetic state
  * (tests/prefix_cache_fixture.h): no weights, no forward.
  *
  *  - snapshots: save then restore into a request attached to the same blocks

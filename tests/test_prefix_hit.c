@@ -31,8 +31,8 @@
 #include "ops/basic.h"
 #include "ops/sample.h"
 #include "base/check.h"
-#include "runtime/generate.h"
-#include "runtime/prefix_cache.h"
+#include "runtime/gen/generate.h"
+#include "runtime/cache/prefix_cache.h"
 #include "tests/harness.h"
 
 static char err[1024];

@@ -1,4 +1,4 @@
-/* test_safetensors.c: the safetensors reader and writer (runtime/safetensors.h).
+/* test_safetensors.c: the safetensors reader and writer (runtime/load/safetensors.h).
  *
  *  - golden: the writer reproduces, byte for byte, the files the official
  *    implementation's own tests expect (safetensors/src/tensor.rs);
@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "base/check.h"
-#include "runtime/safetensors.h"
+#include "runtime/load/safetensors.h"
 #include "tests/harness.h"
 
 #define LABEL "bad.safetensors"

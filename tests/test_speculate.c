@@ -1,5 +1,5 @@
 /* test_speculate.c: speculative decoding's verify, accept and rollback
- * (runtime/speculate.h) on the small plans with synthetic weights.
+ * (runtime/engine/speculate.h) on the small plans with synthetic weights.
  *
  * Synthetic weights make a real drafter's acceptance meaningless, so the
  * drafts come from the forced drafter: the greedy plain continuation where
@@ -24,7 +24,7 @@
  */
 #include "tests/model_fixture.h"
 
-#include "runtime/speculate.h"
+#include "runtime/engine/speculate.h"
 
 #define NEW 23 /* tokens generated per request */
 #define LMAX 5

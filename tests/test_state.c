@@ -1,4 +1,4 @@
-/* test_state.c: the request state module (runtime/state.h), no weights.
+/* test_state.c: the request state module (runtime/model/state.h), no weights.
  *
  *  - page pools: alloc gives refcount 1, ref/unref count, a page returns to
  *    the pool at 0 and the next alloc reuses it (no new memory);
@@ -17,7 +17,7 @@
  *    source entry (SPEC 8.7 #31, #33) and SPEC 4.5's SWA figure (#35).
  *
  * Not tested here: what the entries mean (the ops and tests/test_ops_*),
- * the executor writing them (runtime/generate.h), pool exhaustion by a
+ * the executor writing them (runtime/gen/generate.h), pool exhaustion by a
  * failing allocator (not reachable without a fault-injecting malloc).
  * Run: ctest --test-dir build -R '^state$', or build/tests/test_state from
  * the repository root.
@@ -29,7 +29,7 @@
 
 #include "ops/formats.h"
 #include "base/check.h"
-#include "runtime/state.h"
+#include "runtime/model/state.h"
 #include "scheduler/plan.h"
 #include "scheduler/plan_cost.h"
 #include "tests/harness.h"

@@ -1,4 +1,4 @@
-/* test_text_out.c: runtime/text_out.h, generated ids to streamed text with
+/* test_text_out.c: runtime/text/text_out.h, generated ids to streamed text with
  * EOS and stop strings, on a byte tokenizer written here (id b < 256 is
  * byte b; 256 is "<eos>", special; 257 is "<sep>", special), so every
  * split of a UTF-8 character and of a stop string across ids can be made.
@@ -24,7 +24,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/text_out.h"
+#include "runtime/text/text_out.h"
 #include "tests/harness.h"
 
 /* The GPT-2 byte-to-unicode character of byte b, as UTF-8 in out. */

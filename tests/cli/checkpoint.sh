@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # checkpoint.sh: released-layout checkpoints through the cedar binary
-# (docs/checkpoints.md; runtime/checkpoint.h, cli/cmd_plan_import.c,
+# (docs/checkpoints.md; runtime/load/checkpoint.h, cli/cmd_plan_import.c,
 # cli/cmd_weights_ckpt.c).
 #
 #  1. `weights init --layout released` writes config.json, >1 shards and the

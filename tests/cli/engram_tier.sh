@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # engram_tier.sh: serving.engram.tier and the Engram prefetch through the
-# cedar binary (runtime/engram_tier.h, docs/runtime.md "Engram tiers and
+# cedar binary (runtime/model/engram_tier.h, docs/runtime.md "Engram tiers and
 # prefetch").
 #
 #  1. `plan check` says where the tables live; `plan cost --json` counts

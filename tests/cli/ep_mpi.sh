@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ep_mpi.sh: routed experts on 2, 3 and 4 StarPU-MPI ranks
-# (runtime/expert_par.h, `mpirun -np N cedar run --plan P` with
+# (runtime/dist/expert_par.h, `mpirun -np N cedar run --plan P` with
 # serving.placement.experts).
 #
 #  0. `cedar graph show` of ep2's decode graph has, for a layer, the route,

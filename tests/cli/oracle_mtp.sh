@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# oracle_mtp.sh: cedar's DSpark draft block (runtime/mtp.c) against the
+# oracle_mtp.sh: cedar's DSpark draft block (runtime/model/mtp.c) against the
 # NumPy oracle's (tests/oracle/drafter.py, written from Appendix V #24).
 #
 # v41-mini with fp32 numerics (tests/oracle/plans/v41-mini-f32.yaml, as

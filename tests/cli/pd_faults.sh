@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# pd_faults.sh: P/D faults under `mpirun -np 2` (runtime/pd_run.c, pd_mpi.c),
+# pd_faults.sh: P/D faults under `mpirun -np 2` (runtime/dist/pd_run.c, runtime/comm/comm_mpi.c),
 # on the tiny P/D plan (tests/plans/pd-tiny-40.yaml: seconds a run).
 #
 # Open MPI runs with --mca orte_enable_recovery 1, so a rank that dies does

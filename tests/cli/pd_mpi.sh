@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # pd_mpi.sh: prefill on rank 0 and decode on rank 1 through StarPU-MPI
-# (`mpirun -np 2 cedar run --plan plans/v41-mini-pd.yaml`, runtime/pd.h).
+# (`mpirun -np 2 cedar run --plan plans/v41-mini-pd.yaml`, runtime/dist/pd.h).
 #
 #  1. the decode rank prints the single-process report plus the transfer
 #     figures ("through StarPU-MPI", bytes by state class that agree with

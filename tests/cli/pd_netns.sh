@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # pd_netns.sh: prefill and decode on "two hosts": two network namespaces on
 # this machine joined by a veth pair, Open MPI over TCP between them
-# (runtime/pd_mpi.c; docs/runtime.md, "Prefill and decode on different
+# (runtime/comm/comm_mpi.c; docs/runtime.md, "Prefill and decode on different
 # ranks").
 #
 #  1. namespaces cedar-p-PID and cedar-d-PID, a veth pair 10.231.X.1/24 <->

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # pd_sample.sh: a P/D plan samples with the whole sampler (temperature,
 # top-k, top-p, the repetition penalty, --sample-seed) exactly as one
-# process does (runtime/pd_run.c pd_sample: generate.c's ops in its order;
+# process does (runtime/dist/pd_run.c pd_sample: generate.c's ops in its order;
 # P ships its sampler state with the package).
 #
 #  1. plans/v41-mini-pd.yaml in one process (local copies between the
@@ -12,7 +12,7 @@
 #     the tokens differ (so 1 could fail), and --top-k 1 equals greedy;
 #  3. under mpirun -np 2 (StarPU-MPI, when built with it): the same, so the
 #     sampler state crosses ranks.
-# Text output (EOS, --stop) on a P/D plan stays refused (runtime/engine.c).
+# Text output (EOS, --stop) on a P/D plan stays refused (runtime/engine/engine.c).
 # Run from the repository root: bash tests/cli/pd_sample.sh build/cedar (~1 min).
 set -euo pipefail
 cedar=${1:?usage: pd_sample.sh /path/to/cedar}

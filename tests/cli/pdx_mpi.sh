@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # pdx_mpi.sh: prefill (P) and decode (D) apart, combined with layer stages
-# and with routed experts on ranks (runtime/pd_stage.c; docs/placement.md,
+# and with routed experts on ranks (runtime/dist/pd_stage.c; docs/placement.md,
 # "P/D with stages and experts"), on 3 and 4 StarPU-MPI ranks.
 #
 #  1. one process (no mpirun): each combined plan runs every role here, its

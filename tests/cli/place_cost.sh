@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # place_cost.sh: `cedar plan cost --per-rank` and `cedar plan diff --per-rank`
-# (runtime/place_cost.h, docs/placement.md):
+# (runtime/dist/place_cost.h, docs/placement.md):
 #  1. v41-flash on 8 GPUs (plans/gpu/v41-flash-8gpu.yaml) fits 141 GB a rank, the
 #     Engram tables in rank 0's host memory; --json says the same;
 #  2. the same stages without expert parallelism do not fit, and the diff

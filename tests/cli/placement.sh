@@ -3,7 +3,7 @@
 # beyond the two one process plays without mpirun, a cuda device) is refused
 # by `cedar plan check` and by every command that runs a plan, with the
 # value's file:line:col and the value to set, exit 1 and no signal; a P/D
-# split on ranks 0 and 1 is valid and runs (runtime/pd.h); `cedar graph
+# split on ranks 0 and 1 is valid and runs (runtime/dist/pd.h); `cedar graph
 # show` compiles both (transfer nodes for a P/D split).
 # Usage: bash tests/cli/placement.sh path/to/cedar   (from the repo root)
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# pp_mpi.sh: layer stages on 2, 3 and 4 StarPU-MPI ranks (runtime/pipeline.h,
+# pp_mpi.sh: layer stages on 2, 3 and 4 StarPU-MPI ranks (runtime/dist/pipeline.h,
 # `mpirun -np N cedar run --plan P` with serving.placement.stages).
 #
 #  1. tiny-40 on 2 stages (StarPU executor, one worker a rank), 3 stages

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run_text.sh: text in and out of `cedar run` (issue 13 section 4;
-# cli/run_text.c, runtime/chat_template.c, runtime/text_out.c), on
+# cli/run_text.c, runtime/text/chat_template.c, runtime/text/text_out.c), on
 # tests/plans/text-tiny.yaml (V4.1's vocabulary at toy widths).
 #
 #  1. the chat format: `cedar tokenize --chat [--system S]` renders the text

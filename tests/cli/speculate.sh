@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # speculate.sh: `cedar run --speculate` end to end (cli/run_spec.c over
-# runtime/speculate.c) on the oracle's tiny plans (toy widths, window 8: the
+# runtime/engine/speculate.c) on the oracle's tiny plans (toy widths, window 8: the
 # rings wrap every other round) and on v41-mini.
 #
 #  1. forced acceptance 1, 0.5 and 0: every greedy speculative run's tokens
@@ -12,7 +12,7 @@
 #     accepted at i / drafts and non-increasing;
 #  3. --verify-len 2 verifies 2 drafts a round (len histogram), fixed;
 #  1b. with --repetition-penalty 1.3 (the penalty over each verify row's own
-#     history, runtime/speculate.c) still bitwise plain (penalized) greedy's,
+#     history, runtime/engine/speculate.c) still bitwise plain (penalized) greedy's,
 #     and other tokens than without it;
 #  4. sampled (--temperature 0.8; also with --top-k and the penalty, the
 #     Leviathan rule on the processed distribution: test_speculate checks

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # trace.sh: `cedar run --trace FILE --dot FILE` on the StarPU executor
-# (cli/cmd_run.c, viz/trace.c, runtime/exec_starpu.c).
+# (cli/cmd_run.c, viz/trace.c, runtime/exec/exec_starpu.c).
 #
 #  1. a CED prefill of several chunks on two workers, then decode steps,
 #     writes a trace and a DOT file;

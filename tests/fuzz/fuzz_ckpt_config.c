@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/ckpt_config.h"
+#include "runtime/load/ckpt_config.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char err[1024];

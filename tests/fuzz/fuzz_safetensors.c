@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/safetensors.h"
+#include "runtime/load/safetensors.h"
 
 #define LABEL "fuzz.safetensors"
 

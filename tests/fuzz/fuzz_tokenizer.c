@@ -1,5 +1,5 @@
 /* fuzz_tokenizer.c: libFuzzer target for the tokenizer's encoder and
- * decoders (runtime/tokenizer.h) on the DeepSeek-V3 tokenizer.json the build
+ * decoders (runtime/text/tokenizer.h) on the DeepSeek-V3 tokenizer.json the build
  * found in the npm cache. Any bytes must encode without a crash, hang or
  * leak, and decode back to themselves with U+FFFD for ill-formed UTF-8
  * (decode(encode(x)) == repair(x)); streaming decode must give the same
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/tokenizer.h"
+#include "runtime/text/tokenizer.h"
 
 static struct tokenizer *tok;
 static int tried;

@@ -20,7 +20,7 @@
 #                capture against the eager kern_compress_tail, bitwise;
 #   5. model     v41-mini end to end: `cedar run --device cuda` against
 #                `--device cpu`, identical tokens (a refusal is recorded);
-#   5b. model_logits (the CUDA op groups, runtime/node_cuda.h) v41-mini with
+#   5b. model_logits (the CUDA op groups, runtime/device/node_cuda.h) v41-mini with
 #                --dump on both devices, then tests/gpu/compare_logits.py:
 #                identical tokens and every logit row within the relative
 #                RMS derived there (cuBLAS GEMMs are not OpenBLAS's bits);

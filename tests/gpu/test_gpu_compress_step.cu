@@ -2,7 +2,7 @@
  * segment (kernels/compressor.cuh: kern_compress_step, the tail's count,
  * first position and the committed entries read from device memory)
  * against the eager path (kern_compress_tail with those values as host
- * arguments, its entries copied to their pages as runtime/node_cuda_attn.cu
+ * arguments, its entries copied to their pages as runtime/device/node_cuda_attn.cu
  * does), one new row a step, bitwise; on a GPU only.
  *
  * For ratios 4, 2 and 1, STEPS steps of random rows through three copies

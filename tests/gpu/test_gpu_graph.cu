@@ -1,5 +1,5 @@
 /* test_gpu_graph.cu: eager against graph replay of a decode-step segment
- * (runtime/cuda_graph.h), bitwise, and the time ratio; on a GPU only.
+ * (runtime/device/cuda_graph.h), bitwise, and the time ratio; on a GPU only.
  *
  * The segment is a stand-in with the shape of a decode step's layer run,
  * built from kernels written here (not cedar's op kernels, which come from
@@ -32,7 +32,7 @@
 #include <time.h>
 
 #include "base/check.h"
-#include "runtime/cuda_graph.h"
+#include "runtime/device/cuda_graph.h"
 #include "tests/gpu/gpu_test.cuh"
 
 #define LAYERS 24

@@ -2,7 +2,7 @@
 block with it (tests/cli/oracle_mtp.sh).
 
 Written from ../shared/SPEC-V41.md (Appendix V #24, "Checkpoint layout",
-config.json's dspark_*) and the readings runtime/mtp.h's header states in
+config.json's dspark_*) and the readings runtime/model/mtp.h's header states in
 words where #24 is terse (positions of the draft rows, the window of main
 rows, keys through the SWA storage format, the confidence read raw); not
 from cedar's C code.  Float64 throughout, the oracle's storage and

@@ -5,7 +5,7 @@ boundary (README.md, "Flip accounting").
     follow.py CEDAR_DUMP ROUNDINGS --plan P --weights W [--json] [--out O]
 
 CEDAR_DUMP is `cedar run --dump`, ROUNDINGS `cedar run --dump-roundings` of
-the same run (runtime/round_trace.h).  The oracle (float64) reruns cedar's
+the same run (runtime/model/round_trace.h).  The oracle (float64) reruns cedar's
 tokens (the prompt, then the tokens cedar consumed).  At every point where
 the model rounds a value that carries rounding error, or takes a discrete
 decision from one, it compares its own result with cedar's:

@@ -1,0 +1,64 @@
+/* runtime/comm/comm.h: messages between the ranks of an MPI job through StarPU-MPI
+ * (runtime/comm/comm_mpi.c), for the runtime's multi-rank drivers: prefill and decode on
+ * different ranks (pd_run.c) and layer stages (pipeline.c). Every wait a
+ * caller makes on them has a deadline: a send or receive is detached and
+ * completes by a flag the caller polls; the meeting of all ranks polls a
+ * non-blocking barrier; what cannot finish ends the job (comm_abort).
+ * Without MPI in the build every call answers "not built".
+ */
+#ifndef CEDAR_RUNTIME_RANK_MSG_H
+#define CEDAR_RUNTIME_RANK_MSG_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+/* One message's completion, written by StarPU-MPI's progress thread. */
+struct comm_msg {
+  atomic_int done;
+  double t_post, t_done; /* comm_now() */
+};
+
+double comm_now(void);
+/* Every rank of the world meets here before a request's messages (so a
+ * slow start on one rank is not counted against the transfer's deadline);
+ * false when the others did not come within dl seconds (the barrier stays
+ * posted: the caller ends the job). */
+bool comm_meet(double dl);
+/* Start StarPU-MPI (StarPU too when the executor is direct). */
+int comm_start(char *err, size_t err_len);
+/* Post a detached send / receive of bytes at buf; s->done turns 1 when it
+ * completes. */
+int comm_send(void *buf, size_t bytes, int dest, int tag, struct comm_msg *s);
+int comm_recv(void *buf, size_t bytes, int src, int tag, struct comm_msg *s);
+/* Release the messages' handles and stop StarPU-MPI; false when a message
+ * was still in flight (then StarPU-MPI stays up). */
+bool comm_stop(void);
+/* After a failed transfer with messages still posted: log why and end the
+ * MPI job (MPI_Abort), since neither side could shut StarPU-MPI down. */
+void comm_abort(const char *why);
+
+/* The process's MPI world: comm_begin initialises MPI when this
+ * process was started by mpirun (MPI built in and OMPI_COMM_WORLD_SIZE /
+ * PMI_SIZE set); otherwise nothing. comm_world_size is then 0. Returns 0
+ * or CEDAR_EUNSUPPORTED with a message. */
+int comm_begin(int *argc, char ***argv, char *err, size_t err_len);
+void comm_end(void);
+int comm_world_size(void);
+int comm_world_rank(void);
+bool comm_mpi_built(void);
+/* For `cedar bench pd` (plain MPI on MPI_COMM_WORLD, outside a request):
+ * every rank waits here for the others, sleeping between polls (so a
+ * waiting rank leaves the cores to the one working); the one-way bandwidth
+ * in bytes/s from rank a to rank b with reps messages of `bytes` (the
+ * other ranks return at once; a's result is sent to b, both return it);
+ * and v[n] sent from rank `from` to rank `to` (in place on `to`). Return 0
+ * or CEDAR_EUNSUPPORTED without MPI. */
+int comm_barrier(void);
+int comm_bandwidth(int a, int b, size_t bytes, int reps, double *bytes_per_s);
+int comm_share(double *v, int n, int from, int to);
+
+/* A test fault: say so on stderr, then SIGKILL this process (comm_mpi.c). */
+void comm_die(const char *who, int nth);
+
+#endif

@@ -1,0 +1,298 @@
+/* runtime/comm/comm_mpi.c: the ranks of a P/D run and the messages between them, through
+ * StarPU-MPI over Open MPI (pd.h, pd_internal.h).
+ *
+ * MPI is initialised by cedar (MPI_THREAD_MULTIPLE) when mpirun started the
+ * process, before the engine starts StarPU; StarPU-MPI is started on top of
+ * the running StarPU (starpu_mpi_init_comm, MPI_COMM_WORLD) for the one
+ * request, and stopped before StarPU is. Each message is a buffer
+ * registered as a StarPU vector of bytes and sent or received detached
+ * (starpu_mpi_isend_detached / irecv_detached); the completion callbacks,
+ * on StarPU-MPI's progress thread, stamp the time and count. Nothing else
+ * blocks: the caller waits for the count with a deadline.
+ *
+ * Without MPI in the build every entry answers "not built" and the world
+ * size is 0, so a P/D plan runs both roles in one process.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/check.h"
+#include "base/log.h"
+#include "runtime/comm/comm.h"
+
+#ifdef CEDAR_HAVE_MPI
+#include <mpi.h>
+#include <starpu.h>
+#include <starpu_mpi.h>
+#endif
+
+static int world_size, world_rank;
+static bool mpi_inited;
+
+int comm_world_size(void) { return world_size; }
+int comm_world_rank(void) { return world_rank; }
+
+double comm_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts); /* one clock for every process of one host */
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#ifdef CEDAR_HAVE_MPI
+
+bool comm_mpi_built(void) { return true; }
+
+static bool under_mpirun(void) {
+  return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+}
+
+int comm_begin(int *argc, char ***argv, char *err, size_t err_len) {
+  if (mpi_inited || !under_mpirun()) return 0;
+  int provided = 0;
+  if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+    snprintf(err, err_len, "MPI_Init_thread failed");
+    return CEDAR_EUNSUPPORTED;
+  }
+  mpi_inited = true;
+  if (provided < MPI_THREAD_SERIALIZED) {
+    snprintf(err, err_len, "this MPI gives thread level %d; StarPU-MPI needs MPI_THREAD_SERIALIZED", provided);
+    return CEDAR_EUNSUPPORTED;
+  }
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  return 0;
+}
+
+void comm_end(void) {
+  if (!mpi_inited) return;
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin) MPI_Finalize();
+  mpi_inited = false;
+}
+
+/* ---- plain MPI for bench pd ---------------------------------------------- */
+
+static void wait_req(MPI_Request *q) {
+  int done = 0;
+  for (;;) {
+    MPI_Test(q, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    nanosleep(&(struct timespec){0, 200000}, NULL);
+  }
+}
+
+bool comm_meet(double dl) {
+  if (!mpi_inited) return true;
+  MPI_Request q;
+  MPI_Ibarrier(MPI_COMM_WORLD, &q);
+  double until = comm_now() + dl;
+  for (int done = 0;;) {
+    MPI_Test(&q, &done, MPI_STATUS_IGNORE);
+    if (done) return true;
+    if (comm_now() > until) return false;
+    nanosleep(&(struct timespec){0, 500000}, NULL);
+  }
+}
+
+int comm_barrier(void) {
+  if (!mpi_inited) return CEDAR_EUNSUPPORTED;
+  MPI_Request q;
+  MPI_Ibarrier(MPI_COMM_WORLD, &q);
+  wait_req(&q);
+  return 0;
+}
+
+int comm_bandwidth(int a, int b, size_t bytes, int reps, double *bytes_per_s) {
+  if (!mpi_inited) return CEDAR_EUNSUPPORTED;
+  *bytes_per_s = 0;
+  if (world_rank != a && world_rank != b) return 0;
+  char *buf = cedar_xcalloc(bytes ? bytes : 1, 1);
+  char ack = 0;
+  double bw = 0;
+  /* one warm-up message, then reps timed ones and b's one-byte answer */
+  for (int round = 0; round < 2; round++) {
+    int n = round ? reps : 1;
+    double t0 = comm_now();
+    for (int i = 0; i < n; i++) {
+      if (world_rank == a)
+        MPI_Send(buf, (int)bytes, MPI_BYTE, b, 7000 + round, MPI_COMM_WORLD);
+      else
+        MPI_Recv(buf, (int)bytes, MPI_BYTE, a, 7000 + round, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    }
+    if (world_rank == a)
+      MPI_Recv(&ack, 1, MPI_BYTE, b, 7100 + round, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    else
+      MPI_Send(&ack, 1, MPI_BYTE, a, 7100 + round, MPI_COMM_WORLD);
+    double dt = comm_now() - t0;
+    if (round) bw = dt > 0 ? (double)bytes * n / dt : 0;
+  }
+  free(buf);
+  if (world_rank == a)
+    MPI_Send(&bw, 1, MPI_DOUBLE, b, 7200, MPI_COMM_WORLD);
+  else
+    MPI_Recv(&bw, 1, MPI_DOUBLE, a, 7200, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  *bytes_per_s = bw;
+  return 0;
+}
+
+int comm_share(double *v, int n, int from, int to) {
+  if (!mpi_inited) return CEDAR_EUNSUPPORTED;
+  if (from == to) return 0;
+  MPI_Request q;
+  if (world_rank == from) {
+    MPI_Isend(v, n, MPI_DOUBLE, to, 7300, MPI_COMM_WORLD, &q);
+    wait_req(&q);
+  } else if (world_rank == to) {
+    MPI_Irecv(v, n, MPI_DOUBLE, from, 7300, MPI_COMM_WORLD, &q);
+    wait_req(&q);
+  }
+  return 0;
+}
+
+/* ---- messages ------------------------------------------------------------ */
+
+struct msg {
+  starpu_data_handle_t h;
+  struct comm_msg *st;
+};
+
+static struct msg *msgs;
+static int n_msgs, cap_msgs;
+static bool own_starpu, mpi_started;
+static pthread_mutex_t msgs_mu = PTHREAD_MUTEX_INITIALIZER; /* transfer tasks post from several workers */
+
+int comm_start(char *err, size_t err_len) {
+  if (mpi_started) return 0;
+  if (!starpu_is_initialized()) {
+    /* the direct executor: StarPU only to carry the messages */
+    struct starpu_conf conf;
+    starpu_conf_init(&conf);
+    conf.ncpus = 1;
+    conf.ncuda = conf.nopencl = 0;
+    if (starpu_init(&conf)) {
+      snprintf(err, err_len, "starpu_init for StarPU-MPI failed");
+      return CEDAR_EUNSUPPORTED;
+    }
+    own_starpu = true;
+  }
+  if (starpu_mpi_init_comm(NULL, NULL, 0, MPI_COMM_WORLD)) {
+    snprintf(err, err_len, "starpu_mpi_init_comm failed");
+    return CEDAR_EUNSUPPORTED;
+  }
+  mpi_started = true;
+  return 0;
+}
+
+static void on_done(void *arg) {
+  struct comm_msg *s = arg;
+  s->t_done = comm_now();
+  atomic_store(&s->done, 1);
+}
+
+static int post(void *buf, size_t bytes, int peer, int tag, struct comm_msg *s, bool send) {
+  pthread_mutex_lock(&msgs_mu);
+  if (n_msgs == cap_msgs) {
+    cap_msgs = cap_msgs ? 2 * cap_msgs : 64;
+    msgs = cedar_xrealloc(msgs, sizeof(*msgs) * (size_t)cap_msgs);
+  }
+  struct msg *m = &msgs[n_msgs++];
+  m->st = s;
+  starpu_vector_data_register(&m->h, STARPU_MAIN_RAM, (uintptr_t)buf, (uint32_t)bytes, 1);
+  starpu_data_handle_t h = m->h;
+  pthread_mutex_unlock(&msgs_mu);
+  s->t_post = comm_now();
+  int rc = send ? starpu_mpi_isend_detached(h, peer, tag, MPI_COMM_WORLD, on_done, s)
+                : starpu_mpi_irecv_detached(h, peer, tag, MPI_COMM_WORLD, on_done, s);
+  return rc ? CEDAR_EUNSUPPORTED : 0;
+}
+
+int comm_send(void *buf, size_t bytes, int dest, int tag, struct comm_msg *s) {
+  return post(buf, bytes, dest, tag, s, true);
+}
+
+int comm_recv(void *buf, size_t bytes, int src, int tag, struct comm_msg *s) {
+  return post(buf, bytes, src, tag, s, false);
+}
+
+void comm_abort(const char *why) {
+  LOG_ERROR("%s", why);
+  LOG_ERROR("rank %d: a message between ranks is still posted and StarPU-MPI cannot cancel it: ending the job "
+            "(MPI_Abort)",
+            world_rank);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+/* Unregister every completed message's handle; the caller owns the
+ * buffers. A message still in flight keeps its handle (a failed request:
+ * StarPU-MPI's shutdown is then skipped, the process exits). */
+bool comm_stop(void) {
+  bool all = true;
+  for (int i = 0; i < n_msgs; i++) {
+    if (atomic_load(&msgs[i].st->done))
+      starpu_data_unregister(msgs[i].h);
+    else
+      all = false;
+  }
+  free(msgs);
+  msgs = NULL;
+  n_msgs = cap_msgs = 0;
+  if (mpi_started && all) {
+    starpu_mpi_shutdown();
+    mpi_started = false;
+    if (own_starpu) starpu_shutdown();
+    own_starpu = false;
+  }
+  return all;
+}
+
+#else /* no MPI in this build */
+
+bool comm_mpi_built(void) { return false; }
+int comm_begin(int *argc, char ***argv, char *err, size_t err_len) {
+  (void)argc, (void)argv, (void)err, (void)err_len;
+  return 0;
+}
+void comm_end(void) {}
+int comm_start(char *err, size_t err_len) {
+  snprintf(err, err_len, "this build has no StarPU-MPI (install libopenmpi-dev and rebuild)");
+  return CEDAR_EUNSUPPORTED;
+}
+int comm_send(void *buf, size_t bytes, int dest, int tag, struct comm_msg *s) {
+  (void)buf, (void)bytes, (void)dest, (void)tag, (void)s;
+  return CEDAR_EUNSUPPORTED;
+}
+int comm_recv(void *buf, size_t bytes, int src, int tag, struct comm_msg *s) {
+  (void)buf, (void)bytes, (void)src, (void)tag, (void)s;
+  return CEDAR_EUNSUPPORTED;
+}
+bool comm_stop(void) { return true; }
+bool comm_meet(double dl) {
+  (void)dl;
+  return true;
+}
+
+int comm_barrier(void) { return CEDAR_EUNSUPPORTED; }
+int comm_bandwidth(int a, int b, size_t bytes, int reps, double *bytes_per_s) {
+  (void)a, (void)b, (void)bytes, (void)reps;
+  *bytes_per_s = 0;
+  return CEDAR_EUNSUPPORTED;
+}
+int comm_share(double *v, int n, int from, int to) {
+  (void)v, (void)n, (void)from, (void)to;
+  return CEDAR_EUNSUPPORTED;
+}
+void comm_abort(const char *why) { (void)why; }
+
+#endif
+
+void comm_die(const char *who, int nth) {
+  fprintf(stderr, "cedar: test fault: %s kills itself (SIGKILL) at message %d\n", who, nth);
+  fflush(stderr);
+  raise(SIGKILL);
+}
