@@ -251,6 +251,15 @@ void graph__split_experts(struct graph *g);
  * takes its message outside the graph: runtime/dist/pd.h). */
 bool graph_runs_on(const struct graph *g, const struct graph_node *nd, int rank);
 
+/* What runs a request of the plan g was compiled from, read off g's nodes:
+ * one home (GRAPH_RUN_ONE); prefill and decode on two homes, with the
+ * state package's TRANSFER nodes (GRAPH_RUN_PD, possibly with stages or
+ * expert shards inside each role); or one graph shared by ranks, with
+ * stage-boundary or expert TRANSFER nodes or expert shards (GRAPH_RUN_RANKS).
+ * The engine chooses its driver by it (runtime/engine/engine.c). */
+enum graph_run { GRAPH_RUN_ONE = 0, GRAPH_RUN_PD, GRAPH_RUN_RANKS };
+enum graph_run graph_run_kind(const struct graph *g);
+
 /* Counts for tests and reports. */
 int graph_count_op(const struct graph *g, enum graph_op op, int layer /* -1 any */);
 

@@ -294,3 +294,13 @@ bool graph_runs_on(const struct graph *g, const struct graph_node *nd, int rank)
     return true; /* a stage transfer's receiving side (a P->D one is received outside the graph: pd.h) */
   return nd->place.rank == rank;
 }
+
+enum graph_run graph_run_kind(const struct graph *g) {
+  bool ranks = false;
+  for (int k = 0; k < g->n_node; k++) {
+    const struct graph_node *nd = &g->node[k];
+    if (nd->op == GRAPH_TRANSFER && !(nd->flags & (GRAPH_F_STAGE | GRAPH_F_EP))) return GRAPH_RUN_PD;
+    ranks |= (nd->op == GRAPH_TRANSFER) || nd->op == GRAPH_MOE_SHARD || (nd->flags & GRAPH_F_EP);
+  }
+  return ranks ? GRAPH_RUN_RANKS : GRAPH_RUN_ONE;
+}

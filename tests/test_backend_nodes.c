@@ -87,6 +87,8 @@ static void check_table(void) {
   EXPECT(rt_backend_missing(&rt_backend_cpu, true, none, sizeof none) == 0, "cpu with the features: missing %s", none);
   EXPECT(entry_of(GRAPH_DEV_CPU, GRAPH_TRANSFER, GRAPH_F_EP) == rt_ep_transfer_node, "EP transfer entry");
   EXPECT(entry_of(GRAPH_DEV_CPU, GRAPH_TRANSFER, GRAPH_F_STAGE) == rt_pipe_transfer_node, "stage transfer entry");
+  EXPECT(entry_of(GRAPH_DEV_CPU, GRAPH_TRANSFER, GRAPH_F_STAGE | GRAPH_F_EP) == rt_ep_transfer_node,
+         "an expert packet the stage pass ships is expert parallel's");
   EXPECT(entry_of(GRAPH_DEV_CPU, GRAPH_TRANSFER, 0) == rt_pd_transfer_node, "P/D transfer entry");
   EXPECT(entry_of(GRAPH_DEV_CPU, GRAPH_MOE, GRAPH_F_EP) == rt_ep_route, "EP route entry");
   EXPECT(entry_of(GRAPH_DEV_CPU, GRAPH_MOE, 0) == rt_backend_cpu.run[GRAPH_MOE], "a plain MoE runs the table's");

@@ -18,8 +18,11 @@
  *    ambiguous y1 each make D refuse, naming the condition; a corrupt
  *    message fails its checksum; each time the request's pages return;
  *  - a request with a prefix cache is refused with the reason, and
- *    CEDAR_PD_TEST_FAULT's values parse (a bad one is refused by name).
+ *    CEDAR_PD_TEST_FAULT's values parse (a bad one is refused by name);
+ *  - non-finite logits on the decode home fail the request with the
+ *    sampler's message, no -1 in the token stream, pages returned.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,6 +171,50 @@ static void check_refusals_and_faults(struct fx *pd) {
   rt_pd_set_fault(RT_PD_FAULT_NONE);
 }
 
+/* Non-finite logits on the decode home fail the request cleanly: the
+ * embedding row of the token the prefill samples (y1) is poisoned with NaN,
+ * so the prefill (prompt ids only) is finite and D's first decode step is
+ * not. The request fails with the sampler's message, no -1 enters the
+ * token stream, and D's pages return (the defect of pd_run.c's own decode
+ * loop, which stored the sampler's -1 as a token). */
+static void check_nonfinite_decode(struct fx *f, const char *label) {
+  const int64_t n = 16;
+  int32_t tok[16];
+  struct rt_gen_opts o = {.chunk = 16, .replay = -1, .max_new = 3};
+  struct rt_request r = {0};
+  struct rt_gen_result res;
+  struct rt_pd_stats st;
+  int32_t t = 1, y1 = -1;
+  for (; t < 64; t++) { /* a prompt id the model does not answer with itself */
+    for (int i = 0; i < n; i++) tok[i] = t;
+    int rc = rt_pd_generate(&f->M, f->pools, &r, tok, n, &o, &res, &st, err, sizeof err);
+    EXPECT(rc == 0, "%s: clean run: %s", label, err);
+    y1 = rc == 0 && res.n_tokens ? res.tokens[0] : -1;
+    rt_gen_result_free(&res);
+    rt_request_free(&r);
+    if (y1 >= 0 && y1 != t) break;
+  }
+  if (y1 < 0 || y1 == t) {
+    EXPECT(false, "%s: no prompt id below 64 whose first answer differs", label);
+    return;
+  }
+  const int d = f->p->model.hidden;
+  float *row = (float *)f->M.embed + (size_t)y1 * d, *keep = malloc(sizeof(float) * (size_t)d);
+  memcpy(keep, row, sizeof(float) * (size_t)d);
+  for (int i = 0; i < d; i++) row[i] = NAN;
+  err[0] = 0;
+  int rc = rt_pd_generate(&f->M, f->pools, &r, tok, n, &o, &res, &st, err, sizeof err);
+  memcpy(row, keep, sizeof(float) * (size_t)d);
+  free(keep);
+  EXPECT(rc == CEDAR_EINVAL && strstr(err, "NaN or +inf") && strstr(err, "position 16"),
+         "%s: NaN logits on D: rc %d, '%s'", label, rc, err);
+  for (int i = 0; i < res.n_tokens; i++)
+    EXPECT(res.tokens[i] >= 0 && res.tokens[i] < f->V, "%s: token %d is %d", label, i, res.tokens[i]);
+  rt_gen_result_free(&res);
+  rt_request_free(&r);
+  EXPECT(pages_in_use(f) == 0, "%s: D's pages not returned", label);
+}
+
 int main(void) {
   struct fx pd, pdd, one;
   if (!fx_open(&pd, PD_PLAN) || !fx_open(&pdd, PD_PLAN_D) || !fx_open(&one, PLAN_T40)) return h_report("pd");
@@ -195,6 +242,8 @@ int main(void) {
     expect_refusal(f, RT_PD_FAULT_CORRUPT, 37, "fails its checksum", "a corrupt KV message");
   }
   check_refusals_and_faults(&pd);
+  check_nonfinite_decode(&pd, "P/D");
+  check_nonfinite_decode(&pdd, "P/D, replay on D");
   fx_close(&pd);
   fx_close(&pdd);
   fx_close(&one);

@@ -548,8 +548,8 @@ int rt_ep_transfer_node(const struct rt_node_ctx *c) {
 }
 
 void rt_ep_register(void) {
-  rt_backend_feature(GRAPH_DEV_CPU, GRAPH_TRANSFER, GRAPH_F_EP, rt_ep_transfer_node);
-  rt_backend_feature(GRAPH_DEV_CPU, GRAPH_MOE, GRAPH_F_EP, rt_ep_route);
-  rt_backend_feature(GRAPH_DEV_CPU, GRAPH_MOE_SHARD, 0, rt_ep_shard);
-  rt_backend_feature(GRAPH_DEV_CPU, GRAPH_MOE_SUM, 0, rt_ep_sum);
+  rt_backend_feature(GRAPH_DEV_CPU, GRAPH_TRANSFER, GRAPH_F_EP, GRAPH_F_EP, rt_ep_transfer_node); /* stage pass or not */
+  rt_backend_feature(GRAPH_DEV_CPU, GRAPH_MOE, GRAPH_F_EP, GRAPH_F_EP, rt_ep_route);
+  rt_backend_feature(GRAPH_DEV_CPU, GRAPH_MOE_SHARD, 0, 0, rt_ep_shard);
+  rt_backend_feature(GRAPH_DEV_CPU, GRAPH_MOE_SUM, 0, 0, rt_ep_sum);
 }

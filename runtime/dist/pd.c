@@ -461,4 +461,6 @@ int pd_ready_mask(const struct plan *p, const struct rt_pd_meta *m, const struct
 #undef REFUSE
 }
 
-void rt_pd_register(void) { rt_backend_feature(GRAPH_DEV_CPU, GRAPH_TRANSFER, 0, rt_pd_transfer_node); }
+void rt_pd_register(void) {
+  rt_backend_feature(GRAPH_DEV_CPU, GRAPH_TRANSFER, GRAPH_F_STAGE | GRAPH_F_EP, 0, rt_pd_transfer_node);
+}

@@ -82,8 +82,10 @@ double pd_deadline_s(void);        /* CEDAR_PD_DEADLINE_S, default 60 */
  * rx->first_missing names it when rx). die_at: a test fault (0: none). */
 bool pd_wait_all(const struct graph *g, struct comm_msg *ms, const int *idx, int n_idx, double dl,
                  struct rt_pd_rx *rx, int die_at);
-/* The next token from logits with o's whole sampler (generate.c's order). */
-int32_t pd_sample(const struct rt_gen_opts *o, const struct rt_request *r, const float *logits, int V, uint64_t *rng);
+/* The next token from logits through the one sampler path (runtime/gen/sampler.h):
+ * 0 and *id, or CEDAR_EINVAL with err (non-finite logits at pos). */
+int pd_sample(const struct rt_gen_opts *o, const struct rt_request *r, const float *logits, int64_t pos,
+              uint64_t *rng, int32_t *id, char *err, size_t err_len);
 /* D's decode loop from r's pending y1 (r->n_pos positions processed). */
 int pd_decode(const struct rt_model *M, const struct rt_gen_opts *o, struct rt_request *r, uint64_t rng,
               struct rt_gen_result *res, char *err, size_t err_len);

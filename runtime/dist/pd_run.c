@@ -200,19 +200,17 @@ static void fill_result(struct run *R, struct rt_gen_result *res) {
  * so P's y1 and D's ids are a single process's, bitwise (P ships its rng
  * state in the metadata). -1 as op_sample_k gives it, or for an id of r
  * outside the vocabulary. */
-int32_t pd_sample(const struct rt_gen_opts *o, const struct rt_request *r, const float *logits, int V,
-                         uint64_t *rng) {
-  float *prob = cedar_xmalloc(sizeof(float) * (size_t)V), *pen = NULL;
-  int32_t *order = cedar_xmalloc(sizeof(int32_t) * (size_t)V), id = -1;
-  if (o->rep_penalty > 0 && o->rep_penalty != 1.0f) {
-    pen = cedar_xmalloc(sizeof(float) * (size_t)V);
-    if (op_sample_penalize(pen, logits, V, r->tokens, r->n_tokens, o->rep_penalty)) goto out;
-    logits = pen;
+int pd_sample(const struct rt_gen_opts *o, const struct rt_request *r, const float *logits, int64_t pos,
+              uint64_t *rng, int32_t *id, char *err, size_t err_len) {
+  struct rt_sampler smp;
+  if (rt_sampler_init(&smp, r->plan->model.vocab)) {
+    snprintf(err, err_len, "out of memory for the sampler");
+    return CEDAR_ENOMEM;
   }
-  id = op_sample_k(prob, order, logits, V, o->temperature, o->top_k, o->top_p, rng);
-out:
-  free(prob), free(order), free(pen);
-  return id;
+  struct rt_sample_opts so = rt_gen_sample_opts(o);
+  int rc = rt_sample_next(&smp, &so, r, logits, pos, rng, id, err, err_len);
+  rt_sampler_free(&smp);
+  return rc;
 }
 
 static int run_prefill(struct run *R, struct rt_kv_pool *pools, struct rt_request *rp, struct rt_pd_stats *st,
@@ -252,8 +250,10 @@ static int run_prefill(struct run *R, struct rt_kv_pool *pools, struct rt_reques
   rp->n_pos = R->n;
   uint64_t rng = R->o->seed;
   int32_t y1 = -1;
-  if (R->g.out_rows > 0) /* replay on P: P samples y1 */
-    y1 = pd_sample(R->o, rp, R->logits + (size_t)(R->g.out_rows - 1) * V, V, &rng);
+  if (R->g.out_rows > 0) { /* replay on P: P samples y1 (non-finite logits fail the request: D's wait ends) */
+    rc = pd_sample(R->o, rp, R->logits + (size_t)(R->g.out_rows - 1) * V, R->n - 1, &rng, &y1, err, err_len);
+    if (rc) return rc;
+  }
   double ttft = comm_now() - t0;
   struct rt_exec_stats ps = R->m.prefill;
   pd_meta_fill(&R->m, rp, R->n, y1, rng);
@@ -348,50 +348,30 @@ static int replay_on_d(struct run *R, struct rt_request *r, char *err, size_t er
   R->d_nodes = g.n_node;
   for (int k = 0; k < g.n_node; k++) R->d_edges += g.node[k].n_dep;
   R->d_rows = g.out_rows;
-  if (!rc) {
-    r->pending = pd_sample(o, r, R->logits + (size_t)(g.out_rows - 1) * V, V, &R->rng);
-    R->ttft_d = comm_now() - R->m.t_start; /* D delivers y1: the handoff is inside TTFT */
-  }
+  if (!rc) rc = pd_sample(o, r, R->logits + (size_t)(g.out_rows - 1) * V, R->n - 1, &R->rng, &r->pending, err, err_len);
+  if (!rc) R->ttft_d = comm_now() - R->m.t_start; /* D delivers y1: the handoff is inside TTFT */
   graph_free(&g);
   return rc;
 }
 
-/* D: consume y1 and decode, as generate.c's loop does. */
+/* D: consume y1 and decode (the one decode loop: rt_gen_decode). */
 static int run_decode(struct run *R, struct rt_request *r, struct rt_gen_result *res, char *err, size_t err_len) {
   return pd_decode(R->MD, R->o, r, R->rng, res, err, err_len);
 }
 
 int pd_decode(const struct rt_model *M, const struct rt_gen_opts *o, struct rt_request *r, uint64_t rng,
               struct rt_gen_result *res, char *err, size_t err_len) {
-  const struct plan *p = M->p;
-  const int V = p->model.vocab;
+  const int V = M->p->model.vocab;
   res->tokens = cedar_xmalloc(sizeof(int32_t) * (size_t)o->max_new);
   res->decode_logits = cedar_xmalloc(sizeof(float) * (size_t)V * (size_t)(o->max_new > 1 ? o->max_new - 1 : 1));
   res->tokens[res->n_tokens++] = r->pending;
-  double steady = 0;
-  int rc = 0;
-  for (int i = 1; i < o->max_new && !rc; i++) {
-    double t = comm_now();
-    rt_request_push_token(r, r->pending);
-    r->pending = -1;
-    float *lg = res->decode_logits + (size_t)(i - 1) * V;
-    struct graph g;
-    rc = graph_build_decode(&g, p, r->n_pos, err, err_len);
-    if (rc) break;
-    res->decode_nodes = g.n_node;
-    struct rt_exec_out out = {.logits = lg, .pos = NULL};
-    rc = rt_gen_run_graph(&g, M, r, &out, &res->decode, o, NULL, true, NULL, err, err_len);
-    graph_free(&g);
-    if (rc) break;
-    r->n_pos++;
-    res->tokens[res->n_tokens++] = r->pending = pd_sample(o, r, lg, V, &rng);
-    double dt = comm_now() - t;
-    if (i == 1)
-      res->first_itl_s = dt;
-    else
-      steady += dt;
+  struct rt_sampler smp;
+  if (rt_sampler_init(&smp, V)) {
+    snprintf(err, err_len, "out of memory for the sampler");
+    return CEDAR_ENOMEM;
   }
-  if (res->n_tokens > 2) res->steady_itl_s = steady / (res->n_tokens - 2);
+  int rc = rt_gen_decode(M, r, o, &smp, &rng, res, err, err_len);
+  rt_sampler_free(&smp);
   return rc;
 }
 

@@ -6,7 +6,7 @@
  *
  *   - every rank runs every graph in one order (the prefill graph, then each
  *     decode step) through the pipeline driver (rt_pipe_open / _close,
- *     rt_pipe_skip, rt_pipe_after_graph: the logits reach every rank, so
+ *     rt_pipe_bind: this rank's nodes, then rt_pipe_after_graph: the logits reach every rank, so
  *     every rank samples the same ids from the same seed); the prefill
  *     graph is built from the prefill role's view of the plan
  *     (plan_role_view), the decode graphs from the decode role's, so each
@@ -312,7 +312,7 @@ int pd_stage_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct
     if (nd->op != GRAPH_TRANSFER || (nd->flags & GRAPH_F_STAGE)) continue;
     S->src[k] = nd->place.rank;
     S->dst[k] = g->data[nd->xfer_dst].home.rank;
-    if (S->src[k] >= W || S->dst[k] >= W) { /* rt_pipe_placement_check refused this earlier */
+    if (S->src[k] >= W || S->dst[k] >= W) { /* the placement check refused this earlier */
       snprintf(err, err_len, "%s runs between ranks %d and %d, but mpirun gave %d", nd->name, S->src[k], S->dst[k], W);
       rc = CEDAR_EUNSUPPORTED;
       goto out;
@@ -374,7 +374,7 @@ int pd_stage_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct
   }
   if (!rc) { /* every rank has the logits (rt_pipe_after_graph): each samples y1, the same */
     rp.n_pos = n;
-    y1 = pd_sample(o, &rp, logits + (size_t)(g->out_rows - 1) * V, V, &rng);
+    rc = pd_sample(o, &rp, logits + (size_t)(g->out_rows - 1) * V, n - 1, &rng, &y1, err, err_len);
   }
   for (int q = 0; q < W && !rc && is_p; q++)
     if (S->feeds[q]) {

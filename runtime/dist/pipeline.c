@@ -491,5 +491,5 @@ int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct 
 }
 
 void rt_pipe_register(void) {
-  rt_backend_feature(GRAPH_DEV_CPU, GRAPH_TRANSFER, GRAPH_F_STAGE, rt_pipe_transfer_node);
+  rt_backend_feature(GRAPH_DEV_CPU, GRAPH_TRANSFER, GRAPH_F_STAGE | GRAPH_F_EP, GRAPH_F_STAGE, rt_pipe_transfer_node);
 }

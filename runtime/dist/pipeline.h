@@ -108,7 +108,8 @@ const struct rt_pipe_trace *rt_pipe_graph_trace(const struct graph *g);
 /* The last request's figures (rank 0 has every rank's). */
 const struct rt_pipe_stats *rt_pipe_last_stats(void);
 
-/* Register the stage boundary's TRANSFER entry (GRAPH_F_STAGE nodes;
+/* Register the stage boundary's TRANSFER entry (GRAPH_F_STAGE nodes that
+ * are not expert packets;
  * runtime/node/backend.h). Idempotent; rt_pipe_open calls it. */
 void rt_pipe_register(void);
 

@@ -10,7 +10,6 @@
 #include <time.h>
 
 #include "base/check.h"
-#include "ops/sample.h"
 #include "runtime/exec/exec.h"
 #include "scheduler/batch_policy.h"
 
@@ -56,8 +55,10 @@ int rt_batch_init(struct rt_batch *b, const struct rt_model *M, struct rt_kv_poo
              b->o.chunk);
     return CEDAR_EINVAL;
   }
-  b->prob = cedar_xmalloc(sizeof(float) * (size_t)p->model.vocab);
-  b->order = cedar_xmalloc(sizeof(int32_t) * (size_t)p->model.vocab);
+  if (rt_sampler_init(&b->smp, p->model.vocab)) {
+    snprintf(err, err_len, "out of memory for the sampler");
+    return CEDAR_ENOMEM;
+  }
   b->ar = cedar_xcalloc(1, sizeof(*b->ar));
   rt_arena_init(b->ar, 0);
   return 0;
@@ -161,8 +162,7 @@ void rt_batch_free(struct rt_batch *b) {
   }
   free(b->q);
   free(b->live);
-  free(b->prob);
-  free(b->order);
+  rt_sampler_free(&b->smp);
   if (b->ar) rt_arena_free(b->ar);
   free(b->ar);
   memset(b, 0, sizeof(*b));
@@ -170,16 +170,16 @@ void rt_batch_free(struct rt_batch *b) {
 
 /* ---- sampling ------------------------------------------------------------ */
 
-/* The next token of q from one row of logits, stamped with the clock; a -1
- * from the sampler (NaN, +inf, nothing finite) fails the request. */
+/* The next token of q from one row of logits (the one sampler path:
+ * runtime/gen/sampler.h), stamped with the clock; non-finite logits fail
+ * the request alone. */
 static bool take_token(struct rt_batch *b, int h, const float *lg, double t) {
   struct rt_bq *q = b->q[h];
   const int V = b->M->p->model.vocab;
-  int32_t id = op_sample(b->prob, b->order, lg, V, b->o.temperature, b->o.top_p, &q->rng);
-  if (id < 0) {
-    char why[160];
-    snprintf(why, sizeof why, "the logits of position %lld hold NaN or +inf, or no finite value",
-             (long long)q->r.n_pos - 1);
+  struct rt_sample_opts so = {b->o.temperature, b->o.top_p, b->o.top_k, b->o.rep_penalty};
+  int32_t id;
+  char why[400];
+  if (rt_sample_next(&b->smp, &so, &q->r, lg, q->r.n_pos - 1, &q->rng, &id, why, sizeof why)) {
     fail(b, h, why);
     return false;
   }

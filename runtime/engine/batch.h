@@ -44,6 +44,7 @@
 #include <stdint.h>
 
 #include "runtime/gen/generate.h"
+#include "runtime/gen/sampler.h"
 #include "runtime/model/model.h"
 #include "runtime/cache/prefix_cache.h"
 #include "runtime/model/state.h"
@@ -84,6 +85,8 @@ struct rt_bq {
 struct rt_batch_opts {
   int max_requests, step_tokens, chunk; /* <= 0: the plan's serving.batch */
   float temperature, top_p;             /* 0: greedy; top_p 1: off */
+  int top_k;                            /* 0: off */
+  float rep_penalty;                    /* 0 or 1: off (runtime/gen/sampler.h) */
   struct pc_cache *cache;               /* or NULL */
   bool save_snapshot;
   bool keep_logits;                     /* keep every token's logits (tests) */
@@ -112,8 +115,7 @@ struct rt_batch {
   double decode_fam_s[RT_FAM_COUNT]; /* the decode parts' time by op family (runtime/model/arena.h) */
   long long decode_experts;/* routed experts their MoE groups ran, distinct per layer and step
                               (rt_arena.experts): what the steps' weight bytes depend on */
-  float *prob;             /* (vocab) sampler scratch */
-  int32_t *order;
+  struct rt_sampler smp;   /* the one sampler path's scratch (runtime/gen/sampler.h) */
   struct rt_arena *ar;
 };
 

@@ -149,6 +149,18 @@ static int start_exec(struct rt_engine *e, const struct rt_engine_exec *x, char 
 
 /* ---- open and close ------------------------------------------------------ */
 
+/* The driver of e's requests from the graph the plan compiles to (a
+ * one-token prefill: its nodes say whether prefill and decode sit on two
+ * homes, or ranks share the graph), not from re-reading the plan. */
+static int choose_driver(struct rt_engine *e, char *err, size_t err_len) {
+  struct graph g;
+  int rc = graph_build_prefill(&g, &e->plan, 1, &(struct graph_opts){.replay = -1}, err, err_len);
+  if (rc) return rc;
+  e->run = graph_run_kind(&g);
+  graph_free(&g);
+  return 0;
+}
+
 int rt_engine_open(struct rt_engine *e, const struct rt_engine_opts *o, char *err, size_t err_len) {
   memset(e, 0, sizeof(*e));
   e->opts = *o;
@@ -168,6 +180,7 @@ int rt_engine_open(struct rt_engine *e, const struct rt_engine_opts *o, char *er
       memset(&sv->mark_decode_device, 0, sizeof sv->mark_decode_device);
     }
     rc = rt_placement_check(&e->plan, NULL, err, err_len);
+    if (!rc) rc = choose_driver(e, err, err_len);
   }
   if (!rc && o->on_plan) {
     step = RT_ENGINE_ON_PLAN;
@@ -243,7 +256,7 @@ int rt_engine_generate(struct rt_engine *e, struct rt_request *r, const int32_t 
   go.executor = e->exec.executor;
   go.cache = e->cache;
   go.save_snapshot = e->cache && e->opts.cache.snapshots;
-  if (rt_pd_split(&e->plan)) { /* prefill and decode on two homes (runtime/dist/pd.h); 1: this rank prints nothing */
+  if (e->run == GRAPH_RUN_PD) { /* prefill and decode on two homes (runtime/dist/pd.h); 1: this rank prints nothing */
     if (o->on_token) { /* pd_run.c samples with the whole sampler (bitwise generate.c's), but streams no text */
       memset(r, 0, sizeof *r), memset(res, 0, sizeof *res);
       snprintf(err, err_len, "plan %s runs prefill and decode apart, which returns ids only: text output (EOS, "
@@ -253,7 +266,7 @@ int rt_engine_generate(struct rt_engine *e, struct rt_request *r, const int32_t 
     struct rt_pd_stats st;
     return rt_pd_generate(&e->model, e->pools, r, prompt, n, &go, res, &st, err, err_len);
   }
-  if (plan_has_stages(&e->plan) || e->plan.serving.place.n_ep_ranks) /* layer stages (runtime/dist/pipeline.h) */
+  if (e->run == GRAPH_RUN_RANKS) /* layer stages, expert shards (runtime/dist/pipeline.h) */
     return rt_pipe_generate(&e->model, e->pools, r, prompt, n, &go, res, err, err_len);
   int rc = rt_generate(&e->model, e->pools, r, prompt, n, &go, res, err, err_len);
   if (!rc && e->dev) rc = rt_dev_request_download(e->dev, r, err, err_len); /* the host reads r's state next */
@@ -275,7 +288,7 @@ int rt_engine_generate_isolated(const struct rt_engine *e, const int32_t *prompt
   go.executor = RT_EXEC_DIRECT;
   go.cache = NULL;
   go.save_snapshot = false;
-  if (rt_pd_split(&e->plan)) {
+  if (e->run == GRAPH_RUN_PD) {
     snprintf(err, err_len, "prefill and decode on different homes (serving.placement) run one request at a time "
              "(cedar run); concurrent isolated requests do not take a P/D plan yet");
     return CEDAR_EUNSUPPORTED;

@@ -120,6 +120,7 @@ struct rt_engine {
   struct rt_engine_exec exec;   /* in force */
   bool holds_starpu;            /* this engine started StarPU and stops it */
   struct rt_dev_ctx *dev;       /* a CUDA home's state, weights and graphs (engine_dev.c), or NULL; model.dev */
+  enum graph_run run;           /* the driver, read off the plan's compiled prefill (scheduler/graph.h) */
   bool open;
   enum rt_engine_step failed;   /* after a failed open */
   char name[96];                /* the plan's name once it loaded (kept after a failed open, for messages) */

@@ -7,7 +7,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "ops/sample.h"
 #include "base/check.h"
 
 static double now_s(void) {
@@ -190,33 +189,46 @@ static int decode_step(const struct rt_model *M, struct rt_request *r, float *lo
   return rc;
 }
 
-/* The next token from one position's logits into res and r->pending.
- * Logits holding NaN or +inf (or no finite value) fail the request with
- * CEDAR_EINVAL, naming the position: the sampler returns -1 for them
- * (ops/sample.h), and a -1 must never reach the token stream. */
-static int sample_checked(float *prob, int32_t *order, float *pen, const float *logits, int V,
-                          const struct rt_gen_opts *o, uint64_t *rng, int64_t pos, struct rt_request *r,
-                          struct rt_gen_result *res, char *err, size_t err_len) {
-  const float *l = logits;
-  if (pen) { /* the repetition penalty over r's ids: the prompt and every id generated so far */
-    if (op_sample_penalize(pen, logits, V, r->tokens, r->n_tokens, o->rep_penalty)) {
-      snprintf(err, err_len, "the repetition penalty met a token id outside [0, %d)", V);
-      return CEDAR_EINVAL;
-    }
-    l = pen;
-  }
-  int32_t id = op_sample_k(prob, order, l, V, o->temperature, o->top_k, o->top_p, rng);
-  if (id < 0) {
-    int nan = 0, inf = 0;
-    for (int i = 0; i < V; i++) nan += isnan(logits[i]), inf += isinf(logits[i]) && logits[i] > 0;
-    snprintf(err, err_len, "the logits of position %lld hold NaN or +inf, or no finite value (%d NaN, %d +inf of %d): the weights or "
-             "activations hold non-finite values (`cedar weights check` checks a weights file); this request is "
-             "dropped", (long long)pos, nan, inf, V);
-    return CEDAR_EINVAL;
-  }
+struct rt_sample_opts rt_gen_sample_opts(const struct rt_gen_opts *o) {
+  return (struct rt_sample_opts){o->temperature, o->top_p, o->top_k, o->rep_penalty};
+}
+
+/* The next token from one position's logits into res and r->pending (one
+ * sampler path: sampler.h; a non-finite row fails the request and never
+ * reaches the token stream), then o->on_token. */
+static int take_token(struct rt_sampler *s, const float *logits, const struct rt_gen_opts *o, uint64_t *rng,
+                      int64_t pos, struct rt_request *r, struct rt_gen_result *res, char *err, size_t err_len) {
+  struct rt_sample_opts so = rt_gen_sample_opts(o);
+  int32_t id;
+  int rc = rt_sample_next(s, &so, r, logits, pos, rng, &id, err, err_len);
+  if (rc) return rc;
   res->tokens[res->n_tokens++] = r->pending = id;
   if (o->on_token && o->on_token(o->token_user, id)) res->stopped = true;
   return 0;
+}
+
+int rt_gen_decode(const struct rt_model *M, struct rt_request *r, const struct rt_gen_opts *o, struct rt_sampler *s,
+                  uint64_t *rng, struct rt_gen_result *res, char *err, size_t err_len) {
+  const int V = M->p->model.vocab;
+  CEDAR_ASSERT(res->n_tokens >= 1 && r->pending >= 0);
+  double steady = 0;
+  int rc = 0;
+  for (int i = res->n_tokens; i < o->max_new && !rc && !res->stopped; i++) {
+    double t = now_s();
+    rt_request_push_token(r, r->pending);
+    r->pending = -1;
+    float *lg = res->decode_logits + (size_t)(i - 1) * V;
+    rc = decode_step(M, r, lg, o, res, err, err_len);
+    if (!rc) rc = take_token(s, lg, o, rng, r->n_pos - 1, r, res, err, err_len);
+    if (rc) break;
+    double dt = now_s() - t;
+    if (i == 1)
+      res->first_itl_s = dt;
+    else
+      steady += dt;
+  }
+  if (res->n_tokens > 2) res->steady_itl_s = steady / (res->n_tokens - 2);
+  return rc;
 }
 
 /* Prefill the request's tokens [0, n) from the state it holds (hit_opts
@@ -228,12 +240,9 @@ static int run_request(const struct rt_model *M, struct rt_request *r, int64_t n
   const int V = M->p->model.vocab;
   res->tokens = malloc(sizeof(int32_t) * (size_t)o->max_new);
   res->decode_logits = malloc(sizeof(float) * (size_t)V * (size_t)(o->max_new > 1 ? o->max_new - 1 : 1));
-  float *prob = malloc(sizeof(float) * (size_t)V);
-  int32_t *order = malloc(sizeof(int32_t) * (size_t)V);
-  bool penalty = o->rep_penalty > 0 && o->rep_penalty != 1.0f;
-  float *pen = penalty ? malloc(sizeof(float) * (size_t)V) : NULL;
-  int rc = 0;
-  if (!res->tokens || !res->decode_logits || !prob || !order || (penalty && !pen)) {
+  struct rt_sampler smp;
+  int rc = rt_sampler_init(&smp, V);
+  if (rc || !res->tokens || !res->decode_logits) {
     snprintf(err, err_len, "out of memory for the request's outputs");
     rc = CEDAR_ENOMEM;
   }
@@ -241,35 +250,17 @@ static int run_request(const struct rt_model *M, struct rt_request *r, int64_t n
   if (!rc) rc = prefill(M, r, n, o, hit_opts, res, err, err_len);
   if (!rc) {
     const float *last = res->prefill_logits + (size_t)(res->prefill_rows - 1) * V;
-    rc = sample_checked(prob, order, pen, last, V, o, &rng, n - 1, r, res, err, err_len);
+    rc = take_token(&smp, last, o, &rng, n - 1, r, res, err, err_len);
     res->ttft_s = now_s() - t0;
   }
-  double steady = 0;
-  for (int i = 1; i < o->max_new && !rc && !res->stopped; i++) {
-    double t = now_s();
-    rt_request_push_token(r, r->pending);
-    r->pending = -1;
-    float *lg = res->decode_logits + (size_t)(i - 1) * V;
-    rc = decode_step(M, r, lg, o, res, err, err_len);
-    if (rc) break;
-    rc = sample_checked(prob, order, pen, lg, V, o, &rng, r->n_pos - 1, r, res, err, err_len);
-    if (rc) break;
-    double dt = now_s() - t;
-    if (i == 1)
-      res->first_itl_s = dt;
-    else
-      steady += dt;
-  }
-  if (res->n_tokens > 2) res->steady_itl_s = steady / (res->n_tokens - 2);
+  if (!rc) rc = rt_gen_decode(M, r, o, &smp, &rng, res, err, err_len);
   if (o->cache) {
     if (!rc)
       finish_prefix(M, r, o, hit, &res->hit, res->prefill.seconds, res->prefill.token_layers);
     else
       pc_release(o->cache, hit);
   }
-  free(prob);
-  free(order);
-  free(pen);
+  rt_sampler_free(&smp);
   return rc;
 }
 

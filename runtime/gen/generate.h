@@ -26,6 +26,7 @@
 
 #include "runtime/exec/exec.h"
 #include "runtime/cache/prefix_cache.h"
+#include "runtime/gen/sampler.h"
 #include "runtime/model/state.h"
 
 enum rt_executor { RT_EXEC_DIRECT = 0, RT_EXEC_STARPU };
@@ -121,6 +122,19 @@ struct rt_gen_result {
   struct rt_hit_report hit;
   bool stopped;            /* on_token ended the request before max_new */
 };
+
+/* The sampler options of o (sampler.h). */
+struct rt_sample_opts rt_gen_sample_opts(const struct rt_gen_opts *o);
+
+/* The decode loop every single-request driver runs after its prefill
+ * (rt_generate; P/D and stages on the decode home): r holds r->n_pos
+ * positions and r->pending the last sampled token; res->tokens holds
+ * res->n_tokens (>= 1) tokens with room for o->max_new, res->decode_logits
+ * room for o->max_new - 1 rows. Steps until o->max_new tokens, until
+ * o->on_token stops the request, or until a step or the sampler fails
+ * (non-finite logits fail the request: no -1 enters the token stream). */
+int rt_gen_decode(const struct rt_model *M, struct rt_request *r, const struct rt_gen_opts *o, struct rt_sampler *s,
+                  uint64_t *rng, struct rt_gen_result *res, char *err, size_t err_len);
 
 /* Run prompt (n ids, checked against the vocab by the caller) on a fresh
  * request r (initialised here; the caller frees it with rt_request_free,

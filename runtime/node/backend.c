@@ -16,7 +16,7 @@
 struct feature {
   enum graph_device dev;
   enum graph_op op;
-  uint32_t flag;
+  uint32_t mask, value; /* a node is this feature's when (flags & mask) == value */
   _Atomic(rt_group_fn) fn;
 };
 
@@ -42,34 +42,36 @@ void rt_backend_set(const struct rt_backend *b) {
   atomic_store(&cuda_backend, b);
 }
 
-void rt_backend_feature(enum graph_device dev, enum graph_op op, uint32_t flag, rt_group_fn fn) {
+void rt_backend_feature(enum graph_device dev, enum graph_op op, uint32_t mask, uint32_t value, rt_group_fn fn) {
+  CEDAR_ASSERT((value & ~mask) == 0);
   pthread_mutex_lock(&reg_mu);
   int n = atomic_load(&n_features);
   for (int k = 0; k < n; k++)
-    if (features[k].dev == dev && features[k].op == op && features[k].flag == flag) {
+    if (features[k].dev == dev && features[k].op == op && features[k].mask == mask && features[k].value == value) {
       atomic_store(&features[k].fn, fn);
       pthread_mutex_unlock(&reg_mu);
       return;
     }
   CEDAR_ASSERT_MSG(n < MAX_FEATURES, "more than %d feature entries", MAX_FEATURES);
-  features[n].dev = dev, features[n].op = op, features[n].flag = flag;
+  for (int k = 0; k < n; k++) /* two entries must never claim one node */
+    CEDAR_ASSERT_MSG(features[k].dev != dev || features[k].op != op ||
+                         ((features[k].value ^ value) & features[k].mask & mask) != 0,
+                     "two feature entries select the same %s nodes", graph_op_name(op));
+  features[n].dev = dev, features[n].op = op, features[n].mask = mask, features[n].value = value;
   atomic_store(&features[n].fn, fn);
   atomic_store(&n_features, n + 1);
   pthread_mutex_unlock(&reg_mu);
 }
 
-/* The feature entry of (dev, op) for a node with these flags: the one whose
- * flag it carries, else the flag-0 one; NULL when none is registered. */
+/* The feature entry of (dev, op) that selects a node with these flags
+ * (at most one does: rt_backend_feature refuses overlaps); NULL when none. */
 static rt_group_fn feature_for(enum graph_device dev, enum graph_op op, uint32_t flags) {
-  rt_group_fn plain = NULL;
   int n = atomic_load(&n_features);
   for (int k = 0; k < n; k++) {
     const struct feature *f = &features[k];
-    if (f->dev != dev || f->op != op) continue;
-    if (f->flag && (flags & f->flag)) return atomic_load(&f->fn);
-    if (!f->flag) plain = atomic_load(&f->fn);
+    if (f->dev == dev && f->op == op && (flags & f->mask) == f->value) return atomic_load(&f->fn);
   }
-  return plain;
+  return NULL;
 }
 
 rt_group_fn rt_backend_entry(const struct graph_node *nd) {

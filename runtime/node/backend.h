@@ -9,7 +9,7 @@
  *
  * Features that add node kinds to a graph (P/D's state transfer, layer
  * stages, expert parallel: runtime/dist/) register their entries here when
- * they open (rt_backend_feature): the op group, the node flag that marks
+ * they open (rt_backend_feature): the op group, the node flags that select
  * their nodes, and the function. The dispatcher (node.h: rt_run_node)
  * takes a node's feature entry before its backend's own and knows no
  * feature by name.
@@ -92,10 +92,11 @@ const struct rt_backend *rt_backend_for(enum graph_device dev);
 void rt_backend_set(const struct rt_backend *b);
 
 /* A feature's entry: nodes of op group `op` on device kind `dev` whose flags
- * include `flag` run fn; flag 0: that op group's nodes that no other
- * registered flag selects. Registering the same (dev, op, flag) again
+ * satisfy (flags & mask) == value run fn (mask 0: every node of the op
+ * group). Two entries that could select the same node are a programming
+ * error (asserted); registering the same (dev, op, mask, value) again
  * replaces fn. Thread-safe; entries are never removed. */
-void rt_backend_feature(enum graph_device dev, enum graph_op op, uint32_t flag, rt_group_fn fn);
+void rt_backend_feature(enum graph_device dev, enum graph_op op, uint32_t mask, uint32_t value, rt_group_fn fn);
 
 /* The entry node nd runs through: its feature entry, else its device
  * backend's (NULL: none here). */
