@@ -7,7 +7,9 @@
 #                      text streams out)
 #   make test          build, then ctest in build/ (the README's test command)
 #   make asan          ASan+UBSan (gcc, CPU-only) build in build-asan/, ctest
-#                      there with LeakSanitizer on
+#                      there with LeakSanitizer on; the tests labelled `slow`
+#                      in their smaller form (ASAN_FULL=1: whole; the budget:
+#                      docs/architecture.md, "CI's budget")
 #   make fuzz          clang libFuzzer build in build-fuzz/; each fuzz target
 #                      runs FUZZ_TIME seconds (default 60) on its corpus
 #   make install-deps  apt-get the Debian 12 packages the build and tests need, and
@@ -79,7 +81,7 @@ test: build
 	$(TEST_ENV) ctest --test-dir build --output-on-failure -j$(JOBS)
 
 asan:
-	cmake -S . -B build-asan -DCEDAR_SANITIZE=ON -DCEDAR_CUDA=OFF
+	cmake -S . -B build-asan -DCEDAR_SANITIZE=ON -DCEDAR_CUDA=OFF -DCEDAR_TEST_SMALL=$(if $(ASAN_FULL),OFF,ON)
 	cmake --build build-asan -j$(JOBS)
 	$(TEST_ENV) ctest --test-dir build-asan --output-on-failure -j$(JOBS)
 

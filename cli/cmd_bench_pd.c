@@ -192,7 +192,7 @@ int cmd_bench_pd(int argc, char **argv) {
   struct rt_gen_result res = {0};
   int grc = rt_engine_generate(&e, &r, tok, o.n, &go, &res, err, sizeof err);
   free(tok);
-  if (grc == 1) { /* P (or an idle rank): D reports */
+  if (grc == RT_GEN_ELSEWHERE) { /* P (or an idle rank): D reports */
     status = 0;
     rt_gen_result_free(&res);
     goto out;

@@ -225,7 +225,7 @@ int cmd_bench_pp(int argc, char **argv) {
   struct rt_gen_result res = {0};
   int grc = rt_engine_generate(&e, &r, tok, o.n, &go, &res, err, sizeof err);
   free(tok);
-  if (grc == 1) { /* another rank than 0: rank 0 reports */
+  if (grc == RT_GEN_ELSEWHERE) { /* another rank than 0: rank 0 reports */
     status = 0;
   } else if (grc) {
     fprintf(stderr, "cedar bench pp: the staged run: %s\n", err);

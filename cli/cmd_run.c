@@ -556,12 +556,12 @@ int cmd_run(int argc, char **argv) {
   }
   int grc = rt_engine_generate(&e, &r, prompt, n, &go, &res, err, sizeof err);
   if (!grc && o.dump_round && run_round_write(o.dump_round)) goto out; /* before --exact-replay runs again */
-  if (grc == 1 && o.dump && (plan_has_stages(p) || p->serving.place.n_ep_ranks) &&
+  if (grc == RT_GEN_ELSEWHERE && o.dump && (plan_has_stages(p) || p->serving.place.n_ep_ranks) &&
       run_pipe_dump(o.dump, &e.model, &r, &res, err, sizeof err)) {
     fprintf(stderr, "cedar run: --dump: %s\n", err); /* a stage's rank: its own layers' state, DUMP.rankN */
     goto out;
   }
-  if (grc == 1) { /* a P/D rank other than D's: the decode rank reports (and writes --trace) */
+  if (grc == RT_GEN_ELSEWHERE) { /* a rank other than the reporting one: the decode rank reports (and writes --trace) */
     sink_close(&sk, &o, false);
     memset(&sk, 0, sizeof sk);
     status = 0;

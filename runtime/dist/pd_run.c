@@ -455,7 +455,7 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
   if (role == RT_PD_IDLE || role == RT_PD_NONE) {
     if (role == RT_PD_IDLE && !comm_meet(deadline_s())) comm_abort("the other ranks did not start the request");
     if (role == RT_PD_IDLE && !comm_start(err, err_len)) comm_stop();
-    return 1;
+    return RT_GEN_ELSEWHERE;
   }
   struct run *R = cedar_xcalloc(1, sizeof(*R));
   R->M = R->MP = R->MD = M;
@@ -572,7 +572,7 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
       if (rp.plan) rt_request_free(&rp);
       comm_abort(err);
     }
-    if (!rc) rc = 1;
+    if (!rc) rc = RT_GEN_ELSEWHERE;
     goto out;
   } else {
     rc = receive(R, r, st, p->serving.prefill_rank, err, err_len);

@@ -476,7 +476,7 @@ int rt_pipe_close(const struct plan *p, const struct rt_request *r, int rc, char
   pp.cap_arrive = 0;
   pp.trace = false;
   if (rc) return rc;
-  return pp.me == 0 ? 0 : 1;
+  return pp.me == 0 ? 0 : RT_GEN_ELSEWHERE;
 }
 
 int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,

@@ -31,6 +31,11 @@
 
 enum rt_executor { RT_EXEC_DIRECT = 0, RT_EXEC_STARPU };
 
+/* A multi-rank driver's answer on a rank that ran its part of the request
+ * while another rank reports it (runtime/dist/: P/D, stages, experts): not
+ * an error, nothing to print here. */
+#define RT_GEN_ELSEWHERE 1
+
 /* "direct" or "starpu", and back: false, *e untouched, for another name. */
 const char *rt_executor_name(enum rt_executor e);
 bool rt_executor_parse(const char *name, enum rt_executor *e);
