@@ -203,7 +203,7 @@ int cmd_bench_pd(int argc, char **argv) {
     rt_engine_request_free(&e, &r);
     goto out;
   }
-  const struct rt_pd_stats *st = rt_pd_last_stats();
+  const struct rt_pd_stats *st = &e.dist.pd_stats;
   const struct rt_pd_trace *x = rt_pd_last_trace();
   double ttft_pd = st->prefill_s + st->handoff_s; /* P's request start to D ready with y1 */
   int64_t bytes = 0;

@@ -105,10 +105,10 @@ static int parse(int argc, char **argv, struct bopts *o) {
 }
 
 static void report(const struct bopts *o, const struct plan *p, const double single[2], const struct rt_gen_result *res,
-                   const struct rt_place_cost *pc) {
-  const struct rt_pipe_stats *s = rt_pipe_last_stats();
+                   const struct rt_place_cost *pc, const struct rt_dist_report *rep) {
+  const struct rt_pipe_stats *s = &rep->pipe_stats;
   struct run_pipe_fig f;
-  run_pipe_figures(p, &f);
+  run_pipe_figures(p, rep, &f);
   double act_tok = 0;
   for (int r = 0; r < pc->ranks; r++) act_tok += (double)pc->r[r].act_per_token;
   double want = act_tok * (double)o->n, ratio = single[0] > 0 ? res->ttft_s / single[0] : 0;
@@ -232,7 +232,7 @@ int cmd_bench_pp(int argc, char **argv) {
   } else if (single[0] < 0) {
     fprintf(stderr, "cedar bench pp: no one-process figure\n");
   } else {
-    report(&o, p, single, &res, pc);
+    report(&o, p, single, &res, pc, &e.dist);
     status = 0;
   }
   rt_gen_result_free(&res);

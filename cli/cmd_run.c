@@ -195,7 +195,7 @@ static double sum_op(const struct rt_exec_stats *s) {
 
 static void report_text(const struct plan *p, const struct ropts *o, const struct weights *w, int64_t n,
                         const struct rt_gen_result *res, const struct rt_state_bytes *b, const struct plan_cost *pc,
-                        const struct drift *dr, long rss_kb) {
+                        const struct drift *dr, const struct rt_dist_report *dist, long rss_kb) {
   char fp[17];
   weights_fingerprint_hex(w->list.fingerprint, fp);
   printf("plan %s (%s, %d layers); weights ", p->name, res->replay ? "CED" : "dense", p->n_layers);
@@ -253,14 +253,14 @@ static void report_text(const struct plan *p, const struct ropts *o, const struc
            "decoder region: last-position logits max |diff| %.3g, relative RMS %.3g, top-1 %s\n",
            n, dr->exact_token_layers, dr->entries_equal ? "identical (global entries bitwise equal)" : "DIFFERS",
            dr->max_abs, dr->rel_rms, dr->same_top1 ? "same" : "differs");
-  if (rt_pd_split(p)) run_pd_text(stdout, p);
-  if (plan_has_stages(p)) run_pipe_text(stdout, p, res->n_tokens - 1);
-  if (p->serving.place.n_ep_ranks) run_ep_text(stdout, p); /* routed experts on ranks (cli/run_ep.c) */
+  if (dist->pd) run_pd_text(stdout, p, dist);
+  if (dist->pipe) run_pipe_text(stdout, p, dist, res->n_tokens - 1);
+  if (dist->ep) run_ep_text(stdout, p, dist); /* routed experts on ranks (cli/run_ep.c) */
 }
 
 static void report_json(const struct plan *p, const struct ropts *o, const struct weights *w, int64_t n,
                         const struct rt_gen_result *res, const struct rt_state_bytes *b, const struct plan_cost *pc,
-                        const struct drift *dr, long rss_kb) {
+                        const struct drift *dr, const struct rt_dist_report *dist, long rss_kb) {
   cJSON *j = cJSON_CreateObject();
   char fp[17];
   weights_fingerprint_hex(w->list.fingerprint, fp);
@@ -326,9 +326,9 @@ static void report_json(const struct plan *p, const struct ropts *o, const struc
     cJSON_AddNumberToObject(d, "decoder_logits_rel_rms", dr->rel_rms);
     cJSON_AddBoolToObject(d, "same_top1", dr->same_top1);
   }
-  if (rt_pd_split(p)) run_pd_json(j, p);
-  if (plan_has_stages(p)) run_pipe_json(j, p);
-  if (p->serving.place.n_ep_ranks) run_ep_json(j, p);
+  if (dist->pd) run_pd_json(j, p, dist);
+  if (dist->pipe) run_pipe_json(j, p, dist);
+  if (dist->ep) run_ep_json(j, p, dist);
   cli_print_json(j);
 }
 
@@ -577,7 +577,7 @@ int cmd_run(int argc, char **argv) {
   if (sk.tracing) run_pd_trace(&sk.trace, p); /* under mpirun: P's rank and the transfers too */
   struct rt_state_bytes b;
   rt_request_bytes(&r, &b);
-  run_pipe_state_bytes(&b); /* layer stages under mpirun: every rank's global entries */
+  run_pipe_state_bytes(&b, &e.dist); /* layer stages under mpirun: every rank's global entries */
   struct plan_cost pc;
   struct plan_cost_query pq;
   plan_cost_query_init(&pq);
@@ -603,9 +603,9 @@ int cmd_run(int argc, char **argv) {
   getrusage(RUSAGE_SELF, &ru);
   o.engram_map = e.model.cmap ? e.model.cmap_source : NULL;
   if (o.json)
-    report_json(p, &o, &e.weights, n, &res, &b, &pc, drp, ru.ru_maxrss);
+    report_json(p, &o, &e.weights, n, &res, &b, &pc, drp, &e.dist, ru.ru_maxrss);
   else
-    report_text(p, &o, &e.weights, n, &res, &b, &pc, drp, ru.ru_maxrss);
+    report_text(p, &o, &e.weights, n, &res, &b, &pc, drp, &e.dist, ru.ru_maxrss);
   status = 0;
 out:
   status |= sink_close(&sk, &o, status == 0);

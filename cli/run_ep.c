@@ -19,8 +19,8 @@ struct ep_fig {
   double dispatch_tok, combine_tok, want_dispatch_tok, want_combine_tok;
 };
 
-static void figures(const struct plan *p, struct ep_fig *f) {
-  const struct rt_ep_stats *s = rt_ep_last_stats();
+static void figures(const struct plan *p, const struct rt_dist_report *rep, struct ep_fig *f) {
+  const struct rt_ep_stats *s = &rep->ep_stats;
   *f = (struct ep_fig){0};
   for (int r = 0; r < RT_EP_MAX_RANKS; r++) {
     f->dispatch += s->rank[r].dispatch_bytes, f->meta += s->rank[r].dispatch_meta_bytes;
@@ -43,8 +43,8 @@ static void figures(const struct plan *p, struct ep_fig *f) {
   f->want_combine_tok = agree ? want[0][1] : NAN;
 }
 
-void run_ep_text(FILE *out, const struct plan *p) {
-  const struct rt_ep_stats *s = rt_ep_last_stats();
+void run_ep_text(FILE *out, const struct plan *p, const struct rt_dist_report *rep) {
+  const struct rt_ep_stats *s = &rep->ep_stats;
   const struct plan_placement *pl = &p->serving.place;
   int E = p->model.n_routed, per = E / pl->n_ep_ranks;
   fprintf(out, "experts: %d routed experts of %d layers in %d shards, %s:", E, s->layers, pl->n_ep_ranks,
@@ -71,7 +71,7 @@ void run_ep_text(FILE *out, const struct plan *p) {
               " B%s\n", r, s->rank[r].held_expert_bytes, c.r[r].experts,
               s->rank[r].held_expert_bytes == c.r[r].experts ? "" : " (differs)");
   struct ep_fig f;
-  figures(p, &f);
+  figures(p, rep, &f);
   fprintf(out, "  dispatch %.0f B/token (token rows; + %" PRId64 " B of headers and routing in all), combine %.0f "
           "B/token, over %" PRId64 " row-passes; ", f.dispatch_tok, f.meta, f.combine_tok, s->passes);
   if (isnan(f.want_dispatch_tok))
@@ -81,8 +81,8 @@ void run_ep_text(FILE *out, const struct plan *p) {
             f.want_combine_tok);
 }
 
-void run_ep_json(cJSON *j, const struct plan *p) {
-  const struct rt_ep_stats *s = rt_ep_last_stats();
+void run_ep_json(cJSON *j, const struct plan *p, const struct rt_dist_report *rep) {
+  const struct rt_ep_stats *s = &rep->ep_stats;
   const struct plan_placement *pl = &p->serving.place;
   cJSON *t = cJSON_AddObjectToObject(j, "experts");
   cJSON_AddStringToObject(t, "via", s->mpi ? "starpu-mpi" : "local");
@@ -91,7 +91,7 @@ void run_ep_json(cJSON *j, const struct plan *p) {
   cJSON_AddNumberToObject(t, "experts_per_shard", p->model.n_routed / pl->n_ep_ranks);
   cJSON_AddNumberToObject(t, "passes", (double)s->passes);
   struct ep_fig f;
-  figures(p, &f);
+  figures(p, rep, &f);
   cJSON_AddNumberToObject(t, "dispatch_bytes", (double)f.dispatch);
   cJSON_AddNumberToObject(t, "dispatch_meta_bytes", (double)f.meta);
   cJSON_AddNumberToObject(t, "combine_bytes", (double)f.combine);

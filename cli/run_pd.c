@@ -1,5 +1,5 @@
 /* run_pd.c: `cedar run`'s P/D section (run_pd.h), from the figures of the
- * last P/D request (rt_pd_last_stats). */
+ * last P/D request (the engine's report: runtime/dist/dist.h). */
 #include "cli/run_pd.h"
 
 #include <cJSON.h>
@@ -20,8 +20,8 @@ static bool agrees(const struct rt_pd_stats *s) {
   return true;
 }
 
-void run_pd_text(FILE *f, const struct plan *p) {
-  const struct rt_pd_stats *s = rt_pd_last_stats();
+void run_pd_text(FILE *f, const struct plan *p, const struct rt_dist_report *rep) {
+  const struct rt_pd_stats *s = &rep->pd_stats;
   char a[32], b[32];
   fprintf(f, "P/D: prefill on %s, decode on %s, %s\n", graph_place_str(graph_place_of(p, GRAPH_PREFILL_CED), a, sizeof a),
           graph_place_str(graph_place_of(p, GRAPH_DECODE), b, sizeof b),
@@ -46,8 +46,8 @@ void run_pd_text(FILE *f, const struct plan *p) {
             "handoff is outside TTFT, inside the first ITL)\n");
 }
 
-void run_pd_json(struct cJSON *j, const struct plan *p) {
-  const struct rt_pd_stats *s = rt_pd_last_stats();
+void run_pd_json(struct cJSON *j, const struct plan *p, const struct rt_dist_report *rep) {
+  const struct rt_pd_stats *s = &rep->pd_stats;
   char a[32], b[32];
   cJSON *t = cJSON_AddObjectToObject(j, "transfer");
   cJSON_AddStringToObject(t, "prefill", graph_place_str(graph_place_of(p, GRAPH_PREFILL_CED), a, sizeof a));

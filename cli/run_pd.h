@@ -8,13 +8,14 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "runtime/dist/dist.h"
 #include "scheduler/plan.h"
 
 struct cJSON;
 struct viz_trace;
 
-void run_pd_text(FILE *f, const struct plan *p);
-void run_pd_json(struct cJSON *j, const struct plan *p);
+void run_pd_text(FILE *f, const struct plan *p, const struct rt_dist_report *rep);
+void run_pd_json(struct cJSON *j, const struct plan *p, const struct rt_dist_report *rep);
 /* `cedar plan cost`: the P->D state package after a prompt of n tokens
  * (scheduler/plan_cost_pd.h), for a plan whose prefill and decode are on
  * different homes; nothing otherwise. */

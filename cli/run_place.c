@@ -128,8 +128,8 @@ void place_cost_diff(FILE *f, const struct plan *pa, const struct rt_place_cost 
  * skew, not a bubble) to the last rank's end, on the host's one monotonic
  * clock; every rank is held that long. busy: each rank's own non-transfer
  * nodes. The ideal for C chunks through S equal stages: C / (C + S - 1). */
-void run_pipe_figures(const struct plan *p, struct run_pipe_fig *f) {
-  const struct rt_pipe_stats *s = rt_pipe_last_stats();
+void run_pipe_figures(const struct plan *p, const struct rt_dist_report *rep, struct run_pipe_fig *f) {
+  const struct rt_pipe_stats *s = &rep->pipe_stats;
   const struct plan_placement *pl = &p->serving.place;
   memset(f, 0, sizeof *f);
   f->ranks = s->ranks < RT_PIPE_MAX_RANKS ? s->ranks : RT_PIPE_MAX_RANKS;
@@ -163,8 +163,8 @@ void run_pipe_figures(const struct plan *p, struct run_pipe_fig *f) {
   }
 }
 
-void run_pipe_text(FILE *f, const struct plan *p, int64_t decode_steps) {
-  const struct rt_pipe_stats *s = rt_pipe_last_stats();
+void run_pipe_text(FILE *f, const struct plan *p, const struct rt_dist_report *rep, int64_t decode_steps) {
+  const struct rt_pipe_stats *s = &rep->pipe_stats;
   const struct plan_placement *pl = &p->serving.place;
   fprintf(f, "pipeline: %d stages on %d ranks, %s:", pl->n_stages, plan_place_ranks(p),
           s->mpi ? "through StarPU-MPI" : "in one process (transfers are copies)");
@@ -175,7 +175,7 @@ void run_pipe_text(FILE *f, const struct plan *p, int64_t decode_steps) {
   fputc('\n', f);
   if (!s->mpi) return;
   struct run_pipe_fig x;
-  run_pipe_figures(p, &x);
+  run_pipe_figures(p, rep, &x);
   fprintf(f, "  activations moved: prefill %" PRId64 " B, decode %.0f B a step\n", s->act_bytes_prefill,
           decode_steps > 0 ? (double)s->act_bytes_decode / (double)decode_steps : 0.0);
   if (s->kv_bytes_prefill || s->kv_bytes_decode)
@@ -195,10 +195,10 @@ void run_pipe_text(FILE *f, const struct plan *p, int64_t decode_steps) {
             x.ideal_bubble);
 }
 
-void run_pipe_json(cJSON *j, const struct plan *p) {
-  const struct rt_pipe_stats *s = rt_pipe_last_stats();
+void run_pipe_json(cJSON *j, const struct plan *p, const struct rt_dist_report *rep) {
+  const struct rt_pipe_stats *s = &rep->pipe_stats;
   struct run_pipe_fig x;
-  run_pipe_figures(p, &x);
+  run_pipe_figures(p, rep, &x);
   cJSON *t = cJSON_AddObjectToObject(j, "pipeline");
   cJSON_AddNumberToObject(t, "stages", p->serving.place.n_stages);
   cJSON_AddNumberToObject(t, "ranks", plan_place_ranks(p));
@@ -233,8 +233,8 @@ void run_pipe_json(cJSON *j, const struct plan *p) {
   cJSON_AddNumberToObject(t, "transfers", (double)msgs);
 }
 
-void run_pipe_state_bytes(struct rt_state_bytes *b) {
-  const struct rt_pipe_stats *s = rt_pipe_last_stats();
+void run_pipe_state_bytes(struct rt_state_bytes *b, const struct rt_dist_report *rep) {
+  const struct rt_pipe_stats *s = &rep->pipe_stats;
   if (!s->mpi) return;
   b->kv_entries = b->kv_entry_bytes = b->kv_page_bytes = 0;
   for (int r = 0; r < s->ranks && r < RT_PIPE_MAX_RANKS; r++) {

@@ -14,6 +14,7 @@
 #include "runtime/gen/generate.h"
 #include "runtime/dist/place_cost.h"
 #include "runtime/model/state.h"
+#include "runtime/dist/dist.h"
 #include "scheduler/plan.h"
 
 struct cJSON;
@@ -24,8 +25,8 @@ void place_cost_diff(FILE *f, const struct plan *pa, const struct rt_place_cost 
                      const struct rt_place_cost *b);
 
 /* The expert-parallel section (cli/run_ep.c, runtime/dist/expert_par.h). */
-void run_ep_text(FILE *f, const struct plan *p);
-void run_ep_json(struct cJSON *j, const struct plan *p);
+void run_ep_text(FILE *f, const struct plan *p, const struct rt_dist_report *rep);
+void run_ep_json(struct cJSON *j, const struct plan *p, const struct rt_dist_report *rep);
 /* The last pipeline request's prefill bubbles (under mpirun; zeros else). */
 struct run_pipe_fig {
   int ranks, stages, chunks;
@@ -36,12 +37,12 @@ struct run_pipe_fig {
   double ideal, ideal_bubble; /* C / (C + S - 1) for C chunks through S equal stages; 1 - that */
   double decode_wall_s;   /* the longest rank's summed decode step time */
 };
-void run_pipe_figures(const struct plan *p, struct run_pipe_fig *f);
-void run_pipe_text(FILE *f, const struct plan *p, int64_t decode_steps);
-void run_pipe_json(struct cJSON *j, const struct plan *p);
+void run_pipe_figures(const struct plan *p, const struct rt_dist_report *rep, struct run_pipe_fig *f);
+void run_pipe_text(FILE *f, const struct plan *p, const struct rt_dist_report *rep, int64_t decode_steps);
+void run_pipe_json(struct cJSON *j, const struct plan *p, const struct rt_dist_report *rep);
 /* Under mpirun with stages: the global entries of every rank's layers
  * (gathered on rank 0) replace this rank's own in b; nothing otherwise. */
-void run_pipe_state_bytes(struct rt_state_bytes *b);
+void run_pipe_state_bytes(struct rt_state_bytes *b, const struct rt_dist_report *rep);
 /* `cedar run --trace` on rank 0 of layer stages under mpirun: graph g's
  * nodes on the rank that ran each (a process per rank, a track per StarPU
  * worker), each transfer's arrival on its receiving rank's "StarPU-MPI

@@ -21,14 +21,38 @@
 #ifndef CEDAR_RUNTIME_DIST_DIST_H
 #define CEDAR_RUNTIME_DIST_DIST_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
+#include "runtime/dist/expert_par.h"
+#include "runtime/dist/pd.h"
+#include "runtime/dist/pipeline.h"
+#include "runtime/gen/generate.h"
+#include "scheduler/graph.h"
 #include "scheduler/plan.h"
 
 /* Register the features' node entries (and the CUDA backend). Idempotent;
  * called by the placement check, the engine's open and each feature's
  * driver. */
 void rt_dist_register(void);
+
+/* What one request's distribution measured, returned to its caller (the
+ * engine keeps its last request's: rt_engine.dist): P/D's transfer figures,
+ * the layer stages' and the routed experts', each rank's gathered on the
+ * reporting rank. A part is valid when its flag is set. */
+struct rt_dist_report {
+  bool pd, pipe, ep;
+  struct rt_pd_stats pd_stats;
+  struct rt_pipe_stats pipe_stats;
+  struct rt_ep_stats ep_stats;
+};
+
+/* One request through the driver of run (GRAPH_RUN_PD: rt_pd_generate;
+ * GRAPH_RUN_RANKS: rt_pipe_generate), its figures into *rep. Returns what
+ * the driver returns (RT_GEN_ELSEWHERE on a rank that does not report). */
+int rt_dist_generate(enum graph_run run, const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r,
+                     const int32_t *prompt, int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res,
+                     struct rt_dist_report *rep, char *err, size_t err_len);
 
 /* Ranks this process can play: under mpirun the ranks it gave; without,
  * one process plays the prefill and decode roles of ranks 0 and 1. */

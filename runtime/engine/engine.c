@@ -263,11 +263,11 @@ int rt_engine_generate(struct rt_engine *e, struct rt_request *r, const int32_t 
                "--stop) needs a one-process plan (--ids, or --tokens)", e->plan.name);
       return CEDAR_EINVAL;
     }
-    struct rt_pd_stats st;
-    return rt_pd_generate(&e->model, e->pools, r, prompt, n, &go, res, &st, err, err_len);
+    return rt_dist_generate(e->run, &e->model, e->pools, r, prompt, n, &go, res, &e->dist, err, err_len);
   }
   if (e->run == GRAPH_RUN_RANKS) /* layer stages, expert shards (runtime/dist/pipeline.h) */
-    return rt_pipe_generate(&e->model, e->pools, r, prompt, n, &go, res, err, err_len);
+    return rt_dist_generate(e->run, &e->model, e->pools, r, prompt, n, &go, res, &e->dist, err, err_len);
+  memset(&e->dist, 0, sizeof e->dist); /* one home: no distribution figures */
   int rc = rt_generate(&e->model, e->pools, r, prompt, n, &go, res, err, err_len);
   if (!rc && e->dev) rc = rt_dev_request_download(e->dev, r, err, err_len); /* the host reads r's state next */
   return rc;

@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "runtime/load/checkpoint.h"
+#include "runtime/dist/dist.h"
 #include "runtime/cache/disk_tier.h"
 #include "runtime/model/engram_tier.h"
 #include "runtime/exec/exec.h"
@@ -121,6 +122,7 @@ struct rt_engine {
   bool holds_starpu;            /* this engine started StarPU and stops it */
   struct rt_dev_ctx *dev;       /* a CUDA home's state, weights and graphs (engine_dev.c), or NULL; model.dev */
   enum graph_run run;           /* the driver, read off the plan's compiled prefill (scheduler/graph.h) */
+  struct rt_dist_report dist;   /* the last request's figures under P/D, stages or experts (runtime/dist/dist.h) */
   bool open;
   enum rt_engine_step failed;   /* after a failed open */
   char name[96];                /* the plan's name once it loaded (kept after a failed open, for messages) */
