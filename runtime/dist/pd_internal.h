@@ -95,4 +95,11 @@ int pd_stage_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct
                       int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, struct rt_pd_stats *st,
                       char *err, size_t err_len);
 
+/* The messages after a prefill graph's transfer messages, in P/D's
+ * message table: each one's slot (n_node + its index) and its MPI tag
+ * (n_node + 1 + its index; transfer node k's tag is k + 1). */
+enum pd_msg { PD_MSG_RECORD = 0, PD_MSG_LOGITS, PD_MSG_ANSWER, PD_MSG_TRACE, PD_MSG_COUNT };
+static inline int pd_slot(const struct graph *g, enum pd_msg m) { return g->n_node + (int)m; }
+static inline int pd_tag(const struct graph *g, enum pd_msg m) { return g->n_node + 1 + (int)m; }
+
 #endif

@@ -107,7 +107,7 @@ struct run {
   struct rt_pd_rx rx;
   float *logits;
   int64_t *pos;
-  int *xfer;       /* transfer node indices, then the record and the logits (n_node, n_node + 1) */
+  int *xfer;       /* transfer node indices (their messages' slots; the others': pd_slot) */
   int n_xfer;
   double t0;
   uint64_t rng;                   /* D's sampler state */
@@ -157,8 +157,8 @@ static void d_answer(struct run *R, struct rt_kv_pool *pools, struct rt_request 
   a->status = rc;
   if (rc) snprintf(a->msg, sizeof a->msg, "%s", err);
   a->sum = XXH3_64bits(a, offsetof(struct pd_ack, sum));
-  int k = R->g.n_node + 2;
-  bool ok = !comm_send(a, sizeof *a, R->M->p->serving.prefill_rank, k + 1, &R->L.ms[k]) &&
+  int k = pd_slot(&R->g, PD_MSG_ANSWER);
+  bool ok = !comm_send(a, sizeof *a, R->M->p->serving.prefill_rank, pd_tag(&R->g, PD_MSG_ANSWER), &R->L.ms[k]) &&
             pd_wait_all(&R->g, R->L.ms, &k, 1, deadline_s(), NULL, 0);
   if (!comm_stop() || !ok) {
     char why[512];
@@ -391,13 +391,14 @@ static int receive(struct run *R, struct rt_request *rd, struct rt_pd_stats *st,
     R->L.buf[k] = cedar_xmalloc((size_t)len);
     rc = comm_recv(R->L.buf[k], (size_t)len, src, k + 1, &R->L.ms[k]);
   }
-  if (!rc) rc = comm_recv(&R->m, sizeof R->m, src, g->n_node + 1, &R->L.ms[g->n_node]);
-  if (!rc && lg_bytes > 0) rc = comm_recv(lg, (size_t)lg_bytes, src, g->n_node + 2, &R->L.ms[g->n_node + 1]);
-  if (lg_bytes == 0) atomic_store(&R->L.ms[g->n_node + 1].done, 1); /* replay on D: P sends no logits */
+  int s_rec = pd_slot(g, PD_MSG_RECORD), s_lg = pd_slot(g, PD_MSG_LOGITS), s_tr = pd_slot(g, PD_MSG_TRACE);
+  if (!rc) rc = comm_recv(&R->m, sizeof R->m, src, pd_tag(g, PD_MSG_RECORD), &R->L.ms[s_rec]);
+  if (!rc && lg_bytes > 0) rc = comm_recv(lg, (size_t)lg_bytes, src, pd_tag(g, PD_MSG_LOGITS), &R->L.ms[s_lg]);
+  if (lg_bytes == 0) atomic_store(&R->L.ms[s_lg].done, 1); /* replay on D: P sends no logits */
   if (!rc && R->trace)
-    rc = comm_recv(R->tmsg, sizeof(double) * 3 * (size_t)g->n_node, src, g->n_node + 5, &R->L.ms[g->n_node + 3]);
+    rc = comm_recv(R->tmsg, sizeof(double) * 3 * (size_t)g->n_node, src, pd_tag(g, PD_MSG_TRACE), &R->L.ms[s_tr]);
   else
-    atomic_store(&R->L.ms[g->n_node + 3].done, 1);
+    atomic_store(&R->L.ms[s_tr].done, 1);
   if (rc) {
     snprintf(err, err_len, "posting the receives through StarPU-MPI failed");
     free(lg);
@@ -405,9 +406,9 @@ static int receive(struct run *R, struct rt_request *rd, struct rt_pd_stats *st,
   }
   int all[R->n_xfer + 3];
   memcpy(all, R->xfer, sizeof(int) * (size_t)R->n_xfer);
-  all[R->n_xfer] = g->n_node;
-  all[R->n_xfer + 1] = g->n_node + 1;
-  all[R->n_xfer + 2] = g->n_node + 3;
+  all[R->n_xfer] = s_rec;
+  all[R->n_xfer + 1] = s_lg;
+  all[R->n_xfer + 2] = s_tr;
   double dl = deadline_s();
   if (!pd_wait_all(g, R->L.ms, all, R->n_xfer + 3, dl, &R->rx, pd_fault == RT_PD_FAULT_D_DIES ? pd_fault_at : 0)) {
     int fake = !R->trace + (lg_bytes == 0); /* marked done above: no such message */
@@ -430,37 +431,15 @@ static int receive(struct run *R, struct rt_request *rd, struct rt_pd_stats *st,
   return rc;
 }
 
-int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
-                   int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, struct rt_pd_stats *st,
-                   char *err, size_t err_len) {
-  rt_pd_register(); /* this feature's node entries (backend.h) */
+/* A request's run: the role's models (views of the plan when each role has
+ * stages or experts of its own), the prefill graph, the message table and
+ * the buffers; the routed experts' figures opened (one process); both
+ * engines met and StarPU-MPI up under mpirun. *opened: rt_pipe_open ran. */
+static int run_open(struct run *R, const struct rt_model *M, enum rt_pd_role role, struct rt_pd_stats *st,
+                    bool *opened, char *err, size_t err_len) {
   const struct plan *p = M->p;
-  memset(res, 0, sizeof(*res));
-  memset(st, 0, sizeof(*st));
-  enum rt_pd_role role = rt_pd_role_of(p);
-  const char *tf = getenv("CEDAR_PD_TEST_FAULT"); /* tests/cli/pd_mpi.sh, pd_faults.sh */
-  if (tf && rt_pd_fault_parse(tf, err, err_len)) return CEDAR_EINVAL;
-  if (n < 1 || o->max_new < 1) {
-    snprintf(err, err_len, "a request needs a prompt of at least one token and --max-new of at least 1");
-    return CEDAR_EINVAL;
-  }
-  if (o->cache) {
-    snprintf(err, err_len, "a P/D placement (prefill and decode on different ranks) runs without the prefix cache: "
-             "a hit would need the cached pages on D and the encoder snapshot on P, which is not built; turn the "
-             "prefix cache off for this plan, or run it without serving.placement");
-    return CEDAR_EUNSUPPORTED;
-  }
-  if (plan_place_pd(p) && comm_world_size() > 1) /* each role on ranks of its own (pd_stage.c) */
-    return pd_stage_generate(M, pools, r, prompt, n, o, res, st, err, err_len);
-  if (role == RT_PD_IDLE || role == RT_PD_NONE) {
-    if (role == RT_PD_IDLE && !comm_meet(deadline_s())) comm_abort("the other ranks did not start the request");
-    if (role == RT_PD_IDLE && !comm_start(err, err_len)) comm_stop();
-    return RT_GEN_ELSEWHERE;
-  }
-  struct run *R = cedar_xcalloc(1, sizeof(*R));
+  const struct rt_gen_opts *o = R->o;
   R->M = R->MP = R->MD = M;
-  R->o = o;
-  R->n = n;
   R->L.role = role;
   R->L.dest = p->serving.decode_rank;
   pthread_mutex_init(&R->L.mu, NULL);
@@ -476,18 +455,14 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
     R->MP = &R->mp, R->MD = &R->md;
   }
   struct graph_opts go = {.chunk = o->chunk, .replay = o->replay, .all_logits = o->all_logits};
-  int rc = graph_build_prefill(&R->g, R->MP->p, n, &go, err, err_len);
-  struct rt_kv_pool *pools_p = NULL;
-  struct rt_request rp = {0};
-  bool opened = false;
+  int rc = graph_build_prefill(&R->g, R->MP->p, R->n, &go, err, err_len);
   if (!rc && views) { /* the routed experts' figures (rt_ep_begin): one process, no messages */
-    rc = rt_pipe_open(p, R->vp->serving.place.n_ep_ranks ? R->vp : R->vd, o, n, err, err_len);
-    opened = !rc;
+    rc = rt_pipe_open(p, R->vp->serving.place.n_ep_ranks ? R->vp : R->vd, o, R->n, err, err_len);
+    *opened = !rc;
   }
-  if (rc) goto out;
+  if (rc) return rc;
   R->L.buf = cedar_xcalloc((size_t)R->g.n_node, sizeof(uint8_t *));
-  /* + the record, the logits, D's answer, P's node times (a trace) */
-  R->L.ms = cedar_xcalloc((size_t)R->g.n_node + 4, sizeof(*R->L.ms));
+  R->L.ms = cedar_xcalloc((size_t)R->g.n_node + PD_MSG_COUNT, sizeof(*R->L.ms)); /* the transfers, then pd_msg's */
   R->trace = role != RT_PD_LOCAL && o->on_graph && o->executor != RT_EXEC_DIRECT;
   if (R->trace) R->tmsg = cedar_xcalloc(3 * (size_t)R->g.n_node + 1, sizeof(double));
   R->xfer = cedar_xmalloc(sizeof(int) * (size_t)(R->g.n_transfer + 1));
@@ -505,104 +480,97 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
              role == RT_PD_PREFILL ? "decode" : "prefill", deadline_s());
     comm_abort(err);
   }
-  if (role != RT_PD_LOCAL && (rc = comm_start(err, err_len))) goto out;
+  if (role != RT_PD_LOCAL && (rc = comm_start(err, err_len))) return rc;
   R->mpi_on = role != RT_PD_LOCAL;
-  if (role == RT_PD_LOCAL || role == RT_PD_DECODE) {
-    rc = rt_request_init(r, 0, p, pools, n + o->max_new);
-    if (rc) {
-      snprintf(err, err_len, "out of memory on D for a request of %lld tokens", (long long)(n + o->max_new));
-      goto out;
-    }
-    R->L.rd = r;
+  return 0;
+}
+
+/* P under mpirun: prefill (the transfers ship as they run), then the
+ * record, the logits and the trace to D, and D's answer, all within the
+ * deadline. RT_GEN_ELSEWHERE when D took the package (D reports). */
+static int p_side(struct run *R, struct rt_kv_pool *pools, struct rt_request *rp, struct rt_pd_stats *st,
+                  const int32_t *prompt, char *err, size_t err_len) {
+  const struct plan *p = R->M->p;
+  const struct graph *g = &R->g;
+  int rc = run_prefill(R, pools, rp, st, prompt, err, err_len);
+  if (rc) { /* D would wait for its deadline: end the job now */
+    rt_request_free(rp);
+    comm_abort(err);
+    return rc;
   }
-  if (role == RT_PD_LOCAL) {
-    pools_p = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*pools_p)); /* P's home: pools of its own */
-    rc = rt_kv_pools_init(pools_p, p, err, err_len);
-    if (!rc) rc = run_prefill(R, pools_p, &rp, st, prompt, err, err_len);
-    if (rc) goto out;
-  } else if (role == RT_PD_PREFILL) {
-    rc = run_prefill(R, pools, &rp, st, prompt, err, err_len);
-    if (rc) { /* D would wait for its deadline: end the job now */
-      rt_request_free(&rp);
-      comm_abort(err);
-      goto out;
-    }
-    if (pd_fault == RT_PD_FAULT_P_DIES && pd_fault_at > R->n_xfer) comm_die("P", pd_fault_at); /* before the record */
-    int64_t rows = R->g.out_rows, V = p->model.vocab;
-    uint8_t *lg = cedar_xmalloc((size_t)(rows * (V * 4 + 8)) + 1);
-    memcpy(lg, R->logits, (size_t)(rows * V * 4));
-    memcpy(lg + rows * V * 4, R->pos, (size_t)rows * 8);
-    rc = comm_send(&R->m, sizeof R->m, R->L.dest, R->g.n_node + 1, &R->L.ms[R->g.n_node]);
-    if (!rc && rows > 0)
-      rc = comm_send(lg, (size_t)(rows * (V * 4 + 8)), R->L.dest, R->g.n_node + 2, &R->L.ms[R->g.n_node + 1]);
-    if (rows == 0) atomic_store(&R->L.ms[R->g.n_node + 1].done, 1); /* replay on D: no logits to send */
-    if (!rc && R->trace)
-      rc = comm_send(R->tmsg, sizeof(double) * 3 * (size_t)R->g.n_node, R->L.dest, R->g.n_node + 5,
-                       &R->L.ms[R->g.n_node + 3]);
-    else
-      atomic_store(&R->L.ms[R->g.n_node + 3].done, 1);
-    if (!rc) rc = comm_recv(&R->ack, sizeof R->ack, R->L.dest, R->g.n_node + 3, &R->L.ms[R->g.n_node + 2]);
-    int all[R->n_xfer + 4];
-    memcpy(all, R->xfer, sizeof(int) * (size_t)R->n_xfer);
-    all[R->n_xfer] = R->g.n_node;
-    all[R->n_xfer + 1] = R->g.n_node + 1;
-    all[R->n_xfer + 2] = R->g.n_node + 2;
-    all[R->n_xfer + 3] = R->g.n_node + 3;
-    double dl = deadline_s();
-    if (rc) {
-      snprintf(err, err_len, "posting the package through StarPU-MPI failed");
-    } else if (!pd_wait_all(&R->g, R->L.ms, all, R->n_xfer + 4, dl, &R->rx, 0)) {
-      snprintf(err, err_len, "the decode rank stopped taking the package: nothing completed for %.0f s "
-               "(CEDAR_PD_DEADLINE_S), first missing: %s", dl, R->rx.first_missing);
-      rc = CEDAR_EIO;
-    } else if (R->ack.magic != PD_ACK_MAGIC || R->ack.sum != XXH3_64bits(&R->ack, offsetof(struct pd_ack, sum))) {
-      snprintf(err, err_len, "the decode rank's answer fails its checksum");
-      rc = CEDAR_EIO;
-    } else if (R->ack.status) {
-      R->ack.msg[sizeof R->ack.msg - 1] = 0;
-      snprintf(err, err_len, "the decode rank refused the package: %s", R->ack.msg);
-      rc = CEDAR_EIO;
-    }
-    figures(R, st, comm_now()); /* before rp goes: the message sizes come from its shapes */
-    st->handoff_s = 0;
-    if (rc) free_and_say(p, pools, &rp, "P", err, err_len); /* accepted: D holds the state now, P's goes too */
-    bool stopped = comm_stop();
-    if (stopped) free(lg); /* in flight: StarPU-MPI may still read it */
-    if (!stopped) {
-      if (rp.plan) rt_request_free(&rp);
-      comm_abort(err);
-    }
-    if (!rc) rc = RT_GEN_ELSEWHERE;
-    goto out;
-  } else {
-    rc = receive(R, r, st, p->serving.prefill_rank, err, err_len);
-    if (rc == PD_STALLED) { /* P is gone: a receive stays posted (StarPU-MPI cannot cancel it) */
-      rc = CEDAR_EIO;
-      R->acked = true; /* nobody to answer */
-      free_and_say(p, pools, r, "D", err, err_len);
-      if (!comm_stop()) comm_abort(err); /* ends the job: exit 1 */
-    }
-    if (rc) goto out;
+  if (pd_fault == RT_PD_FAULT_P_DIES && pd_fault_at > R->n_xfer) comm_die("P", pd_fault_at); /* before the record */
+  int64_t rows = g->out_rows, V = p->model.vocab;
+  uint8_t *lg = cedar_xmalloc((size_t)(rows * (V * 4 + 8)) + 1);
+  memcpy(lg, R->logits, (size_t)(rows * V * 4));
+  memcpy(lg + rows * V * 4, R->pos, (size_t)rows * 8);
+  struct comm_msg *ms = R->L.ms;
+  rc = comm_send(&R->m, sizeof R->m, R->L.dest, pd_tag(g, PD_MSG_RECORD), &ms[pd_slot(g, PD_MSG_RECORD)]);
+  if (!rc && rows > 0)
+    rc = comm_send(lg, (size_t)(rows * (V * 4 + 8)), R->L.dest, pd_tag(g, PD_MSG_LOGITS), &ms[pd_slot(g, PD_MSG_LOGITS)]);
+  if (rows == 0) atomic_store(&ms[pd_slot(g, PD_MSG_LOGITS)].done, 1); /* replay on D: no logits to send */
+  if (!rc && R->trace)
+    rc = comm_send(R->tmsg, sizeof(double) * 3 * (size_t)g->n_node, R->L.dest, pd_tag(g, PD_MSG_TRACE),
+                   &ms[pd_slot(g, PD_MSG_TRACE)]);
+  else
+    atomic_store(&ms[pd_slot(g, PD_MSG_TRACE)].done, 1);
+  if (!rc) rc = comm_recv(&R->ack, sizeof R->ack, R->L.dest, pd_tag(g, PD_MSG_ANSWER), &ms[pd_slot(g, PD_MSG_ANSWER)]);
+  int all[R->n_xfer + PD_MSG_COUNT];
+  memcpy(all, R->xfer, sizeof(int) * (size_t)R->n_xfer);
+  for (int m = 0; m < PD_MSG_COUNT; m++) all[R->n_xfer + m] = pd_slot(g, (enum pd_msg)m);
+  double dl = deadline_s();
+  if (rc) {
+    snprintf(err, err_len, "posting the package through StarPU-MPI failed");
+  } else if (!pd_wait_all(g, ms, all, R->n_xfer + PD_MSG_COUNT, dl, &R->rx, 0)) {
+    snprintf(err, err_len, "the decode rank stopped taking the package: nothing completed for %.0f s "
+             "(CEDAR_PD_DEADLINE_S), first missing: %s", dl, R->rx.first_missing);
+    rc = CEDAR_EIO;
+  } else if (R->ack.magic != PD_ACK_MAGIC || R->ack.sum != XXH3_64bits(&R->ack, offsetof(struct pd_ack, sum))) {
+    snprintf(err, err_len, "the decode rank's answer fails its checksum");
+    rc = CEDAR_EIO;
+  } else if (R->ack.status) {
+    R->ack.msg[sizeof R->ack.msg - 1] = 0;
+    snprintf(err, err_len, "the decode rank refused the package: %s", R->ack.msg);
+    rc = CEDAR_EIO;
   }
-  /* D: the record, the barrier, the decode */
+  figures(R, st, comm_now()); /* before rp goes: the message sizes come from its shapes */
+  st->handoff_s = 0;
+  if (rc) free_and_say(p, pools, rp, "P", err, err_len); /* accepted: D holds the state now, P's goes too */
+  bool stopped = comm_stop();
+  if (stopped) free(lg); /* in flight: StarPU-MPI may still read it */
+  if (!stopped) {
+    if (rp->plan) rt_request_free(rp);
+    comm_abort(err);
+  }
+  return rc ? rc : RT_GEN_ELSEWHERE;
+}
+
+/* D (or both roles in one process, after P's prefill into pools of its
+ * own): the record, D's replay when it replays, the ready barrier, the
+ * answer to P, then the decode. *pools_p: P's pools, freed once D holds
+ * the state. */
+static int d_side_run(struct run *R, enum rt_pd_role role, struct rt_kv_pool *pools, struct rt_kv_pool **pools_p,
+                      struct rt_request *r, struct rt_request *rp, struct rt_pd_stats *st, struct rt_gen_result *res,
+                      char *err, size_t err_len) {
+  const struct plan *p = R->M->p;
   r->n_pos = R->m.n_pos;
   r->pending = R->m.y1;
   R->rng = R->m.rng;
   R->replay_d = R->m.y1_sampler == 1;
   st->replay_on_d = R->replay_d;
+  int rc = 0;
   if (R->replay_d) { /* the package first, then D's replay on it (SPEC 7.3: replays complete before decode) */
     rc = pd_ready_check(p, &R->m, r, &R->rx, false, err, err_len);
     if (!rc) rc = replay_on_d(R, r, err, err_len);
     if (rc) {
       figures(R, st, comm_now());
-      goto out;
+      return rc;
     }
   }
   if (role == RT_PD_LOCAL) {
-    rt_request_free(&rp);
-    rt_kv_pools_free(pools_p, p->n_layers);
-    free(pools_p);
-    pools_p = NULL;
+    rt_request_free(rp);
+    rt_kv_pools_free(*pools_p, p->n_layers);
+    free(*pools_p);
+    *pools_p = NULL;
   }
   inject(R, r);
   double t_r = comm_now();
@@ -616,37 +584,33 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
     rc = CEDAR_EINVAL;
   }
   if (role == RT_PD_DECODE) d_answer(R, pools, r, rc, err);
-  if (rc) goto out;
+  if (rc) return rc;
   fill_result(R, res);
-  rc = run_decode(R, r, res, err, err_len);
-  if (!rc && R->trace && role == RT_PD_DECODE) { /* P's part, on D's clock */
-    for (int k = 0; k < R->g.n_node; k++) free(R->L.buf[k]), R->L.buf[k] = NULL;
-    rt_pd_trace_release();
-    double off = clock_offset_us();
-    tr_times = cedar_xcalloc((size_t)R->g.n_node + 1, sizeof(*tr_times));
-    tr_arrive = cedar_xcalloc((size_t)R->g.n_node + 1, sizeof(*tr_arrive));
-    for (int k = 0; k < R->g.n_node; k++) {
-      tr_times[k] = (struct rt_task_time){(int)R->tmsg[3 * k], 0, R->tmsg[3 * k + 1] - off, R->tmsg[3 * k + 2] - off};
-      if (tr_times[k].worker > tr.p_workers - 1) tr.p_workers = tr_times[k].worker + 1;
-    }
-    tr_bytes = R->mbytes;
-    R->mbytes = NULL;
-    for (int i = 0; i < R->n_xfer; i++) tr_arrive[R->xfer[i]] = 1e6 * R->L.ms[R->xfer[i]].t_done - off;
-    tr_g = R->g;
-    memset(&R->g, 0, sizeof R->g); /* the trace owns it now */
-    tr = (struct rt_pd_trace){&tr_g,        tr_times, tr_arrive, tr_bytes, p->serving.prefill_rank, p->serving.decode_rank,
-                              tr.p_workers};
+  return run_decode(R, r, res, err, err_len);
+}
+
+/* D under mpirun with a trace: P's part on D's clock, kept for
+ * rt_pd_last_trace (the trace takes R's graph). */
+static void keep_p_trace(struct run *R, const struct plan *p) {
+  for (int k = 0; k < R->g.n_node; k++) free(R->L.buf[k]), R->L.buf[k] = NULL;
+  rt_pd_trace_release();
+  double off = clock_offset_us();
+  tr_times = cedar_xcalloc((size_t)R->g.n_node + 1, sizeof(*tr_times));
+  tr_arrive = cedar_xcalloc((size_t)R->g.n_node + 1, sizeof(*tr_arrive));
+  for (int k = 0; k < R->g.n_node; k++) {
+    tr_times[k] = (struct rt_task_time){(int)R->tmsg[3 * k], 0, R->tmsg[3 * k + 1] - off, R->tmsg[3 * k + 2] - off};
+    if (tr_times[k].worker > tr.p_workers - 1) tr.p_workers = tr_times[k].worker + 1;
   }
-out:
-  if (role == RT_PD_DECODE && R->mpi_on && !R->acked)
-    d_answer(R, pools, r, rc, err); /* refused before the barrier: P hears why */
-  if (opened) rc = rt_pipe_close(R->vd, r, rc, err, err_len);
-  last = *st;
-  if (rp.plan) rt_request_free(&rp);
-  if (pools_p) {
-    rt_kv_pools_free(pools_p, p->n_layers);
-    free(pools_p);
-  }
+  tr_bytes = R->mbytes;
+  R->mbytes = NULL;
+  for (int i = 0; i < R->n_xfer; i++) tr_arrive[R->xfer[i]] = 1e6 * R->L.ms[R->xfer[i]].t_done - off;
+  tr_g = R->g;
+  memset(&R->g, 0, sizeof R->g); /* the trace owns it now */
+  tr = (struct rt_pd_trace){&tr_g, tr_times, tr_arrive, tr_bytes, p->serving.prefill_rank, p->serving.decode_rank,
+                            tr.p_workers};
+}
+
+static void run_free(struct run *R) {
   for (int k = 0; R->L.buf && k < R->g.n_node; k++) free(R->L.buf[k]);
   free(R->L.buf);
   free(R->L.ms);
@@ -661,5 +625,80 @@ out:
   free(R->vp); /* after the graph built from it */
   free(R->vd);
   free(R);
+}
+
+/* The request's checks before any role runs: 0, or the refusal. */
+static int pd_refuse(int64_t n, const struct rt_gen_opts *o, char *err, size_t err_len) {
+  const char *tf = getenv("CEDAR_PD_TEST_FAULT"); /* tests/cli/pd_mpi.sh, pd_faults.sh */
+  if (tf && rt_pd_fault_parse(tf, err, err_len)) return CEDAR_EINVAL;
+  if (n < 1 || o->max_new < 1) {
+    snprintf(err, err_len, "a request needs a prompt of at least one token and --max-new of at least 1");
+    return CEDAR_EINVAL;
+  }
+  if (o->cache) {
+    snprintf(err, err_len, "a P/D placement (prefill and decode on different ranks) runs without the prefix cache: "
+             "a hit would need the cached pages on D and the encoder snapshot on P, which is not built; turn the "
+             "prefix cache off for this plan, or run it without serving.placement");
+    return CEDAR_EUNSUPPORTED;
+  }
+  return 0;
+}
+
+int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
+                   int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, struct rt_pd_stats *st,
+                   char *err, size_t err_len) {
+  rt_pd_register(); /* this feature's node entries (backend.h) */
+  const struct plan *p = M->p;
+  memset(res, 0, sizeof(*res));
+  memset(st, 0, sizeof(*st));
+  enum rt_pd_role role = rt_pd_role_of(p);
+  int rc = pd_refuse(n, o, err, err_len);
+  if (rc) return rc;
+  if (plan_place_pd(p) && comm_world_size() > 1) /* each role on ranks of its own (pd_stage.c) */
+    return pd_stage_generate(M, pools, r, prompt, n, o, res, st, err, err_len);
+  if (role == RT_PD_IDLE || role == RT_PD_NONE) {
+    if (role == RT_PD_IDLE && !comm_meet(deadline_s())) comm_abort("the other ranks did not start the request");
+    if (role == RT_PD_IDLE && !comm_start(err, err_len)) comm_stop();
+    return RT_GEN_ELSEWHERE;
+  }
+  struct run *R = cedar_xcalloc(1, sizeof(*R));
+  R->o = o;
+  R->n = n;
+  struct rt_kv_pool *pools_p = NULL;
+  struct rt_request rp = {0};
+  bool opened = false;
+  rc = run_open(R, M, role, st, &opened, err, err_len);
+  if (!rc && (role == RT_PD_LOCAL || role == RT_PD_DECODE)) {
+    rc = rt_request_init(r, 0, p, pools, n + o->max_new);
+    if (rc) snprintf(err, err_len, "out of memory on D for a request of %lld tokens", (long long)(n + o->max_new));
+    R->L.rd = r;
+  }
+  if (!rc && role == RT_PD_LOCAL) {
+    pools_p = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*pools_p)); /* P's home: pools of its own */
+    rc = rt_kv_pools_init(pools_p, p, err, err_len);
+    if (!rc) rc = run_prefill(R, pools_p, &rp, st, prompt, err, err_len);
+  } else if (!rc && role == RT_PD_PREFILL) {
+    rc = p_side(R, pools, &rp, st, prompt, err, err_len);
+  } else if (!rc) {
+    rc = receive(R, r, st, p->serving.prefill_rank, err, err_len);
+    if (rc == PD_STALLED) { /* P is gone: a receive stays posted (StarPU-MPI cannot cancel it) */
+      rc = CEDAR_EIO;
+      R->acked = true; /* nobody to answer */
+      free_and_say(p, pools, r, "D", err, err_len);
+      if (!comm_stop()) comm_abort(err); /* ends the job: exit 1 */
+    }
+  }
+  if (!rc && role != RT_PD_PREFILL) rc = d_side_run(R, role, pools, &pools_p, r, &rp, st, res, err, err_len);
+  if (!rc && R->trace && role == RT_PD_DECODE) keep_p_trace(R, p);
+  if (role == RT_PD_DECODE && R->mpi_on && !R->acked)
+    d_answer(R, pools, r, rc, err); /* refused before the barrier: P hears why */
+  if (opened) rc = rt_pipe_close(R->vd, r, rc, err, err_len);
+  last = *st;
+  if (rp.plan) rt_request_free(&rp);
+  if (pools_p) {
+    rt_kv_pools_free(pools_p, p->n_layers);
+    free(pools_p);
+  }
+  run_free(R);
   return rc;
 }

@@ -224,7 +224,7 @@ static int d_side(struct stage_run *S, const struct plan *p, const struct plan *
 /* The answers: D ranks to each sender, P ranks from each D rank fed; all
  * within the deadline. P refuses on a refusal. */
 static int answers(struct stage_run *S, bool is_p, bool is_d, int rc, char *err, size_t err_len) {
-  int tag = S->g.n_node + 3, n_idx = 0;
+  int tag = pd_tag(&S->g, PD_MSG_ANSWER), n_idx = 0;
   for (int q = 0; q < S->W; q++) {
     struct comm_msg *ms = &S->L.ms[S->g.n_node + S->W + q];
     if (is_d && S->fed_by[q]) {
@@ -266,29 +266,12 @@ static int answers(struct stage_run *S, bool is_p, bool is_d, int rc, char *err,
   return rc;
 }
 
-int pd_stage_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
-                      int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, struct rt_pd_stats *st,
-                      char *err, size_t err_len) {
-  const struct plan *p = M->p;
-  struct rt_gen_opts ob;
-  const int V = p->model.vocab;
-  struct plan *vp = cedar_xmalloc(sizeof *vp), *vd = cedar_xmalloc(sizeof *vd);
-  plan_role_view(p, false, vp);
-  plan_role_view(p, true, vd);
-  struct rt_model MP = *M, MD = *M;
-  MP.p = vp, MD.p = vd;
-  struct stage_run *S = cedar_xcalloc(1, sizeof *S);
-  S->me = comm_world_rank();
-  S->W = comm_world_size();
-  st->mpi = true;
-  struct rt_kv_pool *pools_p = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*pools_p)); /* P's request: pools of its own */
-  struct rt_request rp = {0};
-  float *logits = NULL;
-  int64_t *pos = NULL;
-  bool opened = false, pools_on = false;
-  struct graph_opts go = {.chunk = o->chunk, .replay = o->replay, .all_logits = o->all_logits};
-  int rc = graph_build_prefill(&S->g, vp, n, &go, err, err_len);
-  if (rc) goto out;
+/* The message table of the prefill graph S->g: each P->D transfer's
+ * sending and receiving rank, which peers this rank feeds and is fed by,
+ * the buffers and completions (the transfers, then a record and an answer
+ * per peer). CEDAR_EUNSUPPORTED when a transfer names a rank mpirun did
+ * not give (the placement check refuses that earlier). */
+static int stage_table(struct stage_run *S, struct rt_pd_stats *st, char *err, size_t err_len) {
   const struct graph *g = &S->g;
   int N = g->n_node, W = S->W;
   S->src = cedar_xmalloc(sizeof(int) * (size_t)N);
@@ -305,21 +288,91 @@ int pd_stage_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct
   S->L.g = g;
   S->L.st = st;
   S->L.last_kv = -1;
-  pthread_mutex_init(&S->L.mu, NULL);
   for (int k = 0; k < N; k++) {
     const struct graph_node *nd = &g->node[k];
     S->src[k] = S->dst[k] = -1;
     if (nd->op != GRAPH_TRANSFER || (nd->flags & GRAPH_F_STAGE)) continue;
     S->src[k] = nd->place.rank;
     S->dst[k] = g->data[nd->xfer_dst].home.rank;
-    if (S->src[k] >= W || S->dst[k] >= W) { /* the placement check refused this earlier */
+    if (S->src[k] >= W || S->dst[k] >= W) {
       snprintf(err, err_len, "%s runs between ranks %d and %d, but mpirun gave %d", nd->name, S->src[k], S->dst[k], W);
-      rc = CEDAR_EUNSUPPORTED;
-      goto out;
+      return CEDAR_EUNSUPPORTED;
     }
     if (S->src[k] == S->me) S->feeds[S->dst[k]] = true;
     if (S->dst[k] == S->me) S->fed_by[S->src[k]] = true;
   }
+  return 0;
+}
+
+/* D: every receive of this rank posted before P starts sending (its
+ * transfers' payloads into S->L.buf, sized from r; each feeder's record). */
+static int post_receives(struct stage_run *S, const struct rt_request *r) {
+  const struct graph *g = &S->g;
+  int N = g->n_node, rc = 0;
+  for (int k = 0; k < N && !rc; k++)
+    if (S->dst[k] == S->me) {
+      int64_t len = pd_msg_bytes(g, &g->node[k], r);
+      S->L.buf[k] = cedar_xmalloc((size_t)len);
+      rc = comm_recv(S->L.buf[k], (size_t)len, S->src[k], k + 1, &S->L.ms[k]);
+    }
+  for (int q = 0; q < S->W && !rc; q++)
+    if (S->fed_by[q]) rc = comm_recv(&S->rec[q], sizeof S->rec[q], q, pd_tag(g, PD_MSG_RECORD), &S->L.ms[N + q]);
+  return rc;
+}
+
+/* The request's transfer figures once it decoded: the plan's expectation,
+ * every rank's bytes summed on rank 0, and how much KV left before the
+ * prefill ended. */
+static int final_figures(const struct stage_run *S, const struct plan *p, int64_t n, double prefill_s,
+                         struct rt_pd_stats *st, char *err, size_t err_len) {
+  rt_pd_expected_bytes(p, n, S->g.replay, st->expected);
+  st->prefill_s = prefill_s;
+  st->overlap = 1;
+  int rc = gather_stats(st);
+  if (rc) snprintf(err, err_len, "rank %d: the transfer figures did not reach rank 0", S->me);
+  int64_t kv = st->bytes[RT_PD_KV]; /* rank 0's sums (the others' are their own) */
+  st->overlap = kv ? (double)st->kv_bytes_before_end / (double)kv : 1;
+  return rc;
+}
+
+static void stage_free(struct stage_run *S) {
+  for (int k = 0; S->L.buf && k < S->g.n_node; k++) free(S->L.buf[k]);
+  free(S->L.buf);
+  free(S->L.ms);
+  pthread_mutex_destroy(&S->L.mu);
+  free(S->src), free(S->dst), free(S->feeds), free(S->fed_by), free(S->rec), free(S->ack), free(S->rx), free(S->idx);
+  graph_free(&S->g);
+  free(S);
+}
+
+int pd_stage_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
+                      int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, struct rt_pd_stats *st,
+                      char *err, size_t err_len) {
+  const struct plan *p = M->p;
+  struct rt_gen_opts ob;
+  const int V = p->model.vocab;
+  struct plan *vp = cedar_xmalloc(sizeof *vp), *vd = cedar_xmalloc(sizeof *vd);
+  plan_role_view(p, false, vp);
+  plan_role_view(p, true, vd);
+  struct rt_model MP = *M, MD = *M;
+  MP.p = vp, MD.p = vd;
+  struct stage_run *S = cedar_xcalloc(1, sizeof *S);
+  pthread_mutex_init(&S->L.mu, NULL);
+  S->me = comm_world_rank();
+  S->W = comm_world_size();
+  st->mpi = true;
+  struct rt_kv_pool *pools_p = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*pools_p)); /* P's request: pools of its own */
+  struct rt_request rp = {0};
+  float *logits = NULL;
+  int64_t *pos = NULL;
+  bool opened = false, pools_on = false;
+  struct graph_opts go = {.chunk = o->chunk, .replay = o->replay, .all_logits = o->all_logits};
+  int rc = graph_build_prefill(&S->g, vp, n, &go, err, err_len);
+  if (rc) goto out;
+  const struct graph *g = &S->g;
+  int N = g->n_node, W = S->W;
+  rc = stage_table(S, st, err, err_len);
+  if (rc) goto out;
   bool is_p = false, is_d = false;
   for (int q = 0; q < W; q++) is_p |= S->feeds[q], is_d |= S->fed_by[q];
   rc = rt_pipe_open(p, vp->serving.place.n_ep_ranks ? vp : vd, o, n, err, err_len);
@@ -345,14 +398,7 @@ int pd_stage_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct
     rt_request_push_token(&rp, prompt[i]);
     if (!is_d) rt_request_push_token(r, prompt[i]); /* a D rank gets the history in the package */
   }
-  for (int k = 0; k < N && !rc; k++) /* D: every receive posted before P starts sending */
-    if (S->dst[k] == S->me) {
-      int64_t len = pd_msg_bytes(g, &g->node[k], r);
-      S->L.buf[k] = cedar_xmalloc((size_t)len);
-      rc = comm_recv(S->L.buf[k], (size_t)len, S->src[k], k + 1, &S->L.ms[k]);
-    }
-  for (int q = 0; q < W && !rc; q++)
-    if (S->fed_by[q]) rc = comm_recv(&S->rec[q], sizeof S->rec[q], q, N + 1, &S->L.ms[N + q]);
+  rc = post_receives(S, r);
   if (rc) {
     snprintf(err, err_len, "posting the receives through StarPU-MPI failed");
     goto decided;
@@ -379,7 +425,7 @@ int pd_stage_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct
   for (int q = 0; q < W && !rc && is_p; q++)
     if (S->feeds[q]) {
       record_for(S, &rp, n, y1, rng, q, &res->prefill, t0, t_end);
-      rc = comm_send(&S->rec[q], sizeof S->rec[q], q, N + 1, &S->L.ms[N + q]);
+      rc = comm_send(&S->rec[q], sizeof S->rec[q], q, pd_tag(&S->g, PD_MSG_RECORD), &S->L.ms[N + q]);
     }
   if (!rc && is_d) rc = d_side(S, p, vd, r, y1, rng, st, err, err_len);
   if (is_p || is_d) rc = answers(S, is_p, is_d, rc, err, err_len);
@@ -398,28 +444,14 @@ decided:
     if (!is_d) r->n_pos = n, r->pending = y1;
     rc = pd_decode(&MD, o, r, rng, res, err, err_len);
   }
-  if (!rc) {
-    rt_pd_expected_bytes(p, n, g->replay, st->expected);
-    st->prefill_s = t_end - t0;
-    st->overlap = 1;
-    rc = gather_stats(st);
-    if (rc) snprintf(err, err_len, "rank %d: the transfer figures did not reach rank 0", S->me);
-    int64_t kv = st->bytes[RT_PD_KV]; /* rank 0's sums (the others' are their own) */
-    st->overlap = kv ? (double)st->kv_bytes_before_end / (double)kv : 1;
-  }
+  if (!rc) rc = final_figures(S, p, n, t_end - t0, st, err, err_len);
 out:
   if (opened) rc = rt_pipe_close(vd, r, rc, err, err_len);
   pd_last = *st;
   if (rp.plan) rt_request_free(&rp);
   if (pools_on) rt_kv_pools_free(pools_p, p->n_layers);
   free(pools_p);
-  for (int k = 0; S->L.buf && k < S->g.n_node; k++) free(S->L.buf[k]);
-  free(S->L.buf);
-  free(S->L.ms);
-  pthread_mutex_destroy(&S->L.mu);
-  free(S->src), free(S->dst), free(S->feeds), free(S->fed_by), free(S->rec), free(S->ack), free(S->rx), free(S->idx);
-  graph_free(&S->g);
-  free(S);
+  stage_free(S);
   free(logits);
   free(pos);
   free(vp);
