@@ -124,6 +124,31 @@ static void in_flight(const struct rt_pd_trace *x, int64_t *bytes, double *busy_
   free(iv);
 }
 
+/* The request in one process on P's rank, the placement collapsed onto
+ * P's home (the engine's driver too): single[0] its TTFT, single[1] its
+ * prefill graph's seconds (-1 when it failed). */
+static void one_process(struct rt_engine *e, const int32_t *tok, int64_t n, const struct rt_gen_opts *go,
+                        double single[2]) {
+  struct plan *p = &e->plan;
+  struct plan_serving keep = p->serving;
+  enum graph_run run = e->run;
+  p->serving.decode_rank = p->serving.prefill_rank;
+  p->serving.decode_device = p->serving.prefill_device;
+  p->serving.decode_device_id = p->serving.prefill_device_id;
+  e->run = GRAPH_RUN_ONE;
+  struct rt_request r = {0};
+  struct rt_gen_result res = {0};
+  char err[1024];
+  int grc = rt_engine_generate(e, &r, tok, n, go, &res, err, sizeof err);
+  if (grc) fprintf(stderr, "cedar bench pd: the one-process run: %s\n", err);
+  single[0] = grc ? -1 : res.ttft_s;
+  single[1] = grc ? -1 : res.prefill.seconds;
+  rt_gen_result_free(&res);
+  rt_engine_request_free(e, &r);
+  p->serving = keep;
+  e->run = run;
+}
+
 int cmd_bench_pd(int argc, char **argv) {
   struct bopts o;
   int rc = parse(argc, argv, &o);
@@ -167,23 +192,7 @@ int cmd_bench_pd(int argc, char **argv) {
   /* 2. one process, on P's rank, the placement collapsed */
   double single[2] = {0, 0}; /* TTFT, prefill graph seconds */
   comm_barrier();
-  if (me == pr) {
-    int save_rank = p->serving.decode_rank, save_dev = p->serving.decode_device, save_id = p->serving.decode_device_id;
-    p->serving.decode_rank = pr;
-    p->serving.decode_device = p->serving.prefill_device;
-    p->serving.decode_device_id = p->serving.prefill_device_id;
-    struct rt_request r = {0};
-    struct rt_gen_result res = {0};
-    int grc = rt_engine_generate(&e, &r, tok, o.n, &go, &res, err, sizeof err);
-    if (grc) fprintf(stderr, "cedar bench pd: the one-process run: %s\n", err);
-    single[0] = grc ? -1 : res.ttft_s;
-    single[1] = grc ? -1 : res.prefill.seconds;
-    rt_gen_result_free(&res);
-    rt_engine_request_free(&e, &r);
-    p->serving.decode_rank = save_rank;
-    p->serving.decode_device = save_dev;
-    p->serving.decode_device_id = save_id;
-  }
+  if (me == pr) one_process(&e, tok, o.n, &go, single);
   comm_share(single, 2, pr, dr);
   comm_barrier();
   /* 3. the P/D request */

@@ -208,7 +208,9 @@ int cmd_bench_pp(int argc, char **argv) {
   comm_barrier();
   if (me == 0) {
     int save = p->serving.place.n_stages;
+    enum graph_run run = e.run; /* the engine's driver follows: one home */
     p->serving.place.n_stages = 0;
+    e.run = GRAPH_RUN_ONE;
     struct rt_request r = {0};
     struct rt_gen_result res = {0};
     int grc = rt_engine_generate(&e, &r, tok, o.n, &go, &res, err, sizeof err);
@@ -218,6 +220,7 @@ int cmd_bench_pp(int argc, char **argv) {
     rt_gen_result_free(&res);
     rt_engine_request_free(&e, &r);
     p->serving.place.n_stages = save;
+    e.run = run;
   }
   comm_barrier();
   /* 2. the stages */
