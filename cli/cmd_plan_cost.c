@@ -556,11 +556,11 @@ int cmd_plan_cost(int argc, char **argv) {
   } else if (!rc) {
     if (a.json) {
       cJSON *j = json_cost(p, c);
-      plan_cost_pd_json(j, p, c->q.prompt);
+      run_pd_cost_json(j, p, c->q.prompt);
       cli_print_json(j);
     } else {
       print_cost(stdout, p, c);
-      plan_cost_pd_print(stdout, p, c->q.prompt);
+      run_pd_cost_print(stdout, p, c->q.prompt);
     }
   }
   plan_free(p);

@@ -595,7 +595,7 @@ int cmd_run(int argc, char **argv) {
     }
     drp = &dr;
   }
-  if (o.dump && rt_dump_write(o.dump, &e.model, &r, &res, err, sizeof err)) {
+  if (o.dump && run_dump_write(o.dump, &e.model, &r, &res, err, sizeof err)) {
     fprintf(stderr, "cedar run: --dump: %s\n", err);
     goto out;
   }

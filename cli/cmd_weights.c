@@ -128,7 +128,7 @@ static int weights_init_cmd(int argc, char **argv) {
   struct plan p;
   if (cli_load_plan("weights", o.plan, &p)) return 1;
   if (o.released) {
-    rc = weights_init_released(&p, o.seed, o.max_bytes, o.out, o.shard_bytes, o.dequant, o.json);
+    rc = cli_weights_init_released(&p, o.seed, o.max_bytes, o.out, o.shard_bytes, o.dequant, o.json);
     plan_free(&p);
     return rc;
   }
@@ -190,8 +190,8 @@ static int weights_check_cmd(int argc, char **argv) {
   if (rc >= 0) return rc;
   if (argc - optind != 1) return cli_usage_error("weights check", "name one weights file");
   const char *path = argv[optind];
-  if (weights_is_dir(path)) return weights_check_dir(path, o.plan, o.hash, o.json);
-  if (o.hash && weights_record_file(path)) return 1;
+  if (cli_weights_is_dir(path)) return cli_weights_check_dir(path, o.plan, o.hash, o.json);
+  if (o.hash && cli_weights_record_file(path)) return 1;
   struct plan p;
   if (cli_load_plan("weights", o.plan, &p)) return 1;
   struct weights_list l;

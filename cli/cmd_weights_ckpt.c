@@ -10,7 +10,7 @@
 #include "cli/weights_ckpt.h"
 #include "runtime/load/checkpoint.h"
 
-int weights_init_released(const struct plan *p, uint64_t seed, uint64_t max_bytes, const char *dir,
+int cli_weights_init_released(const struct plan *p, uint64_t seed, uint64_t max_bytes, const char *dir,
                           uint64_t shard_bytes, const char *dequant, bool json) {
   struct weights w;
   char err[1024];
@@ -48,12 +48,12 @@ int weights_init_released(const struct plan *p, uint64_t seed, uint64_t max_byte
   return rc ? 1 : 0;
 }
 
-bool weights_is_dir(const char *path) {
+bool cli_weights_is_dir(const char *path) {
   struct stat st;
   return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-int weights_record_file(const char *path) {
+int cli_weights_record_file(const char *path) {
   size_t added;
   char err[1024];
   if (weights_hash_record(path, &added, err, sizeof err)) {
@@ -64,7 +64,7 @@ int weights_record_file(const char *path) {
   return 0;
 }
 
-int weights_check_dir(const char *dir, const char *plan_path, bool hash, bool json) {
+int cli_weights_check_dir(const char *dir, const char *plan_path, bool hash, bool json) {
   char err[1024];
   struct plan p;
   struct weights_problems pr = {0};

@@ -86,7 +86,7 @@ static void add_ring(struct tlist *L, const struct rt_request *r, int l) {
   add(L, name, ST_I64, 1, k, 0, pos, pos);
 }
 
-int rt_dump_write(const char *path, const struct rt_model *M, const struct rt_request *r,
+int run_dump_write(const char *path, const struct rt_model *M, const struct rt_request *r,
                   const struct rt_gen_result *res, char *err, size_t err_len) {
   const struct plan *p = M->p;
   const int V = p->model.vocab;

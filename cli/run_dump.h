@@ -16,7 +16,7 @@
 #include "runtime/gen/generate.h"
 #include "runtime/model/model.h"
 
-int rt_dump_write(const char *path, const struct rt_model *M, const struct rt_request *r,
+int run_dump_write(const char *path, const struct rt_model *M, const struct rt_request *r,
                   const struct rt_gen_result *res, char *err, size_t err_len);
 
 /* `cedar run --dump-roundings FILE` (runtime/model/round_trace.h, tests/oracle/

@@ -73,7 +73,7 @@ void run_pd_json(struct cJSON *j, const struct plan *p, const struct rt_dist_rep
   cJSON_AddStringToObject(t, "y1", s->replay_on_d ? "sampled and consumed on D" : "sampled on P, consumed on D");
 }
 
-void plan_cost_pd_print(FILE *f, const struct plan *p, int64_t n) {
+void run_pd_cost_print(FILE *f, const struct plan *p, int64_t n) {
   struct plan_pd_package k;
   if (plan_cost_pd_package(p, n, &k) || !k.split) return;
   fprintf(f, "\nP->D state package after a %" PRId64 "-token prompt (prefill on rank %d, decode on rank %d; decoder "
@@ -86,7 +86,7 @@ void plan_cost_pd_print(FILE *f, const struct plan *p, int64_t n) {
   fprintf(f, "  %-46s %22" PRId64 "\n", "total (metadata not counted), B", k.total);
 }
 
-void plan_cost_pd_json(struct cJSON *j, const struct plan *p, int64_t n) {
+void run_pd_cost_json(struct cJSON *j, const struct plan *p, int64_t n) {
   struct plan_pd_package k;
   if (plan_cost_pd_package(p, n, &k) || !k.split) return;
   cJSON *o = cJSON_AddObjectToObject(j, "pd_package");

@@ -19,8 +19,8 @@ void run_pd_json(struct cJSON *j, const struct plan *p, const struct rt_dist_rep
 /* `cedar plan cost`: the P->D state package after a prompt of n tokens
  * (scheduler/plan_cost_pd.h), for a plan whose prefill and decode are on
  * different homes; nothing otherwise. */
-void plan_cost_pd_print(FILE *f, const struct plan *p, int64_t n);
-void plan_cost_pd_json(struct cJSON *j, const struct plan *p, int64_t n);
+void run_pd_cost_print(FILE *f, const struct plan *p, int64_t n);
+void run_pd_cost_json(struct cJSON *j, const struct plan *p, int64_t n);
 /* `cedar run --trace` on the decode rank of a P/D run under mpirun: the
  * trace becomes one process per rank (D's, which already holds D's graphs,
  * and P's prefill graph from rt_pd_last_trace) with a flow per transfer

@@ -248,7 +248,7 @@ int run_pipe_dump(const char *path, const struct rt_model *M, const struct rt_re
                   const struct rt_gen_result *res, char *err, size_t err_len) {
   char *p = malloc(strlen(path) + 32);
   sprintf(p, "%s.rank%d", path, comm_world_rank());
-  int rc = rt_dump_write(p, M, r, res, err, err_len);
+  int rc = run_dump_write(p, M, r, res, err, err_len);
   free(p);
   return rc;
 }

@@ -11,13 +11,13 @@
 #include "scheduler/plan.h"
 
 /* `weights init --layout released`: synthetic weights of p from seed into DIR. */
-int weights_init_released(const struct plan *p, uint64_t seed, uint64_t max_bytes, const char *dir,
+int cli_weights_init_released(const struct plan *p, uint64_t seed, uint64_t max_bytes, const char *dir,
                           uint64_t shard_bytes, const char *dequant, bool json);
 /* Whether path names a directory. */
-bool weights_is_dir(const char *path);
+bool cli_weights_is_dir(const char *path);
 /* `weights check DIR [--plan P] [--hash]`. */
-int weights_check_dir(const char *dir, const char *plan, bool hash, bool json);
+int cli_weights_check_dir(const char *dir, const char *plan, bool hash, bool json);
 /* `weights check --hash W`: record the missing hashes of one file (prints how many). */
-int weights_record_file(const char *path);
+int cli_weights_record_file(const char *path);
 
 #endif

@@ -211,7 +211,7 @@ static void check_regions(const struct fx *f, struct rt_dev_twin *tw, struct rt_
       if (rt_dev_params_fill(&P1, &g, r, tw->slot, &g.node[l1], err, sizeof err) ||
           rt_dev_params_fill(&P2, &g2, r, tw->slot, &g2.node[l1], err, sizeof err))
         continue; /* the next step's pages are not reserved: nothing to compare */
-      struct rt_graph_key k1 = rt_dev_segment_key(&g, k, end[k], &P1), k2 = rt_dev_segment_key(&g2, k, end[k], &P2);
+      struct rt_cugraph_key k1 = rt_dev_segment_key(&g, k, end[k], &P1), k2 = rt_dev_segment_key(&g2, k, end[k], &P2);
       if (P1.n_pages == P2.n_pages)
         EXPECT(!memcmp(&k1, &k2, sizeof k1), "segment at %s: keys of two steps differ", g.node[k].name);
       EXPECT(P1.pos + 1 == P2.pos, "segment at %s: positions %lld, %lld", g.node[k].name, (long long)P1.pos,

@@ -10,7 +10,7 @@
  *    n_slots request slots take n_slots * req_bytes;
  *  - bad counts are refused with a message;
  *  - without a GPU (or without CUDA), rt_dev_state_open, rt_dev_weights_upload
- *    and rt_graph_cache_open refuse with a reason instead of crashing.
+ *    and rt_cugraph_cache_open refuse with a reason instead of crashing.
  *
  * The device half on a GPU: tests/gpu/test_gpu_graph.cu (tests/gpu/run.sh).
  * Run: ctest --test-dir build -R '^devstate$'.
@@ -127,15 +127,15 @@ out:
 }
 
 static void test_graph_refusal(void) {
-  struct rt_graph_cache *c = NULL;
+  struct rt_cugraph_cache *c = NULL;
   char err[256] = "";
-  int rc = rt_graph_cache_open(&c, 0, sizeof(struct rt_dev_params), err, sizeof err);
+  int rc = rt_cugraph_cache_open(&c, 0, sizeof(struct rt_dev_params), err, sizeof err);
   if (rc == 0) {
     printf("graph cache opened on device 0\n");
-    rt_graph_cache_close(c);
+    rt_cugraph_cache_close(c);
     return;
   }
-  EXPECT(rc == CEDAR_EUNSUPPORTED && err[0] && !c, "rt_graph_cache_open: rc %d, err '%s'", rc, err);
+  EXPECT(rc == CEDAR_EUNSUPPORTED && err[0] && !c, "rt_cugraph_cache_open: rc %d, err '%s'", rc, err);
   printf("graph cache refused: %s\n", err);
 }
 

@@ -32,7 +32,7 @@
  * of a key is rewritten by each replay in stream order, so two streams
  * replaying one key at once would race on it.
  *
- * CPU-only builds: rt_graph_cache_open refuses ("built without CUDA").
+ * CPU-only builds: rt_cugraph_cache_open refuses ("built without CUDA").
  */
 #ifndef CEDAR_RUNTIME_CUDA_GRAPH_H
 #define CEDAR_RUNTIME_CUDA_GRAPH_H
@@ -49,7 +49,7 @@ extern "C" {
  * run) and the step's shape (positions, top-k width, ... whatever changes
  * launch dimensions). Values that change per step at a fixed shape go to
  * the parameter block instead. */
-struct rt_graph_key {
+struct rt_cugraph_key {
   int32_t segment;
   int32_t shape[11];
 };
@@ -59,7 +59,7 @@ struct rt_graph_key {
  * or a cedar_status; it must not synchronize (capture forbids it). */
 typedef int (*rt_segment_fn)(void *stream, const void *params, void *arg);
 
-struct rt_graph_cache;
+struct rt_cugraph_cache;
 
 /* The per-step values a captured graph reads instead of baking them in
  * (below). Fixed size, so one layout serves every plan. */
@@ -82,27 +82,27 @@ struct rt_dev_params {
   int64_t r0;                    /* the SWA ring's first valid position for the step (max of the ring's and the node's) */
 };
 
-struct rt_graph_stats {
+struct rt_cugraph_stats {
   int64_t captures, replays, eager_runs;
 };
 
 /* A cache on CUDA device dev whose parameter blocks hold param_bytes.
  * Returns 0 or CEDAR_EUNSUPPORTED (no CUDA build, no device; err says why). */
-int rt_graph_cache_open(struct rt_graph_cache **out, int dev, size_t param_bytes, char *err, size_t err_len);
-void rt_graph_cache_close(struct rt_graph_cache *c);
+int rt_cugraph_cache_open(struct rt_cugraph_cache **out, int dev, size_t param_bytes, char *err, size_t err_len);
+void rt_cugraph_cache_close(struct rt_cugraph_cache *c);
 
 /* Run segment k on stream with host parameters hp (param_bytes), as a graph
  * (captured on first use) or eagerly. Asynchronous: returns once enqueued.
  * hp may be reused as soon as this returns. Returns 0 or a cedar_status
  * with err filled (a CUDA error names the call). */
-int rt_graph_run(struct rt_graph_cache *c, const struct rt_graph_key *k, rt_segment_fn fn, void *arg,
+int rt_cugraph_run(struct rt_cugraph_cache *c, const struct rt_cugraph_key *k, rt_segment_fn fn, void *arg,
                  const void *hp, void *stream, bool graph, char *err, size_t err_len);
 
 /* The device parameter block of key k (allocated on first use); NULL on
  * failure. Eager runs of k use the same block. */
-void *rt_graph_params(struct rt_graph_cache *c, const struct rt_graph_key *k);
+void *rt_cugraph_params(struct rt_cugraph_cache *c, const struct rt_cugraph_key *k);
 
-struct rt_graph_stats rt_graph_cache_stats(const struct rt_graph_cache *c);
+struct rt_cugraph_stats rt_cugraph_cache_stats(const struct rt_cugraph_cache *c);
 
 #ifdef __cplusplus
 }

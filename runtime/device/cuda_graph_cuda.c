@@ -25,20 +25,20 @@
 #include "runtime/device/cuda_graph.h"
 
 struct entry {
-  struct rt_graph_key key;
+  struct rt_cugraph_key key;
   void *dparams;        /* device block */
   void *staging;        /* pinned host copy of the last parameters */
   cudaEvent_t copied;   /* recorded after the last copy out of staging */
   cudaGraphExec_t exec; /* NULL until captured */
 };
 
-struct rt_graph_cache {
+struct rt_cugraph_cache {
   int dev;
   size_t param_bytes;
   cudaStream_t capture;
   struct entry *e;
   int n, cap;
-  struct rt_graph_stats st;
+  struct rt_cugraph_stats st;
 };
 
 static int fail(cudaError_t e, const char *call, char *err, size_t err_len) {
@@ -53,7 +53,7 @@ static int fail(cudaError_t e, const char *call, char *err, size_t err_len) {
     if (_e != cudaSuccess) return fail(_e, #call, err, err_len);       \
   } while (0)
 
-int rt_graph_cache_open(struct rt_graph_cache **out, int dev, size_t param_bytes, char *err, size_t err_len) {
+int rt_cugraph_cache_open(struct rt_cugraph_cache **out, int dev, size_t param_bytes, char *err, size_t err_len) {
   *out = NULL;
   int n = 0;
   TRY(cudaGetDeviceCount(&n));
@@ -62,7 +62,7 @@ int rt_graph_cache_open(struct rt_graph_cache **out, int dev, size_t param_bytes
     return CEDAR_EUNSUPPORTED;
   }
   TRY(cudaSetDevice(dev));
-  struct rt_graph_cache *c = cedar_xcalloc(1, sizeof(*c));
+  struct rt_cugraph_cache *c = cedar_xcalloc(1, sizeof(*c));
   c->dev = dev;
   c->param_bytes = param_bytes;
   cudaError_t e = cudaStreamCreateWithFlags(&c->capture, cudaStreamNonBlocking);
@@ -74,7 +74,7 @@ int rt_graph_cache_open(struct rt_graph_cache **out, int dev, size_t param_bytes
   return 0;
 }
 
-void rt_graph_cache_close(struct rt_graph_cache *c) {
+void rt_cugraph_cache_close(struct rt_cugraph_cache *c) {
   if (!c) return;
   cudaSetDevice(c->dev);
   for (int i = 0; i < c->n; i++) {
@@ -91,13 +91,13 @@ void rt_graph_cache_close(struct rt_graph_cache *c) {
   free(c);
 }
 
-static struct entry *find(struct rt_graph_cache *c, const struct rt_graph_key *k) {
+static struct entry *find(struct rt_cugraph_cache *c, const struct rt_cugraph_key *k) {
   for (int i = 0; i < c->n; i++)
     if (!memcmp(&c->e[i].key, k, sizeof(*k))) return &c->e[i];
   return NULL;
 }
 
-static struct entry *find_or_add(struct rt_graph_cache *c, const struct rt_graph_key *k, char *err, size_t err_len) {
+static struct entry *find_or_add(struct rt_cugraph_cache *c, const struct rt_cugraph_key *k, char *err, size_t err_len) {
   struct entry *en = find(c, k);
   if (en) return en;
   if (c->n == c->cap) {
@@ -120,14 +120,14 @@ static struct entry *find_or_add(struct rt_graph_cache *c, const struct rt_graph
   return en;
 }
 
-void *rt_graph_params(struct rt_graph_cache *c, const struct rt_graph_key *k) {
+void *rt_cugraph_params(struct rt_cugraph_cache *c, const struct rt_cugraph_key *k) {
   char err[256];
   struct entry *en = find_or_add(c, k, err, sizeof err);
   return en ? en->dparams : NULL;
 }
 
 /* Capture fn once on the cache's own stream and instantiate it. */
-static int capture(struct rt_graph_cache *c, struct entry *en, rt_segment_fn fn, void *arg, char *err,
+static int capture(struct rt_cugraph_cache *c, struct entry *en, rt_segment_fn fn, void *arg, char *err,
                    size_t err_len) {
   TRY(cudaStreamBeginCapture(c->capture, cudaStreamCaptureModeRelaxed));
   int rc = fn((void *)c->capture, en->dparams, arg);
@@ -147,7 +147,7 @@ static int capture(struct rt_graph_cache *c, struct entry *en, rt_segment_fn fn,
   return 0;
 }
 
-int rt_graph_run(struct rt_graph_cache *c, const struct rt_graph_key *k, rt_segment_fn fn, void *arg,
+int rt_cugraph_run(struct rt_cugraph_cache *c, const struct rt_cugraph_key *k, rt_segment_fn fn, void *arg,
                  const void *hp, void *stream, bool graph, char *err, size_t err_len) {
   cudaStream_t s = (cudaStream_t)stream;
   struct entry *en = find_or_add(c, k, err, err_len);
@@ -169,4 +169,4 @@ int rt_graph_run(struct rt_graph_cache *c, const struct rt_graph_key *k, rt_segm
   return 0;
 }
 
-struct rt_graph_stats rt_graph_cache_stats(const struct rt_graph_cache *c) { return c->st; }
+struct rt_cugraph_stats rt_cugraph_cache_stats(const struct rt_cugraph_cache *c) { return c->st; }

@@ -9,23 +9,23 @@
 #include "base/check.h"
 #include "runtime/device/cuda_graph.h"
 
-int rt_graph_cache_open(struct rt_graph_cache **out, int dev, size_t param_bytes, char *err, size_t err_len) {
+int rt_cugraph_cache_open(struct rt_cugraph_cache **out, int dev, size_t param_bytes, char *err, size_t err_len) {
   (void)dev, (void)param_bytes;
   *out = NULL;
   snprintf(err, err_len, "built without CUDA: CUDA graphs need a build configured with -DCEDAR_CUDA=ON");
   return CEDAR_EUNSUPPORTED;
 }
-void rt_graph_cache_close(struct rt_graph_cache *c) { (void)c; }
-int rt_graph_run(struct rt_graph_cache *c, const struct rt_graph_key *k, rt_segment_fn fn, void *arg,
+void rt_cugraph_cache_close(struct rt_cugraph_cache *c) { (void)c; }
+int rt_cugraph_run(struct rt_cugraph_cache *c, const struct rt_cugraph_key *k, rt_segment_fn fn, void *arg,
                  const void *hp, void *stream, bool graph, char *err, size_t err_len) {
   (void)c, (void)k, (void)fn, (void)arg, (void)hp, (void)stream, (void)graph;
   snprintf(err, err_len, "built without CUDA");
   return CEDAR_EUNSUPPORTED;
 }
-void *rt_graph_params(struct rt_graph_cache *c, const struct rt_graph_key *k) { return (void)c, (void)k, NULL; }
-struct rt_graph_stats rt_graph_cache_stats(const struct rt_graph_cache *c) {
+void *rt_cugraph_params(struct rt_cugraph_cache *c, const struct rt_cugraph_key *k) { return (void)c, (void)k, NULL; }
+struct rt_cugraph_stats rt_cugraph_cache_stats(const struct rt_cugraph_cache *c) {
   (void)c;
-  struct rt_graph_stats s;
+  struct rt_cugraph_stats s;
   memset(&s, 0, sizeof s);
   return s;
 }

@@ -504,7 +504,7 @@ void rt_dev_ctx_close(struct rt_dev_ctx *d) {
   free(d->aux);
   free(d->twin);
   free(d->owner);
-  rt_graph_cache_close(d->graphs);
+  rt_cugraph_cache_close(d->graphs);
   rt_dev_weights_free(d->weights);
   rt_dev_state_close(d->state);
   free(d->host_slabs);

@@ -223,9 +223,9 @@ struct rt_dev_ctx {
   struct rt_cuda_model *cm;
   struct rt_cuda_worker *cw_direct;
   struct rt_cuda_worker **cw_sp;
-  struct rt_graph_cache **graphs_sp;
+  struct rt_cugraph_cache **graphs_sp;
   int n_cw_sp;
-  struct rt_graph_cache *graphs;   /* CUDA: decode segments (cuda_graph.h); NULL: none */
+  struct rt_cugraph_cache *graphs;   /* CUDA: decode segments (cuda_graph.h); NULL: none */
   bool segments;                   /* run decode steps by layer segment (devseg.h): CUDA with a graph cache; the stand-in calls them in place */
   bool graphs_on;                  /* replay segments as graphs (else eager) */
   int64_t segment_runs;            /* segments run so far (both executors; atomic), for reports and tests */

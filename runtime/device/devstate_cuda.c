@@ -277,7 +277,7 @@ int rt_dev_ctx_open_cuda(struct rt_dev_ctx **out, const struct rt_dev_layout *L,
   d->starpu_node = -1;
   int rc = rt_dev_state_open(&d->state, L, dev, err, err_len);
   if (!rc) rc = rt_dev_weights_upload(&d->weights, w, dev, err, err_len);
-  if (!rc) rc = rt_graph_cache_open(&d->graphs, dev, sizeof(struct rt_dev_params), err, err_len);
+  if (!rc) rc = rt_cugraph_cache_open(&d->graphs, dev, sizeof(struct rt_dev_params), err, err_len);
   if (rc) {
     rt_dev_ctx_close(d);
     return rc;
@@ -308,7 +308,7 @@ int rt_dev_ctx_open_model(struct rt_dev_ctx *d, const struct rt_model *M, size_t
     for (int i = 0; i < n && !rc; i++)
       if (starpu_worker_get_devid(ids[i]) == d->dev && ids[i] < d->n_cw_sp) {
         rc = rt_cuda_worker_open(&d->cw_sp[ids[i]], d->dev, scratch_bytes, err, err_len);
-        if (!rc) rc = rt_graph_cache_open(&d->graphs_sp[ids[i]], d->dev, sizeof(struct rt_dev_params), err, err_len);
+        if (!rc) rc = rt_cugraph_cache_open(&d->graphs_sp[ids[i]], d->dev, sizeof(struct rt_dev_params), err, err_len);
       }
   }
   if (rc) rt_dev_model_close(d);
@@ -318,7 +318,7 @@ int rt_dev_ctx_open_model(struct rt_dev_ctx *d, const struct rt_model *M, size_t
 void rt_dev_model_close(struct rt_dev_ctx *d) {
   for (int i = 0; i < d->n_cw_sp; i++) {
     rt_cuda_worker_close(d->cw_sp[i]);
-    rt_graph_cache_close(d->graphs_sp[i]);
+    rt_cugraph_cache_close(d->graphs_sp[i]);
   }
   free(d->cw_sp);
   free(d->graphs_sp);

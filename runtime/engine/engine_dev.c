@@ -101,10 +101,10 @@ int rt_engine_dev_open(struct rt_engine *e, char *err, size_t err_len) {
 
 void rt_engine_dev_close(struct rt_engine *e) {
   if (e->dev && e->dev->graphs) { /* CEDAR_LOG=info: what tests/gpu/run.sh reads to see graphs did replay */
-    struct rt_graph_stats gs = rt_graph_cache_stats(e->dev->graphs);
+    struct rt_cugraph_stats gs = rt_cugraph_cache_stats(e->dev->graphs);
     for (int i = 0; i < e->dev->n_cw_sp; i++) /* the StarPU CUDA workers' own caches */
       if (e->dev->graphs_sp[i]) {
-        struct rt_graph_stats w = rt_graph_cache_stats(e->dev->graphs_sp[i]);
+        struct rt_cugraph_stats w = rt_cugraph_cache_stats(e->dev->graphs_sp[i]);
         gs.captures += w.captures, gs.replays += w.replays, gs.eager_runs += w.eager_runs;
       }
     LOG_INFO("CUDA graphs (%s): %lld captures, %lld replays, %lld eager segment runs", e->dev->graphs_on ? "on" : "off",

@@ -52,8 +52,8 @@ int rt_dev_segment_lead(const struct graph *g, int k0, int k1) {
   return k0;
 }
 
-struct rt_graph_key rt_dev_segment_key(const struct graph *g, int k0, int k1, const struct rt_dev_params *P) {
-  struct rt_graph_key k;
+struct rt_cugraph_key rt_dev_segment_key(const struct graph *g, int k0, int k1, const struct rt_dev_params *P) {
+  struct rt_cugraph_key k;
   memset(&k, 0, sizeof k);
   k.segment = g->node[k0].layer;
   k.shape[0] = P->n;
@@ -124,7 +124,7 @@ static int seg_fn(void *stream, const void *params, void *arg) {
   return 0;
 }
 
-int rt_dev_seg_run(struct rt_dev_seg *S, struct rt_graph_cache *cache, bool graph, void *stream, char *err,
+int rt_dev_seg_run(struct rt_dev_seg *S, struct rt_cugraph_cache *cache, bool graph, void *stream, char *err,
                    size_t err_len) {
   struct rt_dev_params P;
   char why[256];
@@ -134,8 +134,8 @@ int rt_dev_seg_run(struct rt_dev_seg *S, struct rt_graph_cache *cache, bool grap
                                   sizeof why) == 0;
   int rc;
   if (block && cache) {
-    struct rt_graph_key key = rt_dev_segment_key(g, S->k0, S->k1, &P);
-    rc = rt_graph_run(cache, &key, seg_fn, S, &P, stream, graph, err, err_len);
+    struct rt_cugraph_key key = rt_dev_segment_key(g, S->k0, S->k1, &P);
+    rc = rt_cugraph_run(cache, &key, seg_fn, S, &P, stream, graph, err, err_len);
   } else if (block && !S->dv->cm) { /* the host stand-in: in place, the block on the host */
     rc = seg_fn(stream, &P, S);
   } else { /* no block for this step or this stream: one by one, host arguments */

@@ -11,7 +11,7 @@
  *             EMBED and the Engram row gather (they index the token ids by
  *             position), HEAD, TRANSFER, KEEP_XE and REPLAY_IN run eagerly,
  *             one at a time.
- *   key       (struct rt_graph_key) segment = the first node's layer;
+ *   key       (struct rt_cugraph_key) segment = the first node's layer;
  *             shape = positions, the KV pages the segment's parameter
  *             block lists (the CUDA attention sizes its reads by them:
  *             rt_dev_listed_pages), the segment's node count, the graph's
@@ -53,7 +53,7 @@ int rt_dev_segment_lead(const struct graph *g, int k0, int k1);
 
 /* The key of segment [k0, k1) with its parameter block P (rt_dev_params_fill
  * of the lead node). */
-struct rt_graph_key rt_dev_segment_key(const struct graph *g, int k0, int k1, const struct rt_dev_params *P);
+struct rt_cugraph_key rt_dev_segment_key(const struct graph *g, int k0, int k1, const struct rt_dev_params *P);
 
 /* The metadata node nd leaves on the host request and the twin (t may be
  * NULL): see the header. */
@@ -92,7 +92,7 @@ struct rt_dev_seg {
  * host code. Returns 0, or the failing node's status with err naming it
  * (rt_node_error), or a graph cache error. The direct executor (exec_dev.c)
  * and the StarPU executor's segment task (exec_starpu.c) both run this. */
-int rt_dev_seg_run(struct rt_dev_seg *S, struct rt_graph_cache *cache, bool graph, void *stream, char *err,
+int rt_dev_seg_run(struct rt_dev_seg *S, struct rt_cugraph_cache *cache, bool graph, void *stream, char *err,
                    size_t err_len);
 
 #endif

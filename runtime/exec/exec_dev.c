@@ -12,7 +12,7 @@
  *                in); from the device's allocator when the slab is too small
  *                (then no segment is captured).
  *   segments     a decode step's layer segments (runtime/exec/devseg.h) through
- *                the CUDA graph cache (rt_graph_run): the parameter block is
+ *                the CUDA graph cache (rt_cugraph_run): the parameter block is
  *                filled from the lead node's step, the segment is captured
  *                once per key and replayed, or run eagerly (the same
  *                callback on the caller's stream) when graphs are off. A

@@ -143,8 +143,8 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int run_steps(struct rt_graph_cache *c, struct dev *d, cudaStream_t s, int t0, int n, bool graph) {
-  struct rt_graph_key k;
+static int run_steps(struct rt_cugraph_cache *c, struct dev *d, cudaStream_t s, int t0, int n, bool graph) {
+  struct rt_cugraph_key k;
   memset(&k, 0, sizeof k);
   k.segment = 0;
   k.shape[0] = 1; /* one position per step */
@@ -152,9 +152,9 @@ static int run_steps(struct rt_graph_cache *c, struct dev *d, cudaStream_t s, in
   for (int t = t0; t < t0 + n; t++) {
     rt_dev_params p;
     params_of(t, &p);
-    int rc = rt_graph_run(c, &k, segment, d, &p, (void *)s, graph, err, sizeof err);
+    int rc = rt_cugraph_run(c, &k, segment, d, &p, (void *)s, graph, err, sizeof err);
     if (rc) {
-      fprintf(stderr, "FAIL rt_graph_run (%s): %s\n", graph ? "graph" : "eager", err);
+      fprintf(stderr, "FAIL rt_cugraph_run (%s): %s\n", graph ? "graph" : "eager", err);
       exit(1);
     }
   }
@@ -166,7 +166,7 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-static double time_mode(struct rt_graph_cache *c, struct dev *d, cudaStream_t s, bool graph) {
+static double time_mode(struct rt_cugraph_cache *c, struct dev *d, cudaStream_t s, bool graph) {
   double t[5];
   for (int rep = 0; rep < 5; rep++) {
     CK(cudaStreamSynchronize(s));
@@ -181,7 +181,7 @@ static double time_mode(struct rt_graph_cache *c, struct dev *d, cudaStream_t s,
 
 #ifdef STARPU_USE_CUDA
 struct sp_arg {
-  struct rt_graph_cache *c;
+  struct rt_cugraph_cache *c;
   struct dev *d;
   int t;
 };
@@ -208,10 +208,10 @@ static const char *starpu_run(struct dev *d, char *why, size_t len) {
   sp_cl.name = "graph_step";
   int ids[4];
   int w = starpu_worker_get_ids_by_type(STARPU_CUDA_WORKER, ids, 4) > 0 ? ids[0] : -1;
-  struct rt_graph_cache *c = NULL;
+  struct rt_cugraph_cache *c = NULL;
   char err[256];
   int dev = w >= 0 ? starpu_worker_get_devid(w) : 0;
-  if (rt_graph_cache_open(&c, dev, sizeof(rt_dev_params), err, sizeof err)) {
+  if (rt_cugraph_cache_open(&c, dev, sizeof(rt_dev_params), err, sizeof err)) {
     snprintf(why, len, "%s", err);
     starpu_shutdown();
     return "failed";
@@ -229,9 +229,9 @@ static const char *starpu_run(struct dev *d, char *why, size_t len) {
     }
   }
   starpu_task_wait_for_all();
-  struct rt_graph_stats st = rt_graph_cache_stats(c);
+  struct rt_cugraph_stats st = rt_cugraph_cache_stats(c);
   snprintf(why, len, "%lld captures, %lld replays in StarPU tasks", (long long)st.captures, (long long)st.replays);
-  rt_graph_cache_close(c);
+  rt_cugraph_cache_close(c);
   free(args);
   starpu_shutdown();
   return st.captures == 1 && st.replays == STEPS ? "ran" : "failed";
@@ -253,17 +253,17 @@ int main(void) {
   dev_init(&sp, pool);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  struct rt_graph_cache *c = NULL;
+  struct rt_cugraph_cache *c = NULL;
   char err[256];
-  if (rt_graph_cache_open(&c, 0, sizeof(rt_dev_params), err, sizeof err)) {
-    fprintf(stderr, "FAIL rt_graph_cache_open: %s\n", err);
+  if (rt_cugraph_cache_open(&c, 0, sizeof(rt_dev_params), err, sizeof err)) {
+    fprintf(stderr, "FAIL rt_cugraph_cache_open: %s\n", err);
     return 1;
   }
   run_steps(c, &eager, s, 0, STEPS, false);
   run_steps(c, &graph, s, 0, STEPS, true);
   CK(cudaStreamSynchronize(s));
   bool ok = same(&eager, &graph, "eager vs graph");
-  struct rt_graph_stats st = rt_graph_cache_stats(c);
+  struct rt_cugraph_stats st = rt_cugraph_cache_stats(c);
   if (st.captures != 1 || st.replays != STEPS) {
     fprintf(stderr, "FAIL captures %lld (want 1), replays %lld (want %d)\n", (long long)st.captures,
             (long long)st.replays, STEPS);
@@ -300,7 +300,7 @@ int main(void) {
       fclose(f);
     }
   }
-  rt_graph_cache_close(c);
+  rt_cugraph_cache_close(c);
   CK(cudaStreamDestroy(s));
   dev_free(&eager);
   dev_free(&graph);
