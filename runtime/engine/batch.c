@@ -82,6 +82,7 @@ int rt_batch_submit(struct rt_batch *b, const int32_t *prompt, int64_t n, int ma
   q->n = n;
   q->max_new = max_new;
   q->rng = seed;
+  q->temperature = b->o.temperature, q->top_p = b->o.top_p, q->top_k = b->o.top_k, q->rep_penalty = b->o.rep_penalty;
   q->t_submit = b->clock;
   int h = b->n_q++;
   b->q[h] = q;
@@ -142,7 +143,7 @@ static void finish(struct rt_batch *b, int h) {
 }
 
 void rt_batch_abort(struct rt_batch *b, int h) {
-  if (h < 0 || h >= b->n_q) return;
+  if (h < 0 || h >= b->n_q || !b->q[h]) return;
   struct rt_bq *q = b->q[h];
   if (q->state >= RT_BQ_DONE) return;
   q->state = RT_BQ_ABORTED;
@@ -150,15 +151,32 @@ void rt_batch_abort(struct rt_batch *b, int h) {
   unlive(b, h);
 }
 
+void rt_batch_sample(struct rt_batch *b, int h, float temperature, float top_p, int top_k, float rep_penalty) {
+  struct rt_bq *q = b->q[h];
+  q->temperature = temperature, q->top_p = top_p > 0 ? top_p : 1;
+  q->top_k = top_k, q->rep_penalty = rep_penalty;
+}
+
+void rt_batch_stop(struct rt_batch *b, int h) {
+  if (h >= 0 && h < b->n_q && b->q[h] && b->q[h]->state == RT_BQ_DECODE) finish(b, h);
+}
+
+void rt_batch_forget(struct rt_batch *b, int h) {
+  if (h < 0 || h >= b->n_q || !b->q[h]) return;
+  struct rt_bq *q = b->q[h];
+  if (q->state < RT_BQ_DONE) return;
+  free(q->prompt);
+  free(q->tokens);
+  free(q->t_token);
+  free(q->logits);
+  free(q);
+  b->q[h] = NULL;
+}
+
 void rt_batch_free(struct rt_batch *b) {
   for (int h = 0; h < b->n_q; h++) {
     rt_batch_abort(b, h);
-    struct rt_bq *q = b->q[h];
-    free(q->prompt);
-    free(q->tokens);
-    free(q->t_token);
-    free(q->logits);
-    free(q);
+    rt_batch_forget(b, h);
   }
   free(b->q);
   free(b->live);
@@ -176,7 +194,7 @@ void rt_batch_free(struct rt_batch *b) {
 static bool take_token(struct rt_batch *b, int h, const float *lg, double t) {
   struct rt_bq *q = b->q[h];
   const int V = b->M->p->model.vocab;
-  struct rt_sample_opts so = {b->o.temperature, b->o.top_p, b->o.top_k, b->o.rep_penalty};
+  struct rt_sample_opts so = {q->temperature, q->top_p, q->top_k, q->rep_penalty}; /* its own (rt_batch_sample) */
   int32_t id;
   char why[400];
   if (rt_sample_next(&b->smp, &so, &q->r, lg, q->r.n_pos - 1, &q->rng, &id, why, sizeof why)) {

@@ -55,6 +55,9 @@ enum rt_bq_state { RT_BQ_WAITING = 0, RT_BQ_PREFILL, RT_BQ_DECODE, RT_BQ_DONE, R
 struct rt_bq {
   enum rt_bq_state state;
   int64_t user;            /* the caller's tag */
+  float temperature, top_p;/* this request's sampler (rt_batch_sample; else the batch's) */
+  int top_k;               /* 0: off */
+  float rep_penalty;       /* 0 or 1: off; over the prompt and the ids generated so far */
   int32_t *prompt;         /* (n) */
   int64_t n;
   int max_new;
@@ -131,10 +134,23 @@ void rt_batch_free(struct rt_batch *b);
  * max_new < 1). It waits until a step admits it. */
 int rt_batch_submit(struct rt_batch *b, const int32_t *prompt, int64_t n, int max_new, uint64_t seed, int64_t user,
                     char *err, size_t err_len);
+/* The sampler of request h, before its first step: temperature (0 greedy),
+ * top_p (1 off), top_k (0 off) and the repetition penalty (0 or 1 off),
+ * applied as rt_generate applies them (ops/sample.h), so a request sampled
+ * here gets the tokens rt_generate gives it with the same options. */
+void rt_batch_sample(struct rt_batch *b, int h, float temperature, float top_p, int top_k, float rep_penalty);
 /* One step (batch_policy.h). Returns the tokens it ran (0: nothing to run). */
 int64_t rt_batch_run_step(struct rt_batch *b, struct rt_batch_step *st);
 /* Abort request h: its pages return now; a finished one is left as is. */
 void rt_batch_abort(struct rt_batch *b, int h);
+/* End request h now as finished (a stop string or EOS its caller saw):
+ * with a cache its blocks go in as at its last token, then its pages
+ * return. Only a decoding request; others are left as they are. */
+void rt_batch_stop(struct rt_batch *b, int h);
+/* Drop a request that is over (done, aborted or failed) and everything it
+ * kept (its tokens, times, logits): a server that runs for days keeps only
+ * its live requests. b->q[h] becomes NULL; the handle is never reused. */
+void rt_batch_forget(struct rt_batch *b, int h);
 /* Requests waiting or running. */
 static inline int rt_batch_pending(const struct rt_batch *b) { return b->n_live; }
 

@@ -1,0 +1,211 @@
+/* cmd_serve.c: `cedar serve`: the flags, the engine and the tokenizer
+ * opened, then serve/serve.h's OpenAI-compatible server until SIGTERM.
+ * Test: tests/cli/serve.sh, tests/cli/serve_faults.sh; docs/serving.md.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/run_text.h"
+#include "runtime/engine/engine.h"
+#include "serve/serve.h"
+
+static const char usage[] =
+    "usage: cedar serve [--plan P] [--weights W | --model DIR | --seed S] [--tokenizer PATH]\n"
+    "                   [--host 127.0.0.1] [--port 8000] [--port-file F] [--api-key K | --api-key-file F]\n"
+    "                   [--served-model-name NAME] [--max-batch N] [--max-waiting N] [--max-body BYTES]\n"
+    "                   [--max-tokens N] [--default-max-tokens N] [--max-prompt-tokens N]\n"
+    "                   [--max-connections N] [--idle-timeout S] [--drain-s S] [--no-cache] [--quiet]\n"
+    "An OpenAI-compatible HTTP server (docs/serving.md): POST /v1/completions and /v1/chat/completions\n"
+    "(\"stream\": true for server-sent events), GET /v1/models, /health and /metrics (Prometheus).\n"
+    "Requests run through continuous batching with the prefix cache, as `cedar serve-sim --max-batch` runs them.\n"
+    "  --host ADDR        the address to listen on (default 127.0.0.1: this machine only)\n"
+    "  --port N           the port (default 8000; 0: any free port, printed and written to --port-file)\n"
+    "  --api-key K        requests to /v1/ need \"Authorization: Bearer K\" (401 otherwise);\n"
+    "                     --api-key-file F reads K from F's first line (kept out of the process list)\n"
+    "  --served-model-name NAME  the model id /v1/models lists and requests name (default: the plan's name)\n"
+    "  --max-batch N      requests running at once (default: the plan's serving.batch.max_requests)\n"
+    "  --max-waiting N    requests waiting beyond those before 429 with Retry-After (default 64)\n"
+    "  --max-body BYTES   a larger request body gets 413 (default 1048576)\n"
+    "  --max-tokens N     the largest max_tokens accepted (default 4096); --default-max-tokens N when a\n"
+    "                     request gives none (default 16, OpenAI's for completions)\n"
+    "  --max-prompt-tokens N  a longer prompt gets 400 (default 32768)\n"
+    "  --max-connections N  open connections at once (default 512); --idle-timeout S closes a silent\n"
+    "                     connection after S seconds (default 30)\n"
+    "  --drain-s S        after SIGTERM/SIGINT, running requests get S seconds to finish (default 30)\n"
+    "  --seed S           synthetic weights' seed, and the sampling seed of requests that give none\n"
+    "  --no-cache         no prefix cache\n"
+    "  --quiet            no line on stderr per refused request\n"
+    "Not served: P/D, staged and CUDA plans (continuous batching runs one process on the CPU; it says so),\n"
+    "speculative decoding (the batching loop runs no drafter).\n";
+
+struct sopts {
+  const char *plan, *weights, *model, *tokenizer, *api_key_file;
+  uint64_t seed;
+  bool no_cache;
+  struct srv_opts s;
+};
+
+static int read_key(const char *path, char *buf, size_t n) {
+  FILE *f = fopen(path, "r");
+  if (!f) return cli_usage_error("serve", "--api-key-file %s: %s", path, strerror(errno));
+  bool ok = fgets(buf, (int)n, f) != NULL;
+  fclose(f);
+  buf[strcspn(buf, "\r\n")] = 0;
+  if (!ok || !*buf) return cli_usage_error("serve", "--api-key-file %s: the first line holds no key", path);
+  return -1;
+}
+
+static bool parse_s(const char *s, double lo, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || *end || end == s || !isfinite(v) || v < lo) return false;
+  *out = v;
+  return true;
+}
+
+static int parse(int argc, char **argv, struct sopts *o, char *key, size_t key_len) {
+  static const struct option opts[] = {
+      {"plan", required_argument, NULL, 'p'},          {"weights", required_argument, NULL, 'w'},
+      {"model", required_argument, NULL, 'M'},         {"seed", required_argument, NULL, 's'},
+      {"tokenizer", required_argument, NULL, 'k'},     {"host", required_argument, NULL, 'H'},
+      {"port", required_argument, NULL, 'P'},          {"port-file", required_argument, NULL, 'F'},
+      {"api-key", required_argument, NULL, 'K'},       {"api-key-file", required_argument, NULL, 'A'},
+      {"served-model-name", required_argument, NULL, 'n'}, {"max-batch", required_argument, NULL, 'B'},
+      {"max-waiting", required_argument, NULL, 'W'},   {"max-body", required_argument, NULL, 'b'},
+      {"max-tokens", required_argument, NULL, 'T'},    {"default-max-tokens", required_argument, NULL, 'D'},
+      {"max-prompt-tokens", required_argument, NULL, 'R'}, {"max-connections", required_argument, NULL, 'C'},
+      {"idle-timeout", required_argument, NULL, 'I'},  {"drain-s", required_argument, NULL, 'd'},
+      {"no-cache", no_argument, NULL, 'x'},            {"quiet", no_argument, NULL, 'q'},
+      {"help", no_argument, NULL, 'h'},                {0, 0, 0, 0}};
+  memset(o, 0, sizeof *o);
+  struct srv_opts *s = &o->s;
+  s->port = 8000, s->max_waiting = 64, s->max_body = 1 << 20, s->max_tokens_limit = 4096;
+  s->default_max_tokens = 16, s->max_prompt_tokens = 32768, s->max_connections = 512, s->idle_timeout_s = 30;
+  s->drain_s = 30;
+  int c;
+  int64_t v;
+  double d;
+  optind = 1;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    switch (c) {
+    case 'p': o->plan = optarg; break;
+    case 'w': o->weights = optarg; break;
+    case 'M': o->model = optarg; break;
+    case 'k': o->tokenizer = optarg; break;
+    case 's':
+      if (!cli_parse_int(optarg, 0, INT64_MAX, &v)) return cli_usage_error("serve", "--seed takes an integer >= 0");
+      o->seed = (uint64_t)v;
+      break;
+    case 'H': s->host = optarg; break;
+    case 'P':
+      if (!cli_parse_int(optarg, 0, 65535, &v)) return cli_usage_error("serve", "--port takes 0..65535");
+      s->port = (int)v;
+      break;
+    case 'F': s->port_file = optarg; break;
+    case 'K':
+      if (!*optarg) return cli_usage_error("serve", "--api-key is empty");
+      s->api_key = optarg;
+      break;
+    case 'A': o->api_key_file = optarg; break;
+    case 'n':
+      if (!*optarg) return cli_usage_error("serve", "--served-model-name is empty");
+      s->model_name = optarg;
+      break;
+    case 'B':
+      if (!cli_parse_int(optarg, 1, 4096, &v)) return cli_usage_error("serve", "--max-batch takes 1..4096");
+      s->batch.max_requests = (int)v;
+      break;
+    case 'W':
+      if (!cli_parse_int(optarg, 0, 1 << 20, &v)) return cli_usage_error("serve", "--max-waiting takes 0..1048576");
+      s->max_waiting = (int)v;
+      break;
+    case 'b':
+      if (!cli_parse_int(optarg, 64, (int64_t)1 << 32, &v)) return cli_usage_error("serve", "--max-body takes 64..4294967296 bytes");
+      s->max_body = (size_t)v;
+      break;
+    case 'T':
+      if (!cli_parse_int(optarg, 1, 1 << 24, &v)) return cli_usage_error("serve", "--max-tokens takes 1..16777216");
+      s->max_tokens_limit = (int)v;
+      break;
+    case 'D':
+      if (!cli_parse_int(optarg, 1, 1 << 24, &v)) return cli_usage_error("serve", "--default-max-tokens takes 1..16777216");
+      s->default_max_tokens = (int)v;
+      break;
+    case 'R':
+      if (!cli_parse_int(optarg, 1, 1 << 26, &v)) return cli_usage_error("serve", "--max-prompt-tokens takes 1..67108864");
+      s->max_prompt_tokens = v;
+      break;
+    case 'C':
+      if (!cli_parse_int(optarg, 1, 65536, &v)) return cli_usage_error("serve", "--max-connections takes 1..65536");
+      s->max_connections = (int)v;
+      break;
+    case 'I':
+      if (!cli_parse_int(optarg, 1, 86400, &v)) return cli_usage_error("serve", "--idle-timeout takes 1..86400 seconds");
+      s->idle_timeout_s = (int)v;
+      break;
+    case 'd':
+      if (!parse_s(optarg, 0, &d)) return cli_usage_error("serve", "--drain-s takes seconds >= 0");
+      s->drain_s = d;
+      break;
+    case 'x': o->no_cache = true; break;
+    case 'q': s->quiet = true; break;
+    case 'h': fputs(usage, stdout); return 0;
+    default: return cli_usage_error("serve", "unknown option %s (cedar serve --help)", argv[optind - 1]);
+    }
+  }
+  if (optind < argc) return cli_usage_error("serve", "unexpected argument %s", argv[optind]);
+  if (o->weights && o->model) return cli_usage_error("serve", "--model DIR is the weights; drop --weights");
+  if (s->api_key && o->api_key_file) return cli_usage_error("serve", "give --api-key or --api-key-file, not both");
+  if (s->default_max_tokens > s->max_tokens_limit)
+    return cli_usage_error("serve", "--default-max-tokens %d is above --max-tokens %d", s->default_max_tokens,
+                           s->max_tokens_limit);
+  if (o->api_key_file) {
+    int rc = read_key(o->api_key_file, key, key_len);
+    if (rc >= 0) return rc;
+    s->api_key = key;
+  }
+  s->default_seed = o->seed;
+  return -1;
+}
+
+int cmd_serve(int argc, char **argv) {
+  struct sopts o;
+  char key[512];
+  int rc = parse(argc, argv, &o, key, sizeof key);
+  if (rc >= 0) return rc;
+  struct run_text text;
+  if (run_text_open(&text, "serve", o.tokenizer, o.model)) return 1;
+  char err[1024];
+  struct plan_diags diags = {0};
+  struct rt_engine_opts eo = {.plan = o.plan ? o.plan : o.model ? NULL : cli_default_plan(),
+                              .weights = o.weights, .model = o.model, .seed = o.seed,
+                              .cache = {.on = !o.no_cache, .capacity_bytes = -1, .snapshots = true},
+                              .tokenizer = text.tok_path, .diags = &diags};
+  struct rt_engine e;
+  rc = rt_engine_open(&e, &eo, err, sizeof err);
+  if (rc && e.failed == RT_ENGINE_PLAN) plan_diags_print(&diags, stderr);
+  plan_diags_free(&diags);
+  if (!rc) {
+    const struct plan *p = &e.plan;
+    struct srv_opts *s = &o.s;
+    if (s->batch.max_requests > 0) { /* the plan's step budget, widened to hold N decode rows beside a chunk */
+      int chunk = p->serving.batch_chunk;
+      s->batch.step_tokens = p->serving.batch_step_tokens >= chunk + s->batch.max_requests
+                                 ? p->serving.batch_step_tokens : chunk + s->batch.max_requests;
+    }
+    s->batch.top_p = 1;
+    struct srv_text t = {text.tok, text.have_config ? &text.chat : NULL, text.eos_id};
+    rc = srv_run(&e, &t, s, err, sizeof err);
+  }
+  if (rc) fprintf(stderr, "cedar serve: %s\n", err);
+  rt_engine_close(&e);
+  run_text_close(&text);
+  return rc ? 1 : 0;
+}
