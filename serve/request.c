@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "runtime/tokenizer.h"
 
 static int bad(char *err, size_t err_len, const char *fmt, ...) {
   va_list ap;
@@ -49,6 +50,28 @@ static bool real(const cJSON *v, double lo, double hi, bool lo_open, double *out
 }
 
 static char *dup_string(const cJSON *v) { return cedar_xstrdup(v->valuestring); }
+
+/* Whether a string is well-formed UTF-8 (JSON text must be; the parser
+ * passes raw bytes through). */
+static bool utf8_ok(const char *s) {
+  size_t n = strlen(s);
+  for (size_t i = 0; i < n;) {
+    int k = tok_utf8_char_len((const uint8_t *)s + i, n - i);
+    if (k <= 0) return false;
+    i += (size_t)k;
+  }
+  return true;
+}
+
+/* Every string in v (any depth) well-formed UTF-8; else the 400 naming where. */
+static int check_utf8(const cJSON *v, const char *where, char *err, size_t n) {
+  if (cJSON_IsString(v) && !utf8_ok(v->valuestring))
+    return bad(err, n, "%s holds bytes that are not UTF-8; JSON text must be UTF-8", where);
+  if (v->string && !utf8_ok(v->string)) return bad(err, n, "a key holds bytes that are not UTF-8");
+  for (const cJSON *c = v->child; c; c = c->next)
+    if (check_utf8(c, where, err, n)) return 400;
+  return 0;
+}
 
 static int parse_prompt(struct srv_params *p, const cJSON *v, const struct srv_limits *lim, char *err, size_t n) {
   if (cJSON_IsString(v)) {
@@ -205,6 +228,7 @@ int srv_params_parse(struct srv_params *p, enum srv_kind kind, const char *body,
       if (*c != ' ' && *c != '\n' && *c != '\r' && *c != '\t') rc = bad_json(body, len, c, err, err_len);
   }
   if (!rc && !cJSON_IsObject(root)) rc = bad(err, err_len, "the body must be a JSON object");
+  if (!rc) rc = check_utf8(root, "the body", err, err_len);
   const cJSON *f;
   if (!rc) {
     cJSON_ArrayForEach(f, root) {
