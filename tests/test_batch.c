@@ -17,7 +17,12 @@
  *    the blocks an earlier one inserted and gives bitwise what the same
  *    request gives alone after the same earlier request;
  *  - a plan placed on CUDA is refused with the reason (the batched decode
- *    calls the CPU op groups).
+ *    calls the CPU op groups);
+ *  - a sampler per request (rt_batch_sample, what cedar serve sets from each
+ *    request): six requests with different temperature, top-p, top-k and
+ *    repetition penalty, batched, each bitwise its rt_generate run with the
+ *    same options; rt_batch_stop ends one early as finished (its pages
+ *    return) and rt_batch_forget drops what a finished one kept.
  * Plans: tests/oracle/plans/tiny-40.yaml (the V4.1 schedule at toy widths,
  * CED), tiny-dense-40.yaml (dense prefill) and plans/v41-mini.yaml (the
  * V4.1 structure at CPU widths, where the ops take their wider paths).
@@ -290,8 +295,76 @@ static void cuda_refused(void) {
   fx_close(&f);
 }
 
+/* ---- a sampler per request, stop and forget ------------------------------------ */
+
+static void per_request(void) {
+  struct fx f;
+  if (!fx_open(&f, PLAN_T40)) return;
+  enum { N = 6 };
+  static const struct { float t, p; int k; float pen; } sm[N] = {
+      {0, 1, 0, 1}, {0.8f, 1, 5, 1}, {1.0f, 0.9f, 40, 1.3f}, {0, 1, 0, 2.0f}, {0.7f, 0.95f, 0, 0.8f}, {1.2f, 1, 3, 1}};
+  const int chunk = 16, max_new = 12;
+  int32_t *prompt[N];
+  int64_t len[N];
+  float *solo_lg[N];
+  int32_t solo_tok[N][12];
+  int solo_n[N];
+  for (int i = 0; i < N; i++) {
+    len[i] = 3 + 17 * i;
+    prompt[i] = malloc(sizeof(int32_t) * (size_t)len[i]);
+    make_prompt(prompt[i], len[i], f.V, PROMPT_SEED + 50 + (uint64_t)i);
+    struct rt_gen_opts go = {.chunk = chunk, .replay = -1, .max_new = max_new, .temperature = sm[i].t,
+                             .top_p = sm[i].p, .top_k = sm[i].k, .rep_penalty = sm[i].pen, .seed = 7 + (uint64_t)i};
+    struct rt_request r;
+    struct rt_gen_result res;
+    EXPECT(rt_generate(&f.M, f.pools, &r, prompt[i], len[i], &go, &res, err, sizeof err) == 0, "solo: %s", err);
+    solo_n[i] = res.n_tokens;
+    memcpy(solo_tok[i], res.tokens, sizeof(int32_t) * (size_t)res.n_tokens);
+    solo_lg[i] = malloc(sizeof(float) * (size_t)(max_new - 1) * f.V);
+    memcpy(solo_lg[i], res.decode_logits, sizeof(float) * (size_t)(res.n_tokens - 1) * f.V);
+    rt_gen_result_free(&res);
+    rt_request_free(&r);
+  }
+  struct rt_batch b;
+  struct rt_batch_opts o = {.max_requests = N + 1, .step_tokens = 4 * chunk + N + 1, .chunk = chunk, .keep_logits = true};
+  EXPECT(rt_batch_init(&b, &f.M, f.pools, &o, err, sizeof err) == 0, "rt_batch_init: %s", err);
+  int h[N];
+  for (int i = 0; i < N; i++) {
+    h[i] = rt_batch_submit(&b, prompt[i], len[i], max_new, 7 + (uint64_t)i, i, err, sizeof err);
+    rt_batch_sample(&b, h[i], sm[i].t, sm[i].p, sm[i].k, sm[i].pen);
+  }
+  /* one more, stopped after its third token */
+  int hs = rt_batch_submit(&b, prompt[0], len[0], max_new, 1, N, err, sizeof err);
+  struct rt_batch_step st;
+  for (int guard = 0; rt_batch_pending(&b) && guard < 1000; guard++) {
+    rt_batch_run_step(&b, &st);
+    if (b.q[hs] && b.q[hs]->n_tokens == 3) rt_batch_stop(&b, hs);
+  }
+  for (int i = 0; i < N; i++) {
+    const struct rt_bq *q = b.q[h[i]];
+    bool ok = q->state == RT_BQ_DONE && q->n_tokens == solo_n[i] &&
+              !memcmp(q->tokens, solo_tok[i], sizeof(int32_t) * (size_t)solo_n[i]) &&
+              !memcmp(q->logits + f.V, solo_lg[i], sizeof(float) * (size_t)(solo_n[i] - 1) * f.V);
+    EXPECT(ok, "request %d (T %g, top-p %g, top-k %d, penalty %g) batched = alone", i, sm[i].t, sm[i].p, sm[i].k,
+           sm[i].pen);
+  }
+  EXPECT(b.q[hs]->state == RT_BQ_DONE && b.q[hs]->n_tokens == 3, "rt_batch_stop: done after 3 tokens (state %d, %d)",
+         b.q[hs]->state, b.q[hs]->n_tokens);
+  EXPECT_EQ(pages_in_use(&f), 0, "pages after the batch (stopped request included)");
+  rt_batch_forget(&b, hs);
+  EXPECT(b.q[hs] == NULL, "rt_batch_forget drops the finished request");
+  rt_batch_abort(&b, hs); /* a forgotten handle is a no-op */
+  rt_batch_stop(&b, hs);
+  printf("a sampler per request: %d requests (greedy, top-k, top-p, penalties) bitwise alone; one stopped after 3 "
+         "tokens, forgotten; %lld pages in use\n", N, (long long)pages_in_use(&f));
+  rt_batch_free(&b);
+  for (int i = 0; i < N; i++) free(prompt[i]), free(solo_lg[i]);
+  fx_close(&f);
+}
+
 int main(void) {
   policy_cases();
+  per_request();
   cuda_refused();
   sixteen(PLAN_T40, 0);
   sixteen(PLAN_T40, 0.8f);
