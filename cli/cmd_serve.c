@@ -40,8 +40,9 @@ static const char usage[] =
     "  --seed S           synthetic weights' seed, and the sampling seed of requests that give none\n"
     "  --no-cache         no prefix cache\n"
     "  --quiet            no line on stderr per refused request\n"
-    "Not served: P/D, staged and CUDA plans (continuous batching runs one process on the CPU; it says so),\n"
-    "speculative decoding (the batching loop runs no drafter).\n";
+    "Not served: P/D and CUDA plans (continuous batching runs one process on the CPU; it says so), several\n"
+    "ranks under mpirun (staged and expert-parallel plans run all their parts in the one process), speculative\n"
+    "decoding (the batching loop runs no drafter).\n";
 
 struct sopts {
   const char *plan, *weights, *model, *tokenizer, *api_key_file;
@@ -175,11 +176,24 @@ static int parse(int argc, char **argv, struct sopts *o, char *key, size_t key_l
   return -1;
 }
 
+/* Started by mpirun with more than one rank (Open MPI's or PMI's size). */
+static bool under_mpirun(void) {
+  const char *v = getenv("OMPI_COMM_WORLD_SIZE");
+  if (!v) v = getenv("PMI_SIZE");
+  return v && atoi(v) > 1;
+}
+
 int cmd_serve(int argc, char **argv) {
   struct sopts o;
   char key[512];
   int rc = parse(argc, argv, &o, key, sizeof key);
   if (rc >= 0) return rc;
+  if (under_mpirun()) {
+    fprintf(stderr, "cedar serve: runs as one process: an HTTP front on rank 0 with the other ranks computing is not "
+            "built; start it without mpirun (staged and expert-parallel plans run their ranks' parts in the one "
+            "process; P/D plans are refused)\n");
+    return 1;
+  }
   struct run_text text;
   if (run_text_open(&text, "serve", o.tokenizer, o.model)) return 1;
   char err[1024];
