@@ -30,7 +30,7 @@ static const char usage[] =
     "  --served-model-name NAME  the model id /v1/models lists and requests name (default: the plan's name)\n"
     "  --max-batch N      requests running at once (default: the plan's serving.batch.max_requests)\n"
     "  --max-waiting N    requests waiting beyond those before 429 with Retry-After (default 64)\n"
-    "  --max-body BYTES   a larger request body gets 413 (default 1048576)\n"
+    "  --max-body BYTES   a larger request body gets 413 (default 1M)\n"
     "  --max-tokens N     the largest max_tokens accepted (default 4096); --default-max-tokens N when a\n"
     "                     request gives none (default 16, OpenAI's for completions)\n"
     "  --max-prompt-tokens N  a longer prompt gets 400 (default 32768)\n"
@@ -127,10 +127,13 @@ static int parse(int argc, char **argv, struct sopts *o, char *key, size_t key_l
       if (!cli_parse_int(optarg, 0, 1 << 20, &v)) return cli_usage_error("serve", "--max-waiting takes 0..1048576");
       s->max_waiting = (int)v;
       break;
-    case 'b':
-      if (!cli_parse_int(optarg, 64, (int64_t)1 << 32, &v)) return cli_usage_error("serve", "--max-body takes 64..4294967296 bytes");
-      s->max_body = (size_t)v;
+    case 'b': {
+      uint64_t b;
+      if (!cli_parse_size(optarg, &b) || b < 64 || b > ((uint64_t)1 << 32))
+        return cli_usage_error("serve", "--max-body takes 64 bytes to 4G (a K, M or G suffix: powers of 1024)");
+      s->max_body = (size_t)b;
       break;
+    }
     case 'T':
       if (!cli_parse_int(optarg, 1, 1 << 24, &v)) return cli_usage_error("serve", "--max-tokens takes 1..16777216");
       s->max_tokens_limit = (int)v;
