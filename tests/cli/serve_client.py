@@ -324,10 +324,13 @@ def soak(n, pid):
         r.read()
         if r.status not in (200, 500):
             fail("soak request %d: %d" % (i, r.status))
-        if i == warm:
+        if i == warm and pid:
             base = rss(pid)
-    end = rss(pid)
     c.close()
+    if not pid:
+        print("soak: %d requests in %.1f s; RSS not checked (a sanitizer build)" % (n, time.time() - t0))
+        return
+    end = rss(pid)
     grow = (end - base) / base if base else 1
     print("soak: %d requests in %.1f s; RSS %d kB after %d, %d kB at the end (%+.2f%%)" % (
         n, time.time() - t0, base, warm, end, 100 * grow))
