@@ -1,6 +1,6 @@
 /* loop.c: cedar serve's engine thread (serve.h): the locked queue in, the
- * continuous-batching steps (runtime/batch.h) from a real clock, and each
- * request's ids out as text (runtime/text_out.h).
+ * continuous-batching steps (runtime/engine/batch.h) from a real clock, and each
+ * request's ids out as text (runtime/text/text_out.h).
  *
  * The loop, under srv.mu except while a step runs:
  *   1. queued requests join the batch (rt_batch_submit, their sampler);

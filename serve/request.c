@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "base/check.h"
-#include "runtime/tokenizer.h"
+#include "runtime/text/tokenizer.h"
 
 static int bad(char *err, size_t err_len, const char *fmt, ...) {
   va_list ap;

@@ -71,7 +71,7 @@ int srv_params_parse(struct srv_params *p, enum srv_kind kind, const char *body,
                      const struct srv_limits *lim, char *err, size_t err_len);
 void srv_params_free(struct srv_params *p);
 
-/* The chat prompt's text in the format of f (runtime/chat_template.h):
+/* The chat prompt's text in the format of f (runtime/text/chat_template.h):
  * bos, the system message, then each user turn as U + content + A and each
  * assistant turn as content + eos (the template's closing of an assistant
  * turn), ending with the generation prompt after the last user message.

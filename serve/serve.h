@@ -6,9 +6,9 @@
  * tokenizes its prompt and hands it to the engine thread through a locked
  * queue, then waits for its text (JSON at the end, or server-sent events as
  * it comes). The engine thread (serve/loop.c) owns the engine: it drives
- * runtime/batch.h's continuous batching from a real clock, one step after
+ * runtime/engine/batch.h's continuous batching from a real clock, one step after
  * another while requests run, and turns each request's ids into text
- * (runtime/text_out.h: EOS, stop strings). No HTTP thread touches the
+ * (runtime/text/text_out.h: EOS, stop strings). No HTTP thread touches the
  * engine, the batch or the KV pools.
  *
  * Not here: flags and the engine's opening (cli/cmd_serve.c); P/D, staged
