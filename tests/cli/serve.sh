@@ -194,6 +194,9 @@ code() { curl -s -o /dev/null -w '%{http_code}' "$@"; }
   fail "a completion with the key: not 200"
 [ "$(code "$url/v1/completions" -d '{"prompt":"a","max_tokens":2}')" = 401 ] || fail "a completion without the key: not 401"
 [ "$(code "$url/health")" = 200 ] || fail "/health needs no key"
+rc=0
+"$cedar" serve --plan "$plan" --port "$port" >/dev/null 2>"$tmp/err" || rc=$?
+[ "$rc" = 1 ] && grep -q "cannot listen on 127.0.0.1 port $port" "$tmp/err" || fail "a port in use: exit $rc, $(cat "$tmp/err")"
 stop_server
 start_server "$tmp/serve.log" --max-batch 1 --max-waiting 1 --quiet
 $client "$port" limit || fail "429"
