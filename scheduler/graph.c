@@ -131,6 +131,7 @@ static struct graph_node *add_node(struct graph *g, enum graph_op op, int layer,
   nd->slot0 = 0;
   nd->n_slots = 1;
   nd->xfer_src = nd->xfer_dst = -1;
+  nd->key_src[0] = nd->key_src[1] = -1;
   if (layer >= 0)
     snprintf(nd->name, sizeof(nd->name), "L%d.%s %s", layer, graph_op_name(op), t->tag);
   else
@@ -192,6 +193,13 @@ struct ctx {
   int64_t kv_shipped[PLAN_MAX_LAYERS]; /* by source: entries a TRANSFER has sent to the decode side */
   int first_dec;      /* first decoder layer, or n_layers when none */
   bool ced;
+  /* model.indexer.key_slot: vendor (docs/model.md s3.2): the source whose
+   * Indexer-K the shared slot holds in program order (-1: none yet), the
+   * last KV source in layer order (ratio 1 by plan_check: the slot every
+   * forward after the first starts with), and the first verify row whose
+   * slot rows are not committed yet (-1: none) */
+  int slot, last_src;
+  int64_t keys_short;
 };
 
 /* KV source l's entries: node nd appends those of positions up to `end`
@@ -207,6 +215,43 @@ static void kv_append(struct ctx *c, struct graph_node *nd, int l, int64_t end) 
 static void kv_read(struct ctx *c, struct graph_node *nd, int l) {
   use(nd, c->id.kv[l], GRAPH_R);
   use_of(nd, c->id.kv[l])->e_read = c->kv_entries[l];
+}
+
+/* A prefill tile publishes source l's keys into the slot when it completes
+ * one of l's groups, whether it appends the entries or they exist (a
+ * replay): the vendor's compressor emits a latent exactly then. */
+static void slot_publish(struct ctx *c, int l, const struct tile *t) {
+  int r = c->p->layer[l].ratio;
+  if ((t->a + t->n) / r > t->a / r) c->slot = l;
+}
+
+/* The slot before layer l's indexer at a decode position p, as one-position
+ * steps leave it: the last source at or before l that publishes at p
+ * (ratio 1 always, ratio 2 when (p + 1) is even), else the last source of
+ * step p - 1 (none at p = 0). */
+static int slot_at(const struct ctx *c, int l, int64_t p) {
+  int k = p > 0 ? c->last_src : -1;
+  for (int j = 0; j <= l; j++)
+    if (plan_is_kv_source(&c->p->layer[j]) && (p + 1) % c->p->layer[j].ratio == 0) k = j;
+  return k;
+}
+
+/* Which Indexer-K index layer l's rows score on tile t (graph_node.key_src),
+ * and the reads of those that are not its own source's. A prefill tile's
+ * rows read the slot as the program has left it; a decode or verify tile's
+ * row at p reads it as the one-position step p would (so a verify step
+ * scores as plain decoding does). */
+static void key_reads(struct ctx *c, struct graph_node *nd, const struct tile *t, int l) {
+  const struct plan_layer *L = &c->p->layer[l];
+  if (c->p->model.idx_key_slot != PLAN_KEY_SLOT_VENDOR) return;
+  for (int i = 0; i < t->n; i++) {
+    int64_t p = t->a + i;
+    int k = c->g->flow == GRAPH_DECODE ? slot_at(c, l, p) : c->slot;
+    if (k < 0 || k == L->kv_src) continue;
+    nd->key_src[(p + 1) % 2 == 0] = k;
+    kv_read(c, nd, k);
+    if ((p + 1) / L->ratio > c->kv_entries[k] && c->keys_short < 0) c->keys_short = p;
+  }
 }
 
 /* The mHC wiring of a sublayer node (docs/model.md s2): under pairing v41
@@ -274,7 +319,9 @@ static void emit_layer(struct ctx *c, struct tile *t, int l, bool write_kv) {
     use(nd, c->id.tail[l], GRAPH_RW);
     kv_append(c, nd, l, t->a + t->n);
   }
+  if (plan_is_kv_source(L)) slot_publish(c, l, t);
   if (plan_is_csa(L)) kv_read(c, nd, L->kv_src);
+  if (plan_is_index_source(L)) key_reads(c, nd, t, l);
   if (plan_is_index_source(L)) {
     t->topk[l] = add_data(g, GRAPH_BUS, l, t->chunk, (int64_t)t->n * m->topk * 4, "L%d.topk %s", l, t->tag);
     use(nd, t->topk[l], GRAPH_W);
@@ -384,6 +431,7 @@ static void emit_dec_kv(struct ctx *c, struct tile *t) {
     use(nd, c->id.w[l], GRAPH_R);
     use(nd, c->id.tail[l], GRAPH_RW);
     kv_append(c, nd, l, t->a + t->n);
+    slot_publish(c, l, t);
     nd->flops = 2.0 * t->n * ((double)m->hc_streams * m->hidden * (2 + m->hc_streams) * m->hc_streams + 2.0 * m->hidden * m->head_dim);
   }
 }
@@ -517,6 +565,10 @@ static void ctx_init(struct ctx *c, struct graph *g, const struct plan *p, enum 
   c->g = g;
   c->p = p;
   c->ced = p->serving.ced;
+  c->slot = c->last_src = -1;
+  c->keys_short = -1;
+  for (int l = 0; l < p->n_layers; l++)
+    if (plan_is_kv_source(&p->layer[l])) c->last_src = l;
   c->first_dec = p->n_layers;
   for (int l = 0; l < p->n_layers; l++)
     if (p->layer[l].region == PLAN_DECODER) {
@@ -585,6 +637,8 @@ static void emit_prefix_tile(struct ctx *c, struct xlist *xs, const char *kind, 
   } else {
     emit_keep_xe(c, &t);
     if (write) emit_dec_kv(c, &t);
+    for (int l = c->first_dec; l < c->p->n_layers && !write; l++) /* cached entries: published all the same */
+      if (plan_is_kv_source(&c->p->layer[l])) slot_publish(c, l, &t);
   }
   if (write) emit_kv_stream(c, &t);
 }
@@ -648,6 +702,7 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
    * ships them from entry 0 (the decode side gets the attached prefix too). */
   for (int l = 0; l < p->n_layers; l++)
     if (plan_is_kv_source(&p->layer[l])) c.kv_entries[l] = hit / p->layer[l].ratio;
+  c.slot = (e0 < hit ? e0 : hit) > 0 ? c.last_src : -1; /* what the forward before this one left */
 
   /* Encoder (every layer when dense): replay of cached positions [e0, hit)
    * with global writes off (an SWA-snapshot miss), then the new [hit, n). */
@@ -699,6 +754,12 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
   free(xs.pre);
   free(xs.a);
   free(xs.n);
+  if (c.keys_short >= 0) { /* plan_check's rules keep a prefill's slot rows committed; a broken rule says so */
+    snprintf(err, err_len, "prefill: under model.indexer.key_slot: vendor position %lld scores slot keys not yet "
+             "committed (a plan the checks missed)", (long long)c.keys_short);
+    graph_free(g);
+    return CEDAR_EINVAL;
+  }
   struct tile end;
   memset(&end, 0, sizeof end);
   end.chunk = k;
@@ -740,6 +801,13 @@ int graph_build_verify(struct graph *g, const struct plan *p, int64_t pos, int n
     emit_layers(&c, &t, 0, p->n_layers, true, true);
   }
   emit_head(&c, &t, pos, n);
+  if (c.keys_short >= 0) { /* docs/model.md s3.2: decoding one position at a time would have them */
+    snprintf(err, err_len, "a verify step of %d rows at position %lld: under model.indexer.key_slot: vendor row %lld "
+             "scores keys its step would read from the previous step, which this tile has not computed; verify at "
+             "most %lld rows here", n, (long long)pos, (long long)c.keys_short, (long long)(pos + 1));
+    graph_free(g);
+    return CEDAR_EINVAL;
+  }
   graph__place_stages(g);
   finish(g);
   return 0;
