@@ -4,7 +4,8 @@
  * Reading guide: graph_build_prefill and graph_build_decode are the flows of
  * docs/model.md s6 written as loops over tiles and layers; emit_layer adds
  * one layer's nodes for one tile with the data each reads and writes; the
- * edges come from finish() at the end, from the accesses alone.
+ * edges come from graph__finish() (graph_edges.c) at the end, from the
+ * accesses alone.
  */
 #include "scheduler/graph.h"
 
@@ -193,13 +194,13 @@ struct ctx {
   int64_t kv_shipped[PLAN_MAX_LAYERS]; /* by source: entries a TRANSFER has sent to the decode side */
   int first_dec;      /* first decoder layer, or n_layers when none */
   bool ced;
-  /* model.indexer.key_slot: vendor (docs/model.md s3.2): the source whose
-   * Indexer-K the shared slot holds in program order (-1: none yet), the
-   * last KV source in layer order (ratio 1 by plan_check: the slot every
-   * forward after the first starts with), and the first verify row whose
-   * slot rows are not committed yet (-1: none) */
-  int slot, last_src;
-  int64_t keys_short;
+  /* model.indexer.key_slot: vendor (docs/model.md s3.2): the last KV
+   * source in layer order (ratio 1 by plan_check: the slot every forward
+   * after the first starts with), the new positions [fw_a, fw_end) of a
+   * prefill forward, and the first row whose slot rows are not committed
+   * yet (-1: none) */
+  int last_src;
+  int64_t fw_a, fw_end, keys_short;
 };
 
 /* KV source l's entries: node nd appends those of positions up to `end`
@@ -217,36 +218,35 @@ static void kv_read(struct ctx *c, struct graph_node *nd, int l) {
   use_of(nd, c->id.kv[l])->e_read = c->kv_entries[l];
 }
 
-/* A prefill tile publishes source l's keys into the slot when it completes
- * one of l's groups, whether it appends the entries or they exist (a
- * replay): the vendor's compressor emits a latent exactly then. */
-static void slot_publish(struct ctx *c, int l, const struct tile *t) {
-  int r = c->p->layer[l].ratio;
-  if ((t->a + t->n) / r > t->a / r) c->slot = l;
-}
-
-/* The slot before layer l's indexer at a decode position p, as one-position
- * steps leave it: the last source at or before l that publishes at p
- * (ratio 1 always, ratio 2 when (p + 1) is even), else the last source of
- * step p - 1 (none at p = 0). */
+/* The slot before layer l's indexer at position p, as the vendor's
+ * forwards leave it: the last KV source at or before l that publishes in
+ * the forward, else the last source of the forward before (none at
+ * position 0). A source publishes when the forward completes one of its
+ * groups (its compressor emits a latent): a decode step at p when (p + 1)
+ * % r == 0 (ratio 1 always, ratio 2 at odd p); a prefill, one forward over
+ * its new positions [fw_a, fw_end) however cedar tiles it, when
+ * floor(fw_end / r) > floor(fw_a / r). */
 static int slot_at(const struct ctx *c, int l, int64_t p) {
-  int k = p > 0 ? c->last_src : -1;
-  for (int j = 0; j <= l; j++)
-    if (plan_is_kv_source(&c->p->layer[j]) && (p + 1) % c->p->layer[j].ratio == 0) k = j;
+  bool step = c->g->flow == GRAPH_DECODE;
+  int64_t a = step ? p : c->fw_a, end = step ? p + 1 : c->fw_end;
+  int k = a > 0 ? c->last_src : -1;
+  for (int j = 0; j <= l; j++) {
+    const struct plan_layer *J = &c->p->layer[j];
+    if (plan_is_kv_source(J) && end / J->ratio > a / J->ratio) k = j;
+  }
   return k;
 }
 
 /* Which Indexer-K index layer l's rows score on tile t (graph_node.key_src),
- * and the reads of those that are not its own source's. A prefill tile's
- * rows read the slot as the program has left it; a decode or verify tile's
- * row at p reads it as the one-position step p would (so a verify step
- * scores as plain decoding does). */
+ * and the reads of those that are not its own source's. A decode or verify
+ * tile's row at p reads the slot as the one-position step p would (so a
+ * verify step scores as plain decoding does). */
 static void key_reads(struct ctx *c, struct graph_node *nd, const struct tile *t, int l) {
   const struct plan_layer *L = &c->p->layer[l];
   if (c->p->model.idx_key_slot != PLAN_KEY_SLOT_VENDOR) return;
   for (int i = 0; i < t->n; i++) {
     int64_t p = t->a + i;
-    int k = c->g->flow == GRAPH_DECODE ? slot_at(c, l, p) : c->slot;
+    int k = slot_at(c, l, p);
     if (k < 0 || k == L->kv_src) continue;
     nd->key_src[(p + 1) % 2 == 0] = k;
     kv_read(c, nd, k);
@@ -319,7 +319,6 @@ static void emit_layer(struct ctx *c, struct tile *t, int l, bool write_kv) {
     use(nd, c->id.tail[l], GRAPH_RW);
     kv_append(c, nd, l, t->a + t->n);
   }
-  if (plan_is_kv_source(L)) slot_publish(c, l, t);
   if (plan_is_csa(L)) kv_read(c, nd, L->kv_src);
   if (plan_is_index_source(L)) key_reads(c, nd, t, l);
   if (plan_is_index_source(L)) {
@@ -431,7 +430,6 @@ static void emit_dec_kv(struct ctx *c, struct tile *t) {
     use(nd, c->id.w[l], GRAPH_R);
     use(nd, c->id.tail[l], GRAPH_RW);
     kv_append(c, nd, l, t->a + t->n);
-    slot_publish(c, l, t);
     nd->flops = 2.0 * t->n * ((double)m->hc_streams * m->hidden * (2 + m->hc_streams) * m->hc_streams + 2.0 * m->hidden * m->head_dim);
   }
 }
@@ -496,63 +494,6 @@ static void emit_state_handoff(struct ctx *c, struct tile *t) {
   emit_transfer(c, t, c->id.xe, &dst);
 }
 
-/* ---- edges --------------------------------------------------------------- */
-
-static void add_dep(struct graph_node *nd, int from) {
-  if (from < 0) return;
-  for (int i = 0; i < nd->n_dep; i++)
-    if (nd->dep[i] == from) return;
-  nd->dep = cedar_xrealloc(nd->dep, sizeof(int) * (nd->n_dep + 1));
-  nd->dep[nd->n_dep++] = from;
-}
-
-static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
-
-/* Derive edges from accesses in program order, and each data's last use. */
-static void finish(struct graph *g) {
-  int n = g->n_data;
-  int *writer = cedar_xmalloc(sizeof(int) * n), *appender = cedar_xmalloc(sizeof(int) * n);
-  int **readers = cedar_xcalloc(n, sizeof(int *));
-  int *n_readers = cedar_xcalloc(n, sizeof(int));
-  for (int i = 0; i < n; i++) writer[i] = appender[i] = -1;
-  g->token_layers = 0;
-  for (int k = 0; k < g->n_node; k++) {
-    struct graph_node *nd = &g->node[k];
-    if (nd->op == GRAPH_ATTN) g->token_layers += nd->n;
-    for (int u = 0; u < nd->n_use; u++) {
-      int d = nd->use[u].data;
-      g->data[d].last_use = k;
-      add_dep(nd, writer[d]);
-      add_dep(nd, appender[d]);
-      switch (nd->use[u].mode) {
-      case GRAPH_R:
-        readers[d] = cedar_xrealloc(readers[d], sizeof(int) * (n_readers[d] + 1));
-        readers[d][n_readers[d]++] = k;
-        break;
-      case GRAPH_APPEND:
-        appender[d] = k;
-        break;
-      default:
-        for (int r = 0; r < n_readers[d]; r++) add_dep(nd, readers[d][r]);
-        n_readers[d] = 0;
-        writer[d] = k;
-        break;
-      }
-    }
-    for (int i = 0; i < nd->n_dep; i++) CEDAR_ASSERT(nd->dep[i] < k);
-    if (nd->n_dep > 1) qsort(nd->dep, nd->n_dep, sizeof(int), cmp_int);
-    if (nd->n_dep == 0) {
-      free(nd->dep);
-      nd->dep = NULL;
-    }
-  }
-  for (int i = 0; i < n; i++) free(readers[i]);
-  free(readers);
-  free(n_readers);
-  free(writer);
-  free(appender);
-}
-
 /* ---- flows --------------------------------------------------------------- */
 
 static void ctx_init(struct ctx *c, struct graph *g, const struct plan *p, enum graph_flow flow) {
@@ -565,7 +506,7 @@ static void ctx_init(struct ctx *c, struct graph *g, const struct plan *p, enum 
   c->g = g;
   c->p = p;
   c->ced = p->serving.ced;
-  c->slot = c->last_src = -1;
+  c->last_src = -1;
   c->keys_short = -1;
   for (int l = 0; l < p->n_layers; l++)
     if (plan_is_kv_source(&p->layer[l])) c->last_src = l;
@@ -637,8 +578,6 @@ static void emit_prefix_tile(struct ctx *c, struct xlist *xs, const char *kind, 
   } else {
     emit_keep_xe(c, &t);
     if (write) emit_dec_kv(c, &t);
-    for (int l = c->first_dec; l < c->p->n_layers && !write; l++) /* cached entries: published all the same */
-      if (plan_is_kv_source(&c->p->layer[l])) slot_publish(c, l, &t);
   }
   if (write) emit_kv_stream(c, &t);
 }
@@ -702,7 +641,7 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
    * ships them from entry 0 (the decode side gets the attached prefix too). */
   for (int l = 0; l < p->n_layers; l++)
     if (plan_is_kv_source(&p->layer[l])) c.kv_entries[l] = hit / p->layer[l].ratio;
-  c.slot = (e0 < hit ? e0 : hit) > 0 ? c.last_src : -1; /* what the forward before this one left */
+  c.fw_a = hit, c.fw_end = n; /* the vendor's prefill forward (slot_at) */
 
   /* Encoder (every layer when dense): replay of cached positions [e0, hit)
    * with global writes off (an SWA-snapshot miss), then the new [hit, n). */
@@ -768,7 +707,7 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
   snprintf(end.tag, sizeof end.tag, "end");
   emit_state_handoff(&c, &end);
   graph__place_stages(g);
-  finish(g);
+  graph__finish(g);
   return 0;
 }
 
@@ -809,7 +748,7 @@ int graph_build_verify(struct graph *g, const struct plan *p, int64_t pos, int n
     return CEDAR_EINVAL;
   }
   graph__place_stages(g);
-  finish(g);
+  graph__finish(g);
   return 0;
 }
 

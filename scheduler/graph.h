@@ -248,6 +248,9 @@ const char *graph_place_str(struct graph_place pl, char *buf, size_t len);
  * their layer's stage, activation TRANSFER nodes at the boundaries; run by
  * the compiler before the edges are derived. Nothing without stages. */
 void graph__place_stages(struct graph *g);
+/* The edges from the accesses in program order, and each data's last use
+ * (graph_edges.c); the compiler's last pass. */
+void graph__finish(struct graph *g);
 /* Whether node nd reads KV source `layer` only for the Indexer-K the
  * vendor's slot holds (key_src), not as its own KV source. */
 static inline bool graph_reads_keys_of(const struct graph_node *nd, int layer) {
