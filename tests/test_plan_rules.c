@@ -80,6 +80,9 @@ static const struct bad_case cases[] = {
     {"duplicate_key", "bad/duplicate_key.yaml", 5, 3, "key `hidden` appears twice"},
     {"alias", "bad/alias.yaml", 5, 12, "aliases"},
     {"top_not_map", "bad/top_not_map.yaml", 2, 1, "must be a mapping"},
+    {"key_slot_value", "bad/key_slot_value.yaml", 4, 23, "'shared' is not a known value"},
+    {"key_slot_last_ratio2", "bad/key_slot_last_ratio2.yaml", 4, 20, "needs the last KV source to have ratio 1"},
+    {"key_slot_ratio4", "bad/key_slot_ratio4.yaml", 4, 23, "KV sources of ratio 1 and 2 (layer 1 has ratio 4)"},
 };
 
 static bool ends_with(const char *s, const char *suffix) {
