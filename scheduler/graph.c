@@ -715,6 +715,13 @@ int graph_build_decode(struct graph *g, const struct plan *p, int64_t pos, char 
   return graph_build_verify(g, p, pos, 1, err, err_len);
 }
 
+int graph_verify_rows_max(const struct plan *p, int64_t pos) {
+  bool two = false;
+  for (int l = 0; l < p->n_layers; l++) two |= plan_is_kv_source(&p->layer[l]) && p->layer[l].ratio > 1;
+  if (p->model.idx_key_slot != PLAN_KEY_SLOT_VENDOR || !two || pos + 1 >= p->model.window) return p->model.window;
+  return (int)(pos + 1);
+}
+
 int graph_build_verify(struct graph *g, const struct plan *p, int64_t pos, int n, char *err, size_t err_len) {
   if (pos < 0 || n < 1 || n > p->model.window) {
     snprintf(err, err_len, "a decode step needs a position >= 0 (got %lld) and 1 to window (%d) rows (got %d)",

@@ -228,6 +228,11 @@ int graph_build_decode(struct graph *g, const struct plan *p, int64_t pos, char 
  * the n consecutive positions [pos, pos + n) in one tile, every layer, the
  * logits of all n rows. n = 1 is graph_build_decode. 1 <= n <= window. */
 int graph_build_verify(struct graph *g, const struct plan *p, int64_t pos, int n, char *err, size_t err_len);
+/* The most rows a verify step at pos may take: the window, and under
+ * model.indexer.key_slot: vendor with a ratio-2 source at most pos + 1 (a
+ * row at p scores floor((p + 1) / 2) of the previous step's slot keys, of
+ * which the steps before pos have committed pos; docs/model.md s3.2). */
+int graph_verify_rows_max(const struct plan *p, int64_t pos);
 void graph_free(struct graph *g);
 
 const char *graph_op_name(enum graph_op op);
