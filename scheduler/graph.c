@@ -194,12 +194,9 @@ struct ctx {
   int64_t kv_shipped[PLAN_MAX_LAYERS]; /* by source: entries a TRANSFER has sent to the decode side */
   int first_dec;      /* first decoder layer, or n_layers when none */
   bool ced;
-  /* model.indexer.key_slot: vendor (docs/model.md s3.2): the last KV
-   * source in layer order (ratio 1 by plan_check: the slot every forward
-   * after the first starts with), the new positions [fw_a, fw_end) of a
-   * prefill forward, and the first row whose slot rows are not committed
-   * yet (-1: none) */
-  int last_src;
+  /* model.indexer.key_slot: vendor (docs/model.md s3.2): the new positions
+   * [fw_a, fw_end) of a prefill forward, and the first row whose slot rows
+   * are not committed yet (-1: none) */
   int64_t fw_a, fw_end, keys_short;
 };
 
@@ -218,23 +215,38 @@ static void kv_read(struct ctx *c, struct graph_node *nd, int l) {
   use_of(nd, c->id.kv[l])->e_read = c->kv_entries[l];
 }
 
-/* The slot before layer l's indexer at position p, as the vendor's
- * forwards leave it: the last KV source at or before l that publishes in
- * the forward, else the last source of the forward before (none at
- * position 0). A source publishes when the forward completes one of its
+/* The slot before layer l's indexer in a forward over [a, end), as the
+ * vendor's forwards leave it: the last KV source at or before l that
+ * publishes in the forward, else the last source in layer order (ratio 1
+ * by plan_check: what every forward leaves; none at position 0). A source publishes when the forward completes one of its
  * groups (its compressor emits a latent): a decode step at p when (p + 1)
  * % r == 0 (ratio 1 always, ratio 2 at odd p); a prefill, one forward over
  * its new positions [fw_a, fw_end) however cedar tiles it, when
  * floor(fw_end / r) > floor(fw_a / r). */
-static int slot_at(const struct ctx *c, int l, int64_t p) {
-  bool step = c->g->flow == GRAPH_DECODE;
-  int64_t a = step ? p : c->fw_a, end = step ? p + 1 : c->fw_end;
-  int k = a > 0 ? c->last_src : -1;
+static int slot_in(const struct plan *p, int l, int64_t a, int64_t end) {
+  int k = -1;
+  for (int j = 0; j < p->n_layers; j++) /* the last source: what a forward before this one left */
+    if (a > 0 && plan_is_kv_source(&p->layer[j])) k = j;
   for (int j = 0; j <= l; j++) {
-    const struct plan_layer *J = &c->p->layer[j];
+    const struct plan_layer *J = &p->layer[j];
     if (plan_is_kv_source(J) && end / J->ratio > a / J->ratio) k = j;
   }
   return k;
+}
+
+static int slot_at(const struct ctx *c, int l, int64_t p) {
+  bool step = c->g->flow == GRAPH_DECODE;
+  return step ? slot_in(c->p, l, p, p + 1) : slot_in(c->p, l, c->fw_a, c->fw_end);
+}
+
+void graph__key_sources(const struct plan *p, int l, int src[2]) {
+  src[0] = src[1] = -1;
+  const struct plan_layer *L = &p->layer[l];
+  if (p->model.idx_key_slot != PLAN_KEY_SLOT_VENDOR || !plan_is_index_source(L)) return;
+  for (int c = 0; c < 2; c++) { /* decode steps at p = 2 (p + 1 odd) and p = 1 (even) stand for every p > 0 */
+    int k = slot_in(p, l, 2 - c, 3 - c);
+    src[c] = k == L->kv_src ? -1 : k;
+  }
 }
 
 /* Which Indexer-K index layer l's rows score on tile t (graph_node.key_src),
@@ -506,10 +518,7 @@ static void ctx_init(struct ctx *c, struct graph *g, const struct plan *p, enum 
   c->g = g;
   c->p = p;
   c->ced = p->serving.ced;
-  c->last_src = -1;
   c->keys_short = -1;
-  for (int l = 0; l < p->n_layers; l++)
-    if (plan_is_kv_source(&p->layer[l])) c->last_src = l;
   c->first_dec = p->n_layers;
   for (int l = 0; l < p->n_layers; l++)
     if (p->layer[l].region == PLAN_DECODER) {

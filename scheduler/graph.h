@@ -253,6 +253,11 @@ const char *graph_place_str(struct graph_place pl, char *buf, size_t len);
  * their layer's stage, activation TRANSFER nodes at the boundaries; run by
  * the compiler before the edges are derived. Nothing without stages. */
 void graph__place_stages(struct graph *g);
+/* key_slot: vendor: the KV sources other than its own whose Indexer-K index
+ * layer l scores on decode steps, src[0] at p with p + 1 odd, src[1] even
+ * (-1: its own; both -1 under own_source). graph_place.c keeps their
+ * entries on the ranks of the stages that read them. */
+void graph__key_sources(const struct plan *p, int l, int src[2]);
 /* The edges from the accesses in program order, and each data's last use
  * (graph_edges.c); the compiler's last pass. */
 void graph__finish(struct graph *g);

@@ -85,9 +85,16 @@ static void plan_language(void) {
 
 /* ---- the compiler ------------------------------------------------------------ */
 
-static void graph_checks(const char *path, int64_t n, int chunk, bool kv_split) {
+/* own: model.indexer.key_slot: own_source. Under vendor (the default) the
+ * last KV source (L20) also reaches the stages whose index layers score it
+ * as the slot's keys (graph_place.c: key_copies_whole), whatever kv_split. */
+static void graph_checks(const char *path, int64_t n, int chunk, bool kv_split, bool own) {
   struct plan p;
   if (!h_load_plan(path, &p)) return;
+  if (own) p.model.idx_key_slot = PLAN_KEY_SLOT_OWN;
+  int last_src = -1;
+  for (int l = 0; l < p.n_layers; l++)
+    if (plan_is_kv_source(&p.layer[l])) last_src = l;
   struct graph g;
   struct graph_opts o = {.chunk = chunk, .replay = -1};
   for (int flow = 0; flow < 2; flow++) {
@@ -97,7 +104,12 @@ static void graph_checks(const char *path, int64_t n, int chunk, bool kv_split) 
     EXPECT(g.n_act_transfer > 0, "%s %s: no activation transfer", path, flow ? "decode" : "prefill");
     /* prefill: L8's entries reach rank 1 and L20's rank 2; decode (ratio 1): L20's new entry */
     if (kv_split) EXPECT(g.n_kv_transfer >= 2 - flow, "%s %s: %d KV transfers", path, flow ? "decode" : "prefill", g.n_kv_transfer);
-    else EXPECT_EQ(g.n_kv_transfer, 0, "KV transfers with no reader in another stage");
+    else if (own) EXPECT_EQ(g.n_kv_transfer, 0, "KV transfers with no reader in another stage");
+    for (int k = 0; k < g.n_node && !kv_split && !own; k++) /* vendor: only the slot's source travels */
+      if (g.node[k].op == GRAPH_TRANSFER && g.data[g.node[k].xfer_src].kind == GRAPH_STATE &&
+          g.data[g.node[k].xfer_src].state == GRAPH_ST_KV)
+        EXPECT(g.data[g.node[k].xfer_src].layer == last_src, "%s: %s ships a source no stage reads", path,
+               g.node[k].name);
     /* each KV copy: entries shipped once each, in order, starting where the graph's did */
     int64_t next[PLAN_MAX_LAYERS][8];
     for (int l = 0; l < PLAN_MAX_LAYERS; l++)
@@ -299,11 +311,13 @@ static void accounting(void) {
 
 int main(void) {
   plan_language();
-  graph_checks("tests/plans/pp2-tiny-40.yaml", 37, 16, false);
-  graph_checks("tests/plans/pp3-tiny-40.yaml", 37, 7, false);
-  graph_checks("tests/plans/pp4-tiny-40.yaml", 101, 40, false);
-  graph_checks("tests/plans/pp3kv-tiny-40.yaml", 37, 7, true);
-  graph_checks("tests/plans/pp3kv-tiny-40.yaml", 101, 40, true);
+  for (int own = 0; own < 2; own++) {
+    graph_checks("tests/plans/pp2-tiny-40.yaml", 37, 16, false, own);
+    graph_checks("tests/plans/pp3-tiny-40.yaml", 37, 7, false, own);
+    graph_checks("tests/plans/pp4-tiny-40.yaml", 101, 40, false, own);
+    graph_checks("tests/plans/pp3kv-tiny-40.yaml", 37, 7, true, own);
+    graph_checks("tests/plans/pp3kv-tiny-40.yaml", 101, 40, true, own);
+  }
   accounting(); /* expert placement runs: tests/test_ep.c */
   struct fx one;
   if (fx_open(&one, PLAN_T40)) {
