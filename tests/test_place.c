@@ -258,8 +258,10 @@ static void accounting(void) {
     plan_free(&p);
   }
   /* KV readers in another stage: L8's pool copied to rank 1, L20's to rank 2,
-   * each entry shipped once; no stage plan without such readers ships any */
+   * each entry shipped once; no stage plan without such readers ships any
+   * (key_slot: own_source here; vendor's slot copies below) */
   if (h_load_plan("tests/plans/pp3kv-tiny-40.yaml", &p)) {
+    p.model.idx_key_slot = PLAN_KEY_SLOT_OWN;
     struct plan_cost pc;
     struct plan_cost_query q;
     plan_cost_query_init(&q);
@@ -280,8 +282,22 @@ static void accounting(void) {
     plan_free(&p);
   }
   if (h_load_plan("tests/plans/pp4-tiny-40.yaml", &p)) {
+    p.model.idx_key_slot = PLAN_KEY_SLOT_OWN;
     EXPECT(rt_place_cost(&p, 37, 141e9, c) == 0, "pp4 cost");
     for (int r = 0; r < c->ranks; r++) EXPECT_EQ(c->r[r].kv_ship, 0, "pp4 cuts at sources: nothing shipped");
+    /* key_slot: vendor: L2, L8 and L14 (stages 0-2) score L20's keys on filling steps: rank 3 ships L20 to each */
+    p.model.idx_key_slot = PLAN_KEY_SLOT_VENDOR;
+    struct plan_cost pc;
+    struct plan_cost_query q;
+    plan_cost_query_init(&q);
+    q.tokens = 37;
+    EXPECT(rt_place_cost(&p, 37, 141e9, c) == 0 && plan_cost_compute(&p, &q, &pc) == 0, "pp4 cost (vendor)");
+    int64_t l20 = 0;
+    for (int i = 0; i < pc.n_sources; i++)
+      if (pc.src[i].layer == 20) l20 = pc.src[i].bytes;
+    EXPECT(l20 > 0 && c->r[3].kv_ship == 3 * l20, "vendor: rank 3 ships L20 (%lld B) to 3 stages: %lld", (long long)l20,
+           (long long)c->r[3].kv_ship);
+    for (int r = 0; r < 3; r++) EXPECT_EQ(c->r[r].kv_ship, 0, "vendor: only L20's home ships");
     plan_free(&p);
   }
   /* dispatch: count, over every selection of k of E experts, the ranks other
