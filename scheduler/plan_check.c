@@ -404,13 +404,17 @@ static void check_key_slot(struct plan_ctx *ctx, const struct plan *p) {
   v = v && v->kind == PN_MAP ? plan__map_get(v, "indexer") : NULL;
   bool named = v && v->kind == PN_MAP && plan__map_get(v, "key_slot");
   const struct plan_layer *l = &p->layer[bad];
+  /* blamed: key_slot where the plan itself names it, else the layer's ratio (an inherited key_slot, as
+   * v41-flash.yaml's, is not what the plan changed) */
+  struct plan_mark ks = mark_of(ctx, "model.indexer.key_slot");
+  named = named && ks.file && !strcmp(ks.file, ctx->strings[0]);
   if (wide >= 0)
-    ERR(ctx, named ? mark_of(ctx, "model.indexer.key_slot") : lmark(l, l->mark_ratio),
+    ERR(ctx, named ? ks : lmark(l, l->mark_ratio),
         "set model.indexer.key_slot: own_source, or use ratios 1 and 2 (V4.1's)",
         "model.indexer.key_slot: vendor is implemented for KV sources of ratio 1 and 2 (layer %d has ratio %d)", bad,
         l->ratio);
   else
-    ERR(ctx, named ? mark_of(ctx, "model.indexer.key_slot") : lmark(l, l->mark_ratio),
+    ERR(ctx, named ? ks : lmark(l, l->mark_ratio),
         "set model.indexer.key_slot: own_source, or end the KV sources with a ratio-1 layer (as V4.1's L20)",
         "model.indexer.key_slot: vendor needs the last KV source to have ratio 1 (layer %d has ratio %d): the slot a "
         "decode step starts with would depend on how the previous forward was chunked", bad, l->ratio);
