@@ -151,6 +151,10 @@ static void show_text(const struct plan *p, const struct plan_bus *bus, int n_bu
   printf("model: %d layers, hidden %d, %d heads x %d (rope %d), q rank %d, indexer %d x %d, top-k %d, window %d\n",
          p->n_layers, p->model.hidden, p->model.heads, p->model.head_dim, p->model.rope_dim, p->model.q_rank,
          p->model.idx_heads, p->model.idx_head_dim, p->model.topk, p->model.window);
+  printf("indexer keys: %s\n", p->model.idx_key_slot == PLAN_KEY_SLOT_VENDOR
+                                    ? "key_slot vendor (one shared slot, republished by a KV source on a tile that "
+                                      "completes a group; docs/model.md s3.2)"
+                                    : "key_slot own_source (each index layer scores its KV source's own keys)");
   printf("serving: CED %s, replay encoder %d / decoder %d, prefill chunk %d, page %d tokens\n\n",
          p->serving.ced ? "on" : "off (dense baseline)", p->serving.replay_encoder, p->serving.replay_decoder,
          p->serving.prefill_chunk, p->serving.page_tokens);
@@ -189,6 +193,7 @@ static void show_json(const struct plan *p, const struct plan_bus *bus, int n_bu
   cJSON_AddStringToObject(o, "name", p->name);
   cJSON_AddStringToObject(o, "path", p->path);
   cJSON_AddBoolToObject(o, "ced", p->serving.ced);
+  cJSON_AddStringToObject(o, "key_slot", p->model.idx_key_slot == PLAN_KEY_SLOT_VENDOR ? "vendor" : "own_source");
   cJSON *layers = cJSON_AddArrayToObject(o, "layers");
   for (int i = 0; i < p->n_layers; i++) {
     const struct plan_layer *l = &p->layer[i];

@@ -4,7 +4,8 @@
  * Reading guide: graph_build_prefill and graph_build_decode are the flows of
  * docs/model.md s6 written as loops over tiles and layers; emit_layer adds
  * one layer's nodes for one tile with the data each reads and writes; the
- * edges come from finish() at the end, from the accesses alone.
+ * edges come from graph__finish() (graph_edges.c) at the end, from the
+ * accesses alone.
  */
 #include "scheduler/graph.h"
 
@@ -131,6 +132,7 @@ static struct graph_node *add_node(struct graph *g, enum graph_op op, int layer,
   nd->slot0 = 0;
   nd->n_slots = 1;
   nd->xfer_src = nd->xfer_dst = -1;
+  nd->key_src[0] = nd->key_src[1] = -1;
   if (layer >= 0)
     snprintf(nd->name, sizeof(nd->name), "L%d.%s %s", layer, graph_op_name(op), t->tag);
   else
@@ -192,6 +194,10 @@ struct ctx {
   int64_t kv_shipped[PLAN_MAX_LAYERS]; /* by source: entries a TRANSFER has sent to the decode side */
   int first_dec;      /* first decoder layer, or n_layers when none */
   bool ced;
+  /* model.indexer.key_slot: vendor (docs/model.md s3.2): the new positions
+   * [fw_a, fw_end) of a prefill forward, and the first row whose slot rows
+   * are not committed yet (-1: none) */
+  int64_t fw_a, fw_end, keys_short;
 };
 
 /* KV source l's entries: node nd appends those of positions up to `end`
@@ -207,6 +213,57 @@ static void kv_append(struct ctx *c, struct graph_node *nd, int l, int64_t end) 
 static void kv_read(struct ctx *c, struct graph_node *nd, int l) {
   use(nd, c->id.kv[l], GRAPH_R);
   use_of(nd, c->id.kv[l])->e_read = c->kv_entries[l];
+}
+
+/* The slot before layer l's indexer in a forward over [a, end), as the
+ * vendor's forwards leave it: the last KV source at or before l that
+ * publishes in the forward, else the last source in layer order (ratio 1
+ * by plan_check: what every forward leaves; none at position 0). A source publishes when the forward completes one of its
+ * groups (its compressor emits a latent): a decode step at p when (p + 1)
+ * % r == 0 (ratio 1 always, ratio 2 at odd p); a prefill, one forward over
+ * its new positions [fw_a, fw_end) however cedar tiles it, when
+ * floor(fw_end / r) > floor(fw_a / r). */
+static int slot_in(const struct plan *p, int l, int64_t a, int64_t end) {
+  int k = -1;
+  for (int j = 0; j < p->n_layers; j++) /* the last source: what a forward before this one left */
+    if (a > 0 && plan_is_kv_source(&p->layer[j])) k = j;
+  for (int j = 0; j <= l; j++) {
+    const struct plan_layer *J = &p->layer[j];
+    if (plan_is_kv_source(J) && end / J->ratio > a / J->ratio) k = j;
+  }
+  return k;
+}
+
+static int slot_at(const struct ctx *c, int l, int64_t p) {
+  bool step = c->g->flow == GRAPH_DECODE;
+  return step ? slot_in(c->p, l, p, p + 1) : slot_in(c->p, l, c->fw_a, c->fw_end);
+}
+
+void graph__key_sources(const struct plan *p, int l, int src[2]) {
+  src[0] = src[1] = -1;
+  const struct plan_layer *L = &p->layer[l];
+  if (p->model.idx_key_slot != PLAN_KEY_SLOT_VENDOR || !plan_is_index_source(L)) return;
+  for (int c = 0; c < 2; c++) { /* decode steps at p = 2 (p + 1 odd) and p = 1 (even) stand for every p > 0 */
+    int k = slot_in(p, l, 2 - c, 3 - c);
+    src[c] = k == L->kv_src ? -1 : k;
+  }
+}
+
+/* Which Indexer-K index layer l's rows score on tile t (graph_node.key_src),
+ * and the reads of those that are not its own source's. A decode or verify
+ * tile's row at p reads the slot as the one-position step p would (so a
+ * verify step scores as plain decoding does). */
+static void key_reads(struct ctx *c, struct graph_node *nd, const struct tile *t, int l) {
+  const struct plan_layer *L = &c->p->layer[l];
+  if (c->p->model.idx_key_slot != PLAN_KEY_SLOT_VENDOR) return;
+  for (int i = 0; i < t->n; i++) {
+    int64_t p = t->a + i;
+    int k = slot_at(c, l, p);
+    if (k < 0 || k == L->kv_src) continue;
+    nd->key_src[(p + 1) % 2 == 0] = k;
+    kv_read(c, nd, k);
+    if ((p + 1) / L->ratio > c->kv_entries[k] && c->keys_short < 0) c->keys_short = p;
+  }
 }
 
 /* The mHC wiring of a sublayer node (docs/model.md s2): under pairing v41
@@ -275,6 +332,7 @@ static void emit_layer(struct ctx *c, struct tile *t, int l, bool write_kv) {
     kv_append(c, nd, l, t->a + t->n);
   }
   if (plan_is_csa(L)) kv_read(c, nd, L->kv_src);
+  if (plan_is_index_source(L)) key_reads(c, nd, t, l);
   if (plan_is_index_source(L)) {
     t->topk[l] = add_data(g, GRAPH_BUS, l, t->chunk, (int64_t)t->n * m->topk * 4, "L%d.topk %s", l, t->tag);
     use(nd, t->topk[l], GRAPH_W);
@@ -448,63 +506,6 @@ static void emit_state_handoff(struct ctx *c, struct tile *t) {
   emit_transfer(c, t, c->id.xe, &dst);
 }
 
-/* ---- edges --------------------------------------------------------------- */
-
-static void add_dep(struct graph_node *nd, int from) {
-  if (from < 0) return;
-  for (int i = 0; i < nd->n_dep; i++)
-    if (nd->dep[i] == from) return;
-  nd->dep = cedar_xrealloc(nd->dep, sizeof(int) * (nd->n_dep + 1));
-  nd->dep[nd->n_dep++] = from;
-}
-
-static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
-
-/* Derive edges from accesses in program order, and each data's last use. */
-static void finish(struct graph *g) {
-  int n = g->n_data;
-  int *writer = cedar_xmalloc(sizeof(int) * n), *appender = cedar_xmalloc(sizeof(int) * n);
-  int **readers = cedar_xcalloc(n, sizeof(int *));
-  int *n_readers = cedar_xcalloc(n, sizeof(int));
-  for (int i = 0; i < n; i++) writer[i] = appender[i] = -1;
-  g->token_layers = 0;
-  for (int k = 0; k < g->n_node; k++) {
-    struct graph_node *nd = &g->node[k];
-    if (nd->op == GRAPH_ATTN) g->token_layers += nd->n;
-    for (int u = 0; u < nd->n_use; u++) {
-      int d = nd->use[u].data;
-      g->data[d].last_use = k;
-      add_dep(nd, writer[d]);
-      add_dep(nd, appender[d]);
-      switch (nd->use[u].mode) {
-      case GRAPH_R:
-        readers[d] = cedar_xrealloc(readers[d], sizeof(int) * (n_readers[d] + 1));
-        readers[d][n_readers[d]++] = k;
-        break;
-      case GRAPH_APPEND:
-        appender[d] = k;
-        break;
-      default:
-        for (int r = 0; r < n_readers[d]; r++) add_dep(nd, readers[d][r]);
-        n_readers[d] = 0;
-        writer[d] = k;
-        break;
-      }
-    }
-    for (int i = 0; i < nd->n_dep; i++) CEDAR_ASSERT(nd->dep[i] < k);
-    if (nd->n_dep > 1) qsort(nd->dep, nd->n_dep, sizeof(int), cmp_int);
-    if (nd->n_dep == 0) {
-      free(nd->dep);
-      nd->dep = NULL;
-    }
-  }
-  for (int i = 0; i < n; i++) free(readers[i]);
-  free(readers);
-  free(n_readers);
-  free(writer);
-  free(appender);
-}
-
 /* ---- flows --------------------------------------------------------------- */
 
 static void ctx_init(struct ctx *c, struct graph *g, const struct plan *p, enum graph_flow flow) {
@@ -517,6 +518,7 @@ static void ctx_init(struct ctx *c, struct graph *g, const struct plan *p, enum 
   c->g = g;
   c->p = p;
   c->ced = p->serving.ced;
+  c->keys_short = -1;
   c->first_dec = p->n_layers;
   for (int l = 0; l < p->n_layers; l++)
     if (p->layer[l].region == PLAN_DECODER) {
@@ -648,6 +650,7 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
    * ships them from entry 0 (the decode side gets the attached prefix too). */
   for (int l = 0; l < p->n_layers; l++)
     if (plan_is_kv_source(&p->layer[l])) c.kv_entries[l] = hit / p->layer[l].ratio;
+  c.fw_a = hit, c.fw_end = n; /* the vendor's prefill forward (slot_at) */
 
   /* Encoder (every layer when dense): replay of cached positions [e0, hit)
    * with global writes off (an SWA-snapshot miss), then the new [hit, n). */
@@ -699,6 +702,12 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
   free(xs.pre);
   free(xs.a);
   free(xs.n);
+  if (c.keys_short >= 0) { /* plan_check's rules keep a prefill's slot rows committed; a broken rule says so */
+    snprintf(err, err_len, "prefill: under model.indexer.key_slot: vendor position %lld scores slot keys not yet "
+             "committed (a plan the checks missed)", (long long)c.keys_short);
+    graph_free(g);
+    return CEDAR_EINVAL;
+  }
   struct tile end;
   memset(&end, 0, sizeof end);
   end.chunk = k;
@@ -707,12 +716,19 @@ int graph_build_prefill(struct graph *g, const struct plan *p, int64_t n, const 
   snprintf(end.tag, sizeof end.tag, "end");
   emit_state_handoff(&c, &end);
   graph__place_stages(g);
-  finish(g);
+  graph__finish(g);
   return 0;
 }
 
 int graph_build_decode(struct graph *g, const struct plan *p, int64_t pos, char *err, size_t err_len) {
   return graph_build_verify(g, p, pos, 1, err, err_len);
+}
+
+int graph_verify_rows_max(const struct plan *p, int64_t pos) {
+  bool two = false;
+  for (int l = 0; l < p->n_layers; l++) two |= plan_is_kv_source(&p->layer[l]) && p->layer[l].ratio > 1;
+  if (p->model.idx_key_slot != PLAN_KEY_SLOT_VENDOR || !two || pos + 1 >= p->model.window) return p->model.window;
+  return (int)(pos + 1);
 }
 
 int graph_build_verify(struct graph *g, const struct plan *p, int64_t pos, int n, char *err, size_t err_len) {
@@ -740,8 +756,15 @@ int graph_build_verify(struct graph *g, const struct plan *p, int64_t pos, int n
     emit_layers(&c, &t, 0, p->n_layers, true, true);
   }
   emit_head(&c, &t, pos, n);
+  if (c.keys_short >= 0) { /* docs/model.md s3.2: decoding one position at a time would have them */
+    snprintf(err, err_len, "a verify step of %d rows at position %lld: under model.indexer.key_slot: vendor row %lld "
+             "scores keys its step would read from the previous step, which this tile has not computed; verify at "
+             "most %lld rows here", n, (long long)pos, (long long)c.keys_short, (long long)(pos + 1));
+    graph_free(g);
+    return CEDAR_EINVAL;
+  }
   graph__place_stages(g);
-  finish(g);
+  graph__finish(g);
   return 0;
 }
 

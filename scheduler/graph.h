@@ -163,6 +163,14 @@ struct graph_node {
   struct graph_place place; /* where it runs; TRANSFER: the sending side (xfer_dst's home is the receiver) */
   int slot0, n_slots;       /* the request slots it works on: [slot0, slot0 + n_slots); one request today */
   int xfer_src, xfer_dst;   /* TRANSFER: the data object moved, and its copy at the destination home */
+  /* ATTN of an index layer under model.indexer.key_slot: vendor (docs/model.md
+   * s3.2): the KV source whose Indexer-K its rows score, -1 = its own KV
+   * source's. [0]: rows at a position p with p + 1 odd, [1]: p + 1 even (the
+   * plan allows ratios 1 and 2 there, so a source publishes at a decode
+   * position by its parity); a prefill tile's rows all read one. The node
+   * reads (graph_use) each source named here; entries past its own source's
+   * are never scored: the rows see min(both counts). */
+  int key_src[2];
   struct graph_use *use;
   int n_use;
   int *dep;          /* nodes this one waits for (all earlier in order) */
@@ -220,6 +228,11 @@ int graph_build_decode(struct graph *g, const struct plan *p, int64_t pos, char 
  * the n consecutive positions [pos, pos + n) in one tile, every layer, the
  * logits of all n rows. n = 1 is graph_build_decode. 1 <= n <= window. */
 int graph_build_verify(struct graph *g, const struct plan *p, int64_t pos, int n, char *err, size_t err_len);
+/* The most rows a verify step at pos may take: the window, and under
+ * model.indexer.key_slot: vendor with a ratio-2 source at most pos + 1 (a
+ * row at p scores floor((p + 1) / 2) of the previous step's slot keys, of
+ * which the steps before pos have committed pos; docs/model.md s3.2). */
+int graph_verify_rows_max(const struct plan *p, int64_t pos);
 void graph_free(struct graph *g);
 
 const char *graph_op_name(enum graph_op op);
@@ -240,6 +253,19 @@ const char *graph_place_str(struct graph_place pl, char *buf, size_t len);
  * their layer's stage, activation TRANSFER nodes at the boundaries; run by
  * the compiler before the edges are derived. Nothing without stages. */
 void graph__place_stages(struct graph *g);
+/* key_slot: vendor: the KV sources other than its own whose Indexer-K index
+ * layer l scores on decode steps, src[0] at p with p + 1 odd, src[1] even
+ * (-1: its own; both -1 under own_source). graph_place.c keeps their
+ * entries on the ranks of the stages that read them. */
+void graph__key_sources(const struct plan *p, int l, int src[2]);
+/* The edges from the accesses in program order, and each data's last use
+ * (graph_edges.c); the compiler's last pass. */
+void graph__finish(struct graph *g);
+/* Whether node nd reads KV source `layer` only for the Indexer-K the
+ * vendor's slot holds (key_src), not as its own KV source. */
+static inline bool graph_reads_keys_of(const struct graph_node *nd, int layer) {
+  return layer >= 0 && (nd->key_src[0] == layer || nd->key_src[1] == layer);
+}
 /* Expert parallel (serving.placement.experts, graph_ep.c): each MoE node of
  * an expert-parallel layer becomes the owner's route (MOE, GRAPH_F_EP), a
  * MOE_SHARD node per shard on its rank and the owner's MOE_SUM; the stage

@@ -167,6 +167,76 @@ static void kv_start(const struct graph *g, const struct graph_node *node, int n
     }
 }
 
+/* key_slot: vendor (docs/model.md s3.2): the stages whose index layers score
+ * KV source l's Indexer K on decode steps, though l is not their own
+ * source (graph__key_sources): on[s] for stage s. Returns whether any. */
+static bool key_stages(const struct plan *p, int l, bool *on) {
+  bool any = false;
+  for (int s = 0; s < p->serving.place.n_stages; s++) on[s] = false;
+  for (int j = 0; j < p->n_layers; j++) {
+    int src[2];
+    graph__key_sources(p, j, src);
+    if (src[0] != l && src[1] != l) continue;
+    int s = plan_stage_of(p, j);
+    any |= s != plan_stage_of(p, l);
+    on[s] |= s != plan_stage_of(p, l);
+  }
+  return any;
+}
+
+/* A graph's last pass under key_slot: vendor: a KV source's entries reach
+ * every stage whose index layers may score them as the slot's keys, up to
+ * the graph's last entry. A reader in another stage ships only what it
+ * reads (the entries committed since the last read), which holds because
+ * it reads every step; slot readers read on some steps only, so every
+ * graph ends with their ranks' copies whole, as the next one's first
+ * access assumes (kv_start). end[d]: d's entries after the graph. */
+static void key_copies_whole(struct graph *g, int n0, int R, int *own, int64_t *shipped, const int64_t *end,
+                             const bool *twin) {
+  const struct plan *p = g->plan;
+  bool on[PLAN_MAX_STAGES];
+  const struct graph_node last = g->node[g->n_node - 1];
+  for (int d = 0; d < n0; d++) {
+    const struct graph_data *gd = &g->data[d];
+    if (!is_kv(gd) || twin[d] || end[d] < 0 || !key_stages(p, gd->layer, on)) continue;
+    for (int s = 0; s < p->serving.place.n_stages; s++) {
+      int me = stage_place(p, s).rank;
+      if (!on[s] || me == gd->home.rank) continue;
+      if (own[d * R + me] < 0) own[d * R + me] = add_copy(g, d, stage_place(p, s));
+      if (end[d] > shipped[d * R + me])
+        push_kv_transfer(g, &last, d, own[d * R + me], gd->home.rank, me, shipped[d * R + me], end[d]);
+      shipped[d * R + me] = end[d];
+    }
+  }
+}
+
+/* P/D stages under key_slot: vendor: P->D transfer k of a KV source's
+ * entries also goes to the decode home of every stage whose index layers
+ * may score them as the slot's keys (a twin each), as the token history
+ * goes to every decode home. */
+static void key_sources_to_decode_homes(struct graph *g, int k) {
+  const struct plan *p = g->plan;
+  bool on[PLAN_MAX_STAGES];
+  int l = g->data[g->node[k].xfer_src].layer;
+  if (!key_stages(p, l, on)) return;
+  for (int s = 0; s < p->serving.place.n_stages; s++) {
+    int r = p->serving.place.stage[s].decode;
+    if (!on[s] || r == g->data[g->node[k].xfer_dst].home.rank) continue;
+    int dst = add_copy(g, g->node[k].xfer_dst, decode_place(p, s));
+    grow(g);
+    struct graph_node *c = &g->node[g->n_node];
+    *c = g->node[k];
+    c->xfer_dst = dst;
+    c->use = cedar_xmalloc(sizeof(*c->use) * (size_t)c->n_use);
+    memcpy(c->use, g->node[k].use, sizeof(*c->use) * (size_t)c->n_use);
+    for (int u = 0; u < c->n_use; u++)
+      if (c->use[u].data == g->node[k].xfer_dst) c->use[u].data = dst;
+    snprintf(c->name, sizeof c->name, "xfer L%d.kv >r%d", l, r & 0xff);
+    g->n_node++;
+    g->n_transfer++;
+  }
+}
+
 /* P/D stages: every decode home needs the token history (its Engram
  * gathers and the sampler read it): a clone of P->D transfer k for each
  * decode home other than its twin's, each to a twin of its own. */
@@ -224,6 +294,8 @@ void graph__place_stages(struct graph *g) {
    * graph's start: every earlier graph shipped what its readers read) */
   int64_t *start = cedar_xmalloc(sizeof(int64_t) * (size_t)n0), *shipped = cedar_xmalloc(sizeof(int64_t) * (size_t)n0 * R);
   kv_start(g, old, n_old, start);
+  int64_t *end = cedar_xmalloc(sizeof(int64_t) * (size_t)n0); /* key_copies_whole */
+  memcpy(end, start, sizeof(int64_t) * (size_t)n0);
   for (int d = 0; d < n0; d++)
     for (int r = 0; r < R; r++) shipped[d * R + r] = start[d];
   g->node = NULL;
@@ -278,12 +350,25 @@ void graph__place_stages(struct graph *g) {
     g->node[g->n_node++] = nd;
     if (nd.op == GRAPH_TRANSFER && g->data[nd.xfer_src].state == GRAPH_ST_TOKENS && p->serving.place.stage[0].pd)
       tokens_to_every_decode_home(g, g->n_node - 1);
+    if (nd.op == GRAPH_TRANSFER && !(nd.flags & GRAPH_F_STAGE) && is_kv(&g->data[nd.xfer_src]) &&
+        plan_has_stages(p) && p->serving.place.stage[0].pd)
+      key_sources_to_decode_homes(g, g->n_node - 1);
+    for (int u = 0; u < nd.n_use && plan_has_stages(p); u++) { /* each KV source's entries after the graph */
+      const struct graph_use *us = &old[k].use[u];
+      if (us->data >= n0 || !is_kv(&g->data[us->data])) continue;
+      int64_t e = us->e_w1 > us->e_read ? us->e_w1 : us->e_read;
+      if (e > end[us->data]) end[us->data] = e;
+    }
   }
+  bool pd_prefill = false; /* P's prefill: its P->D transfers carry the slot's sources (key_sources_to_decode_homes) */
+  for (int d = 0; d < n0; d++) pd_prefill |= twin[d];
+  if (plan_has_stages(p) && g->n_node && !pd_prefill) key_copies_whole(g, n0, R, own, shipped, end, twin);
   free(twin);
   free(own);
   free(cur);
   free(taken);
   free(start);
+  free(end);
   free(shipped);
   for (int d = 0; d < g->n_data; d++) g->data[d].last_use = -1; /* finish() derives them */
   free(old);

@@ -27,6 +27,7 @@ void plan__defaults(struct plan *p) {
   m->idx_heads = 32, m->idx_head_dim = 128, m->idx_rope_dim = 64;
   m->idx_rope_last = true, m->idx_k_norm = true;         /* Appendix V #11 */
   m->idx_q_mxfp4 = true;                                 /* Appendix V #11 */
+  m->idx_key_slot = PLAN_KEY_SLOT_VENDOR;                /* Appendix V #25 */
   m->topk = 512, m->window = 128;
   m->cand_block = 8, m->cand_top_blocks = 2048;
   m->cand_pin_newest = true;                             /* Appendix V #12 */

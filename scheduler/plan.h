@@ -75,6 +75,10 @@ struct plan_model {
   bool idx_rope_last; /* rope dims are the last idx_rope_dim of idx_head_dim */
   bool idx_k_norm;
   bool idx_q_mxfp4;   /* round-trip qI through MXFP4 before scoring (Appendix V #11) */
+  /* the Indexer-K an index layer scores (Appendix V #25, docs/model.md s3.2):
+   * vendor = one shared slot a KV source republishes only on a tile that
+   * completes a group; own_source = each layer its KV source's own keys */
+  enum { PLAN_KEY_SLOT_VENDOR = 0, PLAN_KEY_SLOT_OWN } idx_key_slot;
   int topk;
   int window;
   int cand_block, cand_top_blocks;

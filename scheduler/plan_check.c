@@ -381,6 +381,45 @@ static void check_mhc(struct plan_ctx *ctx, const struct plan *p) {
         "model.mhc.merge: carried needs pairing: v41 (under pairing: v4 no pre is carried to the head)");
 }
 
+/* model.indexer.key_slot: vendor (docs/model.md s3.2). A step's first index
+ * layers read the slot the previous forward left; the graph compiler takes
+ * it to be the last KV source in layer order, which holds only when that
+ * source publishes on every tile, i.e. has ratio 1 (L20 in V4.1). Else the
+ * slot would depend on how the previous forward was chunked, which no
+ * graph carries. And with ratios 1 and 2 only (V4.1's), whether a source
+ * publishes at a decode position is its parity, so a verify tile's rows
+ * read at most two key tensors (graph_node.key_src). Other plans are
+ * refused rather than guessed. */
+static void check_key_slot(struct plan_ctx *ctx, const struct plan *p) {
+  if (p->model.idx_key_slot != PLAN_KEY_SLOT_VENDOR) return;
+  int last = -1, wide = -1;
+  for (int i = 0; i < p->n_layers; i++)
+    if (plan_is_kv_source(&p->layer[i])) {
+      last = i;
+      if (p->layer[i].ratio > 2 && wide < 0) wide = i;
+    }
+  int bad = wide >= 0 ? wide : last;
+  if (bad < 0 || (wide < 0 && p->layer[last].ratio == 1)) return;
+  const struct pnode *v = plan__map_get(ctx->root, "model");
+  v = v && v->kind == PN_MAP ? plan__map_get(v, "indexer") : NULL;
+  bool named = v && v->kind == PN_MAP && plan__map_get(v, "key_slot");
+  const struct plan_layer *l = &p->layer[bad];
+  /* blamed: key_slot where the plan itself names it, else the layer's ratio (an inherited key_slot, as
+   * v41-flash.yaml's, is not what the plan changed) */
+  struct plan_mark ks = mark_of(ctx, "model.indexer.key_slot");
+  named = named && ks.file && !strcmp(ks.file, ctx->strings[0]);
+  if (wide >= 0)
+    ERR(ctx, named ? ks : lmark(l, l->mark_ratio),
+        "set model.indexer.key_slot: own_source, or use ratios 1 and 2 (V4.1's)",
+        "model.indexer.key_slot: vendor is implemented for KV sources of ratio 1 and 2 (layer %d has ratio %d)", bad,
+        l->ratio);
+  else
+    ERR(ctx, named ? ks : lmark(l, l->mark_ratio),
+        "set model.indexer.key_slot: own_source, or end the KV sources with a ratio-1 layer (as V4.1's L20)",
+        "model.indexer.key_slot: vendor needs the last KV source to have ratio 1 (layer %d has ratio %d): the slot a "
+        "decode step starts with would depend on how the previous forward was chunked", bad, l->ratio);
+}
+
 /* serving.engram.tier against serving.placement.engram.memory (issue 19's
  * home of the tables): `memory: file` is the mmap tier; one written without
  * the other takes it, and the two written differently are refused. */
@@ -429,5 +468,6 @@ void plan__check(struct plan_ctx *ctx, struct plan *p) {
   for (int i = 0; i < p->n_layers; i++) check_topk(ctx, p, &p->layer[i]);
   for (int i = 0; i < p->n_layers; i++) check_pool(ctx, p, &p->layer[i]);
   check_candidates(ctx, p);
+  check_key_slot(ctx, p);
   if (!ctx->n_errors) plan__check_placement(ctx, p);
 }

@@ -5,7 +5,9 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "scheduler/graph.h"
 #include "scheduler/plan_cost.h"
+#include "scheduler/plan_place.h"
 
 int plan_cost_pd_package(const struct plan *p, int64_t n, struct plan_pd_package *out) {
   memset(out, 0, sizeof(*out));
@@ -20,6 +22,22 @@ int plan_cost_pd_package(const struct plan *p, int64_t n, struct plan_pd_package
   q.prompt = n;
   if (plan_cost_compute(p, &q, &pc)) return CEDAR_EINVAL;
   out->kv = pc.bytes;
+  /* key_slot: vendor with P/D stages: a source's stream also goes to the decode home of each stage that scores
+   * its keys as the slot's (graph_place.c: key_sources_to_decode_homes) */
+  const struct plan_placement *pl = &s->place;
+  for (int i = 0; i < pc.n_sources && plan_has_stages(p) && pl->stage[0].pd; i++) {
+    int src = pc.src[i].layer, home = pl->stage[plan_stage_of(p, src)].decode;
+    bool to[PLAN_MAX_STAGES] = {false};
+    for (int l = 0; l < p->n_layers; l++) {
+      int key[2], st = plan_stage_of(p, l), r = pl->stage[st].decode;
+      graph__key_sources(p, l, key);
+      bool seen = false;
+      for (int t = 0; t < pl->n_stages; t++) seen |= to[t] && pl->stage[t].decode == r;
+      if ((key[0] != src && key[1] != src) || st == plan_stage_of(p, src) || r == home || seen) continue;
+      to[st] = true;
+      out->kv += pc.src[i].bytes;
+    }
+  }
   int64_t ring = p->n_layers ? (pc.swa_payload_bytes + pc.swa_scale_bytes) / p->n_layers : 0;
   bool ced = false;
   for (int l = 0; l < p->n_layers; l++) {

@@ -54,6 +54,7 @@ static const char *const merge_names[] = {"carried", "learned", "sum", NULL};
 static const char *const pairing_names[] = {"v41", "v4", NULL};
 static const char *const angle_names[] = {"f64", "f32", NULL};
 static const char *const rope_pos_names[] = {"first", "last", NULL};
+static const char *const key_slot_names[] = {"vendor", "own_source", NULL};
 static const char *const nibble_names[] = {"high_first", "low_first", NULL};
 static const char *const device_names[] = {"cpu", "cuda", NULL};
 static const char *const engram_mult_names[] = {"numpy", "splitmix64", NULL};
@@ -113,6 +114,7 @@ static const struct field indexer_fields[] = {
     BENUM("rope_position", M(idx_rope_last), rope_pos_names),
     BOOL("k_norm", M(idx_k_norm)),
     BOOL("q_mxfp4", M(idx_q_mxfp4)),
+    ENUM("key_slot", M(idx_key_slot), key_slot_names),
     INT("topk", M(topk), 1, 1 << 24),
     END,
 };

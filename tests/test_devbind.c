@@ -176,7 +176,9 @@ static void check_regions(const struct fx *f, struct rt_dev_twin *tw, struct rt_
   }
   EXPECT(checked > 0, "no attention node checked");
   /* segments: every layer node without a ring reset once, one layer each,
-   * at most one KV node each; keys of two steps */
+   * at most one KV node each; keys of two steps of one parity (key_slot:
+   * vendor: a node scoring the slot's keys, which an odd step's ratio-2
+   * sources leave as the last step's, runs eagerly) */
   int *end = calloc((size_t)g.n_node, sizeof(int)), *end2 = NULL;
   int n_seg = rt_dev_segments(&g, end);
   EXPECT(n_seg >= f->p->n_layers, "%d segments for %d layers", n_seg, f->p->n_layers);
@@ -198,10 +200,12 @@ static void check_regions(const struct fx *f, struct rt_dev_twin *tw, struct rt_
     }
     enum graph_op op = g.node[k].op;
     bool layer_op = op == GRAPH_ENGRAM || op == GRAPH_ATTN || op == GRAPH_MOE || op == GRAPH_DEC_KV;
-    if (layer_op && !(g.node[k].flags & GRAPH_F_RING_RESET)) EXPECT(k < in, "%s is in no segment", g.node[k].name);
+    bool slot = g.node[k].key_src[0] >= 0 || g.node[k].key_src[1] >= 0;
+    if (layer_op && !(g.node[k].flags & GRAPH_F_RING_RESET)) EXPECT(k < in || slot, "%s is in no segment", g.node[k].name);
+    if (slot) EXPECT(k >= in && end[k] <= k, "%s scores the slot's keys inside a segment", g.node[k].name);
   }
   struct graph g2;
-  if (!graph_build_decode(&g2, f->p, r->n_pos + 1, err, sizeof err)) {
+  if (!graph_build_decode(&g2, f->p, r->n_pos + 2, err, sizeof err)) {
     end2 = calloc((size_t)g2.n_node, sizeof(int));
     EXPECT(rt_dev_segments(&g2, end2) == n_seg, "segments differ between two steps");
     for (int k = 0; k < g.n_node && k < g2.n_node; k++) {
@@ -214,7 +218,7 @@ static void check_regions(const struct fx *f, struct rt_dev_twin *tw, struct rt_
       struct rt_cugraph_key k1 = rt_dev_segment_key(&g, k, end[k], &P1), k2 = rt_dev_segment_key(&g2, k, end[k], &P2);
       if (P1.n_pages == P2.n_pages)
         EXPECT(!memcmp(&k1, &k2, sizeof k1), "segment at %s: keys of two steps differ", g.node[k].name);
-      EXPECT(P1.pos + 1 == P2.pos, "segment at %s: positions %lld, %lld", g.node[k].name, (long long)P1.pos,
+      EXPECT(P1.pos + 2 == P2.pos, "segment at %s: positions %lld, %lld", g.node[k].name, (long long)P1.pos,
              (long long)P2.pos);
     }
     graph_free(&g2);

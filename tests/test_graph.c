@@ -772,6 +772,75 @@ static void test_rejections(void) {
   plan_free(&plan);
 }
 
+/* model.indexer.key_slot (docs/model.md s3.2) on v41-mini: sources L2, L8,
+ * L14 (ratio 2) and L20 (ratio 1, the last). The index layers' key sources
+ * per row parity, the reads they imply, a verify tile longer than the
+ * committed slot rows allows, and own_source's plain reads. */
+static const struct graph_node *attn_of(const struct graph *g, int l) {
+  for (int k = 0; k < g->n_node; k++)
+    if (g->node[k].op == GRAPH_ATTN && g->node[k].layer == l) return &g->node[k];
+  return NULL;
+}
+
+static int64_t reads_kv_of(const struct graph *g, const struct graph_node *nd, int l) {
+  for (int u = 0; u < nd->n_use; u++) {
+    const struct graph_data *d = &g->data[nd->use[u].data];
+    if (d->kind == GRAPH_STATE && d->state == GRAPH_ST_KV && d->layer == l) return nd->use[u].e_read;
+  }
+  return -1;
+}
+
+static void test_key_slot(void) {
+  if (!load("plans/v41-mini.yaml")) return;
+  EXPECT(plan.model.idx_key_slot == PLAN_KEY_SLOT_VENDOR, "v41-mini: key_slot vendor by default");
+  struct graph g;
+  /* p = 1000: p + 1 odd, the ratio-2 groups fill: L2, L8, L14 score L20's
+   * keys of the step before (1000 entries committed), L20 and L24 their own */
+  CEDAR_ASSERT(!graph_build_decode(&g, &plan, 1000, err, sizeof err));
+  for (int l = 2; l <= 14; l += 6) {
+    const struct graph_node *nd = attn_of(&g, l);
+    EXPECT(nd->key_src[0] == 20 && nd->key_src[1] == -1, "decode 1000: L%d scores L%d/L%d, want L20", l,
+           nd->key_src[0], nd->key_src[1]);
+    EXPECT(reads_kv_of(&g, nd, 20) == 1000, "decode 1000: L%d reads %lld of L20's entries", l,
+           (long long)reads_kv_of(&g, nd, 20));
+  }
+  for (int l = 3; l < 40; l++)
+    if (l % 6 != 2 || l > 14) EXPECT(attn_of(&g, l)->key_src[0] == -1, "decode 1000: L%d scores another source", l);
+  check_generic(&g, false); /* the edges the key reads imply, re-derived */
+  graph_free(&g);
+  /* p = 1001 completes every group: every layer its own source's keys */
+  CEDAR_ASSERT(!graph_build_decode(&g, &plan, 1001, err, sizeof err));
+  for (int l = 0; l < 40; l++)
+    EXPECT(attn_of(&g, l)->key_src[0] < 0 && attn_of(&g, l)->key_src[1] < 0 &&
+               (l >= 20 || reads_kv_of(&g, attn_of(&g, l), 20) < 0),
+           "decode 1001: L%d scores another source", l);
+  graph_free(&g);
+  /* a verify tile [1000, 1004): rows 1000 and 1002 read L20's, 1001 and 1003 their own */
+  CEDAR_ASSERT(!graph_build_verify(&g, &plan, 1000, 4, err, sizeof err));
+  EXPECT(attn_of(&g, 8)->key_src[0] == 20 && attn_of(&g, 8)->key_src[1] == -1, "verify: L8's key sources");
+  check_generic(&g, false);
+  graph_free(&g);
+  /* [2, 8): row 6 would need L20's entry 2, which only this tile computes */
+  err[0] = 0;
+  EXPECT(graph_build_verify(&g, &plan, 2, 6, err, sizeof err) == CEDAR_EINVAL && strstr(err, "row 6"),
+         "a verify tile past the committed slot rows is refused (%s)", err);
+  EXPECT(graph_build_verify(&g, &plan, 2, 3, err, sizeof err) == 0, "verify [2, 5): %s", err);
+  graph_free(&g);
+  /* a prefill is one vendor forward: every source publishes, own keys everywhere */
+  struct graph_opts o = {.chunk = 1, .replay = -1};
+  CEDAR_ASSERT(!graph_build_prefill(&g, &plan, 9, &o, err, sizeof err));
+  for (int k = 0; k < g.n_node; k++)
+    EXPECT(g.node[k].key_src[0] < 0 && g.node[k].key_src[1] < 0, "prefill: %s scores another source", g.node[k].name);
+  graph_free(&g);
+  /* own_source: no key reads at all */
+  plan.model.idx_key_slot = PLAN_KEY_SLOT_OWN;
+  CEDAR_ASSERT(!graph_build_decode(&g, &plan, 1000, err, sizeof err));
+  EXPECT(attn_of(&g, 2)->key_src[0] == -1 && reads_kv_of(&g, attn_of(&g, 2), 20) < 0, "own_source: L2 reads L20");
+  check_generic(&g, false);
+  graph_free(&g);
+  plan_free(&plan);
+}
+
 int main(void) {
   test_plan("plans/v41-mini.yaml", true, LIT_CED);
   test_plan("plans/v41-flash.yaml", false, LIT_CED);
@@ -780,5 +849,6 @@ int main(void) {
   test_plan("plans/alt-two-dec-sources.yaml", false, LIT_CED);
   test_plan("plans/alt-no-pool.yaml", false, LIT_CED);
   test_rejections();
+  test_key_slot();
   return h_report("graph");
 }

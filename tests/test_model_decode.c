@@ -139,13 +139,17 @@ static void test_evolution(const char *path, int64_t n) {
  * n then consume k prompt ids one by one, against a prefill of n + k. Entry
  * counts and tails exactly; entry bytes bitwise unless a code flipped at a
  * rounding boundary (decode runs GEMMs of one row: CHUNK TOLERANCE in
- * test_model_prefill.c). */
+ * test_model_prefill.c). Under model.indexer.key_slot: own_source only:
+ * with the vendor's slot a decode step at a filling position scores other
+ * keys than the prefill does there (docs/model.md s3.2; the oracle tests
+ * that reading, tests/oracle). */
 static void test_decode_appends(const char *path, int64_t n, int k) {
   struct fx f;
   if (!fx_open(&f, path)) {
     fx_close(&f);
     return;
   }
+  f.p->model.idx_key_slot = PLAN_KEY_SLOT_OWN;
   int32_t *prompt = malloc(sizeof(int32_t) * (size_t)(n + k));
   make_prompt(prompt, n + k, f.V, PROMPT_SEED + 1);
   struct rt_request *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));

@@ -8,6 +8,10 @@
  * same bits. The oracle comparison (tests/cli/oracle_run.sh) checks that the
  * defaults compute the vendor's values; this checks that the switches switch.
  *
+ * model.indexer.key_slot is not here: it changes decode steps only (a
+ * prefill reads every source's own keys under both readings); the oracle
+ * test tests/cli/oracle_key_slot.sh shows both its readings on decode.
+ *
  * It also checks the tensor list each option implies (head.hc.* only with
  * `merge: learned`, attn.indexer.k_norm only with `k_norm: true`).
  *
@@ -104,7 +108,8 @@ int main(void) {
   int V = p.model.vocab;
   EXPECT(p.model.hc_pairing == PLAN_PAIRING_V41 && p.model.hc_merge == PLAN_MERGE_CARRIED && !p.model.q_head_norm &&
              p.model.idx_k_norm && p.model.idx_q_mxfp4 && p.model.cand_pin_newest && p.model.rope_csa.angle_f32 &&
-             p.model.norm_eps == 1e-20 && p.model.num_act_bf16 && p.model.num_io_bf16 && p.model.num_lin_mxfp8,
+             p.model.norm_eps == 1e-20 && p.model.num_act_bf16 && p.model.num_io_bf16 && p.model.num_lin_mxfp8 &&
+             p.model.idx_key_slot == PLAN_KEY_SLOT_VENDOR,
          "%s: the defaults are not Appendix V's", PLAN_TINY);
   plan_free(&p);
   float *base = calloc((size_t)V, sizeof *base), *alt = calloc((size_t)V, sizeof *alt);

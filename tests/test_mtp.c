@@ -66,7 +66,9 @@ static void spec_case(struct fx *f, const struct rt_mtp *D, int64_t n, bool adap
     if (st.num_drafts)
       EXPECT(fabs(rt_spec_mean_accept_len(&st) - (1.0 + (double)st.num_accepted_tokens / (double)st.num_drafts)) < 1e-12,
              "%s: mean acceptance length", what);
-    if (!adaptive) EXPECT(st.len_hist[D->B] >= 1, "%s: no round verified %d drafts", what, D->B);
+    /* key_slot: vendor caps a round at position p to p drafts (graph_verify_rows_max): a one-token
+     * prompt's rounds may stay below B within its NEW tokens */
+    if (!adaptive && n >= D->B) EXPECT(st.len_hist[D->B] >= 1, "%s: no round verified %d drafts", what, D->B);
     printf("%s: %d tokens equal; %lld draft blocks, mean acceptance length %.2f\n", what, res.n_tokens,
            (long long)md.blocks, rt_spec_mean_accept_len(&st));
   }

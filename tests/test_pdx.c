@@ -109,9 +109,21 @@ static void compiled(const char *path, int64_t n, int chunk) {
   int rc = graph_build_prefill(&g, vp, n, &o, err, sizeof err);
   EXPECT(rc == 0, "%s: prefill: %s", path, err);
   if (!rc) {
-    int64_t shipped[PLAN_MAX_LAYERS];
-    bool tokens_to[8] = {0};
-    for (int l = 0; l < p.n_layers; l++) shipped[l] = 0;
+    int64_t shipped[PLAN_MAX_LAYERS], cloned[PLAN_MAX_LAYERS][8];
+    bool tokens_to[8] = {0}, key_home[PLAN_MAX_LAYERS][8] = {{0}};
+    for (int l = 0; l < p.n_layers; l++) {
+      shipped[l] = 0;
+      for (int r = 0; r < 8; r++) cloned[l][r] = 0;
+    }
+    /* key_slot: vendor: a source's stream also goes to the decode homes of the stages scoring its keys */
+    for (int l = 0; l < p.n_layers; l++) {
+      int key[2];
+      graph__key_sources(&p, l, key);
+      for (int c = 0; c < 2; c++) {
+        int dh = p.serving.place.stage[plan_stage_of(&p, l)].decode;
+        if (key[c] >= 0 && dh != p.serving.place.stage[plan_stage_of(&p, key[c])].decode) key_home[key[c]][dh & 7] = true;
+      }
+    }
     for (int k = 0; k < g.n_node; k++) {
       const struct graph_node *nd = &g.node[k];
       if (nd->op != GRAPH_TRANSFER || (nd->flags & GRAPH_F_STAGE)) continue;
@@ -124,6 +136,17 @@ static void compiled(const char *path, int64_t n, int chunk) {
         continue;
       }
       if (s->state == GRAPH_ST_XE) continue; /* with the first decoder layer's stage: checked by its homes below */
+      if (s->state == GRAPH_ST_KV && d->home.rank != st->decode) { /* a clone to a key-reading stage's home */
+        EXPECT(key_home[l][d->home.rank & 7] && nd->place.rank == st->rank, "%s: %s ships to rank %d", path, nd->name,
+               d->home.rank);
+        for (int u = 0; u < nd->n_use; u++)
+          if (nd->use[u].data == nd->xfer_dst) {
+            EXPECT(nd->use[u].e_w0 == cloned[l][d->home.rank & 7], "%s: %s ships from entry %lld", path, nd->name,
+                   (long long)nd->use[u].e_w0);
+            cloned[l][d->home.rank & 7] = nd->use[u].e_w1;
+          }
+        continue;
+      }
       EXPECT(nd->place.rank == st->rank && d->home.rank == st->decode, "%s: %s runs on rank %d to rank %d, want %d "
              "to %d", path, nd->name, nd->place.rank, d->home.rank, st->rank, st->decode);
       EXPECT(!graph_runs_on(&g, nd, st->decode), "%s: %s runs inside the graph on its decode home", path, nd->name);
@@ -139,6 +162,10 @@ static void compiled(const char *path, int64_t n, int chunk) {
       if (plan_is_kv_source(&p.layer[l]))
         EXPECT(shipped[l] == n / p.layer[l].ratio, "%s: source L%d shipped %lld entries, want %lld", path, l,
                (long long)shipped[l], (long long)(n / p.layer[l].ratio));
+    for (int l = 0; l < p.n_layers; l++)
+      for (int r = 0; r < 8; r++)
+        EXPECT(!key_home[l][r] || cloned[l][r] == n / p.layer[l].ratio, "%s: L%d's keys reached rank %d up to %lld",
+               path, l, r, (long long)cloned[l][r]);
     for (int s = 0; s < p.serving.place.n_stages; s++)
       EXPECT(tokens_to[p.serving.place.stage[s].decode], "%s: no token history for decode home %d", path,
              p.serving.place.stage[s].decode);

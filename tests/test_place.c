@@ -85,9 +85,16 @@ static void plan_language(void) {
 
 /* ---- the compiler ------------------------------------------------------------ */
 
-static void graph_checks(const char *path, int64_t n, int chunk, bool kv_split) {
+/* own: model.indexer.key_slot: own_source. Under vendor (the default) the
+ * last KV source (L20) also reaches the stages whose index layers score it
+ * as the slot's keys (graph_place.c: key_copies_whole), whatever kv_split. */
+static void graph_checks(const char *path, int64_t n, int chunk, bool kv_split, bool own) {
   struct plan p;
   if (!h_load_plan(path, &p)) return;
+  if (own) p.model.idx_key_slot = PLAN_KEY_SLOT_OWN;
+  int last_src = -1;
+  for (int l = 0; l < p.n_layers; l++)
+    if (plan_is_kv_source(&p.layer[l])) last_src = l;
   struct graph g;
   struct graph_opts o = {.chunk = chunk, .replay = -1};
   for (int flow = 0; flow < 2; flow++) {
@@ -97,7 +104,12 @@ static void graph_checks(const char *path, int64_t n, int chunk, bool kv_split) 
     EXPECT(g.n_act_transfer > 0, "%s %s: no activation transfer", path, flow ? "decode" : "prefill");
     /* prefill: L8's entries reach rank 1 and L20's rank 2; decode (ratio 1): L20's new entry */
     if (kv_split) EXPECT(g.n_kv_transfer >= 2 - flow, "%s %s: %d KV transfers", path, flow ? "decode" : "prefill", g.n_kv_transfer);
-    else EXPECT_EQ(g.n_kv_transfer, 0, "KV transfers with no reader in another stage");
+    else if (own) EXPECT_EQ(g.n_kv_transfer, 0, "KV transfers with no reader in another stage");
+    for (int k = 0; k < g.n_node && !kv_split && !own; k++) /* vendor: only the slot's source travels */
+      if (g.node[k].op == GRAPH_TRANSFER && g.data[g.node[k].xfer_src].kind == GRAPH_STATE &&
+          g.data[g.node[k].xfer_src].state == GRAPH_ST_KV)
+        EXPECT(g.data[g.node[k].xfer_src].layer == last_src, "%s: %s ships a source no stage reads", path,
+               g.node[k].name);
     /* each KV copy: entries shipped once each, in order, starting where the graph's did */
     int64_t next[PLAN_MAX_LAYERS][8];
     for (int l = 0; l < PLAN_MAX_LAYERS; l++)
@@ -246,8 +258,10 @@ static void accounting(void) {
     plan_free(&p);
   }
   /* KV readers in another stage: L8's pool copied to rank 1, L20's to rank 2,
-   * each entry shipped once; no stage plan without such readers ships any */
+   * each entry shipped once; no stage plan without such readers ships any
+   * (key_slot: own_source here; vendor's slot copies below) */
   if (h_load_plan("tests/plans/pp3kv-tiny-40.yaml", &p)) {
+    p.model.idx_key_slot = PLAN_KEY_SLOT_OWN;
     struct plan_cost pc;
     struct plan_cost_query q;
     plan_cost_query_init(&q);
@@ -268,8 +282,22 @@ static void accounting(void) {
     plan_free(&p);
   }
   if (h_load_plan("tests/plans/pp4-tiny-40.yaml", &p)) {
+    p.model.idx_key_slot = PLAN_KEY_SLOT_OWN;
     EXPECT(rt_place_cost(&p, 37, 141e9, c) == 0, "pp4 cost");
     for (int r = 0; r < c->ranks; r++) EXPECT_EQ(c->r[r].kv_ship, 0, "pp4 cuts at sources: nothing shipped");
+    /* key_slot: vendor: L2, L8 and L14 (stages 0-2) score L20's keys on filling steps: rank 3 ships L20 to each */
+    p.model.idx_key_slot = PLAN_KEY_SLOT_VENDOR;
+    struct plan_cost pc;
+    struct plan_cost_query q;
+    plan_cost_query_init(&q);
+    q.tokens = 37;
+    EXPECT(rt_place_cost(&p, 37, 141e9, c) == 0 && plan_cost_compute(&p, &q, &pc) == 0, "pp4 cost (vendor)");
+    int64_t l20 = 0;
+    for (int i = 0; i < pc.n_sources; i++)
+      if (pc.src[i].layer == 20) l20 = pc.src[i].bytes;
+    EXPECT(l20 > 0 && c->r[3].kv_ship == 3 * l20, "vendor: rank 3 ships L20 (%lld B) to 3 stages: %lld", (long long)l20,
+           (long long)c->r[3].kv_ship);
+    for (int r = 0; r < 3; r++) EXPECT_EQ(c->r[r].kv_ship, 0, "vendor: only L20's home ships");
     plan_free(&p);
   }
   /* dispatch: count, over every selection of k of E experts, the ranks other
@@ -299,11 +327,13 @@ static void accounting(void) {
 
 int main(void) {
   plan_language();
-  graph_checks("tests/plans/pp2-tiny-40.yaml", 37, 16, false);
-  graph_checks("tests/plans/pp3-tiny-40.yaml", 37, 7, false);
-  graph_checks("tests/plans/pp4-tiny-40.yaml", 101, 40, false);
-  graph_checks("tests/plans/pp3kv-tiny-40.yaml", 37, 7, true);
-  graph_checks("tests/plans/pp3kv-tiny-40.yaml", 101, 40, true);
+  for (int own = 0; own < 2; own++) {
+    graph_checks("tests/plans/pp2-tiny-40.yaml", 37, 16, false, own);
+    graph_checks("tests/plans/pp3-tiny-40.yaml", 37, 7, false, own);
+    graph_checks("tests/plans/pp4-tiny-40.yaml", 101, 40, false, own);
+    graph_checks("tests/plans/pp3kv-tiny-40.yaml", 37, 7, true, own);
+    graph_checks("tests/plans/pp3kv-tiny-40.yaml", 101, 40, true, own);
+  }
   accounting(); /* expert placement runs: tests/test_ep.c */
   struct fx one;
   if (fx_open(&one, PLAN_T40)) {

@@ -80,6 +80,7 @@ static void check_flash(void) {
   EXPECT(m->hc_pairing == PLAN_PAIRING_V41 && m->hc_merge == PLAN_MERGE_CARRIED, "mhc pairing v41, merge carried");
   EXPECT(m->norm_eps == 1e-20 && !m->q_head_norm && m->idx_k_norm && m->idx_q_mxfp4 && m->cand_pin_newest,
          "Appendix V #6, #11, #12, #19");
+  EXPECT(m->idx_key_slot == PLAN_KEY_SLOT_VENDOR, "Appendix V #25: key_slot vendor");
   EXPECT(m->rope_swa.theta == 10000 && !m->rope_swa.yarn, "SWA rope");
   EXPECT(m->rope_csa.theta == 160000 && m->rope_csa.yarn && m->rope_csa.yarn_factor == 16 &&
              m->rope_csa.yarn_original_len == 65536 && m->rope_csa.yarn_beta_fast == 32,

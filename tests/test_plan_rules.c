@@ -55,10 +55,10 @@ static const struct bad_case cases[] = {
     {"swa_only_ratio", "bad/swa_only_ratio.yaml", 4, 20, "swa_only has no compress ratio"},
     {"csa_no_ratio", "bad/csa_no_ratio.yaml", 5, 5, "needs a compress ratio"},
     {"region_order", "bad/region_order.yaml", 5, 21, "encoder layer after decoder layer"},
-    {"ced_no_decoder", "plans/v41-flash.yaml", 143, 8, "CED prefill needs both"},
+    {"ced_no_decoder", "plans/v41-flash.yaml", 144, 8, "CED prefill needs both"},
     {"rope_dim", "bad/rope_dim.yaml", 5, 15, "rope_dim = 33 does not fit"},
     {"mhc_merge_v41", "bad/mhc_merge_v41.yaml", 5, 12, "merge: learned contradicts pairing: v41"},
-    {"mhc_carried_v4", "plans/v41-flash.yaml", 67, 12, "merge: carried needs pairing: v41"},
+    {"mhc_carried_v4", "plans/v41-flash.yaml", 68, 12, "merge: carried needs pairing: v41"},
     {"engram_width", "bad/engram_width.yaml", 5, 15, "head_dim = 48 cannot be stored as Engram rows"},
     {"format_block", "bad/format_block.yaml", 4, 20, "block = 24 does not divide"},
     {"format_scaled", "bad/format_scaled.yaml", 4, 31, "cannot store 128-wide vectors"},
@@ -80,6 +80,9 @@ static const struct bad_case cases[] = {
     {"duplicate_key", "bad/duplicate_key.yaml", 5, 3, "key `hidden` appears twice"},
     {"alias", "bad/alias.yaml", 5, 12, "aliases"},
     {"top_not_map", "bad/top_not_map.yaml", 2, 1, "must be a mapping"},
+    {"key_slot_value", "bad/key_slot_value.yaml", 4, 23, "'shared' is not a known value"},
+    {"key_slot_last_ratio2", "bad/key_slot_last_ratio2.yaml", 4, 20, "needs the last KV source to have ratio 1"},
+    {"key_slot_ratio4", "bad/key_slot_ratio4.yaml", 4, 23, "KV sources of ratio 1 and 2 (layer 1 has ratio 4)"},
 };
 
 static bool ends_with(const char *s, const char *suffix) {

@@ -41,6 +41,8 @@ void graph_print(const struct graph *g, FILE *f, bool verbose) {
     if (nd->op == GRAPH_ATTN && nd->r0 > 0) fprintf(f, " r0 %" PRId64, nd->r0);
     if (nd->flags & GRAPH_F_WRITE_KV) fprintf(f, " +kv");
     if (nd->flags & GRAPH_F_RESTART) fprintf(f, " restart");
+    for (int c = 0; c < 2; c++) /* key_slot: vendor (docs/model.md s3.2): the slot's keys, by row parity */
+      if (nd->key_src[c] >= 0) fprintf(f, " keys L%d (p+1 %s)", nd->key_src[c], c ? "even" : "odd");
     fprintf(f, "  after");
     if (!nd->n_dep) fprintf(f, " -");
     for (int i = 0; i < nd->n_dep; i++) fprintf(f, " %d", nd->dep[i]);

@@ -112,6 +112,11 @@ void rt_dev_bind_node(struct rt_dev_twin *t, const struct graph *g, struct rt_re
     st->kv_r = &t->seq[st->kv_r - r->seq];
     st->kv_r_pages = t->aux ? t->aux->pt_dev[st->kv_r - t->seq] : NULL;
   }
+  for (int c = 0; c < 2; c++) /* the slot's keys (key_slot: vendor), on the device as kv_r */
+    if (st->key_r[c]) {
+      st->key_r[c] = &t->seq[st->key_r[c] - r->seq];
+      st->key_r_pages[c] = t->aux ? t->aux->pt_dev[st->key_r[c] - t->seq] : NULL;
+    }
 }
 
 void rt_dev_node_done(const struct rt_dev_twin *t, struct rt_request *r, const struct rt_bound *st) {
@@ -197,7 +202,7 @@ static const struct graph_use *listed_use(const struct graph *g, const struct gr
   for (int u = 0; u < nd->n_use; u++) {
     const struct graph_use *us = &nd->use[u];
     const struct graph_data *gd = &g->data[us->data];
-    if (gd->kind != GRAPH_STATE || gd->state != GRAPH_ST_KV) continue;
+    if (gd->kind != GRAPH_STATE || gd->state != GRAPH_ST_KV || graph_reads_keys_of(nd, gd->layer)) continue;
     bool reads = us->mode == GRAPH_R || (us->mode == GRAPH_APPEND && us->e_read > 0);
     if (!kv || reads) kv = us;
   }

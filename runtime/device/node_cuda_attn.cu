@@ -172,7 +172,11 @@ static int append_entries(const struct cn *x, const struct rt_bound *st, int l, 
   return 0;
 }
 
-/* ---- Top-K (model.c: select_topk, q_mxfp4_roundtrip) --------------------- */
+/* ---- Top-K (model_topk.c: rt__select_topk, q_mxfp4_roundtrip) ------------ */
+
+/* A verify tile's rows that read two key tensors are scored one by one; its
+ * positions on the host, at most this many (graph_build_verify's window). */
+#define RT_CUDA_KEY_ROWS 1024
 
 static int q_mxfp4_roundtrip(const struct cn *x, float *qI, int rows) {
   const struct plan_model *m = x->m;
@@ -187,9 +191,48 @@ static int q_mxfp4_roundtrip(const struct cn *x, float *qI, int rows) {
   return cn_cuda(x, kern_kv_unpack_rows(&f, qI, buf, rows, w, x->st), "qI mxfp4 unpack");
 }
 
+/* The keys rows of class c score (model_topk.c: key_view; docs/model.md
+ * s3.2): the slot's source's Indexer-K through the device page table the
+ * binder gave, seen with the reader's ratio and count; else kv. */
+static int key_view(const struct cn *x, const struct rt_bound *st, const struct op_kv_view *kv, int c,
+                    struct op_kv_view *v) {
+  *v = *kv;
+  if (!st->key_r[c]) return 0;
+  *v = rt_kv_view(st->key_r[c]);
+  if (v->n_entries < st->key_r_end[c])
+    return cn_fail(x, CEDAR_EINVAL, "key slot: %lld entries committed, the graph declared %lld",
+                   (long long)v->n_entries, (long long)st->key_r_end[c]);
+  if (!st->key_r_pages[c])
+    return cn_fail(x, CEDAR_EUNSUPPORTED, "the binder gave no device page table for the key slot's source");
+  v->pages = st->key_r_pages[c];
+  v->n_entries = kv->n_entries < st->key_r_end[c] ? kv->n_entries : st->key_r_end[c];
+  v->ratio = kv->ratio;
+  v->n_dev = NULL; /* never in a segment (devseg.c) */
+  return 0;
+}
+
+/* Rows [i0, i0 + n) score keys kv (model_topk.c: score_rows). */
+static int score_rows(const struct cn *x, const struct graph_node *nd, const struct rt_buses *b, const float *qI,
+                      const float *w, const int64_t *pos, const struct op_kv_view *kv, int i0, int n) {
+  const struct plan_model *m = x->m;
+  const int H = m->idx_heads, qw = H * m->idx_head_dim, K = m->topk, TB = m->cand_top_blocks;
+  qI += (size_t)i0 * qw, w += (size_t)i0 * H, pos += i0;
+  void *work;
+  if (x->M->L[nd->layer].pl->mode == PLAN_REINDEX && b->pool_in) {
+    CN_ALLOC(x, work, uint8_t, (size_t)n * (size_t)(kv->n_entries > 0 ? kv->n_entries : 1) * 5);
+    return cn_cuda(x, kern_indexer_reindex(b->topk_out + (size_t)i0 * K, b->pool_in + (size_t)i0 * TB, qI, w, pos, kv,
+                                           n, H, K, m->cand_block, TB, work, x->st), "reindex");
+  }
+  const bool pool = (nd->flags & GRAPH_F_BUILD_POOL) != 0;
+  CN_ALLOC(x, work, uint8_t, kern_indexer_topk_scratch_bytes(kv, n, pool ? m->cand_block : 0));
+  return cn_cuda(x, kern_indexer_topk(b->topk_out + (size_t)i0 * K, pool ? b->pool_out + (size_t)i0 * TB : NULL, qI, w,
+                                      pos, kv, n, H, K, m->cand_block, TB, m->cand_pin_newest, work, x->st),
+                 "indexer top-k");
+}
+
 static int select_topk(const struct cn *x, const struct graph_node *nd, const float *a_in, const float *cq,
-                       const int64_t *pos, const struct op_kv_view *kv, const struct rt_buses *b,
-                       const int32_t **out) {
+                       const int64_t *pos, const int64_t *pos_host, const struct op_kv_view *kv,
+                       const struct rt_bound *st, const struct rt_buses *b, const int32_t **out) {
   const struct plan_model *m = x->m;
   const struct rt_layer *L = &x->M->L[nd->layer];
   const struct rt_cuda_layer *D = &x->cm->L[nd->layer];
@@ -207,18 +250,15 @@ static int select_topk(const struct cn *x, const struct graph_node *nd, const fl
   if (m->idx_q_mxfp4) CN_TRY(q_mxfp4_roundtrip(x, qI, n * m->idx_heads));
   CN_TRY(cn_blas(x, kern_index_weights(x->w->h, w, a_in, D->iw, n, m->hidden, m->idx_heads, x->M->idx_scale, x->st),
                  "index weights"));
-  void *work;
-  if (L->pl->mode == PLAN_REINDEX && b->pool_in) {
-    CN_ALLOC(x, work, uint8_t, (size_t)n * (size_t)(kv->n_entries > 0 ? kv->n_entries : 1) * 5);
-    CN_TRY(cn_cuda(x, kern_indexer_reindex(b->topk_out, b->pool_in, qI, w, pos, kv, n, m->idx_heads, m->topk,
-                                           m->cand_block, m->cand_top_blocks, work, x->st), "reindex"));
-  } else {
-    const bool pool = (nd->flags & GRAPH_F_BUILD_POOL) != 0;
-    CN_ALLOC(x, work, uint8_t, kern_indexer_topk_scratch_bytes(kv, n, pool ? m->cand_block : 0));
-    CN_TRY(cn_cuda(x, kern_indexer_topk(b->topk_out, pool ? b->pool_out : NULL, qI, w, pos, kv, n, m->idx_heads,
-                                        m->topk, m->cand_block, m->cand_top_blocks, m->cand_pin_newest, work, x->st),
-                   "indexer top-k"));
-  }
+  /* one key tensor for every row, or (a verify tile under key_slot: vendor)
+   * each row its parity's; pos_host: the node's positions on the host */
+  struct op_kv_view kc[2];
+  CN_TRY(key_view(x, st, kv, 0, &kc[0]));
+  CN_TRY(key_view(x, st, kv, 1, &kc[1]));
+  if (st->key_r[0] == st->key_r[1])
+    CN_TRY(score_rows(x, nd, b, qI, w, pos, &kc[0], 0, n));
+  else
+    for (int i = 0; i < n; i++) CN_TRY(score_rows(x, nd, b, qI, w, pos, &kc[(pos_host[i] + 1) % 2 == 0], i, 1));
   *out = b->topk_out;
   return 0;
 }
@@ -323,7 +363,12 @@ static int attn(const struct cn *x) {
   const int32_t *topk = NULL;
   if (st->kv_r) {
     CN_TRY(read_view(x, nd, st, &kv));
-    CN_TRY(select_topk(x, nd, a_in, cq_q, pos, &kv, &bs, &topk));
+    int64_t pos_host[RT_CUDA_KEY_ROWS];
+    if (st->key_r[0] != st->key_r[1] && n > RT_CUDA_KEY_ROWS)
+      return cn_fail(x, CEDAR_EUNSUPPORTED, "a verify tile of %d rows reading two key tensors (at most %d)", n,
+                     RT_CUDA_KEY_ROWS);
+    for (int i = 0; i < n && i < RT_CUDA_KEY_ROWS; i++) pos_host[i] = nd->a + i; /* never in a segment: the node's */
+    CN_TRY(select_topk(x, nd, a_in, cq_q, pos, pos_host, &kv, st, &bs, &topk));
   }
   struct op_attn_params pr = {};
   pr.heads = m->heads, pr.head_dim = m->head_dim, pr.topk = topk ? m->topk : 0, pr.window = m->window;

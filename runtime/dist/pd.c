@@ -210,6 +210,19 @@ int pd_apply(const struct graph *g, int k, const uint8_t *buf, int64_t len, stru
   switch (d->state) {
   case GRAPH_ST_KV: {
     struct rt_kv_seq *s = &r->seq[d->layer];
+    /* entries this request holds already: a source's stream cloned to another decode home (key_slot: vendor,
+     * graph_place.c) lands in the same request when one process plays every rank; append-only, so the same bytes */
+    int64_t held = s->n_entries > h.e1 ? h.e1 : s->n_entries, eb = (int64_t)s->pool->entry_bytes;
+    for (int64_t e = h.e0; e < held && held > h.e0; e++)
+      if (memcmp(rt_kv_entry(s, e), p + (size_t)((e - h.e0) * eb), (size_t)eb)) held = -1;
+    if (held > h.e0) {
+      if (h.e1 > held && rt_kv_append(s, p + (size_t)((held - h.e0) * eb), (int)(h.e1 - held))) {
+        snprintf(err, err_len, "%s: D's KV page pool is exhausted; this request is dropped", nd->name);
+        return CEDAR_ENOMEM;
+      }
+      st->bytes[RT_PD_KV] += h.payload;
+      break;
+    }
     if (s->n_entries != h.e0) {
       snprintf(err, err_len, "%s: entries [%lld, %lld) arrive after %lld entries; they must follow in order",
                nd->name, (long long)h.e0, (long long)h.e1, (long long)s->n_entries);

@@ -11,6 +11,7 @@
 #include "runtime/load/checkpoint.h"
 #include "runtime/dist/pd.h"
 #include "runtime/load/weights.h"
+#include "scheduler/graph.h"
 #include "scheduler/plan_cost.h"
 #include "scheduler/plan_place.h"
 
@@ -155,8 +156,11 @@ static void account_role(const struct plan *v, const struct plan_cost *c, struct
      * entry shipped there once (scheduler/graph_place.c) */
     bool to[RT_PLACE_MAX_RANKS] = {false};
     for (int l = 0; l < v->n_layers; l++) {
-      int r = layer_rank(v, l);
-      if (v->layer[l].kv_src != c->src[i].layer || !plan_is_csa(&v->layer[l]) || r == home || to[r]) continue;
+      int r = layer_rank(v, l), key[2];
+      graph__key_sources(v, l, key); /* key_slot: vendor: a stage scoring the source's keys holds a copy too */
+      bool reads = (v->layer[l].kv_src == c->src[i].layer && plan_is_csa(&v->layer[l])) || key[0] == c->src[i].layer ||
+                   key[1] == c->src[i].layer;
+      if (!reads || r == home || to[r]) continue;
       to[r] = true;
       out->r[r].kv += c->src[i].bytes;
       rk->kv_ship_per_token += c->src[i].bytes_per_token;

@@ -374,8 +374,14 @@ int rt_generate_spec(const struct rt_model *M, struct rt_kv_pool *pools, struct 
   }
   bool have_profile = false;
   for (int L = 0; L <= lmax; L++) have_profile |= so->t_round[L] > 0;
-  if (!rc && so->adaptive && !have_profile)
+  /* the profile verifies lmax + 1 rows where it runs: under key_slot: vendor
+   * not before position lmax (graph_verify_rows_max); until then the rounds
+   * take the drafts' count (clamped) as a fixed length would */
+  bool need_profile = so->adaptive && !have_profile;
+  if (!rc && need_profile && graph_verify_rows_max(M->p, r->n_pos) > lmax) {
     rc = rt_spec_profile(M, r, o, lmax, 3, so->t_round, err, err_len);
+    need_profile = false;
+  }
   memcpy(stats->t_round, so->t_round, sizeof(stats->t_round));
   uint64_t rng = o->seed ^ 0x5bd1e9955bd1e995ull; /* the verifier's draws: not the prefill's stream */
   double t_start = now_s(), steady = 0;
@@ -386,6 +392,14 @@ int rt_generate_spec(const struct rt_model *M, struct rt_kv_pool *pools, struct 
     float conf[RT_SPEC_LMAX];
     int want = lmax, left = o->max_new - res->n_tokens; /* drafts past max_new are wasted work */
     if (want > left - 1) want = left - 1 > 0 ? left - 1 : 0;
+    int cap = graph_verify_rows_max(M->p, r->n_pos) - 1; /* key_slot: vendor early in a request */
+    if (want > cap) want = cap;
+    if (need_profile && cap >= lmax) { /* the first position that takes lmax + 1 rows */
+      rc = rt_spec_profile(M, r, o, lmax, 3, so->t_round, err, err_len);
+      memcpy(stats->t_round, so->t_round, sizeof(stats->t_round));
+      need_profile = false;
+      if (rc) break;
+    }
     int L = want ? so->drafter.draft(so->drafter.self, M, r, y0, want, draft, so->drafter.has_q ? q : NULL, conf,
                                      err, err_len)
                  : 0;
@@ -393,7 +407,7 @@ int rt_generate_spec(const struct rt_model *M, struct rt_kv_pool *pools, struct 
       rc = L;
       break;
     }
-    if (so->adaptive && L > 0) { /* SPEC 3.16: L* = argmax (1 + E[A(L)]) / t_round(L) */
+    if (so->adaptive && !need_profile && L > 0) { /* SPEC 3.16: L* = argmax (1 + E[A(L)]) / t_round(L) */
       float a[RT_SPEC_LMAX], tr[RT_SPEC_LMAX + 1];
       for (int i = 0; i < L; i++) a[i] = conf[i];
       for (int i = 0; i <= L; i++) tr[i] = (float)so->t_round[i];

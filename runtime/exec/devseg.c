@@ -19,10 +19,13 @@ static bool has_kv(const struct graph *g, const struct graph_node *nd) {
 
 /* Whether node nd can be in a segment: a layer's own group, at most 8
  * positions (the parameter block's ring slots), no ring reset (its r0
- * comes from the node, so it would be a step of its own). */
+ * comes from the node, so it would be a step of its own), and no keys of
+ * another source (key_slot: vendor on a step its source's group fills:
+ * the block lists one node's pages; such a node runs eagerly). */
 static bool in_segment(const struct graph_node *nd) {
   bool op = nd->op == GRAPH_ENGRAM || nd->op == GRAPH_ATTN || nd->op == GRAPH_MOE || nd->op == GRAPH_DEC_KV;
-  return op && nd->layer >= 0 && nd->n <= 8 && !(nd->flags & GRAPH_F_RING_RESET);
+  bool slot = nd->key_src[0] >= 0 || nd->key_src[1] >= 0; /* a second page table: the block lists one (eager) */
+  return op && nd->layer >= 0 && nd->n <= 8 && !(nd->flags & GRAPH_F_RING_RESET) && !slot;
 }
 
 int rt_dev_segments(const struct graph *g, int *seg_end) {

@@ -286,7 +286,7 @@ static void dev_use(struct tb *b, const struct graph *g, const struct graph_node
   rt_dev_node_regions(tw, g, r, &one, sp, n);
   const struct graph_use *us = &nd->use[u];
   bool reads = g->data[us->data].state == GRAPH_ST_KV && us->e_read > 0 &&
-               (us->mode == GRAPH_R || us->mode == GRAPH_APPEND);
+               (us->mode == GRAPH_R || us->mode == GRAPH_APPEND) && !graph_reads_keys_of(nd, g->data[us->data].layer);
   if (reads) map->kv_pages_first = b->n;
   for (int i = 0; i < n; i++) dev_region(b, tw, &sp[i]);
   if (reads && map->kv_pages_count < 0) map->kv_pages_count = b->n - map->kv_pages_first;
@@ -322,7 +322,9 @@ void sp__task_buffers(struct starpu_task *t, const struct graph *g, const struct
         if (q->tail[l]) tb_add(&b, q->tail[l], m); /* ratio 1: no pending rows, no buffer */
         break;
       case GRAPH_ST_KV:
-        if (us->e_read > 0 && (us->mode == GRAPH_R || us->mode == GRAPH_APPEND)) map->kv_pages_first = b.n;
+        /* the slot's keys (graph.h: key_src): bound R for the order, read through the seq's own table */
+        if (us->e_read > 0 && (us->mode == GRAPH_R || us->mode == GRAPH_APPEND) && !graph_reads_keys_of(nd, l))
+          map->kv_pages_first = b.n;
         add_pages(&b, r, l, us);
         if (map->kv_pages_first >= 0 && map->kv_pages_count < 0) map->kv_pages_count = b.n - map->kv_pages_first;
         break;

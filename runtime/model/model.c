@@ -378,62 +378,7 @@ static int append_entries(const struct rt_model *M, const struct rt_bound *st, i
   return rc;
 }
 
-/* indexer.q_mxfp4 (docs/model.md s3, Appendix V #11): each indexer query
- * head through the Indexer-K format (E2M1, an E8M0 scale per block) and
- * back, as the vendor quantizes qI before scoring; the keys already are
- * (they are read from the MXFP4 cache). Like the keys, after a bf16 round
- * when the format says bf16_round (#11: vLLM quantizes q "after a bf16
- * round"; the oracle's flip accounting found it missing). */
-static void q_mxfp4_roundtrip(const struct rt_model *M, float *qI, int rows, struct rt_arena *ar) {
-  const struct plan_model *m = &M->p->model;
-  int w = m->idx_head_dim, blk = m->indexer_k.block;
-  enum op_mx_rule rule = m->indexer_k.rule == PLAN_RULE_OCP ? OP_MX_OCP : OP_MX_CEIL;
-  uint8_t *buf = RT_ALLOC(ar, uint8_t, op_mxfp4_bytes(w, blk));
-  if (m->indexer_k.bf16_round) op_bf16_round_n(qI, (size_t)rows * w);
-  for (int i = 0; i < rows; i++) {
-    op_mxfp4_pack(buf, qI + (size_t)i * w, w, blk, rule, OP_NIBBLE_EVEN_LOW);
-    op_mxfp4_unpack(qI + (size_t)i * w, buf, w, blk, OP_NIBBLE_EVEN_LOW);
-  }
-}
-
-/* The Top-K this layer attends with (s3: full, reindex, reuse). */
-static const int32_t *select_topk(const struct rt_model *M, const struct graph_node *nd,
-                                  const float *a_in, const float *cq, const int64_t *pos,
-                                  const struct op_rope_angles *ang,
-                                  const struct op_kv_view *kv, const struct rt_buses *b, struct rt_arena *ar) {
-  const struct plan_model *m = &M->p->model;
-  const struct rt_layer *L = &M->L[nd->layer];
-  int n = nd->n;
-  if (L->pl->mode == PLAN_REUSE) return b->topk_in;
-  float *qI = RT_ALLOC(ar, float, (size_t)n * m->idx_heads * m->idx_head_dim);
-  float *w = RT_ALLOC(ar, float, (size_t)n * m->idx_heads);
-  struct op_rope_angles own;
-  if (!op_rope_same_angles(&M->rope_idx, ang->rope)) { /* other frequencies: a table of its own */
-    float *buf = RT_ALLOC(ar, float, op_rope_angles_floats(&M->rope_idx, n) + 1);
-    RT_TIMED(ar, INDEXER, op_rope_angles_init(&own, buf, &M->rope_idx, pos, n));
-    ang = &own;
-  }
-  RT_TIMED(ar, INDEXER, op_q_indexer(qI, cq, L->iq_b, ang, &M->rope_idx, n, m->q_rank, m->idx_heads, m->idx_head_dim));
-  if (m->idx_q_mxfp4) RT_TIMED(ar, INDEXER, q_mxfp4_roundtrip(M, qI, n * m->idx_heads, ar));
-  if (m->idx_q_mxfp4) rt_rtrace_f32("idx.qI", nd->layer, pos[0], n, m->idx_heads * m->idx_head_dim,
-                                    m->idx_heads * m->idx_head_dim, qI);
-  RT_TIMED(ar, INDEXER, op_index_weights(w, a_in, L->iw, n, m->hidden, m->idx_heads, M->idx_scale));
-  if (L->pl->mode == PLAN_REINDEX && b->pool_in) {
-    void *work = rt_arena_alloc(ar, op_indexer_reindex_work_bytes(kv, m->cand_block, m->cand_top_blocks));
-    RT_TIMED(ar, INDEXER,
-             op_indexer_reindex(b->topk_out, work, b->pool_in, qI, w, pos, kv, n, m->idx_heads, m->topk,
-                                m->cand_block, m->cand_top_blocks));
-  } else {
-    bool pool = (nd->flags & GRAPH_F_BUILD_POOL) != 0;
-    void *work = rt_arena_alloc(ar, op_indexer_topk_work_bytes(kv, pos, n, pool ? m->cand_block : 0));
-    RT_TIMED(ar, INDEXER,
-             op_indexer_topk(b->topk_out, pool ? b->pool_out : NULL, work, qI, w, pos, kv, n, m->idx_heads, m->topk,
-                             m->cand_block, m->cand_top_blocks, m->cand_pin_newest));
-    if (pool) rt_rtrace_i32("idx.pool", nd->layer, pos[0], n, m->cand_top_blocks, b->pool_out);
-  }
-  rt_rtrace_i32("idx.topk", nd->layer, pos[0], n, m->topk, b->topk_out);
-  return b->topk_out;
-}
+/* The Top-K this layer attends with: rt__select_topk (model_topk.c). */
 
 /* The SWA entries a tile sees: the ring as it was, then the tile's own
  * entries (a tile may be longer than the window), as one view. */
@@ -574,7 +519,7 @@ int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, flo
                      (long long)kv.n_entries, (long long)st->kv_r_end);
     kv.n_entries = st->kv_r_end;
     if (st->kv_r_pages) kv.pages = st->kv_r_pages;
-    topk = select_topk(M, nd, a_in, cq_q, pos, &ang, &kv, b, ar);
+    topk = rt__select_topk(M, nd, a_in, cq_q, pos, &ang, &kv, st, b, ar);
   }
   struct op_attn_params pr = {
       .heads = m->heads,
@@ -653,7 +598,8 @@ void rt_attn_rows(const struct rt_model *M, const struct graph_node *const *nds,
                        (long long)kv.n_entries, (long long)st[i].kv_r_end);
       kv.n_entries = st[i].kv_r_end;
       if (st[i].kv_r_pages) kv.pages = st[i].kv_r_pages;
-      topk = select_topk(M, nd, a_in + (size_t)i * d, cq_q + (size_t)i * m->q_rank, pos + i, &ai, &kv, &b[i], ar);
+      topk = rt__select_topk(M, nd, a_in + (size_t)i * d, cq_q + (size_t)i * m->q_rank, pos + i, &ai, &kv, &st[i], &b[i],
+                         ar);
     }
     struct op_attn_params pr = {
         .heads = m->heads,

@@ -129,6 +129,12 @@ struct rt_bound {
   struct rt_kv_seq *kv_r;        /* the source read, or NULL */
   int64_t kv_r_end;              /* entries [0, kv_r_end) visible */
   const uint8_t *const *kv_r_pages; /* the pages to read them from, or NULL: kv_r's own table */
+  /* model.indexer.key_slot: vendor (graph_node.key_src; docs/model.md s3.2):
+   * the source whose Indexer-K the rows of class c score, or NULL: kv_r's;
+   * its committed entries the graph declared, and its pages as above */
+  struct rt_kv_seq *key_r[2];
+  int64_t key_r_end[2];
+  const uint8_t *const *key_r_pages[2];
   /* CUDA nodes (runtime/device/node_cuda.h): a device array of kv_w's device page
    * addresses covering kv_w_end entries, pages reserved before the node runs;
    * filled by the executor's binder (cudastate's side). CPU nodes: NULL. */
@@ -148,6 +154,13 @@ int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, flo
  * unusable, the others are unaffected. runtime/engine/batch.c calls it. */
 void rt_attn_rows(const struct rt_model *M, const struct graph_node *const *nds, int B, float *X, float *pre,
                   const struct rt_buses *b, const struct rt_bound *st, int *rc, struct rt_arena *ar);
+/* internal (model_topk.c): the Top-K node nd's n rows attend with, into b's
+ * topk_out (or reuse's topk_in), from its normed input a_in (n, hidden),
+ * q latent cq (n, q_rank), positions, the tile's RoPE angles, the entries
+ * kv it may see and the key tensors st binds (key_slot: vendor). */
+const int32_t *rt__select_topk(const struct rt_model *M, const struct graph_node *nd, const float *a_in, const float *cq,
+                               const int64_t *pos, const struct op_rope_angles *ang, const struct op_kv_view *kv,
+                               const struct rt_bound *st, const struct rt_buses *b, struct rt_arena *ar);
 /* The MoE sublayer of node nd (GRAPH_MOE), in one op group. Returns 0. */
 int rt_moe(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, struct rt_arena *ar);
 /* The same sublayer in the expert-parallel split (scheduler/graph_ep.c,

@@ -196,6 +196,11 @@ void rt_bind_node(const struct graph *g, struct rt_request *r, const struct grap
       st->tail_log = r->tail_log ? &r->tail_log[gd->layer] : NULL;
       break;
     case GRAPH_ST_KV:
+      if (graph_reads_keys_of(nd, gd->layer)) { /* the Indexer-K the vendor's slot holds (graph.h: key_src) */
+        for (int c = 0; c < 2; c++)
+          if (nd->key_src[c] == gd->layer) st->key_r[c] = &r->seq[gd->layer], st->key_r_end[c] = us->e_read;
+        break;
+      }
       if (us->mode == GRAPH_APPEND) {
         st->kv_w = &r->seq[gd->layer];
         st->kv_w_end = us->e_w1;

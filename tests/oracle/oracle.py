@@ -439,6 +439,12 @@ class Oracle:
         self.k_norm = bool(ix.get('k_norm', True))                 # #11
         self.q_mxfp4 = bool(ix.get('q_mxfp4', True))               # #11
         self.pin = bool(m['candidates'].get('pin_newest', True))   # #12
+        # #25: 'vendor' -- index layers score the Indexer-K of one shared slot,
+        # which a KV source republishes only in a forward that completes one
+        # of its groups; 'own_source' -- each its KV source's own keys
+        self.key_slot = ix.get('key_slot', 'vendor')
+        if self.key_slot not in ('vendor', 'own_source'):
+            raise ValueError('model.indexer.key_slot %r' % self.key_slot)
         nm = m.get('numerics', {})                                 # #22 (docs/model.md s7)
         self.act_bf16 = nm.get('activations', 'bf16') == 'bf16'
         self.io_bf16 = nm.get('sublayer_io', 'bf16') == 'bf16'
@@ -483,6 +489,7 @@ class Oracle:
                     'tail_pos': np.zeros(0, np.int64), 'appends': 0}
         self.token_layers = np.zeros(self.n_layers, np.int64)
         self.log = []
+        self.slot = None       # #25: the source whose Indexer-K the shared slot holds (outlives a forward)
 
     def entries(self, l):
         return len(self.src[l]['main'])
@@ -696,6 +703,37 @@ class Oracle:
         S['ik_bytes'] = np.concatenate([S['ik_bytes'], kb])
         S['latent'] = np.concatenate([S['latent'], c])
 
+    def _publish(self, l, fw):
+        """#25: source l writes its keys into the shared slot when this forward
+        completes one of its groups (the vendor's compressor returns a latent):
+        a decode step at p when (p + 1) % r == 0; a prefill when its positions
+        [a, end) -- the whole prompt: the vendor prefills it in one forward --
+        complete a group, floor(end / r) > floor(a / r)."""
+        r = self.src[l]['ratio']
+        a, end = fw.span
+        if end // r > a // r:
+            self.slot = l
+
+    def _index_keys(self, l, src, pos):
+        """The Indexer-K layer l scores for queries pos.  own_source, or a slot
+        that holds its own source's keys: that source's.  Else (a forward that
+        left its source's group filling) the tensor the slot holds -- usually
+        the last ratio-1 source's from the step before -- of which the reader
+        takes the first floor((p + 1) / r) rows, r its own ratio; rows past
+        them are never visible (zeros here)."""
+        own = self.src[src]['ik']
+        if self.key_slot == 'own_source' or self.slot is None or self.slot == src:
+            return own
+        r = self.plan.layers[l]['ratio']
+        need = min(len(own), (int(np.max(pos)) + 1) // r)
+        held = self.src[self.slot]['ik']
+        if need > len(held):
+            raise AssertionError('L%d at %d: the slot (L%d) holds %d key rows, %d are read'
+                                 % (l, int(np.max(pos)), self.slot, len(held), need))
+        k = np.zeros_like(own)
+        k[:need] = held[:need]
+        return k
+
     def _visible(self, l_src, pos):
         """(nP, E) visibility of source entries: r j + r - 1 <= p."""
         r = self.src[l_src]['ratio']
@@ -757,6 +795,8 @@ class Oracle:
             src = L['kv']
             if mode == 'full' and fw.append(l):
                 self._append_entries(l, a, pos)
+            if mode == 'full':
+                self._publish(l, fw)
             if mode in ('full', 'reindex'):
                 qI = rope((cq @ self.lw(l, 'attn.indexer.wq_b').T).reshape(nP, self.HI, self.dI),
                           pos, self.ifreqs[kind], self.rdI, self.ipos)
@@ -765,7 +805,7 @@ class Oracle:
                         if not self.follow else self.follow.store_values(
                             'idx.qI', l, pos, qI, self.fmt['indexer_k'], self.nib)
                 wI = (a @ self.lw(l, 'attn.indexer.weights_proj').T) * (self.HI * self.dI) ** -0.5
-                scores = self.index_scores(qI, wI, self.src[src]['ik'])
+                scores = self.index_scores(qI, wI, self._index_keys(l, src, pos))
                 vis = self._visible(src, pos)
                 if mode == 'full':
                     cand = vis
@@ -859,19 +899,21 @@ class Oracle:
         e = self.w('embed')[np.asarray(toks, np.int64)]
         return self._rx(np.repeat(e[:, None, :], self.hc, axis=1))
 
-    def _fw(self, kind, pos, r0, writes):
+    def _fw(self, kind, pos, r0, writes, span=None):
         if self.log and not self.keep_buses:
             self.log[-1].topk = self.log[-1].pool = None     # transient: per forward
         fw = Forward(kind, pos, r0)
         fw.append = writes
+        fw.span = span or fw.positions      # #25: the vendor's forward this one is part of
         self.log.append(fw)
         return fw
 
-    def _dec_sources_append(self, XE, PE, pos):
+    def _dec_sources_append(self, XE, PE, pos, fw):
         for l in self.dec:
             if self.plan.layers[l]['mode'] == 'full':
                 self._at = (l, pos)
                 self._append_entries(l, self._a_in(l, XE, PE), pos)
+                self._publish(l, fw)
 
     # ------------------------------------------------------------ flows (SPEC 6)
     def prefill(self, tokens, chunk=None, replay_chunk=None):
@@ -896,7 +938,7 @@ class Oracle:
             for c0 in range(0, N, chunk):
                 pos = np.arange(c0, min(N, c0 + chunk))
                 self.tokens.extend(toks[c0:pos[-1] + 1])
-                fw = self._fw('dense', pos, 0, lambda l: True)
+                fw = self._fw('dense', pos, 0, lambda l: True, (0, N))
                 X0 = self._embed(toks[c0:pos[-1] + 1])
                 X, P = self._run_layers(X0, self._onehot(len(pos)), pos, range(self.n_layers), fw)
                 outs.append(self._logits(X, P))
@@ -907,11 +949,11 @@ class Oracle:
         for c0 in range(0, N, chunk):
             pos = np.arange(c0, min(N, c0 + chunk))
             self.tokens.extend(toks[c0:pos[-1] + 1])
-            fw = self._fw('encoder', pos, 0, lambda l: True)
+            fw = self._fw('encoder', pos, 0, lambda l: True, (0, N))
             X0 = self._embed(toks[c0:pos[-1] + 1])
             X, P = self._run_layers(X0, self._onehot(len(pos)), pos, self.enc, fw)
             XE[pos], PE[pos] = X, P
-            self._dec_sources_append(X, P, pos)            # decoder global: once per position
+            self._dec_sources_append(X, P, pos, fw)        # decoder global: once per position
             self.n = int(pos[-1]) + 1
         R = min(N, self.plan.replay_decoder())
         r0 = N - R
@@ -921,7 +963,7 @@ class Oracle:
         outs = []
         for c0 in range(r0, N, rc):
             pos = np.arange(c0, min(N, c0 + rc))
-            fw = self._fw('replay', pos, r0, lambda l: False)
+            fw = self._fw('replay', pos, r0, lambda l: False, (0, N))
             X, P = self._run_layers(XE[pos], PE[pos], pos, self.dec, fw)
             outs.append(self._logits(X, P))
         self.replay_start = r0
@@ -938,7 +980,7 @@ class Oracle:
         if self.plan.ced:
             fw = self._fw('decode', pos, 0, lambda l: self.plan.layers[l]['region'] == 'encoder')
             X, P = self._run_layers(X0, self._onehot(1), pos, self.enc, fw)
-            self._dec_sources_append(X, P, pos)
+            self._dec_sources_append(X, P, pos, fw)
             X, P = self._run_layers(X, P, pos, self.dec, fw)
         else:
             fw = self._fw('decode', pos, 0, lambda l: True)

@@ -279,7 +279,7 @@ DEFAULTS = {
         'rope': {'swa': {'theta': 10000.0, 'yarn': False},
                  'csa': {'theta': 160000.0, 'yarn': True}},
         'indexer': {'heads': 32, 'head_dim': 128, 'rope_dim': 64, 'rope_position': 'last',
-                    'k_norm': True, 'q_mxfp4': True, 'topk': 512},
+                    'k_norm': True, 'q_mxfp4': True, 'topk': 512, 'key_slot': 'vendor'},
         'swa': {'window': 128},
         'candidates': {'block': 8, 'top_blocks': 2048, 'pin_newest': True},
         'moe': {'routed_experts': 384, 'shared_experts': 1, 'active_experts': 6,

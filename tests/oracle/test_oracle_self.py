@@ -413,6 +413,7 @@ def plan_agrees_with_cedar_plan_show():
                     a['candidates'], a['pool_source'], a['engram']) == (
                 b['at'], b['region'], b['mode'], b['ratio'] or 0, n1(b['kv']), n1(b['topk']),
                 b['candidates'], n1(b['pool']), b['engram']), (pr, a, b)
+        assert c['key_slot'] == p.model['indexer'].get('key_slot', 'vendor'), (pr, c['key_slot'])
     return '%d plans' % len(plans)
 
 
