@@ -64,6 +64,10 @@ phase "follow.py: the oracle on cedar's tokens, flip for flip"
 rc=$?
 [ "$rc" -eq 0 ] || fail "follow.py: cedar run --model and the oracle disagree (exit $rc)"
 
+# The accounting can fail (below). The smaller form (CEDAR_TEST_SMALL=1, the
+# ASan build: tests/CMakeLists.txt) leaves this part out: it reruns only the
+# oracle's Python on tampered files, which the plain build's run covers.
+if [ "${CEDAR_TEST_SMALL:-0}" != 1 ]; then
 # The accounting can fail: one recorded residual value 1% off (no fp32 error
 # explains it), and one Main-KV code of cedar's dump one step off, are each
 # refused at their point.
@@ -86,5 +90,6 @@ PY
 "$py" "$oracle/follow.py" "$tmp/cedar-bad.safetensors" "$tmp/round.safetensors" --plan "$tmp/plan.yaml" \
   --weights "$tmp/w.safetensors" --stop-at-first > "$tmp/bad.txt" 2>&1 && { cat "$tmp/bad.txt"; fail "a tampered Main-KV entry was accepted"; }
 grep -q "main_kv L2: entry 10" "$tmp/bad.txt" || { cat "$tmp/bad.txt"; fail "the tampered entry was not the one refused"; }
+fi
 phase "done"
 echo "oracle_released.sh: ok"
