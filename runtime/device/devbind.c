@@ -33,7 +33,10 @@ float *rt_dev_addr_tail(const struct rt_dev_addrs *A, int slot, int l) { return 
 
 /* ---- the twin ------------------------------------------------------------- */
 
-int rt_dev_twin_init(struct rt_dev_twin *t, const struct rt_dev_addrs *A, int slot, const struct rt_request *r,
+/* A twin of r in slot of A (r's rings, tails and pools must be the ones
+ * the layout was made for). Returns 0 or CEDAR_EINVAL (slot out of range,
+ * or a ring or tail whose size differs from the layout's region). */
+static int rt_dev_twin_init(struct rt_dev_twin *t, const struct rt_dev_addrs *A, int slot, const struct rt_request *r,
                      char *err, size_t err_len) {
   memset(t, 0, sizeof(*t));
   if (slot < 0 || slot >= A->L.n_slots) {
@@ -71,12 +74,16 @@ int rt_dev_twin_init(struct rt_dev_twin *t, const struct rt_dev_addrs *A, int sl
   return 0;
 }
 
-void rt_dev_twin_free(struct rt_dev_twin *t) {
+static void rt_dev_twin_free(struct rt_dev_twin *t) {
   for (int l = 0; l < PLAN_MAX_LAYERS; l++) free((void *)t->seq[l].page_ptr);
   memset(t, 0, sizeof(*t));
 }
 
-int rt_dev_twin_sync(struct rt_dev_twin *t, const struct rt_request *r, char *err, size_t err_len) {
+/* The twin's metadata from the host request: ring r0, tail count and pos0,
+ * each sequence's n_entries and pages (device addresses of its page ids).
+ * Returns 0 or CEDAR_ENOMEM when a page id is past the device pool's pages
+ * (err names the source and the capacity). */
+static int rt_dev_twin_sync(struct rt_dev_twin *t, const struct rt_request *r, char *err, size_t err_len) {
   for (int l = 0; l < t->n_layers; l++) {
     t->ring[l].r0 = r->ring[l].r0;
     t->tail[l].count = r->tail[l].count;
@@ -253,7 +260,10 @@ int rt_dev_params_fill(struct rt_dev_params *P, const struct graph *g, const str
 
 /* ---- copies --------------------------------------------------------------- */
 
-int rt_dev_copies(const struct rt_dev_twin *t, const struct rt_request *r, struct rt_dev_copy *out, int cap) {
+/* Every copy of request r's state in the twin's slot: each layer's ring
+ * slots, ring positions and tail, then each page r's sequences hold.
+ * Returns how many, up to cap written. */
+static int rt_dev_copies(const struct rt_dev_twin *t, const struct rt_request *r, struct rt_dev_copy *out, int cap) {
   int n = 0;
 #define ADD(h, d, b)                                                 \
   do {                                                               \

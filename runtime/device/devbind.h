@@ -106,18 +106,6 @@ struct rt_dev_aux {
   int pt_cap[PLAN_MAX_LAYERS], pt_n[PLAN_MAX_LAYERS];
 };
 
-/* A twin of r in slot of A (r's rings, tails and pools must be the ones
- * the layout was made for). Returns 0 or CEDAR_EINVAL (slot out of range,
- * or a ring or tail whose size differs from the layout's region). */
-int rt_dev_twin_init(struct rt_dev_twin *t, const struct rt_dev_addrs *A, int slot, const struct rt_request *r,
-                     char *err, size_t err_len);
-void rt_dev_twin_free(struct rt_dev_twin *t);
-/* The twin's metadata from the host request: ring r0, tail count and pos0,
- * each sequence's n_entries and pages (device addresses of its page ids).
- * Returns 0 or CEDAR_ENOMEM when a page id is past the device pool's pages
- * (err names the source and the capacity). */
-int rt_dev_twin_sync(struct rt_dev_twin *t, const struct rt_request *r, char *err, size_t err_len);
-
 /* rt_bind_node's state for nd, over the twin (device addresses), with
  * kv_r_pages and kv_w_pages the twin's page tables in the context's memory
  * (what a CUDA entry reads; the host stand-in's CPU groups read the same
@@ -182,11 +170,6 @@ struct rt_dev_copy {
   void *dev;
   size_t bytes;
 };
-
-/* Every copy of request r's state in the twin's slot: each layer's ring
- * slots, ring positions and tail, then each page r's sequences hold.
- * Returns how many, up to cap written. */
-int rt_dev_copies(const struct rt_dev_twin *t, const struct rt_request *r, struct rt_dev_copy *out, int cap);
 
 /* ---- the context on rt_model.dev ------------------------------------------- */
 

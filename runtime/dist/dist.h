@@ -54,10 +54,6 @@ int rt_dist_generate(enum graph_run run, const struct rt_model *M, struct rt_kv_
                      const int32_t *prompt, int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res,
                      struct rt_dist_report *rep, char *err, size_t err_len);
 
-/* Ranks this process can play: under mpirun the ranks it gave; without,
- * one process plays the prefill and decode roles of ranks 0 and 1. */
-int rt_ranks_available(void);
-
 /* 0 when every flow, stage and expert shard of plan p can run here; else
  * CEDAR_EUNSUPPORTED with "file:line:col: serving.placement...: why; what
  * to set instead" and, when at is not NULL, the place in *at (file NULL:

@@ -30,11 +30,12 @@ const char *rt_pd_class_name(enum rt_pd_class c) {
 
 enum rt_pd_fault pd_fault;
 int pd_fault_at;
-void rt_pd_set_fault(enum rt_pd_fault f) { rt_pd_set_fault_at(f, 0); }
-void rt_pd_set_fault_at(enum rt_pd_fault f, int k) {
+/* rt_pd_set_fault with K for P_DIES / D_DIES. */
+static void rt_pd_set_fault_at(enum rt_pd_fault f, int k) {
   pd_fault = f;
   pd_fault_at = k;
 }
+void rt_pd_set_fault(enum rt_pd_fault f) { rt_pd_set_fault_at(f, 0); }
 
 int rt_pd_fault_parse(const char *s, char *err, size_t err_len) {
   static const struct {

@@ -191,8 +191,6 @@ enum rt_pd_fault {
   RT_PD_FAULT_D_DIES,         /* under mpirun: D kills itself once K messages arrived */
 };
 void rt_pd_set_fault(enum rt_pd_fault f);
-/* rt_pd_set_fault with K for P_DIES / D_DIES. */
-void rt_pd_set_fault_at(enum rt_pd_fault f, int k);
 /* CEDAR_PD_TEST_FAULT's value (tests/cli/pd_faults.sh): hold-kv, corrupt,
  * truncate, p-dies:K, d-dies:K. Returns 0, or CEDAR_EINVAL naming the
  * values when s is none of them. */

@@ -13,7 +13,9 @@
 #include "scheduler/graph.h"
 #include "scheduler/plan_place.h"
 
-int rt_ranks_available(void) {
+/* Ranks this process can play: under mpirun the ranks it gave; without,
+ * one process plays the prefill and decode roles of ranks 0 and 1. */
+static int rt_ranks_available(void) {
   int w = comm_world_size();
   return w > 0 ? w : 2;
 }

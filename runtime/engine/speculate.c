@@ -23,7 +23,11 @@ static double now_s(void) {
 
 /* ---- snapshot and commit ------------------------------------------------- */
 
-int rt_spec_snap_init(struct rt_spec_snap *s, const struct plan *p, int cap) {
+static void rt_spec_snap_free(struct rt_spec_snap *s);
+
+/* Buffers for steps of up to cap positions of requests of plan p. 0 or
+ * CEDAR_ENOMEM. */
+static int rt_spec_snap_init(struct rt_spec_snap *s, const struct plan *p, int cap) {
   memset(s, 0, sizeof(*s));
   s->p = p;
   s->cap = cap;
@@ -52,7 +56,7 @@ int rt_spec_snap_init(struct rt_spec_snap *s, const struct plan *p, int cap) {
   return 0;
 }
 
-void rt_spec_snap_free(struct rt_spec_snap *s) {
+static void rt_spec_snap_free(struct rt_spec_snap *s) {
   for (int l = 0; l < PLAN_MAX_LAYERS; l++) {
     free(s->tail_rows[l]);
     free(s->ring_slot[l]);
@@ -65,7 +69,9 @@ void rt_spec_snap_free(struct rt_spec_snap *s) {
   memset(s, 0, sizeof(*s));
 }
 
-void rt_spec_snap_take(struct rt_spec_snap *s, struct rt_request *r, int n) {
+/* Keep r's state for a step over [r->n_pos, r->n_pos + n) (n <= cap) and
+ * attach the tail logs to r. */
+static void rt_spec_snap_take(struct rt_spec_snap *s, struct rt_request *r, int n) {
   CEDAR_ASSERT(n >= 0 && n <= s->cap && r->plan == s->p);
   s->pos = r->n_pos;
   s->n = n;
@@ -115,7 +121,9 @@ static const float *tail_row(const struct rt_spec_snap *s, int l, bool gate, int
   return lg + (size_t)(j - t->count) * d;
 }
 
-void rt_spec_commit(struct rt_spec_snap *s, struct rt_request *r, int c) {
+/* After the step ran: keep positions [pos, pos + c), 0 <= c <= n, roll the
+ * rest back, detach the logs; r->n_pos = pos + c, r->n_tokens likewise. */
+static void rt_spec_commit(struct rt_spec_snap *s, struct rt_request *r, int c) {
   CEDAR_ASSERT(c >= 0 && c <= s->n && r->n_pos == s->pos + s->n);
   const struct plan *p = s->p;
   for (int l = 0; l < p->n_layers; l++) {

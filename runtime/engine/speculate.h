@@ -61,17 +61,6 @@ struct rt_spec_snap {
   struct rt_tail_log log[PLAN_MAX_LAYERS];
 };
 
-/* Buffers for steps of up to cap positions of requests of plan p. 0 or
- * CEDAR_ENOMEM. */
-int rt_spec_snap_init(struct rt_spec_snap *s, const struct plan *p, int cap);
-void rt_spec_snap_free(struct rt_spec_snap *s);
-/* Keep r's state for a step over [r->n_pos, r->n_pos + n) (n <= cap) and
- * attach the tail logs to r. */
-void rt_spec_snap_take(struct rt_spec_snap *s, struct rt_request *r, int n);
-/* After the step ran: keep positions [pos, pos + c), 0 <= c <= n, roll the
- * rest back, detach the logs; r->n_pos = pos + c, r->n_tokens likewise. */
-void rt_spec_commit(struct rt_spec_snap *s, struct rt_request *r, int c);
-
 /* A drafter: up to L tokens continuing r's history (r->n_tokens ids) and y0
  * (the pending token, position r->n_pos). Writes draft (L), q (L, V) the
  * distribution each was drawn from (NULL: one-hot, a deterministic drafter)

@@ -70,7 +70,8 @@ static void pool_release(void *data) {
   pool->exec_release = NULL;
 }
 
-starpu_data_handle_t sp__page_handle(struct rt_kv_pool *pool, int32_t id) {
+/* The handle of page slot id of pool (registered on first use). */
+static starpu_data_handle_t sp__page_handle(struct rt_kv_pool *pool, int32_t id) {
   struct sp_owner *o = pool->exec_data;
   if (!o) {
     o = cedar_xcalloc(1, sizeof(*o));
@@ -110,7 +111,7 @@ static void request_release(void *data) {
   r->exec_release = NULL;
 }
 
-struct sp_req_handles *sp__request_handles(struct rt_request *r) {
+static struct sp_req_handles *sp__request_handles(struct rt_request *r) {
   if (r->exec_data) return r->exec_data;
   const struct plan *p = r->plan;
   struct sp_req_handles *q = cedar_xcalloc(1, sizeof(*q));

@@ -41,10 +41,6 @@ struct sp_task_map {
 
 /* Handles of request r (registered on first use). */
 struct sp_req_handles;
-struct sp_req_handles *sp__request_handles(struct rt_request *r);
-
-/* The handle of page slot id of pool (registered on first use). */
-starpu_data_handle_t sp__page_handle(struct rt_kv_pool *pool, int32_t id);
 
 /* Fill task t's handles and modes for node nd of graph g on request r,
  * given the per-graph activation handles act (n_data; NULL for state).

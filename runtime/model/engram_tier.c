@@ -83,7 +83,8 @@ static void advise_random(const void *p, uint64_t n) {
   (void)madvise((void *)b, len, MADV_RANDOM);
 }
 
-void rt_engram_tier_default_path(char *out, size_t len, const struct weights *w) {
+/* The tables file's default path for these weights (synthetic). */
+static void rt_engram_tier_default_path(char *out, size_t len, const struct weights *w) {
   const char *dir = getenv("TMPDIR");
   char fp[17];
   weights_fingerprint_hex(w->list.fingerprint, fp);

@@ -73,9 +73,6 @@ struct rt_engram_tier {
   uint64_t table_bytes;/* all tables */
 };
 
-/* The tables file's default path for these weights (synthetic). */
-void rt_engram_tier_default_path(char *out, size_t len, const struct weights *w);
-
 /* Put the tables of w where the plan's tier says. Memory tier: nothing to
  * do. mmap tier: with loaded weights, the tables already point into the
  * weights file's mapping (weights_load) or the shards' (ckpt_load: values
