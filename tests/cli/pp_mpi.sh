@@ -164,10 +164,12 @@ for who in $whos; do
   rm -f "$tmp"/pid.*
   rc=0
   ( mpi -np 4 bash -c 'echo $$ > '"$tmp"'/pid.$OMPI_COMM_WORLD_RANK; exec "$0" "$@"' "$cedar" run \
-      --plan tests/plans/pp4-tiny-40.yaml --tokens "$toks101" --chunk 7 --max-new 40 --executor direct > /dev/null 2> "$tmp/kill.err" ) &
+      --plan tests/plans/pp4-tiny-40.yaml --tokens "$toks101" --chunk 7 --max-new 400 --executor direct > /dev/null 2> "$tmp/kill.err" ) &
   job=$!
   i=0; while [ ! -f "$tmp/pid.$who" ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i + 1)); done
-  sleep $(( 1 + RANDOM % 2 ))
+  # a random moment 0.5-1.4 s in; 400 decode steps keep the job running past it on an idle machine
+  # (40 ended first there: "finished before it could be killed")
+  sleep "$(( RANDOM % 2 )).$(( 5 + RANDOM % 5 ))"
   [ -f "$tmp/pid.$who" ] || fail "rank $who never started"
   kill -9 "$(cat "$tmp/pid.$who")" 2> /dev/null || fail "rank $who finished before it could be killed"
   t0=$(date +%s); wait "$job" || rc=$?
