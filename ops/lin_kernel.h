@@ -33,6 +33,7 @@
 #ifndef CEDAR_OPS_LIN_KERNEL_H
 #define CEDAR_OPS_LIN_KERNEL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -60,6 +61,11 @@ typedef uint32_t lin_vi __attribute__((vector_size(LIN_LANES * sizeof(uint32_t))
 typedef uint8_t lin_vb16 __attribute__((vector_size(16), aligned(1)));
 typedef uint8_t lin_vb8 __attribute__((vector_size(8), aligned(1)));
 typedef uint16_t lin_vh16 __attribute__((vector_size(32), aligned(2)));
+typedef uint16_t lin_vh __attribute__((vector_size(32)));
+typedef uint8_t lin_vb __attribute__((vector_size(16)));
+typedef uint8_t lin_vb8x __attribute__((vector_size(8)));
+typedef uint16_t lin_vh8 __attribute__((vector_size(16)));
+typedef uint32_t lin_vi8 __attribute__((vector_size(32)));
 
 /* The lanes' halving tree: (l, l + 8), then (l, l + 4), (l, l + 2), (0, 1),
  * as vector halves (the same adds, pair for pair). */
@@ -86,51 +92,68 @@ static inline OP_ISA_BODY float lin_fbits(uint32_t u) {
  * end of the translation unit, where OP_ISA_KERNEL's clones are emitted). */
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-/* FP8 (E4M3 with a UE8M0 scale code s) for the 16 columns k.. of a row, all
- * in one 32-column tile since k is a multiple of 16.
- * a = q & 0x7F read as float bits (a << 20) has exponent field e and mantissa
- * m << 20: for e > 0 it is (1 + m/8) 2^(e - 127), for e = 0 the subnormal
- * m 2^-129; either way dec(|q|) 2^-120 exactly. Multiplying by 2^(s - 7) =
- * 2^120 2^(s - 127) (a float for s <= 134) gives dec(|q|) 2^(s - 127), which
- * has at most 4 significant bits and lies in [2^-136, 2^149): exact, so it
- * is the bits of the reference's one rounding dec(q) * scale. The sign is
- * bit 7 moved to bit 31 (-0 stays -0: -0 * scale is -0); the NaN codes
- * 0x7F / 0xFF decode to 0x7FC00000, which the reference's NaN * scale also
- * gives. Scales past 134 (weights above 2^7 448) and the NaN scale 0xFF go
- * the two-multiply way of the reference. */
+/* The decoders build each weight's float bits with integer adds, so no
+ * float operation ever sees a subnormal (x86 cores take a slow assist for
+ * those: a decode through float(code bits) * 2^k ran 6-15x slower here on
+ * real-looking codes). A code's magnitude bits a, shifted so its exponent
+ * field e and mantissa m land in the float's, plus the scale's exponent K1,
+ * are the bits of dec(|q|) 2^(s - 127) when e > 0. For e = 0 (zero and the
+ * subnormal codes) one more unit of exponent makes the normal float
+ * 2^t (1 + m f) and subtracting 2^t (K2's float, exact by Sterbenz's lemma)
+ * leaves m f 2^t, the value; the other lanes subtract +0 (unchanged). Each
+ * result is exactly dec(q) 2^(s - 127), which is what the reference's one
+ * multiply dec(q) * scale rounds to, since that product is exact (at most 4
+ * significant bits, inside the normal range for the scales of the fast
+ * path). Scales outside it (weights below 2^-117 or above 2^119, the NaN
+ * scale 0xFF) decode dec(q) with the unscaled constants and multiply by the
+ * scale, exactly as the reference. */
+
+/* 16 bytes as 16 u32 lanes. Through u16: GCC 12 turns a direct u8 -> u32
+ * conversion into 16 scalar byte loads, this into two pmovzx steps. */
+static inline OP_ISA_BODY lin_vi lin_widen(const uint8_t *q) {
+  lin_vb b;
+  memcpy(&b, q, sizeof b);
+  return __builtin_convertvector(__builtin_convertvector(b, lin_vh), lin_vi);
+}
+
+/* FP8: 16 E4M3 codes of one row (in one 32-column tile: k is a multiple of
+ * 16), tile scale code s. a = q & 0x7F shifted by 20 puts e (4 bits) and m
+ * (3 bits) in place; the float exponent is e + s - 7 (fast path s in
+ * [10, 246]: every result and operand normal). The sign is bit 7 moved to
+ * bit 31 (-0 stays -0, as -0 * scale); the NaN codes 0x7F / 0xFF give
+ * 0x7FC00000, the reference's NaN * scale. */
 static inline OP_ISA_BODY lin_v lin_load_fp8(const uint8_t *q, uint8_t s) {
-  const lin_vi v = __builtin_convertvector(*(const lin_vb16 *)q, lin_vi);
+  const bool fast = s >= 10 && s <= 246;
+  const uint32_t t = fast ? s : 127u; /* 127: dec(q) itself, scaled below */
+  const lin_vi v = lin_widen(q);
   const lin_vi a = v & 0x7Fu;
-  const lin_vi nan = (lin_vi)(a == 0x7Fu);
-  lin_v mag = (lin_v)(a << 20);
-  if (s <= 134)
-    mag = mag * lin_fbits(((uint32_t)s + 120u) << 23);
-  else
-    mag = mag * 0x1p120f;
-  lin_vi bits = ((lin_vi)mag | ((v & 0x80u) << 24));
+  const lin_vi z = (lin_vi)(a < 8u), nan = (lin_vi)(a == 0x7Fu);
+  const lin_vi o = (a << 20) + ((t - 7u) << 23) + (z & (1u << 23));
+  const lin_v f = (lin_v)o - (lin_v)(z & ((t - 6u) << 23));
+  lin_vi bits = (lin_vi)f | ((v << 24) & 0x80000000u);
   bits = (bits & ~nan) | (0x7FC00000u & nan);
-  if (s > 134) return (lin_v)bits * op_e8m0_decode(s);
+  if (!fast) return (lin_v)bits * op_e8m0_decode(s);
   return (lin_v)bits;
 }
 
-/* FP4 (E2M1, element 2j in the low nibble of byte j, a UE8M0 group scale s)
- * for the 16 columns k.. (8 bytes). c read as float bits ((c & 7) << 22)
- * has exponent field e = (c >> 1) & 3 and mantissa m << 22: (1 + m/2)
- * 2^(e - 127), or 2^-127 for c = 1: dec(|c|) 2^-126 exactly. Multiplying by
- * 2^(s - 1) (a float for s <= 128) gives dec(|c|) 2^(s - 127) exactly (at
- * most 2 significant bits, >= 2^-128); the sign is bit 3 moved to bit 31.
- * E2M1 has no NaN. Larger scales and 0xFF take the reference's two steps. */
+/* FP4: 16 E2M1 codes from 8 bytes (element 2j in the low nibble of byte j),
+ * group scale code s. a = c & 7 shifted by 22 puts e (2 bits) and m (1 bit)
+ * in place; the float exponent is e + s - 1 (fast path s in [2, 252]). The
+ * sign is bit 3 moved to bit 31. E2M1 has no NaN. */
 static inline OP_ISA_BODY lin_v lin_load_fp4(const uint8_t *q, uint8_t s) {
-  const lin_vb8 b = *(const lin_vb8 *)q, lo = b & 0xF, hi = b >> 4;
-  const lin_vb16 nib = __builtin_shufflevector(lo, hi, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
-  const lin_vi c = __builtin_convertvector(nib, lin_vi);
-  lin_v mag = (lin_v)((c & 7u) << 22);
-  if (s <= 128)
-    mag = mag * lin_fbits(((uint32_t)s + 126u) << 23);
-  else
-    mag = mag * 0x1p126f;
-  const lin_v w = (lin_v)((lin_vi)mag | ((c & 8u) << 28));
-  if (s > 128) return w * op_e8m0_decode(s);
+  const bool fast = s >= 2 && s <= 252;
+  const uint32_t t = fast ? s : 127u;
+  lin_vb8x b;
+  memcpy(&b, q, sizeof b);
+  const lin_vi8 v = __builtin_convertvector(__builtin_convertvector(b, lin_vh8), lin_vi8);
+  const lin_vi8 lo = v & 0xFu, hi = v >> 4;
+  const lin_vi c = __builtin_shufflevector(lo, hi, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  const lin_vi a = c & 7u;
+  const lin_vi z = (lin_vi)(a < 2u);
+  const lin_vi o = (a << 22) + ((t - 1u) << 23) + (z & (1u << 23));
+  const lin_v f = (lin_v)o - (lin_v)(z & (t << 23));
+  const lin_v w = (lin_v)((lin_vi)f | ((c & 8u) << 28));
+  if (!fast) return w * op_e8m0_decode(s);
   return w;
 }
 
@@ -139,15 +162,35 @@ static inline OP_ISA_BODY lin_v lin_load_bf16(const uint16_t *h) {
   return (lin_v)(__builtin_convertvector(*(const lin_vh16 *)h, lin_vi) << 16);
 }
 
-/* 16 weights of output row o at column k (a multiple of 16, k + 16 <= in).
- * fmt is a constant at every call site, so each kernel keeps one branch. */
-static inline OP_ISA_BODY lin_v lin_wload(const struct op_qweight *w, int o, int k, const enum op_wfmt fmt) {
-  const size_t row = (size_t)o * (size_t)w->in;
+/* The scale codes of output row o (FP8: its tile row; FP4: its groups);
+ * code of column k: [k / 32]. NULL for the unscaled formats. */
+static inline OP_ISA_BODY const uint8_t *lin_scale_row(const struct op_qweight *w, int o, const enum op_wfmt fmt) {
+  const size_t B = OP_QW_BLOCK;
+  if (fmt == OP_W_FP8) return w->scale + (size_t)o / B * (((size_t)w->in + B - 1) / B);
+  if (fmt == OP_W_FP4) return w->scale + (size_t)o * ((size_t)w->in / B);
+  return NULL;
+}
+
+/* Where output row o's elements start. */
+static inline OP_ISA_BODY const void *lin_row(const struct op_qweight *w, int o, const enum op_wfmt fmt) {
+  const size_t e = (size_t)o * (size_t)w->in;
   switch (fmt) {
-    case OP_W_BF16: return lin_load_bf16((const uint16_t *)w->data + row + k);
-    case OP_W_FP8: return lin_load_fp8((const uint8_t *)w->data + row + k, op_qweight_scale_at(w, o, k));
-    case OP_W_FP4: return lin_load_fp4((const uint8_t *)w->data + row / 2 + k / 2, op_qweight_scale_at(w, o, k));
-    default: return *(const lin_vu *)((const float *)w->data + row + k);
+    case OP_W_BF16: return (const uint16_t *)w->data + e;
+    case OP_W_FP8: return (const uint8_t *)w->data + e;
+    case OP_W_FP4: return (const uint8_t *)w->data + e / 2;
+    default: return (const float *)w->data + e;
+  }
+}
+
+/* 16 weights at column k (a multiple of 16, k + 16 <= in) of the row whose
+ * elements start at p (lin_row) and scale codes at sr (lin_scale_row). fmt
+ * is a constant at every call site, so each kernel keeps one branch. */
+static inline OP_ISA_BODY lin_v lin_wload(const void *p, int k, const uint8_t *sr, const enum op_wfmt fmt) {
+  switch (fmt) {
+    case OP_W_BF16: return lin_load_bf16((const uint16_t *)p + k);
+    case OP_W_FP8: return lin_load_fp8((const uint8_t *)p + k, sr[k / OP_QW_BLOCK]);
+    case OP_W_FP4: return lin_load_fp4((const uint8_t *)p + k / 2, sr[k / OP_QW_BLOCK]);
+    default: return *(const lin_vu *)((const float *)p + k);
   }
 }
 
@@ -176,15 +219,21 @@ static inline OP_ISA_BODY void lin_wtail(float *t /* (LIN_LANES), zeroed */, con
 static inline OP_ISA_BODY void lin_tile(float *y, size_t ldy, const float *x, size_t ldx, const struct op_qweight *w,
                                         int o0, const int R, const int O, const enum op_wfmt fmt) {
   const int in = w->in;
+  const uint8_t *sr[LIN_O1];
+  const void *rp[LIN_O1];
+  for (int o = 0; o < O; o++) sr[o] = lin_scale_row(w, o0 + o, fmt), rp[o] = lin_row(w, o0 + o, fmt);
   lin_v acc[LIN_R * LIN_O1];
   for (int t = 0; t < R * O; t++) acc[t] = (lin_v){0};
   int k = 0;
+  /* x's rows first, then each output's weights decoded and used at once:
+   * every accumulator still takes its products in increasing k. */
   for (; k + LIN_LANES <= in; k += LIN_LANES) {
-    lin_v wv[LIN_O1];
-    for (int o = 0; o < O; o++) wv[o] = lin_wload(w, o0 + o, k, fmt);
-    for (int r = 0; r < R; r++) {
-      lin_v xr = *(const lin_vu *)(x + (size_t)r * ldx + k);
-      for (int o = 0; o < O; o++) acc[r * O + o] += xr * wv[o];
+    lin_v xr[LIN_R];
+    for (int r = 0; r < R; r++) xr[r] = *(const lin_vu *)(x + (size_t)r * ldx + k);
+#pragma GCC unroll 8
+    for (int o = 0; o < O; o++) {
+      const lin_v wv = lin_wload(rp[o], k, sr[o], fmt);
+      for (int r = 0; r < R; r++) acc[r * O + o] += xr[r] * wv;
     }
   }
   if (k < in) {
@@ -214,7 +263,9 @@ static inline OP_ISA_BODY void lin_decode_rows(float *P, const struct op_qweight
   for (int o = o0; o < o1; o++) {
     float *p = P + (size_t)(o - o0) * in;
     int k = 0;
-    for (; k + LIN_LANES <= in; k += LIN_LANES) *(lin_vu *)(p + k) = lin_wload(w, o, k, fmt);
+    const uint8_t *sr = lin_scale_row(w, o, fmt);
+    const void *rp = lin_row(w, o, fmt);
+    for (; k + LIN_LANES <= in; k += LIN_LANES) *(lin_vu *)(p + k) = lin_wload(rp, k, sr, fmt);
     if (k < in) {
       float t[LIN_LANES] = {0};
       lin_wtail(t, w, o, k, in - k, fmt);
