@@ -58,14 +58,19 @@ typedef float lin_v4 __attribute__((vector_size(4 * sizeof(float))));
 typedef float lin_v2 __attribute__((vector_size(2 * sizeof(float))));
 /* The integer views the decoders work in: 16 x u32, and the stored bytes. */
 typedef uint32_t lin_vi __attribute__((vector_size(LIN_LANES * sizeof(uint32_t))));
-typedef uint8_t lin_vb16 __attribute__((vector_size(16), aligned(1)));
-typedef uint8_t lin_vb8 __attribute__((vector_size(8), aligned(1)));
 typedef uint16_t lin_vh16 __attribute__((vector_size(32), aligned(2)));
 typedef uint16_t lin_vh __attribute__((vector_size(32)));
 typedef uint8_t lin_vb __attribute__((vector_size(16)));
 typedef uint8_t lin_vb8x __attribute__((vector_size(8)));
 typedef uint16_t lin_vh8 __attribute__((vector_size(16)));
 typedef uint32_t lin_vi8 __attribute__((vector_size(32)));
+
+/* The helpers below pass and return 64-byte vectors; GCC warns that this
+ * changes the ABI at levels without AVX-512. They are all always inlined
+ * (OP_ISA_BODY) into one level's clone, so no call crosses an ABI: moot
+ * (suppressed for the rest of the including file: GCC reports it at the
+ * end of the translation unit, where OP_ISA_KERNEL's clones are emitted). */
+#pragma GCC diagnostic ignored "-Wpsabi"
 
 /* The lanes' halving tree: (l, l + 8), then (l, l + 4), (l, l + 2), (0, 1),
  * as vector halves (the same adds, pair for pair). */
@@ -85,12 +90,6 @@ static inline OP_ISA_BODY float lin_fbits(uint32_t u) {
 
 /* ---- the weight loaders ---------------------------------------------------- */
 
-/* The loaders return a 64-byte vector; GCC warns that such a return changes
- * the ABI at levels without AVX-512. They are always inlined (OP_ISA_BODY)
- * into one level's clone, so no call crosses an ABI: the warning is moot
- * (suppressed for the rest of the including file: GCC reports it at the
- * end of the translation unit, where OP_ISA_KERNEL's clones are emitted). */
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 /* The decoders build each weight's float bits with integer adds, so no
  * float operation ever sees a subnormal (x86 cores take a slow assist for
