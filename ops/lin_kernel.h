@@ -39,7 +39,7 @@
 
 #include "ops/formats.h"
 #include "ops/isa.h"
-#include "ops/qlinear.h"
+#include "ops/qweight.h"
 
 #define LIN_LANES 16
 #define LIN_R 4
