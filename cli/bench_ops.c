@@ -33,6 +33,7 @@
 #include "ops/mhc.h"
 #include "ops/moe.h"
 #include "ops/qkv.h"
+#include "ops/qlinear.h"
 #include "ops/sample.h"
 #include "base/check.h"
 
@@ -99,6 +100,79 @@ static void case_linear(struct bench *b, const char *name) {
            "W_qb n=%d in=%d out=%d", n, in, out);
   }
   free(W), free(x), free(y);
+}
+
+/* "qlinear": op_qlinear from stored weights beside op_linear (and sgemm) on
+ * the same product, at two shapes of the plan: an FP8 linear (W_qb, q_rank ->
+ * heads head_dim; also BF16) and a routed expert's FP4 w_gate (hidden ->
+ * inter). Rows: n = 1 (decode), 8 (a batch; an expert over its rows) and the
+ * chunk. Weights: the plan-scale floats quantized as the generator does
+ * (one E8M0 scale for the whole matrix here: the kernel reads one per tile
+ * anyway). bytes = the stored weight bytes (elements + scales) + x + y, so x
+ * mem is the call against the stored-bytes floor of this run's memcpy. */
+static void qlin_rows(struct bench *b, const struct op_qweight *w, const float *x, float *y) {
+  const int in = w->in, out = w->out, ns[3] = {1, 8, b->chunk};
+  const double wb = (double)op_qweight_data_bytes(w) + (double)op_qweight_scale_bytes(w);
+  for (int k = 0; k < 3; k++) {
+    const int n = ns[k];
+    struct bench_loop l;
+    TIME(l, b) op_qlinear(y, x, w, n, in, out);
+    record(b, "qlinear", 2.0 * n * in * out, wb + 4.0 * n * ((double)in + out), &l, "%s n=%d in=%d out=%d",
+           op_wfmt_name(w->fmt), n, in, out);
+  }
+}
+
+static void case_qlinear(struct bench *b, const char *name) {
+  (void)name;
+  const struct plan_model *m = b->m;
+  const int shapes[2][2] = {{m->q_rank, m->heads * m->head_dim}, {m->hidden, m->moe_inter}};
+  for (int s = 0; s < 2; s++) {
+    const int in = shapes[s][0], out = shapes[s][1], ns[3] = {1, 8, b->chunk};
+    const size_t e = (size_t)out * in;
+    float *W = frand(b, e, 1.0 / sqrt(in)), *x = frand(b, (size_t)b->chunk * in, 1.0);
+    float *y = fbuf((size_t)b->chunk * out);
+    for (int k = 0; k < 3; k++) { /* the F32 baselines, same product */
+      struct bench_loop l;
+      const int n = ns[k];
+      TIME(l, b) op_linear(y, x, W, n, in, out, in, out);
+      record(b, "qlinear", 2.0 * n * in * out, 4.0 * ((double)e + (double)n * in + (double)n * out), &l,
+             "f32 op_linear n=%d in=%d out=%d", n, in, out);
+      if (n == 1) continue;
+      TIME(l, b) op_linear_sgemm(y, x, W, n, in, out, in, out);
+      record(b, "qlinear", 2.0 * n * in * out, 4.0 * ((double)e + (double)n * in + (double)n * out), &l,
+             "f32 sgemm n=%d in=%d out=%d", n, in, out);
+    }
+    float amax = 0;
+    for (size_t i = 0; i < e; i++) amax = fmaxf(amax, fabsf(W[i]));
+    uint8_t *q = bench_alloc(e), *sc = bench_alloc(e / 32 + (size_t)out + 1);
+    const enum op_wfmt fmts[2][2] = {{OP_W_BF16, OP_W_FP8}, {OP_W_FP4, OP_W_COUNT}};
+    for (int f = 0; f < 2 && fmts[s][f] != OP_W_COUNT; f++) {
+      struct op_qweight w = {fmts[s][f], out, in, q, sc};
+      if (w.fmt == OP_W_FP4 && in % 32) continue;
+      const uint8_t code = op_e8m0_scale(amax, w.fmt == OP_W_FP4 ? 6.0f : 448.0f, OP_MX_CEIL);
+      const float inv = op_e8m0_decode(code);
+      memset(sc, code, op_qweight_scale_bytes(&w));
+      for (size_t i = 0; i < e; i++) {
+        if (w.fmt == OP_W_FP8) q[i] = op_e4m3_encode(W[i] / inv);
+        else if (w.fmt == OP_W_FP4 && i % 2 == 0)
+          q[i / 2] = (uint8_t)(op_e2m1_encode(W[i] / inv) | op_e2m1_encode(W[i + 1] / inv) << 4);
+      }
+      if (w.fmt == OP_W_BF16) { /* 2 bytes per element: a buffer of its own */
+        uint16_t *h = bench_alloc(2 * e);
+        for (size_t i = 0; i < e; i++) {
+          uint32_t u;
+          memcpy(&u, &W[i], 4);
+          h[i] = (uint16_t)(u >> 16);
+        }
+        w.data = h;
+        qlin_rows(b, &w, x, y);
+        free(h);
+      } else {
+        qlin_rows(b, &w, x, y);
+      }
+    }
+    free(W), free(x), free(y), free(q), free(sc);
+  }
 }
 
 static void case_rmsnorm(struct bench *b, const char *name) {
@@ -698,6 +772,7 @@ static void case_sample(struct bench *b, const char *name) {
 
 const struct bench_case bench_cases[] = {
     {"linear", case_linear},        {"rmsnorm", case_rmsnorm},          {"rope", case_rope},
+    {"qlinear", case_qlinear},
     {"q_path", case_q_path},        {"swa_kv_pack", case_swa_kv},       {"compress_r2", case_compress},
     {"compress_r1", case_compress}, {"fp4_pack", case_codec},           {"fp4_unpack", case_codec},
     {"mxfp4_pack", case_codec},     {"mxfp4_unpack", case_codec},       {"fp8_pack", case_codec},

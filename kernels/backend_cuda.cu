@@ -28,6 +28,7 @@
 #include "kernels/mhc.cuh"
 #include "kernels/moe.cuh"
 #include "kernels/qkv.cuh"
+#include "kernels/qlinear.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/sample.cuh"
 
@@ -62,6 +63,7 @@ constexpr op_backend_run_fn slot() {
 KERN_SLOT(embed, kern_embed_run)
 KERN_SLOT(rmsnorm, kern_rmsnorm_run)
 KERN_SLOT(linear, kern_linear_run)
+KERN_SLOT(qlinear, kern_qlinear_run)
 KERN_SLOT(rope, kern_rope_run)
 KERN_SLOT(fp4_pack, kern_fp4_pack_run)
 KERN_SLOT(fp4_unpack, kern_fp4_unpack_run)

@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 
 #include "ops/isa.h"
+#include "ops/lin_kernel.h"
 #include "ops/registry.h"
 #include "base/check.h"
 
@@ -108,117 +109,13 @@ void op_rmsnorm(float *out, const float *x, const float *gamma, int n, int d, fl
 
 /* ---- op_linear: one fixed summation order per output ---------------------
  *
- * y[i][o] = sum_k x[i][k] W[o][k], computed the same way for every element:
- * LIN_LANES partial sums, lane l adding the products of k = l, l + 16, ...
- * in increasing k (a multiply, then an add: the build never contracts to FMA),
- * then a fixed halving tree over the lanes (l + 8, l + 4, l + 2, l + 1).
- * Nothing in that order depends on n, on the row's place in the call, on the
- * tile that computes it or on the ISA level: a row's bits are the same
- * whether it is computed alone (decode), in a chunk (prefill), in a batch of
- * requests or in a speculative verify. OpenBLAS's sgemm picks its kernels and
- * blocking by shape, so its rows differ in the last bits between n = 1 and
- * n > 1; that is why cedar no longer calls it here.
- *
- * Speed: tiles of LIN_R rows x LIN_O outputs keep their partial sums in
- * vector registers (each W row is read once per LIN_R rows, each x row once
- * per LIN_O outputs); outputs go in panels of about LIN_PANEL bytes of W so a
- * panel stays in L2 while every row block streams past it. One-row calls
- * (decode) use 1 x LIN_O1 tiles: LIN_O1 independent sums hide the add
- * latency while W streams from memory. */
-#define LIN_LANES 16
-#define LIN_R 4
-#define LIN_O 4
-#define LIN_O1 8
-#define LIN_PANEL (256 << 10)
-
-/* 16 fp32 lanes as one GCC vector: element-wise + and * on it are the same
- * IEEE operations as on each float (the default level splits it into four
- * SSE registers, AVX2 into two, AVX-512 holds it in one); written this way so
- * the partial sums stay in registers. lin_vu is the unaligned load type. */
-typedef float lin_v __attribute__((vector_size(LIN_LANES * sizeof(float))));
-typedef float lin_vu __attribute__((vector_size(LIN_LANES * sizeof(float)), aligned(4)));
-
-typedef float lin_v8 __attribute__((vector_size(8 * sizeof(float))));
-typedef float lin_v4 __attribute__((vector_size(4 * sizeof(float))));
-typedef float lin_v2 __attribute__((vector_size(2 * sizeof(float))));
-
-/* The lanes' halving tree: (l, l + 8), then (l, l + 4), (l, l + 2), (0, 1),
- * as vector halves (the same adds, pair for pair). */
-static inline OP_ISA_BODY float lin_tree(lin_v v) {
-  lin_v8 t8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-              __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  lin_v4 t4 = __builtin_shufflevector(t8, t8, 0, 1, 2, 3) + __builtin_shufflevector(t8, t8, 4, 5, 6, 7);
-  lin_v2 t2 = __builtin_shufflevector(t4, t4, 0, 1) + __builtin_shufflevector(t4, t4, 2, 3);
-  return t2[0] + t2[1];
-}
-
-/* R rows x O outputs (R * O <= LIN_R * LIN_O1, O <= LIN_O1). The last
- * in mod 16 products go to lanes 0.. with both operands zero-padded: the
- * padding is the same for every row count and tile, so it keeps the order
- * fixed; its +-0 products leave every partial sum as it is (except that an
- * all -0 lane ends +0). */
-static inline OP_ISA_BODY void lin_tile(float *y, size_t ldy, const float *x, size_t ldx, const float *W, int in,
-                                        const int R, const int O) {
-  lin_v acc[LIN_R * LIN_O1];
-  for (int t = 0; t < R * O; t++) acc[t] = (lin_v){0};
-  int k = 0;
-  for (; k + LIN_LANES <= in; k += LIN_LANES) {
-    lin_v w[LIN_O1];
-    for (int o = 0; o < O; o++) w[o] = *(const lin_vu *)(W + (size_t)o * in + k);
-    for (int r = 0; r < R; r++) {
-      lin_v xr = *(const lin_vu *)(x + (size_t)r * ldx + k);
-      for (int o = 0; o < O; o++) acc[r * O + o] += xr * w[o];
-    }
-  }
-  if (k < in) {
-    int m = in - k;
-    lin_v w[LIN_O1];
-    for (int o = 0; o < O; o++) {
-      float t[LIN_LANES] = {0};
-      memcpy(t, W + (size_t)o * in + k, (size_t)m * sizeof(float));
-      memcpy(&w[o], t, sizeof t);
-    }
-    for (int r = 0; r < R; r++) {
-      float t[LIN_LANES] = {0};
-      memcpy(t, x + (size_t)r * ldx + k, (size_t)m * sizeof(float));
-      lin_v xr;
-      memcpy(&xr, t, sizeof t);
-      for (int o = 0; o < O; o++) acc[r * O + o] += xr * w[o];
-    }
-  }
-  for (int r = 0; r < R; r++)
-    for (int o = 0; o < O; o++) y[(size_t)r * ldy + o] = lin_tree(acc[r * O + o]);
-}
-
+ * The order and the tiles are ops/lin_kernel.h's, shared with op_qlinear
+ * (ops/qlinear.c), which runs them over weights decoded from their stored
+ * formats; here the weights are floats already. */
 static inline OP_ISA_BODY void lin_kernel_body(float *y, const float *x, const float *W, int n, int in, int out, int ldx,
-                                        int ldy) {
-  if (n == 1) {
-    int o = 0;
-    for (; o + LIN_O1 <= out; o += LIN_O1) lin_tile(y + o, 0, x, 0, W + (size_t)o * in, in, 1, LIN_O1);
-    for (; o < out; o++) lin_tile(y + o, 0, x, 0, W + (size_t)o * in, in, 1, 1);
-    return;
-  }
-  size_t row_bytes = (size_t)in * sizeof(float);
-  int panel = (int)(LIN_PANEL / (row_bytes ? row_bytes : 1));
-  panel = panel < LIN_O ? LIN_O : panel - panel % LIN_O;
-  for (int o0 = 0; o0 < out; o0 += panel) {
-    int o1 = o0 + panel < out ? o0 + panel : out;
-    int i = 0;
-    for (; i + LIN_R <= n; i += LIN_R) {
-      const float *xi = x + (size_t)i * ldx;
-      float *yi = y + (size_t)i * ldy;
-      int o = o0;
-      for (; o + LIN_O <= o1; o += LIN_O) lin_tile(yi + o, ldy, xi, ldx, W + (size_t)o * in, in, LIN_R, LIN_O);
-      for (; o < o1; o++) lin_tile(yi + o, ldy, xi, ldx, W + (size_t)o * in, in, LIN_R, 1);
-    }
-    for (; i < n; i++) {
-      const float *xi = x + (size_t)i * ldx;
-      float *yi = y + (size_t)i * ldy;
-      int o = o0;
-      for (; o + LIN_O1 <= o1; o += LIN_O1) lin_tile(yi + o, 0, xi, 0, W + (size_t)o * in, in, 1, LIN_O1);
-      for (; o < o1; o++) lin_tile(yi + o, 0, xi, 0, W + (size_t)o * in, in, 1, 1);
-    }
-  }
+                                               int ldy) {
+  const struct op_qweight w = {OP_W_F32, out, in, W, NULL};
+  lin_body(y, x, &w, n, ldx, ldy, NULL, OP_W_F32);
 }
 
 OP_ISA_KERNEL(lin_kernel,

@@ -86,6 +86,8 @@ struct op_desc {
   X(embed)                            \
   X(rmsnorm)                          \
   X(linear)                           \
+  /* ops/qlinear.c */                 \
+  X(qlinear)                          \
   /* ops/rope.c */                    \
   X(rope)                             \
   /* ops/formats.c */                 \

@@ -34,6 +34,7 @@
 #include "ops/engram.h"
 #include "ops/formats.h"
 #include "ops/mhc.h"
+#include "ops/qlinear.h"
 #include "ops/registry.h"
 #include "ops/rope.h"
 #include "tests/harness.h"
@@ -110,6 +111,20 @@ static void build_rmsnorm(struct h_io *h) {
 static void build_linear(struct h_io *h) {
   IN(h, "x", OP_F32, frand(5 * HID, -2, 2), 5, HID);
   IN(h, "w", OP_F32, frand(11 * HID, -1, 1), 11, HID);
+}
+
+/* An FP8 weight (11, HID): E4M3 codes without the NaN ones, UE8M0 tile
+ * scales around 2^-7 (weights ~ 1); its float64 check goes through
+ * op_qweight_dequant, which test_ops_qlinear ties to the codecs. */
+static void build_qlinear(struct h_io *h) {
+  enum { O = 11, TC = (HID + 31) / 32 };
+  uint8_t *w = h_kept_zeros((size_t)O * HID), *s = h_kept_zeros(TC);
+  for (size_t i = 0; i < (size_t)O * HID; i++) w[i] = (uint8_t)(below(256) & 0xF7); /* never 0x7F / 0xFF */
+  for (int i = 0; i < TC; i++) s[i] = (uint8_t)(118 + below(8));
+  IN(h, "x", OP_F32, frand(5 * HID, -2, 2), 5, HID);
+  IN(h, "w", OP_U8, w, O, HID);
+  IN(h, "scale", OP_U8, s, 1, TC);
+  h_io_param(h, "format", OP_W_FP8);
 }
 
 static int64_t *positions(int n, int64_t max) {
@@ -463,6 +478,19 @@ static void ref_linear(const struct h_io *in, const struct h_io *out) {
   h_within(o->data, y, yb, (size_t)n * m, "linear vs float64");
 }
 
+static void ref_qlinear(const struct h_io *in, const struct h_io *out) {
+  const struct op_tensor *x = input_of(in, "x"), *w = input_of(in, "w"), *o = op_io_mem_output(out, "y");
+  const int n = (int)x->shape[0], k = (int)x->shape[1], m = (int)w->shape[0];
+  if (!shaped(o, 2, DIMS_(n, m), "qlinear vs float64")) return;
+  const struct op_qweight qw = {OP_W_FP8, m, k, w->data, input_of(in, "scale")->data};
+  float *W = h_keep(malloc((size_t)m * k * sizeof *W));
+  op_qweight_dequant(W, &qw);
+  double *xb, *x64 = f64_of(x, &xb), *y = h_keep(malloc((size_t)n * m * sizeof *y));
+  double *yb = h_keep(malloc((size_t)n * m * sizeof *yb));
+  h_ref_linear(y, yb, W, x64, NULL, n, k, m);
+  h_within(o->data, y, yb, (size_t)n * m, "qlinear vs float64");
+}
+
 /* The frequencies from rope.h's formulas, written again here (not
  * op_rope_init): theta^(-2i/rope_dim), then YaRN's ramp between the
  * correction dims of beta_fast and beta_slow, clamped to [0, rope_dim - 1]. */
@@ -696,6 +724,7 @@ static const struct bo_case cases[OP_COUNT] = {
     CASE_(embed, 1, ref_embed),
     CASE_(rmsnorm, HID, ref_rmsnorm),
     CASE_(linear, HID, ref_linear),
+    CASE_(qlinear, HID, ref_qlinear),
     CASE_(rope, 2, ref_rope),
     CASE_(fp4_pack, 1, ref_fp4_pack),
     CASE_(fp4_unpack, 1, ref_fp4_unpack),

@@ -8,7 +8,7 @@
 #   tests/gpu/bundle.sh [OUT]     default OUT: gpu-bundle/ (git-ignored), at most 60 MiB
 #
 #   OUT/bin/   cedar, test_backend_ops, test_devstate, test_gpu_graph, test_gpu_compress_step,
-#              test_gpu_attn_speed, test_gpu_bandwidth (stripped)
+#              test_gpu_attn_speed, test_gpu_bandwidth, test_gpu_qlinear (stripped)
 #   OUT/lib/   the ldd closure of those, minus glibc's own libraries and libcuda
 #              (the driver's): StarPU-CUDA, hwloc, libyaml, OpenBLAS (+ gfortran,
 #              quadmath), cJSON, xxHash, PCRE2, utf8proc, libcudart 13, ...
@@ -50,7 +50,8 @@ PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig cmake -S "$root" -B "$BUILD" -DCEDAR_CUDA=
   -DCEDAR_NCCL=OFF -DCMAKE_SKIP_RPATH=ON ${CMAKE_LAUNCHER:+-DCMAKE_C_COMPILER_LAUNCHER=$CMAKE_LAUNCHER \
   -DCMAKE_CUDA_COMPILER_LAUNCHER=$CMAKE_LAUNCHER} >"$BUILD/bundle-configure.log" 2>&1 ||
   { tail -30 "$BUILD/bundle-configure.log" >&2; exit 1; }
-bins=(cedar test_backend_ops test_devstate test_gpu_graph test_gpu_compress_step test_gpu_attn_speed test_gpu_bandwidth)
+bins=(cedar test_backend_ops test_devstate test_gpu_graph test_gpu_compress_step test_gpu_attn_speed test_gpu_bandwidth
+  test_gpu_qlinear)
 nice cmake --build "$BUILD" -j"${JOBS:-2}" --target "${bins[@]}" >"$BUILD/bundle-build.log" 2>&1 ||
   { tail -40 "$BUILD/bundle-build.log" >&2; exit 1; }
 

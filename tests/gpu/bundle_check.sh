@@ -26,7 +26,7 @@ fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 total=$(du -sb "$B" | cut -f1)
 [ "$total" -le $((60 * 1024 * 1024)) ] || fail "bundle is $total bytes, over 60 MiB"
 for b in cedar test_backend_ops test_devstate test_gpu_graph test_gpu_compress_step test_gpu_attn_speed \
-  test_gpu_bandwidth; do [ -x "$B/bin/$b" ] || fail "no $B/bin/$b"; done
+  test_gpu_bandwidth test_gpu_qlinear; do [ -x "$B/bin/$b" ] || fail "no $B/bin/$b"; done
 
 # glibc's libraries only, by their sonames, from where this system keeps them.
 mkdir -p "$tmp/glibc"

@@ -35,7 +35,10 @@
 #                the reference for sparse attention's HBM fraction), the
 #                sparse attention at the flash widths against the copy
 #                bandwidth measured in its own process
-#                (tests/gpu/test_gpu_attn_speed.cu), and the
+#                (tests/gpu/test_gpu_attn_speed.cu), the stored-format
+#                linear (tests/gpu/test_gpu_qlinear.cu: bitwise against the
+#                CPU's op_qlinear, and its decode GEMVs' GB/s of stored bytes
+#                against the copy bandwidth of its own process), and the
 #                issue's speed rows that this build can measure (see
 #                docs/cuda.md); rows it cannot are recorded with the reason.
 #
@@ -122,6 +125,7 @@ CEDAR_GPU_JSON=$OUT/graph.json step graph 90 "$B/bin/test_gpu_graph"
 step compress_step 60 "$B/bin/test_gpu_compress_step"
 CEDAR_GPU_JSON=$OUT/bandwidth.json step bandwidth 30 "$B/bin/test_gpu_bandwidth"
 CEDAR_GPU_JSON=$OUT/attn_speed.json step attn_speed 60 "$B/bin/test_gpu_attn_speed"
+CEDAR_GPU_JSON=$OUT/qlinear.json step qlinear 60 "$B/bin/test_gpu_qlinear"
 # 5. The --device cuda vs CPU comparison (cudanode's step: model_cpu, model_cuda).
 step model_cpu 90 "$B/bin/cedar" run --plan plans/v41-mini.yaml --max-new 8 --json --device cpu
 step model_cuda 90 "$B/bin/cedar" run --plan plans/v41-mini.yaml --max-new 8 --json --device cuda
@@ -151,7 +155,7 @@ except Exception as e:
 for s in steps:
     name, rc, secs = s.rsplit(":", 2)
     res["steps"][name] = {"rc": rc, "seconds": int(secs), "log": f"{name}.log"}
-for name in ("graph", "bandwidth", "attn_speed", "model_logits"):
+for name in ("graph", "bandwidth", "attn_speed", "qlinear", "model_logits"):
     try:
         res["steps"][name]["result"] = json.load(open(os.path.join(out, f"{name}.json")))
     except Exception:
