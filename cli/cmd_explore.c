@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "base/quote.h"
 #include "cli/cli.h"
 #include "cli/study.h"
 #include "scheduler/plan.h"
@@ -285,9 +286,22 @@ static int write_variant(const char *dir, const char *base_abs, const struct pla
   if (snprintf(v->file, sizeof v->file, "%s/v%d.yaml", dir, v->id) >= (int)sizeof v->file) return 1;
   FILE *f = fopen(v->file, "w");
   if (!f) return 1;
-  fprintf(f, "# cedar explore: variant %d of %s:", v->id, o->base);
+  /* The base's path and name may hold anything (`:`, quotes, newlines):
+   * they are written as quoted scalars (base/quote.h). Keys and values
+   * are plain words (add_vary). */
+  fprintf(f, "# cedar explore: variant %d of ", v->id);
+  cedar_quote_yaml(f, o->base);
+  fputc(':', f);
   for (int k = 0; k < o->n_key; k++) fprintf(f, " %s=%s", o->key[k].name, o->key[k].val[v->pick[k]]);
-  fprintf(f, "\nextends: %s\nname: %s-v%d\n", base_abs, base->name, v->id);
+  fputs("\nextends: ", f);
+  cedar_quote_yaml(f, base_abs);
+  char *name = NULL;
+  if (asprintf(&name, "%s-v%d", base->name, v->id) < 0) name = NULL;
+  CEDAR_ASSERT(name != NULL);
+  fputs("\nname: ", f);
+  cedar_quote_yaml(f, name);
+  fputc('\n', f);
+  free(name);
   write_paths(f, o, v);
   write_layers(f, o, v, base);
   return fclose(f) ? 1 : 0;
@@ -466,13 +480,19 @@ static int plot(const struct variant *v, int n, const struct xopts *o, char *err
   fclose(f);
   FILE *g = study_open(o->out, "pareto.gp", err, len);
   if (!g) return 1;
+  char *title = NULL; /* names BASE, so it is written by cedar_quote_gnuplot: a file name is data */
+  if (asprintf(&title, "cedar explore %s: memory at N = %" PRId64 " against work%s; red rings: the Pareto front",
+               o->base, o->tokens, o->drift ? "; colour: drift (rel. RMS)" : "") < 0)
+    title = NULL;
+  CEDAR_ASSERT(title != NULL);
   fprintf(g, "# cedar explore: memory against work%s, the Pareto front in red\n"
-             "set terminal pngcairo size 1500,650 font 'sans,10'\nset output 'pareto.png'\n"
-             "set multiplot layout 1,2 title 'cedar explore %s: memory at N = %" PRId64 " against work%s; red rings: "
-             "the Pareto front'\n"
-             "set xlabel 'memory per request (bytes)'\nset format x '%%.3s %%cB'\n"
-             "set grid\nset offsets graph 0.05, graph 0.1, graph 0.1, graph 0.05\nset key top right\n",
-          o->drift ? " and drift" : "", o->base, o->tokens, o->drift ? "; colour: drift (rel. RMS)" : "");
+             "set terminal pngcairo noenhanced size 1500,650 font 'sans,10'\nset output 'pareto.png'\n"
+             "set multiplot layout 1,2 title ",
+          o->drift ? " and drift" : "");
+  cedar_quote_gnuplot(g, title);
+  free(title);
+  fputs("\nset xlabel 'memory per request (bytes)'\nset format x '%.3s %cB'\n"
+        "set grid\nset offsets graph 0.05, graph 0.1, graph 0.1, graph 0.05\nset key top right\n", g);
   if (o->drift) fputs("set palette rgb 33,13,10\nset cblabel 'drift (relative RMS)'\n", g);
   const char *ycol[2] = {"3", "6"};
   const char *ylab[2] = {"cold prefill token-layers", "decode indexer key-dots per token"};
@@ -542,6 +562,8 @@ int cmd_explore(int argc, char **argv) {
   }
   if (rc) fprintf(stderr, "cedar explore: %s\n", err);
   for (int i = 0; i < n && !rc; i++) evaluate(&v[i], &o);
+  int n_valid = 0;
+  for (int i = 0; i < n; i++) n_valid += v[i].valid;
   if (!rc) {
     pareto(v, n, o.drift);
     cJSON *j = to_json(v, n, &o);
@@ -551,18 +573,23 @@ int cmd_explore(int argc, char **argv) {
       if (!f || fputs(s, f) < 0 || fputc('\n', f) < 0) rc = 1;
       if (f) fclose(f);
       cJSON_free(s);
-      if (!rc) rc = plot(v, n, &o, err, sizeof err);
+      if (!rc && n_valid) rc = plot(v, n, &o, err, sizeof err); /* none valid: nothing to plot (refused below) */
       if (rc) fprintf(stderr, "cedar explore: %s\n", err);
     }
     if (o.json) cli_print_json(j);
     else {
       cJSON_Delete(j);
       print_table(v, n, &o);
-      if (o.out && !rc) printf("wrote %s/explore.json, %s/pareto.png and the variant plans in %s/\n", o.out, o.out, dir);
+      if (o.out && !rc && n_valid) printf("wrote %s/explore.json, %s/pareto.png and the variant plans in %s/\n", o.out, o.out, dir);
       bool refused = false;
       for (int i = 0; i < n; i++) refused |= !v[i].valid;
       if (!o.out && refused) printf("(the variant files were temporary: --out DIR keeps them)\n");
     }
+  }
+  if (!rc && !n_valid) { /* nothing was costed: the study failed, whatever was printed */
+    const char *e = v[0].error ? v[0].error : "";
+    fprintf(stderr, "cedar explore: every one of the %d variants was refused; the first: %.*s\n", n, (int)strcspn(e, "\n"), e);
+    rc = 1;
   }
   if (tmpdir) nftw(dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
   for (int i = 0; i < n; i++) free(v[i].error);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/quote.h"
 #include "cli/cli.h"
 #include "cli/study.h"
 #include "viz/view.h"
@@ -230,14 +231,31 @@ static cJSON *to_json(const struct entry *e, int n, const struct ropts *o) {
   FILE *f = study_open(o->out, name, err, err_len);          \
   if (!f) return 1
 
-/* The data files and gnuplot scripts. */
+/* The measured plans' names under their bars, as quoted literals in the
+ * script (a data file's strings have no escapes). */
+static void measured_xtics(FILE *g, const struct entry *e, int n) {
+  fputs("set xtics (", g);
+  for (int i = 0, bar = 0; i < n; i++)
+    if (e[i].measured && e[i].run.ok) {
+      fputs(bar ? ", " : "", g);
+      cedar_quote_gnuplot(g, e[i].plan.name);
+      fprintf(g, " %d", bar++);
+    }
+  fputs(")\n", g);
+}
+
+/* The data files and gnuplot scripts. Every name is written by
+ * cedar_quote_gnuplot (base/quote.h): a plan's name is data, never script. */
 static int write_plots(const struct entry *e, int n, const struct ropts *o, int n_measured, char *err, size_t err_len) {
   char name[64];
   for (int i = 0; i < n; i++) {
     snprintf(name, sizeof name, "memory_%d.dat", i);
     OPEN(f, name);
-    fprintf(f, "# %s (%s): tokens main_kv indexer_k swa tails total baseline (bytes per request)\n", e[i].plan.name,
-            e[i].path);
+    fputs("# ", f);
+    cedar_quote_gnuplot(f, e[i].plan.name); /* one line, whatever the name holds */
+    fputs(" (", f);
+    cedar_quote_gnuplot(f, e[i].path);
+    fputs("): tokens main_kv indexer_k swa tails total baseline (bytes per request)\n", f);
     for (int t = 0; t < o->n_tokens; t++) {
       fprintf(f, "%" PRId64, o->tokens[t]);
       for (int k = 0; k < 6; k++) fprintf(f, " %" PRId64, mem_col(&e[i].mem[t], k));
@@ -248,7 +266,7 @@ static int write_plots(const struct entry *e, int n, const struct ropts *o, int 
   {
     OPEN(f, "memory.gp");
     fprintf(f, "# cedar report: memory by state class against context length\n"
-               "set terminal pngcairo size 1400,900 font 'sans,10'\nset output 'memory.png'\n"
+               "set terminal pngcairo noenhanced size 1400,900 font 'sans,10'\nset output 'memory.png'\n"
                "set multiplot layout 2,2 title 'Bytes per request by state class (cedar plan cost)'\n"
                "set logscale xy\nset format y '%%.0s %%cB'\nset xlabel 'context length N (tokens)'\nset key left top\n"
                "set grid\nset autoscale xfix\n");
@@ -258,8 +276,9 @@ static int write_plots(const struct entry *e, int n, const struct ropts *o, int 
       fprintf(f, "set title '%s%s'\nplot ", panels[pn][1], panels[pn][2][0] ? " (dashed: per-layer baseline global KV)" : "");
       for (int i = 0; i < n; i++) {
         const char *col = panels[pn][0];
-        fprintf(f, "%s'memory_%d.dat' using 1:%s%s%s with linespoints lt %d lw 2 title '%s'", i ? ", " : "", i,
-                strchr(col, '+') ? "($" : "", col, strchr(col, '+') ? ")" : "", i + 1, e[i].plan.name);
+        fprintf(f, "%s'memory_%d.dat' using 1:%s%s%s with linespoints lt %d lw 2 title ", i ? ", " : "", i,
+                strchr(col, '+') ? "($" : "", col, strchr(col, '+') ? ")" : "", i + 1);
+        cedar_quote_gnuplot(f, e[i].plan.name);
         if (panels[pn][2][0])
           fprintf(f, ", 'memory_%d.dat' using 1:%s with lines lt %d dt 2 notitle", i, panels[pn][2], i + 1);
       }
@@ -278,7 +297,7 @@ static int write_plots(const struct entry *e, int n, const struct ropts *o, int 
     }
     fclose(f);
     OPEN(g, "prefix_hit.gp");
-    fprintf(g, "# cedar report: the prefix-hit cases\nset terminal pngcairo size 1400,600 font 'sans,10'\n"
+    fprintf(g, "# cedar report: the prefix-hit cases\nset terminal pngcairo noenhanced size 1400,600 font 'sans,10'\n"
                "set output 'prefix_hit.png'\nset multiplot layout 1,2 title 'Prefill of n = %" PRId64
                " tokens (cedar plan cost --prompt n --hit c)'\n"
                "set style data histograms\nset style histogram clustered gap 1\nset style fill solid 0.8 border -1\n"
@@ -287,9 +306,10 @@ static int write_plots(const struct entry *e, int n, const struct ropts *o, int 
     for (int pn = 0; pn < 2; pn++) {
       fprintf(g, "set title '%s'\nset format y '%s'\nplot ", pn ? "New global bytes" : "Token-layers",
               pn ? "%.0s %cB" : "%.0s%c");
-      for (int i = 0; i < n; i++)
-        fprintf(g, "%s'prefix_hit.dat' using %d%s title '%s'", i ? ", " : "", 2 + 2 * i + pn, i ? "" : ":xtic(1)",
-                e[i].plan.name);
+      for (int i = 0; i < n; i++) {
+        fprintf(g, "%s'prefix_hit.dat' using %d%s title ", i ? ", " : "", 2 + 2 * i + pn, i ? "" : ":xtic(1)");
+        cedar_quote_gnuplot(g, e[i].plan.name);
+      }
       fputc('\n', g);
     }
     fputs("unset multiplot\n", g);
@@ -306,29 +326,30 @@ static int write_plots(const struct entry *e, int n, const struct ropts *o, int 
   }
   {
     OPEN(f, "measured.dat");
-    fprintf(f, "# plan prefill_s decode_itl_ms drift_rel_rms\n");
-    for (int i = 0; i < n; i++)
+    fprintf(f, "# bar prefill_s decode_itl_ms drift_rel_rms (the plans' names are the scripts' xtics)\n");
+    for (int i = 0, bar = 0; i < n; i++)
       if (e[i].measured && e[i].run.ok)
-        fprintf(f, "\"%s\" %.6f %.4f %.6g\n", e[i].plan.name, e[i].run.prefill_s, 1e3 * e[i].run.itl_s,
-                e[i].run.drift_rel_rms);
+        fprintf(f, "%d %.6f %.4f %.6g\n", bar++, e[i].run.prefill_s, 1e3 * e[i].run.itl_s, e[i].run.drift_rel_rms);
     fclose(f);
     OPEN(g, "time.gp");
-    fprintf(g, "# cedar report: measured time\nset terminal pngcairo size 1200,500 font 'sans,10'\n"
+    fprintf(g, "# cedar report: measured time\nset terminal pngcairo noenhanced size 1200,500 font 'sans,10'\n"
                "set output 'time.png'\nset multiplot layout 1,2 title 'Measured: prompt %" PRId64
                " tokens, %d decode steps, direct executor, synthetic weights'\n"
                "set style data histograms\nset style fill solid 0.8 border -1\nset boxwidth 0.7\nset grid y\n"
-               "set yrange [0:*]\nset key off\n"
-               "set title 'Prefill (TTFT), s'\nplot 'measured.dat' using 2:xtic(1) lc rgb '#1f77b4'\n"
-               "set title 'Decode step (steady ITL), ms'\nplot 'measured.dat' using 3:xtic(1) lc rgb '#ff7f0e'\n"
-               "unset multiplot\n",
+               "set yrange [0:*]\nset key off\n",
             o->ro.prompt, o->ro.decode);
+    measured_xtics(g, e, n);
+    fputs("set title 'Prefill (TTFT), s'\nplot 'measured.dat' using 2 lc rgb '#1f77b4'\n"
+          "set title 'Decode step (steady ITL), ms'\nplot 'measured.dat' using 3 lc rgb '#ff7f0e'\n"
+          "unset multiplot\n", g);
     fclose(g);
     OPEN(h, "drift.gp");
-    fprintf(h, "# cedar report: drift against --exact-replay\nset terminal pngcairo size 800,500 font 'sans,10'\n"
+    fprintf(h, "# cedar report: drift against --exact-replay\nset terminal pngcairo noenhanced size 800,500 font 'sans,10'\n"
                "set output 'drift.png'\nset title 'Drift of bounded replay against --exact-replay\\n(relative RMS of "
                "the last position''s logits)'\nset style data histograms\nset style fill solid 0.8 border -1\n"
-               "set boxwidth 0.7\nset grid y\nset yrange [0:*]\nset key off\n"
-               "plot 'measured.dat' using 4:xtic(1) lc rgb '#d62728'\n");
+               "set boxwidth 0.7\nset grid y\nset yrange [0:*]\nset key off\n");
+    measured_xtics(h, e, n);
+    fputs("plot 'measured.dat' using 4 lc rgb '#d62728'\n", h);
     fclose(h);
   }
   return 0;
