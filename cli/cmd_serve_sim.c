@@ -108,7 +108,7 @@ static int gen(int argc, char **argv) {
 /* ---- the driver ------------------------------------------------------------ */
 
 struct session {
-  char name[64];
+  char *name; /* the request's "session", whole: a name of any length is its own session */
   int32_t *hist;
   int64_t n, cap;
 };
@@ -127,7 +127,7 @@ static struct session *session_of(struct session **ss, int *n, const char *name)
   *ss = cedar_xrealloc(*ss, sizeof(**ss) * (size_t)(*n + 1));
   struct session *s = &(*ss)[(*n)++];
   memset(s, 0, sizeof(*s));
-  snprintf(s->name, sizeof(s->name), "%s", name);
+  s->name = cedar_xstrdup(name);
   return s;
 }
 
@@ -574,7 +574,7 @@ static int drive(const struct sopts *o, struct rt_engine *e, FILE *in) {
              cache->disk->stats.rejected, cache->disk->stats.expired, st->disk_skipped,
              1e3 * cache->disk->recompute_s_per_block);
   }
-  for (int i = 0; i < n_ss; i++) free(ss[i].hist);
+  for (int i = 0; i < n_ss; i++) free(ss[i].hist), free(ss[i].name);
   free(ss);
   run_text_close(&tx);
   return status;
