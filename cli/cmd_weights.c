@@ -21,6 +21,7 @@
 #include "cli/cli.h"
 #include "cli/weights_ckpt.h"
 #include "runtime/load/weights.h"
+#include "runtime/load/weights_finite.h"
 #include "scheduler/plan.h"
 
 #define MAX_SHOWN 20
@@ -213,6 +214,7 @@ static int weights_check_cmd(int argc, char **argv) {
     pr = one;
   } else {
     weights_check_file(&l, f, &pr);
+    weights_finite_check(f, path, &pr);
   }
   check_report(path, &p, &l, f, &pr, o.json);
   rc = pr.n ? 1 : 0;

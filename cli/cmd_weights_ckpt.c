@@ -6,9 +6,11 @@
 #include <stdio.h>
 #include <sys/stat.h>
 
+#include "base/check.h"
 #include "cli/cli.h"
 #include "cli/weights_ckpt.h"
 #include "runtime/load/checkpoint.h"
+#include "runtime/load/weights_finite.h"
 
 int cli_weights_init_released(const struct plan *p, uint64_t seed, uint64_t max_bytes, const char *dir,
                           uint64_t shard_bytes, const char *dequant, bool json) {
@@ -53,9 +55,33 @@ bool cli_weights_is_dir(const char *path) {
   return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+/* Every shard of a loaded checkpoint, value by value (weights_finite.h). */
+static size_t shards_finite(const struct weights *w, struct weights_problems *pr) {
+  size_t bad = 0;
+  char label[4096];
+  for (size_t k = 0; w->shards && k < w->shards->n; k++) {
+    snprintf(label, sizeof label, "%s/%s", w->shards->dir, w->shards->names[k]);
+    bad += weights_finite_check(w->shards->files[k], label, pr);
+  }
+  return bad;
+}
+
 int cli_weights_record_file(const char *path) {
   size_t added;
   char err[1024];
+  st_file_t *f = NULL;
+  if (st_open(path, &f, err, sizeof err) == 0) { /* a damaged value gets no hash: the hash would vouch for it */
+    struct weights_problems pr = {0};
+    size_t bad = weights_finite_check(f, path, &pr);
+    st_close(f);
+    if (bad) {
+      fprintf(stderr, "cedar weights check: %s: %zu tensor%s with values that are not finite; no hash recorded:\n",
+              path, bad, bad == 1 ? "" : "s");
+      weights_problems_print(&pr, stderr, 20);
+      weights_problems_free(&pr);
+      return 1;
+    }
+  }
   if (weights_hash_record(path, &added, err, sizeof err)) {
     fprintf(stderr, "cedar weights check: %s\n", err);
     return 1;
@@ -76,13 +102,22 @@ int cli_weights_check_dir(const char *dir, const char *plan_path, bool hash, boo
   if (!rc && hash) {
     /* the layout first, without hashes: only a checkpoint that loads gets them */
     rc = ckpt_load(&w, &p, dir, false, &pr, &st, err, sizeof err);
+    size_t bad = rc ? 0 : shards_finite(&w, &pr); /* a damaged value gets no hash: the hash would vouch for it */
     if (!rc) weights_free(&w);
+    if (bad)
+      rc = (snprintf(err, sizeof err, "%s: %zu tensor%s with values that are not finite; no hash recorded", dir, bad,
+                     bad == 1 ? "" : "s"),
+            CEDAR_EFORMAT);
     size_t added = 0;
     if (!rc && (rc = ckpt_record_hashes(dir, &added, err, sizeof err)) == 0)
       fprintf(stderr, "%s: recorded %zu content hash%s\n", dir, added, added == 1 ? "" : "es");
   }
   if (!rc) rc = ckpt_load(&w, &p, dir, true, &pr, &st, err, sizeof err);
+  size_t bad = rc ? 0 : shards_finite(&w, &pr);
   if (!rc) weights_free(&w);
+  if (bad)
+    rc = (snprintf(err, sizeof err, "%s: %zu tensor%s with values that are not finite", dir, bad, bad == 1 ? "" : "s"),
+          CEDAR_EFORMAT);
   if (json) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "dir", dir);

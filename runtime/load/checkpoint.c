@@ -136,6 +136,17 @@ static void open_shards(struct ckpt *k, struct ctx *c) {
       }
       k->e[k->n++] = (struct entry){.name = it->string, .shard = shard_index(k->s, it->valuestring)};
     }
+    /* a single-file checkpoint beside an index that does not name it: two
+     * checkpoints' files (one written over the other); which one is meant
+     * cannot be known, so neither is used */
+    bool named = false;
+    for (size_t i = 0; i < k->s->n; i++) named |= !strcmp(k->s->names[i], CKPT_SINGLE);
+    snprintf(path, sizeof path, "%s/%s", c->dir, CKPT_SINGLE);
+    if (!named && stat(path, &st) == 0)
+      problem(c, "%s holds both %s and %s, which does not name it: the files of two checkpoints; remove the stale "
+                 "one (the index and its shards, or the single file), or write the checkpoint again with "
+                 "`cedar weights init --layout released`",
+              c->dir, CKPT_SINGLE, CKPT_INDEX);
   } else {
     k->e = cedar_xcalloc(1, sizeof *k->e);
     shard_index(k->s, CKPT_SINGLE);

@@ -73,7 +73,8 @@ int ckpt_load(struct weights *w, const struct plan *p, const char *dir, bool ver
               struct weights_problems *pr, struct ckpt_load_stats *stats, char *err, size_t err_len);
 
 /* Write w (synthetic F32 weights of plan p) as a released-layout checkpoint
- * into dir (created if missing; existing checkpoint files are replaced):
+ * into dir (created if missing; an existing checkpoint is replaced as a whole set,
+ * its stale shards, single file or index removed: commit_stage in ckpt_write.c):
  * config.json, shards of about shard_bytes each (0: one shard,
  * model.safetensors, no index), the index, hashes in each shard's metadata.
  * When dequant_path is not NULL, also write the dequantized values as a

@@ -166,6 +166,52 @@ static int store(const struct cfield *f, const char *key, const cJSON *v, struct
 
 static bool same_json(const cJSON *a, const cJSON *b) { return cJSON_Compare(a, b, true); }
 
+/* A key given twice in one object anywhere in the file: cJSON would keep the
+ * first and Python's json the last, so the two readers would build different
+ * models; refused, naming the key and where it is. */
+static int dup_keys(const cJSON *o, const char *where, const char *label, char *err, size_t len) {
+  for (const cJSON *a = o->child; a; a = a->next) {
+    for (const cJSON *b = a->next; cJSON_IsObject(o) && b; b = b->next)
+      if (!strcmp(a->string, b->string))
+        return snprintf(err, len, "%s: `%s` is given twice in %s%s%s; give it once", label, a->string,
+                        *where ? "`" : "the top level", where, *where ? "`" : ""),
+               CEDAR_EFORMAT;
+    if (cJSON_IsObject(a) || cJSON_IsArray(a)) {
+      char sub[160];
+      snprintf(sub, sizeof sub, "%s%s%s", where, *where ? "." : "", a->string ? a->string : "[]");
+      int rc = dup_keys(a, sub, label, err, len);
+      if (rc) return rc;
+    }
+  }
+  return 0;
+}
+
+/* The objects a field's dotted path passes through (rope_scaling,
+ * text_config, vision_config) must be objects when present: a string
+ * `rope_scaling` would otherwise read as absent and silently turn YaRN off.
+ * null is absent (Hugging Face writes "rope_scaling": null for none). */
+static int check_objects(const cJSON *root, const cJSON *text_scope, const char *label, char *err, size_t len) {
+  static const char *const top[] = {"text_config", "vision_config"};
+  for (size_t i = 0; i < 2; i++) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, top[i]);
+    if (v && !cJSON_IsNull(v) && !cJSON_IsObject(v))
+      return snprintf(err, len, "%s: `%s` must be an object, not %s", label, top[i], cJSON_IsString(v) ? "a string" : "another JSON type"),
+             CEDAR_EFORMAT;
+  }
+  for (size_t i = 0; i < N_FIELDS; i++) {
+    const char *dot = strchr(fields[i].name, '.');
+    if (!dot || fields[i].scope != S_TEXT) continue;
+    char head[64];
+    snprintf(head, sizeof head, "%.*s", (int)(dot - fields[i].name), fields[i].name);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(text_scope, head);
+    if (v && !cJSON_IsNull(v) && !cJSON_IsObject(v))
+      return snprintf(err, len, "%s: `%s` must be an object holding `%s`, not %s", label, head, dot + 1,
+                      cJSON_IsString(v) ? "a string" : "another JSON type"),
+             CEDAR_EFORMAT;
+  }
+  return 0;
+}
+
 int ckpt_config_parse(const char *label, const char *text, size_t len, struct ckpt_config *c, char *err,
                       size_t err_len) {
   memset(c, 0, sizeof *c);
@@ -177,7 +223,8 @@ int ckpt_config_parse(const char *label, const char *text, size_t len, struct ck
   const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
   const cJSON *text_scope = cJSON_IsObject(tc) ? tc : root;
   const cJSON *vc = cJSON_GetObjectItemCaseSensitive(root, "vision_config");
-  int rc = 0;
+  int rc = dup_keys(root, "", label, err, err_len);
+  if (!rc) rc = check_objects(root, text_scope, label, err, err_len);
   for (size_t i = 0; i < N_FIELDS && !rc; i++) {
     const struct cfield *f = &fields[i];
     const cJSON *scope = f->scope == S_VISION ? (cJSON_IsObject(vc) ? vc : NULL) : f->scope == S_ROOT ? root : text_scope;

@@ -6,6 +6,7 @@
  * cedar weights file for bit-exact comparison. See checkpoint.h.
  */
 #include <cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -183,6 +184,75 @@ static int write_shards(struct outs *o, const char *dir, uint64_t shard_bytes, c
   return rc;
 }
 
+/* ---- replacing the set --------------------------------------------------------- */
+
+/* Whether name is a checkpoint weights file: model.safetensors or
+ * model-NNNNN-of-MMMMM.safetensors. */
+static bool ckpt_file_name(const char *name) {
+  unsigned a, b;
+  int end = 0;
+  if (!strcmp(name, CKPT_SINGLE)) return true;
+  return sscanf(name, "model-%5u-of-%5u.safetensors%n", &a, &b, &end) == 2 && end > 0 && !name[end];
+}
+
+/* Remove stage and what is in it (files only: the writer made it). */
+static void drop_stage(const char *stage) {
+  DIR *d = opendir(stage);
+  struct dirent *e;
+  char path[3400];
+  while (d && (e = readdir(d)))
+    if (e->d_name[0] != '.') snprintf(path, sizeof path, "%s/%s", stage, e->d_name), unlink(path);
+  if (d) closedir(d);
+  rmdir(stage);
+}
+
+/* Move the complete new set from stage into dir, so dir never holds two
+ * checkpoints' files as one: the old index goes first (from then on the
+ * old shards are no checkpoint), every weights file of the old set that the
+ * new one does not have is removed, the new files are renamed in (renames
+ * in one file system need no space, so this cannot fail half way for a full
+ * disk), and the new index comes last. A crash in between leaves a
+ * directory the reader refuses, never one that loads the old weights under
+ * the new config or a mix of the two. Files that are not a checkpoint's
+ * are kept. */
+static int commit_stage(const char *stage, const char *dir, char *err, size_t len) {
+  char from[3400], to[3400]; /* stage and dir: under 3072 bytes (ckpt_write) */
+  snprintf(to, sizeof to, "%s/%s", dir, CKPT_INDEX);
+  if (unlink(to) && errno != ENOENT) return snprintf(err, len, "%s: cannot remove: %s", to, strerror(errno)), CEDAR_EIO;
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    struct stat st;
+    snprintf(from, sizeof from, "%s/%s", stage, e->d_name);
+    snprintf(to, sizeof to, "%s/%s", dir, e->d_name);
+    if (ckpt_file_name(e->d_name) && lstat(from, &st) != 0 && unlink(to) && errno != ENOENT) {
+      closedir(d);
+      return snprintf(err, len, "%s: cannot remove the old checkpoint's file: %s", to, strerror(errno)), CEDAR_EIO;
+    }
+  }
+  if (d) closedir(d);
+  if (!(d = opendir(stage))) return snprintf(err, len, "%s: cannot read: %s", stage, strerror(errno)), CEDAR_EIO;
+  int rc = 0;
+  bool index = false;
+  while (!rc && (e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    if (!strcmp(e->d_name, CKPT_INDEX)) {
+      index = true;
+      continue;
+    }
+    snprintf(from, sizeof from, "%s/%s", stage, e->d_name);
+    snprintf(to, sizeof to, "%s/%s", dir, e->d_name);
+    if (rename(from, to)) rc = (snprintf(err, len, "%s: cannot move in: %s", to, strerror(errno)), CEDAR_EIO);
+  }
+  closedir(d);
+  snprintf(from, sizeof from, "%s/%s", stage, CKPT_INDEX);
+  snprintf(to, sizeof to, "%s/%s", dir, CKPT_INDEX);
+  if (!rc && index && rename(from, to)) rc = (snprintf(err, len, "%s: cannot move in: %s", to, strerror(errno)), CEDAR_EIO);
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* the renames reach the disk */
+  if (dfd >= 0) fsync(dfd), close(dfd);
+  return rc;
+}
+
 int ckpt_write(const struct weights *w, const struct plan *p, const char *dir, uint64_t shard_bytes,
                const char *dequant_path, char *err, size_t len) {
   struct ckpt_config cfg;
@@ -208,13 +278,22 @@ int ckpt_write(const struct weights *w, const struct plan *p, const char *dir, u
     if (!rc) rc = convert(&o, &l->t[i], row, layer, w->data[i], dq_buf[i], err, len);
     if (dequant_path) dq.data[i] = dq_buf[i];
   }
-  if (!rc) rc = write_shards(&o, dir, shard_bytes, err, len);
+  /* the whole set is written beside dir's files first, then moved in (commit_stage) */
+  char stage[3072] = "";
+  if (!rc && snprintf(stage, sizeof stage, "%s/.cedar-ckpt.tmp.%d", dir, (int)getpid()) >= (int)sizeof stage)
+    rc = (snprintf(err, len, "%s: the directory's path is too long", dir), CEDAR_EINVAL);
+  if (!rc) drop_stage(stage); /* a killed writer's of the same pid */
+  if (!rc && mkdir(stage, 0755))
+    rc = (snprintf(err, len, "%s: cannot create: %s", stage, strerror(errno)), CEDAR_EIO);
+  if (!rc) rc = write_shards(&o, stage, shard_bytes, err, len);
   if (!rc) {
     char *json;
     rc = ckpt_config_json(&cfg, &json);
-    if (!rc) rc = write_text(dir, CKPT_CONFIG, json, err, len);
+    if (!rc) rc = write_text(stage, CKPT_CONFIG, json, err, len);
     free(json);
   }
+  if (!rc) rc = commit_stage(stage, dir, err, len);
+  if (stage[0] && strlen(dir) + 40 < sizeof stage) drop_stage(stage);
   if (!rc && dequant_path) rc = weights_save(&dq, dequant_path, err, len);
   for (size_t i = 0; i < o.n; i++) {
     free((char *)o.v[i].t.name);
