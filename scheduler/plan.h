@@ -274,6 +274,16 @@ const char *plan_cand_name(enum plan_cand c);
 const char *plan_elem_name(enum plan_elem e);
 const char *plan_scale_name(enum plan_scale s);
 
+/* Every value a plan file can set, walked from the same field tables that
+ * load it (scheduler/plan_load.c), so a key added there is visited here
+ * without another list: fn gets the dotted key ("model.swa.window"), the
+ * value's bytes in the plan (an int, int64_t, double or bool as stored; an
+ * integer list's items; a string's characters) and their length. Layers and
+ * placement stages are not in the tables (read by hand): walk p->layer.
+ * Used for the prefix cache's key (runtime/cache/kv_identity.h). */
+typedef void (*plan_value_fn)(void *ctx, const char *key, const void *bytes, size_t n);
+void plan_each_value(const struct plan *p, plan_value_fn fn, void *ctx);
+
 /* Derived facts every consumer uses. */
 static inline bool plan_is_csa(const struct plan_layer *l) { return l->mode != PLAN_SWA_ONLY; }
 static inline bool plan_is_kv_source(const struct plan_layer *l) { return l->mode == PLAN_FULL; }

@@ -542,6 +542,36 @@ static void read_field(struct plan_ctx *ctx, const struct field *f, const struct
   }
 }
 
+/* ---------------------------------------------------------------- values */
+
+static void each_value(const struct field *table, const char *base, const char *where, plan_value_fn fn, void *ctx) {
+  for (const struct field *f = table; f->key; f++) {
+    char path[96];
+    snprintf(path, sizeof path, "%s%s%s", where, *where ? "." : "", f->key);
+    const char *v = base + f->off;
+    switch (f->type) {
+      case F_INT:
+      case F_ENUM: fn(ctx, path, v, sizeof(int)); break;
+      case F_INT64: fn(ctx, path, v, sizeof(int64_t)); break;
+      case F_DOUBLE: fn(ctx, path, v, sizeof(double)); break;
+      case F_BOOL:
+      case F_BENUM: fn(ctx, path, v, sizeof(bool)); break;
+      case F_INT_LIST: fn(ctx, path, v, sizeof(int) * (size_t)*(const int *)(base + f->count_off)); break;
+      case F_STRING: {
+        const char *str = *(char *const *)v;
+        fn(ctx, path, str ? str : "", str ? strlen(str) : 0);
+        break;
+      }
+      case F_SECTION: each_value(f->sub, v, path, fn, ctx); break;
+      case F_SKIP: break;
+    }
+  }
+}
+
+void plan_each_value(const struct plan *p, plan_value_fn fn, void *ctx) {
+  each_value(top_fields, (const char *)p, "", fn, ctx);
+}
+
 void plan__read_layers(struct plan_ctx *ctx, const struct pnode *root, struct plan *p);
 
 void plan__from_tree(struct plan_ctx *ctx, const struct pnode *root, struct plan *p) {

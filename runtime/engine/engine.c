@@ -25,6 +25,7 @@
 #include "runtime/dist/pd.h"
 #include "runtime/dist/pipeline.h"
 #include "scheduler/plan_place.h"
+#include "runtime/cache/kv_identity.h"
 #include "runtime/model/engram_map.h"
 #include "runtime/text/tokenizer.h"
 
@@ -91,13 +92,13 @@ static int open_model(struct rt_engine *e, char *err, size_t len) {
   return rt_kv_pools_init(e->pools, &e->plan, err, len);
 }
 
-/* The prefix cache keyed by plan and weights (another model's blocks never
- * match), and under it the disk tier. */
+/* The prefix cache keyed by plan and weights (runtime/cache/kv_identity.h: another
+ * model's or another plan's blocks never match), and under it the disk tier. */
 static int open_cache(struct rt_engine *e, char *err, size_t len) {
   const struct rt_engine_cache *c = &e->opts.cache;
   if (!c->on) return 0;
   int64_t cap = c->capacity_bytes >= 0 ? c->capacity_bytes : e->plan.serving.host_cache_bytes;
-  uint64_t id = weights_identity(&e->weights);
+  uint64_t id = rt_kv_identity(&e->plan, weights_identity(&e->weights));
   struct pc_cache *pc = cedar_xcalloc(1, sizeof(*pc));
   int rc = pc_init(pc, &e->plan, e->pools, id, cap, c->snapshots ? -1 : 0, err, len);
   if (rc) {

@@ -1,0 +1,52 @@
+/* kv_identity.c: the prefix cache's key of a plan and its weights
+ * (kv_identity.h): XXH3-64 over the weights' identity, each covered plan
+ * key with its value, and the layer table. */
+#include "runtime/cache/kv_identity.h"
+
+#include <string.h>
+#include <xxhash.h>
+
+#include "base/check.h"
+
+static const char *const serving_keys[] = {
+    "serving.ced", "serving.replay.encoder", "serving.replay.decoder", "serving.prefill_chunk",
+    "serving.cache.prefix_block_tokens", "serving.cache.page_tokens",
+};
+
+bool rt_kv_identity_covers(const char *key) {
+  if (!strncmp(key, "model.", 6) || !strncmp(key, "formats.", 8)) return true;
+  for (size_t i = 0; i < sizeof serving_keys / sizeof serving_keys[0]; i++)
+    if (!strcmp(key, serving_keys[i])) return true;
+  return false;
+}
+
+/* The key with its NUL, the value's length, the value: no two different
+ * (key, value) sequences hash the same bytes. */
+static void add_value(void *ctx, const char *key, const void *bytes, size_t n) {
+  if (!rt_kv_identity_covers(key)) return;
+  XXH3_state_t *st = ctx;
+  uint64_t len = n;
+  XXH3_64bits_update(st, key, strlen(key) + 1);
+  XXH3_64bits_update(st, &len, sizeof len);
+  XXH3_64bits_update(st, bytes, n);
+}
+
+uint64_t rt_kv_identity(const struct plan *p, uint64_t weights_id) {
+  XXH3_state_t *st = XXH3_createState();
+  CEDAR_ASSERT(st != NULL);
+  XXH3_64bits_reset(st);
+  XXH3_64bits_update(st, "cedar.kv.1", 11); /* the identity's own version: a change of what it covers bumps it */
+  XXH3_64bits_update(st, &weights_id, sizeof weights_id);
+  plan_each_value(p, add_value, st);
+  int32_t n = p->n_layers;
+  XXH3_64bits_update(st, &n, sizeof n);
+  for (int l = 0; l < p->n_layers; l++) {
+    const struct plan_layer *L = &p->layer[l];
+    int32_t v[9] = {L->index, (int32_t)L->region, (int32_t)L->mode, L->ratio, L->kv_src,
+                    L->topk_src, L->pool_src, (int32_t)L->cand, L->engram};
+    XXH3_64bits_update(st, v, sizeof v);
+  }
+  uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
