@@ -29,7 +29,7 @@
 
 static const char usage[] =
     "usage: cedar report PLAN... --out DIR [--tokens N1,N2,...] [--prompt N] [--no-measure]\n"
-    "                    [--measure-prompt N] [--decode S] [--max-weights BYTES]\n"
+    "                    [--measure-prompt N] [--decode S] [--max-weights BYTES] [--json]\n"
     "Write DIR/index.html (open it in a browser), its PNG plots (gnuplot) and DIR/report.json:\n"
     "  memory.png     bytes per request by state class (global Main-KV, Indexer-K, SWA, tails and\n"
     "                 their total, beside the per-layer baseline) against context length N, the\n"
@@ -44,7 +44,9 @@ static const char usage[] =
     "--exact-replay` once per plan with synthetic weights (M = --measure-prompt, default 512;\n"
     "S = --decode, default 8); a plan whose weights exceed --max-weights (default 2e9 bytes)\n"
     "is not run and the report says so. --no-measure skips the runs.\n"
-    "  --tokens LIST  context lengths for memory.png (default 1024,4096,16384,65536,262144,1048576)\n";
+    "  --tokens LIST  context lengths for memory.png (default 1024,4096,16384,65536,262144,1048576)\n"
+    "  --json         print report.json's object, with \"out\" and the \"files\" written, instead of\n"
+    "                 the summary line\n";
 
 struct case_def {
   const char *name;
@@ -68,7 +70,7 @@ struct ropts {
   int64_t tokens[MAX_TOKENS];
   int n_tokens;
   int64_t prompt;
-  bool measure;
+  bool measure, json;
   struct study_run_opts ro;
 };
 
@@ -80,6 +82,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
                                        {"measure-prompt", required_argument, NULL, 'm'},
                                        {"decode", required_argument, NULL, 'd'},
                                        {"max-weights", required_argument, NULL, 'w'},
+                                       {"json", no_argument, NULL, 'j'},
                                        {"help", no_argument, NULL, 'h'},
                                        {NULL, 0, NULL, 0}};
   static const int64_t dflt[] = {1024, 4096, 16384, 65536, 262144, 1048576};
@@ -108,6 +111,7 @@ static int parse(int argc, char **argv, struct ropts *o) {
         return cli_usage_error("report", "--prompt %s: give a count from 2", optarg);
       break;
     case 'n': o->measure = false; break;
+    case 'j': o->json = true; break;
     case 'm':
       if (!cli_parse_int(optarg, 1, 1 << 20, &o->ro.prompt))
         return cli_usage_error("report", "--measure-prompt %s: give a count from 1 to 1048576", optarg);
@@ -477,10 +481,9 @@ int cmd_report(int argc, char **argv) {
     if (study_run(e[i].path, &e[i].plan, &o.ro, &e[i].run)) fprintf(stderr, "cedar report: %s\n", e[i].run.why);
     else n_measured++;
   }
+  cJSON *j = rc ? NULL : to_json(e, n, &o);
   if (!rc) {
-    cJSON *j = to_json(e, n, &o);
     char *s = cJSON_Print(j);
-    cJSON_Delete(j);
     FILE *f = study_open(o.out, "report.json", err, sizeof err);
     if (!f || fputs(s, f) < 0) rc = 1;
     if (f) fclose(f);
@@ -491,9 +494,19 @@ int cmd_report(int argc, char **argv) {
   for (int k = 0; k < (n_measured ? 4 : 2) && !rc; k++) rc = study_gnuplot(o.out, scripts[k], err, sizeof err);
   if (!rc) rc = write_html(e, n, &o, n_measured, err, sizeof err);
   if (rc && err[0]) fprintf(stderr, "cedar report: %s\n", err);
-  if (!rc)
+  if (!rc && o.json) { /* what report.json holds, and where it all went */
+    cJSON_AddStringToObject(j, "out", o.out);
+    cJSON *files = cJSON_AddArrayToObject(j, "files");
+    const char *written[] = {"index.html", "report.json", "memory.png", "prefix_hit.png", "time.png", "drift.png"};
+    for (int k = 0; k < (n_measured ? 6 : 4); k++) cJSON_AddItemToArray(files, cJSON_CreateString(written[k]));
+    cJSON_AddNumberToObject(j, "n_measured", n_measured);
+    cli_print_json(j);
+    j = NULL;
+  } else if (!rc) {
     printf("cedar report: %s/index.html: %d plan%s, %d measured; plots memory.png prefix_hit.png%s\n", o.out, n,
            n == 1 ? "" : "s", n_measured, n_measured ? " time.png drift.png" : "");
+  }
+  cJSON_Delete(j);
   for (int i = 0; i < loaded; i++) plan_free(&e[i].plan);
   free(e);
   return rc;

@@ -2,13 +2,15 @@
  * the DeepSeek-V3 tokenizer, runtime/text/tokenizer.h, docs/tokenizer.md).
  *
  *   cedar tokenize [--tokenizer PATH] [--json] [--chat [--system S]] [--file F | TEXT]
- *   cedar detokenize [--tokenizer PATH] [--skip-special] [--file F | ID...]
+ *   cedar detokenize [--tokenizer PATH] [--skip-special] [--json] [--file F | ID...]
  *
  * tokenize prints the ids without special tokens added (no BOS), one line
  * of space-separated ids, or {"ids": [...]} with --json. detokenize reads
  * ids as arguments, or from a file (`-`: stdin) holding ids separated by
  * spaces, commas or newlines, or tokenize's --json output; it prints the
- * text (ill-formed UTF-8 repaired to U+FFFD, as Hugging Face's decode).
+ * text (ill-formed UTF-8 repaired to U+FFFD, as Hugging Face's decode), or
+ * {"ids": [...], "text": "..."} with --json. Options may come before or
+ * after the text or ids (`--` ends them: `cedar tokenize -- -x`).
  * The tokenizer: --tokenizer PATH, else the npm cache the build found
  * (`make install-deps`), else an error that says so. tokenize --chat
  * renders the text as `cedar run --prompt` does (the chat format of the
@@ -66,7 +68,7 @@ static int parse(const char *cmd, int argc, char **argv, struct tcli_args *a, vo
                                        {"system", required_argument, 0, 'S'},   {0, 0, 0, 0}};
   memset(a, 0, sizeof *a);
   optind = 1, opterr = 0;
-  for (int c; (c = getopt_long(argc, argv, "+h", opts, NULL)) != -1;) {
+  for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) { /* options anywhere: `tokenize hi --json` */
     switch (c) {
       case 't': a->tokenizer = optarg; break;
       case 'f': a->file = optarg; break;
@@ -164,7 +166,7 @@ int cmd_tokenize(int argc, char **argv) {
 }
 
 static void detokenize_usage(FILE *f) {
-  fprintf(f, "usage: cedar detokenize [--tokenizer PATH] [--skip-special] [--file F | ID...]\n"
+  fprintf(f, "usage: cedar detokenize [--tokenizer PATH] [--skip-special] [--json] [--file F | ID...]\n"
              "\n"
              "Prints the text of token ids: given as arguments, or read from F ('-': stdin) as ids\n"
              "separated by spaces, commas or newlines, or as `cedar tokenize --json` output.\n"
@@ -174,6 +176,7 @@ static void detokenize_usage(FILE *f) {
              "  --tokenizer PATH  a tokenizer.json (default: the npm cache this build found)\n"
              "  --file F          read the ids from F ('-': stdin)\n"
              "  --skip-special    leave special tokens (BOS, EOS, ...) out of the text\n"
+             "  --json            print {\"ids\": [...], \"text\": \"...\"} instead of the bare text\n"
              "  -h, --help        show this help\n");
 }
 
@@ -232,7 +235,18 @@ int cmd_detokenize(int argc, char **argv) {
     fprintf(stderr, "cedar detokenize: id %d is not a token of this tokenizer (%d ids)\n", bad, tok_n_ids(t));
   else if (rc)
     fprintf(stderr, "cedar detokenize: out of memory\n");
-  else
+  else if (a.json && memchr(out, 0, out_len))
+    rc = 1, fprintf(stderr, "cedar detokenize: the text holds a NUL byte, which --json cannot carry; drop --json\n");
+  else if (a.json) {
+    cJSON *j = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(j, "ids");
+    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    char *s = cedar_xmalloc(out_len + 1);
+    memcpy(s, out, out_len);
+    s[out_len] = 0;
+    cJSON_AddStringToObject(j, "text", s);
+    free(s);
+    cli_print_json(j);
+  } else
     fwrite(out, 1, out_len, stdout); /* exactly the text: no newline added */
   free(out), free(ids);
   tok_free(t);

@@ -3,6 +3,7 @@
  * writes the page; viz/view.js draws it). Tested by tests/cli/view.sh and
  * tests/cli/view_browser.sh; docs/viz.md.
  */
+#include <cJSON.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
@@ -13,7 +14,7 @@
 #include "viz/view.h"
 
 static const char usage[] =
-    "usage: cedar view TRACE.json [--graph G.dot] [--plan P.yaml] -o OUT.html\n"
+    "usage: cedar view TRACE.json [--graph G.dot] [--plan P.yaml] -o OUT.html [--json]\n"
     "Write one self-contained HTML page (no server, no network) showing a Chrome Trace Event\n"
     "file, as `cedar run --trace` writes it: a timeline lane per worker grouped by rank, the\n"
     "prefill chunks, tasks coloured by their layer's mode (full, reindex, reuse, swa_only; other\n"
@@ -24,15 +25,18 @@ static const char usage[] =
     "              the trace's first prefill)\n"
     "  --plan P    the plan that ran: its layer table and buses, and graph colours by mode\n"
     "  -o OUT      the page to write (required)\n"
+    "  --json      print what was written as JSON (out, tasks, lanes, cross_lane_edges, graph)\n"
     "Open OUT in any browser; docs/viz.md describes the page.\n";
 
 int cmd_view(int argc, char **argv) {
   static const struct option opts[] = {{"graph", required_argument, NULL, 'g'},
                                        {"plan", required_argument, NULL, 'p'},
                                        {"out", required_argument, NULL, 'o'},
+                                       {"json", no_argument, NULL, 'j'},
                                        {"help", no_argument, NULL, 'h'},
                                        {NULL, 0, NULL, 0}};
   const char *graph = NULL, *plan_path = NULL, *out = NULL;
+  bool json = false;
   optind = 1;
   opterr = 0;
   int c;
@@ -41,6 +45,7 @@ int cmd_view(int argc, char **argv) {
     case 'g': graph = optarg; break;
     case 'p': plan_path = optarg; break;
     case 'o': out = optarg; break;
+    case 'j': json = true; break;
     case 'h': fputs(usage, stdout); return 0;
     default:
       fputs(usage, stderr);
@@ -78,7 +83,24 @@ int cmd_view(int argc, char **argv) {
     fprintf(stderr, "cedar view: %s\n", err);
     rc = 1;
   }
-  if (!rc) {
+  if (!rc && json) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "out", out);
+    cJSON_AddStringToObject(j, "trace", trace);
+    cJSON_AddNumberToObject(j, "tasks", v.n_ev);
+    cJSON_AddNumberToObject(j, "lanes", v.n_lane);
+    cJSON_AddNumberToObject(j, "cross_lane_edges", v.n_flow);
+    if (v.has_graph) {
+      cJSON *g = cJSON_AddObjectToObject(j, "graph");
+      cJSON_AddNumberToObject(g, "nodes", v.g.n_node);
+      cJSON_AddNumberToObject(g, "critical_path_nodes", v.g.n_crit);
+      cJSON_AddNumberToObject(g, "critical_path_weight", v.g.crit_w);
+      cJSON_AddStringToObject(g, "weight_unit", v.g.measured ? "us" : "nodes");
+    } else {
+      cJSON_AddNullToObject(j, "graph");
+    }
+    cli_print_json(j);
+  } else if (!rc) {
     printf("cedar view: %s: %d tasks on %d lanes, %d cross-lane edges", out, v.n_ev, v.n_lane, v.n_flow);
     if (v.has_graph)
       printf("; graph %d nodes, critical path %d nodes (%s %.1f)", v.g.n_node, v.g.n_crit,
