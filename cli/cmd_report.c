@@ -248,6 +248,37 @@ static void measured_xtics(FILE *g, const struct entry *e, int n) {
   fputs(")\n", g);
 }
 
+/* measured.dat, time.gp and drift.gp: the plans that ran. */
+static int write_measured_plots(const struct entry *e, int n, const struct ropts *o, char *err, size_t err_len) {
+  OPEN(f, "measured.dat");
+  fprintf(f, "# bar prefill_s decode_itl_ms drift_rel_rms (the plans' names are the scripts' xtics)\n");
+  for (int i = 0, bar = 0; i < n; i++)
+    if (e[i].measured && e[i].run.ok)
+      fprintf(f, "%d %.6f %.4f %.6g\n", bar++, e[i].run.prefill_s, 1e3 * e[i].run.itl_s, e[i].run.drift_rel_rms);
+  fclose(f);
+  OPEN(g, "time.gp");
+  fprintf(g, "# cedar report: measured time\nset terminal pngcairo noenhanced size 1200,500 font 'sans,10'\n"
+             "set output 'time.png'\nset multiplot layout 1,2 title 'Measured: prompt %" PRId64
+             " tokens, %d decode steps, direct executor, synthetic weights'\n"
+             "set style data histograms\nset style fill solid 0.8 border -1\nset boxwidth 0.7\nset grid y\n"
+             "set yrange [0:*]\nset key off\n",
+          o->ro.prompt, o->ro.decode);
+  measured_xtics(g, e, n);
+  fputs("set title 'Prefill (TTFT), s'\nplot 'measured.dat' using 2 lc rgb '#1f77b4'\n"
+        "set title 'Decode step (steady ITL), ms'\nplot 'measured.dat' using 3 lc rgb '#ff7f0e'\n"
+        "unset multiplot\n", g);
+  fclose(g);
+  OPEN(h, "drift.gp");
+  fprintf(h, "# cedar report: drift against --exact-replay\nset terminal pngcairo noenhanced size 800,500 font 'sans,10'\n"
+             "set output 'drift.png'\nset title 'Drift of bounded replay against --exact-replay\\n(relative RMS of "
+             "the last position''s logits)'\nset style data histograms\nset style fill solid 0.8 border -1\n"
+             "set boxwidth 0.7\nset grid y\nset yrange [0:*]\nset key off\n");
+  measured_xtics(h, e, n);
+  fputs("plot 'measured.dat' using 4 lc rgb '#d62728'\n", h);
+  fclose(h);
+  return 0;
+}
+
 /* The data files and gnuplot scripts. Every name is written by
  * cedar_quote_gnuplot (base/quote.h): a plan's name is data, never script. */
 static int write_plots(const struct entry *e, int n, const struct ropts *o, int n_measured, char *err, size_t err_len) {
@@ -328,35 +359,7 @@ static int write_plots(const struct entry *e, int n, const struct ropts *o, int 
     }
     return 0;
   }
-  {
-    OPEN(f, "measured.dat");
-    fprintf(f, "# bar prefill_s decode_itl_ms drift_rel_rms (the plans' names are the scripts' xtics)\n");
-    for (int i = 0, bar = 0; i < n; i++)
-      if (e[i].measured && e[i].run.ok)
-        fprintf(f, "%d %.6f %.4f %.6g\n", bar++, e[i].run.prefill_s, 1e3 * e[i].run.itl_s, e[i].run.drift_rel_rms);
-    fclose(f);
-    OPEN(g, "time.gp");
-    fprintf(g, "# cedar report: measured time\nset terminal pngcairo noenhanced size 1200,500 font 'sans,10'\n"
-               "set output 'time.png'\nset multiplot layout 1,2 title 'Measured: prompt %" PRId64
-               " tokens, %d decode steps, direct executor, synthetic weights'\n"
-               "set style data histograms\nset style fill solid 0.8 border -1\nset boxwidth 0.7\nset grid y\n"
-               "set yrange [0:*]\nset key off\n",
-            o->ro.prompt, o->ro.decode);
-    measured_xtics(g, e, n);
-    fputs("set title 'Prefill (TTFT), s'\nplot 'measured.dat' using 2 lc rgb '#1f77b4'\n"
-          "set title 'Decode step (steady ITL), ms'\nplot 'measured.dat' using 3 lc rgb '#ff7f0e'\n"
-          "unset multiplot\n", g);
-    fclose(g);
-    OPEN(h, "drift.gp");
-    fprintf(h, "# cedar report: drift against --exact-replay\nset terminal pngcairo noenhanced size 800,500 font 'sans,10'\n"
-               "set output 'drift.png'\nset title 'Drift of bounded replay against --exact-replay\\n(relative RMS of "
-               "the last position''s logits)'\nset style data histograms\nset style fill solid 0.8 border -1\n"
-               "set boxwidth 0.7\nset grid y\nset yrange [0:*]\nset key off\n");
-    measured_xtics(h, e, n);
-    fputs("plot 'measured.dat' using 4 lc rgb '#d62728'\n", h);
-    fclose(h);
-  }
-  return 0;
+  return write_measured_plots(e, n, o, err, err_len);
 }
 
 static void fmt_bytes(char *b, size_t n, double v) {

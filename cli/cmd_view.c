@@ -28,6 +28,26 @@ static const char usage[] =
     "  --json      print what was written as JSON (out, tasks, lanes, cross_lane_edges, graph)\n"
     "Open OUT in any browser; docs/viz.md describes the page.\n";
 
+/* --json: what was written, as the summary line says it. */
+static void print_json(const struct viz_view *v, const char *trace, const char *out) {
+  cJSON *j = cJSON_CreateObject();
+  cJSON_AddStringToObject(j, "out", out);
+  cJSON_AddStringToObject(j, "trace", trace);
+  cJSON_AddNumberToObject(j, "tasks", v->n_ev);
+  cJSON_AddNumberToObject(j, "lanes", v->n_lane);
+  cJSON_AddNumberToObject(j, "cross_lane_edges", v->n_flow);
+  if (v->has_graph) {
+    cJSON *g = cJSON_AddObjectToObject(j, "graph");
+    cJSON_AddNumberToObject(g, "nodes", v->g.n_node);
+    cJSON_AddNumberToObject(g, "critical_path_nodes", v->g.n_crit);
+    cJSON_AddNumberToObject(g, "critical_path_weight", v->g.crit_w);
+    cJSON_AddStringToObject(g, "weight_unit", v->g.measured ? "us" : "nodes");
+  } else {
+    cJSON_AddNullToObject(j, "graph");
+  }
+  cli_print_json(j);
+}
+
 int cmd_view(int argc, char **argv) {
   static const struct option opts[] = {{"graph", required_argument, NULL, 'g'},
                                        {"plan", required_argument, NULL, 'p'},
@@ -84,22 +104,7 @@ int cmd_view(int argc, char **argv) {
     rc = 1;
   }
   if (!rc && json) {
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "out", out);
-    cJSON_AddStringToObject(j, "trace", trace);
-    cJSON_AddNumberToObject(j, "tasks", v.n_ev);
-    cJSON_AddNumberToObject(j, "lanes", v.n_lane);
-    cJSON_AddNumberToObject(j, "cross_lane_edges", v.n_flow);
-    if (v.has_graph) {
-      cJSON *g = cJSON_AddObjectToObject(j, "graph");
-      cJSON_AddNumberToObject(g, "nodes", v.g.n_node);
-      cJSON_AddNumberToObject(g, "critical_path_nodes", v.g.n_crit);
-      cJSON_AddNumberToObject(g, "critical_path_weight", v.g.crit_w);
-      cJSON_AddStringToObject(g, "weight_unit", v.g.measured ? "us" : "nodes");
-    } else {
-      cJSON_AddNullToObject(j, "graph");
-    }
-    cli_print_json(j);
+    print_json(&v, trace, out);
   } else if (!rc) {
     printf("cedar view: %s: %d tasks on %d lanes, %d cross-lane edges", out, v.n_ev, v.n_lane, v.n_flow);
     if (v.has_graph)

@@ -6,6 +6,7 @@
 #     `Bob's schedule` (with another holding a newline and a backslash):
 #     report exits 0, writes PNG plots, runs no command (no PWNED file
 #     anywhere), and the scripts carry each name as one quoted literal;
+#     measured (tiny plans), the bar labels of time.png and drift.png too;
 #  2. explore: a base file named `b'; system 'touch PWNED'; print '.yaml`
 #     runs nothing; a base named `trial: window sweep` gives valid variants
 #     named `trial: window sweep-vN`; a base name holding newlines and
@@ -40,6 +41,17 @@ grep -qF "title 'Bob''s schedule'" "$tmp/r/memory.gp" || fail "memory.gp lacks '
 grep -qF "title 'Bob''s schedule'" "$tmp/r/prefix_hit.gp" || fail "prefix_hit.gp lacks 'Bob''s schedule'"
 grep -qF "title 'two lines \\ and \"quotes\"'" "$tmp/r/memory.gp" || fail "memory.gp: the newline name is not one line"
 grep -q "Bob&#39;s schedule\|Bob's schedule" "$tmp/r/index.html" || fail "index.html does not name Bob's schedule"
+# measured (tiny plans, a 16-token prompt): the bar labels of time.gp and drift.gp carry the names too
+tiny=$root/tests/oracle/plans/tiny-40.yaml
+sed "s|$mini|$tiny|" "$tmp/evil.yaml" > "$tmp/evil_t.yaml"
+sed "s|$mini|$tiny|" "$tmp/bob.yaml" > "$tmp/bob_t.yaml"
+(cd "$tmp" && "$cedar" report evil_t.yaml bob_t.yaml --out rm --measure-prompt 16 --decode 2 --tokens 1024 > out 2>&1) ||
+  fail "measured report exited non-zero: $(cat "$tmp/out")"
+no_pwned "measured report"
+grep -q "2 measured" "$tmp/out" || fail "measured report: $(cat "$tmp/out")"
+for f in time.png drift.png; do is_png "$tmp/rm/$f"; done
+grep -qF "set xtics ('x''; system ''touch PWNED''; print ''' 0, 'Bob''s schedule' 1)" "$tmp/rm/time.gp" ||
+  fail "time.gp's bar labels: $(grep xtics "$tmp/rm/time.gp")"
 
 # 2. explore
 evil_base="b'; system 'touch PWNED'; print '.yaml"
