@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "base/check.h"
+#include "base/quote.h"
 #include "ops/engram.h"
 
 #define CONFIG_MAX_BYTES (16u << 20)
@@ -371,7 +372,9 @@ int ckpt_config_plan_yaml(const struct ckpt_config *c, const char *name, char **
   fprintf(f, "# The plan a released checkpoint's config.json implies (`cedar plan import`).\n"
              "# Semantic keys and cache formats follow the vendor (Appendix V); serving is\n"
              "# the plan language's defaults: edit it in a plan that `extends` this one.\n");
-  fprintf(f, "name: %s\ndescription: imported from config.json\n\nmodel:\n", name);
+  fputs("name: ", f);
+  cedar_quote_yaml(f, name); /* --name NAME is any string: data, never keys (base/quote.h) */
+  fputs("\ndescription: imported from config.json\n\nmodel:\n", f);
   fprintf(f, "  n_layers: %" PRId64 "\n  hidden: %" PRId64 "\n  vocab: %" PRId64 "\n  norm_eps: %s\n", c->n_layers,
           c->hidden, c->vocab, G(c->norm_eps).s);
   fprintf(f, "  attention:\n    heads: %" PRId64 "\n    head_dim: %" PRId64 "\n    rope_dim: %" PRId64

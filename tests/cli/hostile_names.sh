@@ -12,7 +12,9 @@
 #     named `trial: window sweep-vN`; a base name holding newlines and
 #     `serving:\n  ced: false` stays the name: the variants keep CED on;
 #  3. explore exits 1, naming the refusal, when every variant is invalid
-#     (with and without --out and --json), and 0 when one is valid.
+#     (with and without --out and --json), and 0 when one is valid;
+#  4. `plan import --name` with a newline and `layer_overrides: [...]`:
+#     the name stays the name, the plan equals the plainly named import.
 # Exit 77 without gnuplot. Run from the repository root:
 #   bash tests/cli/hostile_names.sh build/cedar (~15 s)
 set -euo pipefail
@@ -82,4 +84,20 @@ for args in "" "--json" "--out $tmp/x3" "--json --out $tmp/x4"; do
   grep -q "every one of the 2 variants was refused.*serving.replay.decoder" "$tmp/err" || fail "explore $args: $(cat "$tmp/err")"
 done
 "$cedar" explore "$mini" --vary serving.replay.decoder=64,999999999999 > /dev/null 2>&1 || fail "one valid variant must exit 0"
-echo "hostile_names: report and explore keep hostile names as data; all-invalid explore exits 1"
+# 4. plan import --name: the name is the plan's name, not YAML of its own
+"$cedar" plan config "$root/tests/plans/ckpt-small.yaml" -o "$tmp/config.json" > /dev/null || fail "plan config"
+evil_name=$'evil\nlayer_overrides: [{at: 3, mode: full, candidates: build}]'
+"$cedar" plan import "$tmp/config.json" --name "$evil_name" -o "$tmp/imp_evil.yaml" 2> "$tmp/err" ||
+  fail "plan import --name with a newline: $(cat "$tmp/err")"
+"$cedar" plan import "$tmp/config.json" -o "$tmp/imp.yaml" > /dev/null || fail "plan import"
+"$cedar" plan show --json "$tmp/imp_evil.yaml" > "$tmp/a.json" 2> /dev/null || fail "the imported plan does not load"
+"$cedar" plan show --json "$tmp/imp.yaml" > "$tmp/b.json" 2> /dev/null || fail "the plain import does not load"
+/usr/bin/python3 - "$tmp" "$evil_name" <<'PY' || fail "plan import --name (above)"
+import json, sys
+d = sys.argv[1]
+a, b = json.load(open(f"{d}/a.json")), json.load(open(f"{d}/b.json"))
+assert a["name"] == sys.argv[2], a["name"]
+a.pop("name"), b.pop("name"), a.pop("path"), b.pop("path")
+assert a == b, "the name's newline changed the plan"
+PY
+echo "hostile_names: report and explore keep hostile names as data; plan import --name too; all-invalid explore exits 1"
