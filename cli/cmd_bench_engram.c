@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/quote.h"
 #include "cli/cli.h"
 #include "ops/basic.h"
 #include "runtime/load/checkpoint.h"
@@ -243,10 +244,18 @@ static void write_plan(char *out, size_t len, const char *dir, const char *name,
   snprintf(out, len, "%s/%s.yaml", dir, name);
   FILE *f = fopen(out, "w");
   CEDAR_ASSERT_MSG(f, "cannot write %s", out);
-  fprintf(f, "extends: %s\n", abs);
+  fputs("extends: ", f); /* paths are data: quoted (base/quote.h) */
+  cedar_quote_yaml(f, abs);
+  fputc('\n', f);
   if (a->table_base) fprintf(f, "model:\n  engram: {table_base: %lld}\n", (long long)a->table_base);
   if (mmap && a->model) fprintf(f, "serving:\n  engram: {tier: mmap}\n"); /* the tables are the shards' */
-  else if (mmap) fprintf(f, "serving:\n  engram: {tier: mmap, file: %s/%s.safetensors}\n", dir, name);
+  else if (mmap) {
+    char file[4200];
+    snprintf(file, sizeof file, "%s/%s.safetensors", dir, name);
+    fputs("serving:\n  engram: {tier: mmap, file: ", f);
+    cedar_quote_yaml(f, file);
+    fputs("}\n", f);
+  }
   fclose(f);
 }
 

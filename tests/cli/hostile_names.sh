@@ -14,7 +14,9 @@
 #  3. explore exits 1, naming the refusal, when every variant is invalid
 #     (with and without --out and --json), and 0 when one is valid;
 #  4. `plan import --name` with a newline and `layer_overrides: [...]`:
-#     the name stays the name, the plan equals the plainly named import.
+#     the name stays the name, the plan equals the plainly named import;
+#  5. `bench engram --plan` on a path holding `: ` and a quote: its variant
+#     plans extend it (the path a quoted scalar) and run.
 # Exit 77 without gnuplot. Run from the repository root:
 #   bash tests/cli/hostile_names.sh build/cedar (~15 s)
 set -euo pipefail
@@ -100,4 +102,10 @@ assert a["name"] == sys.argv[2], a["name"]
 a.pop("name"), b.pop("name"), a.pop("path"), b.pop("path")
 assert a == b, "the name's newline changed the plan"
 PY
-echo "hostile_names: report and explore keep hostile names as data; plan import --name too; all-invalid explore exits 1"
+# 5. bench engram writes its variant plans with the --plan path quoted
+mkdir -p "$tmp/dir: it's"
+printf 'extends: "%s"\nname: bench-base\n' "$root/tests/oracle/plans/tiny-40.yaml" > "$tmp/dir: it's/p: x.yaml"
+"$cedar" bench engram --plan "$tmp/dir: it's/p: x.yaml" --steps 2 --prompt-len 8 > "$tmp/b.txt" 2>&1 ||
+  fail "bench engram on a path with ': ' and a quote: $(tail -3 "$tmp/b.txt")"
+grep -q "bitwise equal" "$tmp/b.txt" || fail "bench engram: $(tail -3 "$tmp/b.txt")"
+echo "hostile_names: report and explore keep hostile names as data; plan import --name and bench engram too; all-invalid explore exits 1"
