@@ -51,11 +51,12 @@ static const char check_usage[] =
     "usage: cedar weights check [--plan P] W.safetensors|DIR [--hash] [--json]\n"
     "Check W against plan P (default %s): its fingerprint, every tensor of docs/weights.md\n"
     "present with the right dtype and shape, no other tensor, and each content hash the file\n"
-    "records. Every problem is named (the first %d printed, then a count). Exit 0 when W is\n"
+    "records, and every value finite (no NaN or infinity, no E8M0 scale 0xFF). Every problem\n"
+    "is named (the first %d printed, then a count). Exit 0 when W is\n"
     "valid, 1 otherwise. A directory is a checkpoint in the released layout, checked against\n"
     "its config.json's plan (or P, and every mismatch named).\n"
     "  --hash   first record a content hash for every tensor that has none (the file, or each\n"
-    "           shard, rewritten atomically), then check\n";
+    "           shard, rewritten atomically), then check; a file with a non-finite value gets none\n";
 static const char list_usage[] =
     "usage: cedar weights list [--plan P] [--json]\n"
     "List the tensors plan P (default %s) needs: name, dtype, shape and bytes, then the total\n"
