@@ -206,17 +206,27 @@ static void drop_stage(const char *stage) {
   rmdir(stage);
 }
 
-/* Move the complete new set from stage into dir, so dir never holds two
- * checkpoints' files as one: the old index goes first (from then on the
- * old shards are no checkpoint), every weights file of the old set that the
- * new one does not have is removed, the new files are renamed in (renames
- * in one file system need no space, so this cannot fail half way for a full
- * disk), and the new index comes last. A crash in between leaves a
- * directory the reader refuses, never one that loads the old weights under
- * the new config or a mix of the two. Files that are not a checkpoint's
- * are kept. */
-static int commit_stage(const char *stage, const char *dir, char *err, size_t len) {
+/* Rename stage/name to dir/name. */
+static int move_in(const char *stage, const char *dir, const char *name, char *err, size_t len) {
   char from[3400], to[3400]; /* stage and dir: under 3072 bytes (ckpt_write) */
+  snprintf(from, sizeof from, "%s/%s", stage, name);
+  snprintf(to, sizeof to, "%s/%s", dir, name);
+  if (rename(from, to)) return snprintf(err, len, "%s: cannot move in: %s", to, strerror(errno)), CEDAR_EIO;
+  return 0;
+}
+
+/* Move the complete new set from stage into dir, so dir never holds two
+ * checkpoints' files as one set: the old index goes first (from then on
+ * the old shards are no checkpoint), every weights file of the old set that
+ * the new one does not have is removed, the new weights files are renamed
+ * in (each rename replaces a file whole; renames in one file system need no
+ * space, so a full disk cannot stop this half way), then config.json, and
+ * the new index last. A crash in between leaves a sharded set without an
+ * index (refused), or one whole old or new model.safetensors beside the old
+ * or new config.json; never an index over a mix of shards. Files that are
+ * not a checkpoint's are kept. */
+static int commit_stage(const char *stage, const char *dir, char *err, size_t len) {
+  char from[3400], to[3400];
   snprintf(to, sizeof to, "%s/%s", dir, CKPT_INDEX);
   if (unlink(to) && errno != ENOENT) return snprintf(err, len, "%s: cannot remove: %s", to, strerror(errno)), CEDAR_EIO;
   DIR *d = opendir(dir);
@@ -233,21 +243,13 @@ static int commit_stage(const char *stage, const char *dir, char *err, size_t le
   if (d) closedir(d);
   if (!(d = opendir(stage))) return snprintf(err, len, "%s: cannot read: %s", stage, strerror(errno)), CEDAR_EIO;
   int rc = 0;
-  bool index = false;
-  while (!rc && (e = readdir(d))) {
-    if (e->d_name[0] == '.') continue;
-    if (!strcmp(e->d_name, CKPT_INDEX)) {
-      index = true;
-      continue;
-    }
-    snprintf(from, sizeof from, "%s/%s", stage, e->d_name);
-    snprintf(to, sizeof to, "%s/%s", dir, e->d_name);
-    if (rename(from, to)) rc = (snprintf(err, len, "%s: cannot move in: %s", to, strerror(errno)), CEDAR_EIO);
-  }
+  while (!rc && (e = readdir(d)))
+    if (ckpt_file_name(e->d_name)) rc = move_in(stage, dir, e->d_name, err, len);
   closedir(d);
   snprintf(from, sizeof from, "%s/%s", stage, CKPT_INDEX);
-  snprintf(to, sizeof to, "%s/%s", dir, CKPT_INDEX);
-  if (!rc && index && rename(from, to)) rc = (snprintf(err, len, "%s: cannot move in: %s", to, strerror(errno)), CEDAR_EIO);
+  bool index = access(from, F_OK) == 0;
+  if (!rc) rc = move_in(stage, dir, CKPT_CONFIG, err, len);
+  if (!rc && index) rc = move_in(stage, dir, CKPT_INDEX, err, len);
   int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* the renames reach the disk */
   if (dfd >= 0) fsync(dfd), close(dfd);
   return rc;
