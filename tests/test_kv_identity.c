@@ -49,9 +49,9 @@ static bool inside(const struct plan *p, size_t off) { return off < sizeof *p; }
 int main(void) {
   struct plan *a = malloc(sizeof *a), *b = malloc(sizeof *b), *q = malloc(sizeof *q);
   if (!h_load_plan("plans/v41-mini.yaml", a) || !h_load_plan("plans/v41-mini.yaml", b)) return 1;
-  uint64_t id = rt_kv_identity(a, W_ID);
-  EXPECT(id == rt_kv_identity(b, W_ID), "the same plan loaded twice has two identities");
-  EXPECT(id != rt_kv_identity(a, W_ID + 1), "other weights share the identity");
+  uint64_t id = pc_kv_identity(a, W_ID);
+  EXPECT(id == pc_kv_identity(b, W_ID), "the same plan loaded twice has two identities");
+  EXPECT(id != pc_kv_identity(a, W_ID + 1), "other weights share the identity");
 
   struct seen *s = calloc(1, sizeof *s);
   s->base = a;
@@ -62,8 +62,8 @@ int main(void) {
     bool is_string = !inside(a, s->off[i]);
     if (is_string) continue; /* name, description, engram file: none is covered */
     perturb(q, s->off[i]);
-    bool differs = rt_kv_identity(q, W_ID) != id;
-    if (rt_kv_identity_covers(s->key[i])) {
+    bool differs = pc_kv_identity(q, W_ID) != id;
+    if (pc_kv_identity_covers(s->key[i])) {
       covered++;
       EXPECT(differs, "%s changed, the identity did not: a block of one plan would hit for the other", s->key[i]);
     } else {
@@ -79,10 +79,10 @@ int main(void) {
   for (size_t k = 0; k < sizeof must / sizeof must[0]; k++) {
     bool found = false;
     for (int i = 0; i < s->count; i++) found |= !strcmp(s->key[i], must[k]);
-    EXPECT(found && rt_kv_identity_covers(must[k]), "%s is not visited and covered", must[k]);
+    EXPECT(found && pc_kv_identity_covers(must[k]), "%s is not visited and covered", must[k]);
   }
-  EXPECT(!rt_kv_identity_covers("serving.batch.max_requests") && !rt_kv_identity_covers("name") &&
-             !rt_kv_identity_covers("serving.cache.host_bytes"),
+  EXPECT(!pc_kv_identity_covers("serving.batch.max_requests") && !pc_kv_identity_covers("name") &&
+             !pc_kv_identity_covers("serving.cache.host_bytes"),
          "a knob that changes no byte is covered");
 
   /* the layer table, at an encoder layer and a decoder layer */
@@ -103,12 +103,12 @@ int main(void) {
         case 7: L->cand = L->cand == PLAN_CAND_NONE ? PLAN_CAND_READ : PLAN_CAND_NONE; break;
         case 8: L->engram = !L->engram; break;
       }
-      EXPECT(rt_kv_identity(q, W_ID) != id, "layer %d field %d changed, the identity did not", l, field);
+      EXPECT(pc_kv_identity(q, W_ID) != id, "layer %d field %d changed, the identity did not", l, field);
     }
   }
   memcpy(q, a, sizeof *q);
   q->name = "another name";
-  EXPECT(rt_kv_identity(q, W_ID) == id, "the plan's name changed the identity");
+  EXPECT(pc_kv_identity(q, W_ID) == id, "the plan's name changed the identity");
   printf("kv_identity: %d covered values each change the identity, %d others do not, 18 layer fields\n", covered, kept);
   free(s);
   plan_free(a);

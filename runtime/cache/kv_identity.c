@@ -13,7 +13,7 @@ static const char *const serving_keys[] = {
     "serving.cache.prefix_block_tokens", "serving.cache.page_tokens",
 };
 
-bool rt_kv_identity_covers(const char *key) {
+bool pc_kv_identity_covers(const char *key) {
   if (!strncmp(key, "model.", 6) || !strncmp(key, "formats.", 8)) return true;
   for (size_t i = 0; i < sizeof serving_keys / sizeof serving_keys[0]; i++)
     if (!strcmp(key, serving_keys[i])) return true;
@@ -23,7 +23,7 @@ bool rt_kv_identity_covers(const char *key) {
 /* The key with its NUL, the value's length, the value: no two different
  * (key, value) sequences hash the same bytes. */
 static void add_value(void *ctx, const char *key, const void *bytes, size_t n) {
-  if (!rt_kv_identity_covers(key)) return;
+  if (!pc_kv_identity_covers(key)) return;
   XXH3_state_t *st = ctx;
   uint64_t len = n;
   XXH3_64bits_update(st, key, strlen(key) + 1);
@@ -31,7 +31,7 @@ static void add_value(void *ctx, const char *key, const void *bytes, size_t n) {
   XXH3_64bits_update(st, bytes, n);
 }
 
-uint64_t rt_kv_identity(const struct plan *p, uint64_t weights_id) {
+uint64_t pc_kv_identity(const struct plan *p, uint64_t weights_id) {
   XXH3_state_t *st = XXH3_createState();
   CEDAR_ASSERT(st != NULL);
   XXH3_64bits_reset(st);

@@ -26,10 +26,10 @@
 
 #include "scheduler/plan.h"
 
-uint64_t rt_kv_identity(const struct plan *p, uint64_t weights_id);
+uint64_t pc_kv_identity(const struct plan *p, uint64_t weights_id);
 
 /* Whether the plan key (dotted, as plan_each_value names it) is in the
  * identity. */
-bool rt_kv_identity_covers(const char *key);
+bool pc_kv_identity_covers(const char *key);
 
 #endif

@@ -98,7 +98,7 @@ static int open_cache(struct rt_engine *e, char *err, size_t len) {
   const struct rt_engine_cache *c = &e->opts.cache;
   if (!c->on) return 0;
   int64_t cap = c->capacity_bytes >= 0 ? c->capacity_bytes : e->plan.serving.host_cache_bytes;
-  uint64_t id = rt_kv_identity(&e->plan, weights_identity(&e->weights));
+  uint64_t id = pc_kv_identity(&e->plan, weights_identity(&e->weights));
   struct pc_cache *pc = cedar_xcalloc(1, sizeof(*pc));
   int rc = pc_init(pc, &e->plan, e->pools, id, cap, c->snapshots ? -1 : 0, err, len);
   if (rc) {
