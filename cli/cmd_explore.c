@@ -31,6 +31,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/check.h"
 #include "base/quote.h"
@@ -573,7 +574,12 @@ int cmd_explore(int argc, char **argv) {
       if (!f || fputs(s, f) < 0 || fputc('\n', f) < 0) rc = 1;
       if (f) fclose(f);
       cJSON_free(s);
-      if (!rc && n_valid) rc = plot(v, n, &o, err, sizeof err); /* none valid: nothing to plot (refused below) */
+      if (!rc && n_valid) rc = plot(v, n, &o, err, sizeof err);
+      for (int k = 0; !n_valid && k < 3; k++) { /* none valid: nothing to plot (refused below), no stale front */
+        char path[PATH_MAX + 16];
+        snprintf(path, sizeof path, "%s/pareto.%s", o.out, (const char *[]){"png", "gp", "dat"}[k]);
+        unlink(path);
+      }
       if (rc) fprintf(stderr, "cedar explore: %s\n", err);
     }
     if (o.json) cli_print_json(j);

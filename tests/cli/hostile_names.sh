@@ -12,7 +12,8 @@
 #     named `trial: window sweep-vN`; a base name holding newlines and
 #     `serving:\n  ced: false` stays the name: the variants keep CED on;
 #  3. explore exits 1, naming the refusal, when every variant is invalid
-#     (with and without --out and --json), and 0 when one is valid;
+#     (with and without --out and --json; no earlier pareto.png is left in
+#     --out), and 0 when one is valid;
 #  4. `plan import --name` with a newline and `layer_overrides: [...]`:
 #     the name stays the name, the plan equals the plainly named import;
 #  5. `bench engram --plan` on a path holding `: ` and a quote: its variant
@@ -78,6 +79,8 @@ for v in 1 2; do
 done
 
 # 3. every variant invalid: exit 1 with the refusal named
+mkdir -p "$tmp/x3"
+echo stale > "$tmp/x3/pareto.png"
 for args in "" "--json" "--out $tmp/x3" "--json --out $tmp/x4"; do
   rc=0
   # shellcheck disable=SC2086
@@ -85,6 +88,7 @@ for args in "" "--json" "--out $tmp/x3" "--json --out $tmp/x4"; do
   [ "$rc" = 1 ] || fail "explore $args with every variant invalid exited $rc"
   grep -q "every one of the 2 variants was refused.*serving.replay.decoder" "$tmp/err" || fail "explore $args: $(cat "$tmp/err")"
 done
+[ ! -e "$tmp/x3/pareto.png" ] || fail "an earlier run's pareto.png outlived a sweep with no valid variant"
 "$cedar" explore "$mini" --vary serving.replay.decoder=64,999999999999 > /dev/null 2>&1 || fail "one valid variant must exit 0"
 # 4. plan import --name: the name is the plan's name, not YAML of its own
 "$cedar" plan config "$root/tests/plans/ckpt-small.yaml" -o "$tmp/config.json" > /dev/null || fail "plan config"
