@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/file.h"
 #include "cli/cli.h"
 #include "ops/basic.h"
 
@@ -70,7 +71,12 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(argv[1], "--version")) return cmd_version(argc - 1, argv + 1);
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-    if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    if (!strcmp(argv[1], commands[i].name)) {
+      cedar_ignore_sigxfsz(); /* a write past `ulimit -f` fails with EFBIG and is reported (base/file.h) */
+      int rc = commands[i].fn(argc - 1, argv + 1);
+      /* stdout on a full disk or /dev/full: no exit 0 after a failed write */
+      return cedar_stdout_close(argv[1]) && rc == 0 ? 1 : rc;
+    }
   fprintf(stderr, "cedar: unknown command '%s'\n\n", argv[1]);
   usage(stderr);
   return 2;

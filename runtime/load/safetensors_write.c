@@ -8,9 +8,7 @@
 #include "runtime/load/safetensors.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +17,7 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/file.h"
 #include "runtime/load/safetensors_internal.h"
 
 /* A growing byte string; oom latches the first failed allocation. */
@@ -238,69 +237,35 @@ int st_serialize(const struct st_tensor *tensors, size_t n, const struct st_meta
   return rc;
 }
 
-static int write_all(const struct st__ctx *c, int fd, const void *buf, uint64_t n, const char *tmp) {
-  const unsigned char *p = buf;
-  while (n) {
-    ssize_t k = write(fd, p, n < (1u << 30) ? (size_t)n : (1u << 30));
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return st__fail(c, CEDAR_EIO, NULL, "write to '%s' failed: %s", tmp, k < 0 ? strerror(errno) : "no progress");
-    p += k, n -= (uint64_t)k;
-  }
-  return CEDAR_OK;
-}
-
-/* Make the rename durable. Best effort where the directory cannot be opened;
- * EINVAL means the file system does not sync directories. */
-static int sync_dir(const struct st__ctx *c, const char *path) {
-  const char *slash = strrchr(path, '/');
-  char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-  if (!dir) return st__fail(c, CEDAR_ENOMEM, NULL, "out of memory");
-  int rc = CEDAR_OK, fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    if (fsync(fd) && errno != EINVAL)
-      rc = st__fail(c, CEDAR_EIO, NULL, "written, but fsync of directory '%s' failed: %s", dir, strerror(errno));
-    close(fd);
-  }
-  free(dir);
-  return rc;
+/* base/file.h's message without its leading "<path>: " (st__fail adds it). */
+static const char *unprefixed(const char *why, const char *path) {
+  size_t k = strlen(path);
+  return !strncmp(why, path, k) && why[k] == ':' && why[k + 1] == ' ' ? why + k + 2 : why;
 }
 
 int st_write(const char *path, const struct st_tensor *tensors, size_t n, const struct st_meta *meta, size_t n_meta,
              char *err, size_t err_len) {
-  static atomic_uint tmp_counter;
   struct st__ctx c = {path ? path : "<null path>", err, err_len};
   if (err && err_len) err[0] = '\0';
   if (!path || !*path) return st__fail(&c, CEDAR_EINVAL, NULL, "no path given");
-  struct stat sb;
-  if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) /* the rename below would replace a device or a link's target */
-    return st__fail(&c, CEDAR_EINVAL, NULL, "exists and is not a regular file; safetensors are written only to "
-                    "regular files");
   struct layout l;
   int rc = layout_build(&c, tensors, n, meta, n_meta, &l);
-  size_t tmp_len = strlen(path) + 48;
-  char *tmp = rc ? NULL : malloc(tmp_len);
-  if (!tmp) {
+  if (rc) return rc;
+  /* base/file.h's writer: a temporary beside path, every write, fsync and
+   * close checked, renamed only when whole; removed on failure (ENOSPC,
+   * EFBIG under `ulimit -f`, a path that is a device or a directory). */
+  struct cedar_out o;
+  char why[1024];
+  if (cedar_out_open(&o, path, why, sizeof why)) {
     layout_free(&l);
-    return rc ? rc : st__fail(&c, CEDAR_ENOMEM, NULL, "out of memory");
+    return st__fail(&c, CEDAR_EIO, NULL, "%s", unprefixed(why, path));
   }
-  snprintf(tmp, tmp_len, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&tmp_counter, 1u));
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (fd < 0) {
-    rc = st__fail(&c, CEDAR_EIO, NULL, "cannot create temporary file '%s': %s", tmp, strerror(errno));
-  } else {
-    unsigned char len8[8];
-    put_le64(len8, l.hdr.len);
-    rc = write_all(&c, fd, len8, 8, tmp);
-    if (!rc) rc = write_all(&c, fd, l.hdr.p, l.hdr.len, tmp);
-    for (size_t i = 0; i < n && !rc; i++) rc = write_all(&c, fd, l.order[i]->data, l.order[i]->nbytes, tmp);
-    if (!rc && fsync(fd)) rc = st__fail(&c, CEDAR_EIO, NULL, "fsync of '%s' failed: %s", tmp, strerror(errno));
-    if (close(fd) && !rc) rc = st__fail(&c, CEDAR_EIO, NULL, "close of '%s' failed: %s", tmp, strerror(errno));
-    if (!rc && rename(tmp, path))
-      rc = st__fail(&c, CEDAR_EIO, NULL, "cannot rename '%s' to the final name: %s", tmp, strerror(errno));
-    if (rc) unlink(tmp);
-    else rc = sync_dir(&c, path);
-  }
-  free(tmp);
+  unsigned char len8[8];
+  put_le64(len8, l.hdr.len);
+  cedar_out_write(&o, len8, 8);
+  cedar_out_write(&o, l.hdr.p, l.hdr.len);
+  for (size_t i = 0; i < n && !o.err_no; i++) cedar_out_write(&o, l.order[i]->data, l.order[i]->nbytes);
+  if (cedar_out_commit(&o, why, sizeof why)) rc = st__fail(&c, CEDAR_EIO, NULL, "%s", unprefixed(why, path));
   layout_free(&l);
   return rc;
 }
