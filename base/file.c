@@ -23,7 +23,7 @@ static void say(char *err, size_t err_len, const char *fmt, ...) {
 
 static const char *kind_of(mode_t m) {
   if (S_ISDIR(m)) return "a directory";
-  if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+  if (S_ISFIFO(m)) return "a FIFO";
   if (S_ISCHR(m)) return "a character device";
   if (S_ISBLK(m)) return "a block device";
   if (S_ISSOCK(m)) return "a socket";
@@ -121,6 +121,11 @@ char *cedar_read_all(const char *path, uint64_t cap, size_t *len, char *err, siz
   char *buf = read_fd(fd, path, cap, size, len, err, err_len); /* the cap again: the file may grow */
   close(fd);
   return buf;
+}
+
+const char *cedar_file_why(const char *msg, const char *path) {
+  size_t k = strlen(path);
+  return !strncmp(msg, path, k) && msg[k] == ':' && msg[k + 1] == ' ' ? msg + k + 2 : msg;
 }
 
 void cedar_ignore_sigxfsz(void) {

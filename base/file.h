@@ -71,6 +71,10 @@ void cedar_out_discard(struct cedar_out *o);
 /* The whole of data written to path through the above. 0 or -1. */
 int cedar_write_file(const char *path, const void *data, size_t len, char *err, size_t err_len);
 
+/* A message from the functions above without its leading "<path>: ", for
+ * callers whose own error format names the path already. */
+const char *cedar_file_why(const char *msg, const char *path);
+
 /* A sentence for a write's errno: ENOSPC and EFBIG get a hint. */
 const char *cedar_write_strerror(int err_no);
 

@@ -28,6 +28,7 @@
 
 #include "ops/sample.h"
 #include "base/check.h"
+#include "base/file.h"
 #include "cli/cli.h"
 #include "cli/serve_sim_batch.h"
 #include "cli/run_text.h"
@@ -587,20 +588,12 @@ int cmd_serve_sim(int argc, char **argv) {
   struct sopts o;
   int rc = parse(argc, argv, &o);
   if (rc >= 0) return rc;
-  FILE *in = strcmp(o.requests, "-") ? fopen(o.requests, "r") : stdin;
+  char err[1024]; /* base/file.h: a FIFO, device or directory is refused at once, a file over the cap too */
+  FILE *in = strcmp(o.requests, "-") ? cedar_fopen_in(o.requests, REQ_MAX_BYTES, err, sizeof err) : stdin;
   if (!in) {
-    fprintf(stderr, "cedar serve-sim: cannot read %s: %s\n", o.requests, strerror(errno));
+    fprintf(stderr, "cedar serve-sim: --requests %s: %s\n", o.requests, cedar_file_why(err, o.requests));
     return 1;
   }
-  struct stat st = {0};
-  if (in != stdin && (fstat(fileno(in), &st) || !S_ISREG(st.st_mode) || st.st_size > REQ_MAX_BYTES)) {
-    fprintf(stderr, "cedar serve-sim: --requests %s: %s\n", o.requests,
-            !S_ISREG(st.st_mode) ? "not a regular file (give a JSON-lines file, or - for stdin)"
-                                 : "larger than 256 MiB");
-    fclose(in);
-    return 1;
-  }
-  char err[1024];
   struct plan_diags diags = {0};
   struct rt_engine_opts eo = {
       .plan = o.plan ? o.plan : o.model ? NULL : cli_default_plan(),

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "base/file.h"
 #include "cli/cli.h"
 #include "cli/run_text.h"
 #include "runtime/text/tokenizer.h"
@@ -47,17 +48,9 @@ struct tokenizer *cli_open_tokenizer(const char *cmd, const char *path) {
 
 /* The whole of a file ("-": stdin); NULL with a message on failure. */
 char *cli_read_all(const char *cmd, const char *path, size_t *len) {
-  FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-  if (!f) return fprintf(stderr, "cedar %s: cannot open %s\n", cmd, path), NULL;
-  size_t cap = 1 << 16, n = 0, r;
-  char *buf = cedar_xmalloc(cap);
-  while ((r = fread(buf + n, 1, cap - n - 1, f)) > 0)
-    if ((n += r) + 1 == cap) buf = cedar_xrealloc(buf, cap *= 2);
-  int bad = ferror(f);
-  if (f != stdin) fclose(f);
-  if (bad) return free(buf), fprintf(stderr, "cedar %s: cannot read %s\n", cmd, path), NULL;
-  buf[n] = 0;
-  *len = n;
+  char err[1024];
+  char *buf = cedar_read_all(path, CEDAR_TEXT_MAX, len, err, sizeof err); /* bounded; FIFOs, devices refused */
+  if (!buf) fprintf(stderr, "cedar %s: %s\n", cmd, err);
   return buf;
 }
 

@@ -18,10 +18,12 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 #include <yaml.h>
 
 #include "base/check.h"
+#include "base/file.h"
 #include "base/log.h"
 #include "scheduler/plan_internal.h"
 
@@ -334,10 +336,13 @@ static void merge_into(struct pnode *base, struct pnode *over) {
   free(over);
 }
 
-static char *slurp(const char *path, size_t *len, int *err) {
-  FILE *f = fopen(path, "rb");
+static char *slurp(const char *path, size_t *len, int *err, char *why, size_t why_len) {
+  /* base/file.h: a FIFO, device or directory is refused without blocking */
+  int fd = cedar_open_in(path, CEDAR_NO_CAP, NULL, why, why_len);
+  FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
   if (!f) {
-    *err = errno;
+    *err = -1;
+    if (fd >= 0) close(fd), snprintf(why, why_len, "%s", strerror(errno));
     return NULL;
   }
   char *buf = cedar_xmalloc(PLAN_MAX_BYTES + 1);
@@ -427,11 +432,13 @@ static struct pnode *read_file_rec(struct plan_ctx *ctx, const char *path, struc
   LOG_DEBUG("plan: reading %s (%s), extends depth %d", path, real, chain->n - 1);
   size_t len = 0;
   int err = 0;
-  char *text = slurp(path, &len, &err);
+  char why[512];
+  char *text = slurp(path, &len, &err, why, sizeof why);
   struct pnode *root = NULL;
   if (!text) {
     plan__error(ctx, from, err == EFBIG ? "plans are small; is this the right file?" : NULL,
-                "cannot read plan '%s': %s", path, err == EFBIG ? "larger than 4 MiB" : strerror(err));
+                "cannot read plan '%s': %s", path,
+                err == EFBIG ? "larger than 4 MiB" : err < 0 ? cedar_file_why(why, path) : strerror(err));
   } else {
     root = parse_text(ctx, path, text, len);
     free(text);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "base/file.h"
 #include "viz/view.h"
 
 static void grow(void **p, int n, int *cap, size_t each) {
@@ -32,11 +33,8 @@ static bool node_line(const char *s, int *k, char *name, size_t name_len, int64_
 }
 
 static int parse_dot(struct viz_view_graph *g, const char *path, char *err, size_t err_len) {
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
-    return CEDAR_EIO;
-  }
+  FILE *f = cedar_fopen_in(path, CEDAR_TEXT_MAX, err, err_len); /* base/file.h: no FIFO or device */
+  if (!f) return CEDAR_EIO;
   char line[512];
   int ln = 0, cap_n = 0, cap_e = 0, rc = 0;
   bool header = false;

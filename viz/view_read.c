@@ -10,42 +10,13 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "base/file.h"
 #include "viz/view.h"
 
 #define VIEW_MAX_FILE ((size_t)1 << 31) /* 2 GiB: far above any trace a browser can hold */
 
 static char *read_file(const char *path, size_t *len, char *err, size_t err_len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
-    return NULL;
-  }
-  size_t cap = 1 << 16, n = 0;
-  char *buf = cedar_xmalloc(cap);
-  for (;;) {
-    if (n == cap) {
-      if (cap >= VIEW_MAX_FILE) {
-        snprintf(err, err_len, "%s: larger than 2 GiB; not a trace this viewer can show", path);
-        free(buf);
-        fclose(f);
-        return NULL;
-      }
-      cap *= 2;
-      buf = cedar_xrealloc(buf, cap);
-    }
-    size_t r = fread(buf + n, 1, cap - n, f);
-    n += r;
-    if (r == 0) break;
-  }
-  bool bad = ferror(f);
-  fclose(f);
-  if (bad) {
-    snprintf(err, err_len, "%s: read error", path);
-    free(buf);
-    return NULL;
-  }
-  *len = n;
-  return buf;
+  return cedar_read_all(path, VIEW_MAX_FILE, len, err, err_len); /* base/file.h: bounded, no FIFO or device */
 }
 
 static int viz_view_sym(struct viz_view *v, const char *s) {

@@ -13,6 +13,7 @@
 #include <xxhash.h>
 
 #include "base/check.h"
+#include "base/file.h"
 #include "base/log.h"
 
 /* Fixed part of the header, then n_parts records, then the header checksum. */
@@ -186,8 +187,12 @@ int dt_read(struct dt_tier *t, uint64_t key, const struct dt_block *expect, stru
   path_of(t, key, path, sizeof(path));
   memset(out, 0, sizeof(*out));
   double t0 = now_s();
-  FILE *f = fopen(path, "rb");
+  char why[256]; /* base/file.h: a FIFO or device in the cache directory is dropped, not waited on */
+  int fd = cedar_open_in(path, CEDAR_NO_CAP, NULL, why, sizeof why);
+  if (fd < 0 && access(path, F_OK) == 0) return reject(t, path, cedar_file_why(why, path), NULL, out);
+  FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
   if (!f) {
+    if (fd >= 0) close(fd);
     t->stats.missing++;
     return 1;
   }

@@ -18,6 +18,7 @@
 #include <xxhash.h>
 
 #include "base/check.h"
+#include "base/file.h"
 #include "base/log.h"
 
 /* ---- problems ------------------------------------------------------------------ */
@@ -52,18 +53,7 @@ static int finish(struct ctx *c, char *err, size_t len) {
 /* ---- files --------------------------------------------------------------------- */
 
 static char *read_text(const char *path, size_t cap, size_t *len, char *err, size_t err_len) {
-  FILE *f = fopen(path, "rb");
-  struct stat st;
-  if (!f) return snprintf(err, err_len, "%.300s: cannot open: %s", path, strerror(errno)), NULL;
-  if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > cap) {
-    fclose(f);
-    return snprintf(err, err_len, "%.300s: not a regular file of at most %zu bytes", path, cap), NULL;
-  }
-  char *buf = cedar_xmalloc((size_t)st.st_size + 1);
-  *len = fread(buf, 1, (size_t)st.st_size, f);
-  fclose(f);
-  buf[*len] = 0;
-  return buf;
+  return cedar_read_all(path, cap, len, err, err_len); /* base/file.h: no FIFO, device or over-cap file */
 }
 
 /* A shard name from the index: a plain file name, nothing that leaves the

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "base/check.h"
+#include "base/file.h"
 #include "base/quote.h"
 #include "ops/engram.h"
 
@@ -262,18 +263,10 @@ int ckpt_config_parse(const char *label, const char *text, size_t len, struct ck
 }
 
 int ckpt_config_read(const char *path, struct ckpt_config *c, char *err, size_t err_len) {
-  FILE *f = fopen(path, "rb");
-  struct stat st;
-  if (!f) return snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno)), CEDAR_EIO;
-  if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode) || st.st_size > CONFIG_MAX_BYTES) {
-    fclose(f);
-    return snprintf(err, err_len, "%s: not a regular file of at most %u bytes", path, CONFIG_MAX_BYTES), CEDAR_EIO;
-  }
-  char *buf = cedar_xmalloc((size_t)st.st_size + 1);
-  size_t n = fread(buf, 1, (size_t)st.st_size, f);
-  fclose(f);
-  int rc = n == (size_t)st.st_size ? ckpt_config_parse(path, buf, n, c, err, err_len)
-                                   : (snprintf(err, err_len, "%s: short read", path), CEDAR_EIO);
+  size_t n;
+  char *buf = cedar_read_all(path, CONFIG_MAX_BYTES, &n, err, err_len); /* base/file.h: no FIFO, device, giant */
+  if (!buf) return CEDAR_EIO;
+  int rc = ckpt_config_parse(path, buf, n, c, err, err_len);
   free(buf);
   return rc;
 }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/file.h"
 #include "runtime/load/checkpoint.h"
 
 struct out_tensor {
@@ -318,11 +319,9 @@ int ckpt_record_hashes(const char *dir, size_t *added, char *err, size_t len) {
     return weights_hash_record(path, added, err, len);
   }
   /* the shard names come from a checked load (ckpt_load), so they are plain names */
-  FILE *f = fopen(path, "rb");
-  if (!f) return snprintf(err, len, "%s: cannot open", path), CEDAR_EIO;
-  char *text = cedar_xmalloc((size_t)st.st_size + 1);
-  size_t n = fread(text, 1, (size_t)st.st_size, f);
-  fclose(f);
+  size_t n;
+  char *text = cedar_read_all(path, CEDAR_TEXT_MAX, &n, err, len); /* base/file.h: no FIFO, bounded */
+  if (!text) return CEDAR_EIO;
   cJSON *idx = cJSON_ParseWithLength(text, n);
   free(text);
   const cJSON *wm = cJSON_GetObjectItemCaseSensitive(idx, "weight_map"), *it;

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/file.h"
 #include "runtime/load/safetensors_internal.h"
 
 struct st_file {
@@ -541,8 +542,9 @@ int st_open(const char *path, st_file_t **out, char *err, size_t err_len) {
   struct st__ctx c = {path, err, err_len};
   if (err && err_len) err[0] = '\0';
   *out = NULL;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return st__fail(&c, CEDAR_EIO, NULL, "cannot open: %s", strerror(errno));
+  char why[1024]; /* base/file.h: a FIFO, a device or a directory is refused without blocking */
+  int fd = cedar_open_in(path, CEDAR_NO_CAP, NULL, why, sizeof why);
+  if (fd < 0) return st__fail(&c, CEDAR_EIO, NULL, "%s", cedar_file_why(why, path));
   struct stat sb;
   int rc = CEDAR_OK;
   if (fstat(fd, &sb)) rc = st__fail(&c, CEDAR_EIO, NULL, "cannot stat: %s", strerror(errno));

@@ -237,12 +237,6 @@ int st_serialize(const struct st_tensor *tensors, size_t n, const struct st_meta
   return rc;
 }
 
-/* base/file.h's message without its leading "<path>: " (st__fail adds it). */
-static const char *unprefixed(const char *why, const char *path) {
-  size_t k = strlen(path);
-  return !strncmp(why, path, k) && why[k] == ':' && why[k + 1] == ' ' ? why + k + 2 : why;
-}
-
 int st_write(const char *path, const struct st_tensor *tensors, size_t n, const struct st_meta *meta, size_t n_meta,
              char *err, size_t err_len) {
   struct st__ctx c = {path ? path : "<null path>", err, err_len};
@@ -258,14 +252,14 @@ int st_write(const char *path, const struct st_tensor *tensors, size_t n, const 
   char why[1024];
   if (cedar_out_open(&o, path, why, sizeof why)) {
     layout_free(&l);
-    return st__fail(&c, CEDAR_EIO, NULL, "%s", unprefixed(why, path));
+    return st__fail(&c, CEDAR_EIO, NULL, "%s", cedar_file_why(why, path));
   }
   unsigned char len8[8];
   put_le64(len8, l.hdr.len);
   cedar_out_write(&o, len8, 8);
   cedar_out_write(&o, l.hdr.p, l.hdr.len);
   for (size_t i = 0; i < n && !o.err_no; i++) cedar_out_write(&o, l.order[i]->data, l.order[i]->nbytes);
-  if (cedar_out_commit(&o, why, sizeof why)) rc = st__fail(&c, CEDAR_EIO, NULL, "%s", unprefixed(why, path));
+  if (cedar_out_commit(&o, why, sizeof why)) rc = st__fail(&c, CEDAR_EIO, NULL, "%s", cedar_file_why(why, path));
   layout_free(&l);
   return rc;
 }

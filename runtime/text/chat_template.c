@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "base/file.h"
 
 int chat_config_beside(const char *tokenizer_path, char *out, size_t out_len) {
   const char *slash = strrchr(tokenizer_path, '/');
@@ -227,20 +228,9 @@ static int token_field(const cJSON *j, const char *key, char **out, const char *
 int chat_format_load(struct chat_format *f, const char *path, char *err, size_t err_len) {
   memset(f, 0, sizeof *f);
   snprintf(f->path, sizeof f->path, "%s", path);
-  FILE *fp = fopen(path, "rb");
-  if (!fp) {
-    snprintf(err, err_len, "cannot read %s: %s", path, strerror(errno));
-    return CEDAR_EIO;
-  }
-  size_t cap = 1 << 16, n = 0, r;
-  char *buf = cedar_xmalloc(cap);
-  while ((r = fread(buf + n, 1, cap - n - 1, fp)) > 0)
-    if ((n += r) + 1 == cap) {
-      if (cap >= ((size_t)64 << 20)) break; /* a tokenizer_config.json is kilobytes */
-      buf = cedar_xrealloc(buf, cap *= 2);
-    }
-  buf[n] = 0;
-  fclose(fp);
+  size_t n; /* base/file.h: bounded; a FIFO or device is refused (a tokenizer_config.json is kilobytes) */
+  char *buf = cedar_read_all(path, (uint64_t)64 << 20, &n, err, err_len);
+  if (!buf) return CEDAR_EIO;
   cJSON *j = cJSON_ParseWithLength(buf, n);
   free(buf);
   int rc = 0;

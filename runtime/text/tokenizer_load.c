@@ -10,6 +10,7 @@
 #include <xxhash.h>
 
 #include "base/check.h"
+#include "base/file.h"
 #include "runtime/text/tokenizer_impl.h"
 
 #ifndef CEDAR_TOKENIZER_JSON
@@ -350,25 +351,7 @@ static int byte_tables(struct tokenizer *t, char *err, size_t el) {
 }
 
 static char *read_file(const char *path, size_t *len, char *err, size_t el) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return fail(err, el, "cannot open %s", path), NULL;
-  char *buf = NULL;
-  size_t cap = 0, n = 0, r;
-  do {
-    if (n + 65536 > cap) {
-      char *p = realloc(buf, cap = cap ? cap * 2 : 1 << 20);
-      if (!p) return free(buf), fclose(f), fail(err, el, "out of memory reading %s", path), NULL;
-      buf = p;
-    }
-    r = fread(buf + n, 1, cap - n - 1, f);
-    n += r;
-  } while (r > 0);
-  int bad = ferror(f);
-  fclose(f);
-  if (bad) return free(buf), fail(err, el, "cannot read %s", path), NULL;
-  buf[n] = 0;
-  *len = n;
-  return buf;
+  return cedar_read_all(path, CEDAR_TEXT_MAX, len, err, el); /* base/file.h: bounded, no FIFO or device */
 }
 
 struct tokenizer *tok_load(const char *path, char *err, size_t el) {
