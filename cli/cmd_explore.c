@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/file.h"
 #include "base/quote.h"
 #include "cli/cli.h"
 #include "cli/study.h"
@@ -283,10 +284,11 @@ static void write_layers(FILE *f, const struct xopts *o, const struct variant *v
 }
 
 static int write_variant(const char *dir, const char *base_abs, const struct plan *base, const struct xopts *o,
-                         struct variant *v) {
+                         struct variant *v, char *err, size_t err_len) {
   if (snprintf(v->file, sizeof v->file, "%s/v%d.yaml", dir, v->id) >= (int)sizeof v->file) return 1;
-  FILE *f = fopen(v->file, "w");
-  if (!f) return 1;
+  struct cedar_out out; /* base/file.h: a temporary renamed into place only when whole */
+  if (cedar_out_open(&out, v->file, err, err_len)) return 1;
+  FILE *f = out.f;
   /* The base's path and name may hold anything (`:`, quotes, newlines):
    * they are written as quoted scalars (base/quote.h). Keys and values
    * are plain words (add_vary). */
@@ -305,7 +307,7 @@ static int write_variant(const char *dir, const char *base_abs, const struct pla
   free(name);
   write_paths(f, o, v);
   write_layers(f, o, v, base);
-  return fclose(f) ? 1 : 0;
+  return cedar_out_commit(&out, err, err_len) ? 1 : 0;
 }
 
 /* ---- costing, measuring, the front --------------------------------------------- */
@@ -478,7 +480,7 @@ static int plot(const struct variant *v, int n, const struct xopts *o, char *err
     if (eligible(&v[i], o->drift))
       fprintf(f, "v%d %" PRId64 " %" PRId64 " %.6g %d %" PRId64 "\n", v[i].id, v[i].mem.total, v[i].work,
               o->drift ? v[i].run.drift_rel_rms : 0.0, v[i].pareto ? 1 : 0, v[i].key_dots);
-  fclose(f);
+  if (study_close(f, err, len)) return 1;
   FILE *g = study_open(o->out, "pareto.gp", err, len);
   if (!g) return 1;
   char *title = NULL; /* names BASE, so it is written by cedar_quote_gnuplot: a file name is data */
@@ -509,7 +511,7 @@ static int plot(const struct variant *v, int n, const struct xopts *o, char *err
                "notitle\n", ycol[pn], ycol[pn]);
   }
   fputs("unset multiplot\n", g);
-  fclose(g);
+  if (study_close(g, err, len)) return 1;
   return study_gnuplot(o->out, "pareto.gp", err, len);
 }
 
@@ -556,8 +558,7 @@ int cmd_explore(int argc, char **argv) {
   for (int i = 0; i < n && !rc; i++) {
     v[i].id = i + 1;
     for (int k = o.n_key - 1, r = i; k >= 0; k--) v[i].pick[k] = r % o.key[k].n_val, r /= o.key[k].n_val;
-    if (write_variant(dir, base_abs, &base, &o, &v[i])) {
-      snprintf(err, sizeof err, "%s: cannot write: %s", v[i].file, strerror(errno));
+    if (write_variant(dir, base_abs, &base, &o, &v[i], err, sizeof err)) {
       rc = 1;
     }
   }
@@ -571,8 +572,8 @@ int cmd_explore(int argc, char **argv) {
     if (o.out) {
       char *s = cJSON_Print(j);
       FILE *f = study_open(o.out, "explore.json", err, sizeof err);
-      if (!f || fputs(s, f) < 0 || fputc('\n', f) < 0) rc = 1;
-      if (f) fclose(f);
+      if (!f) rc = 1;
+      else fputs(s, f), fputc('\n', f), rc = study_close(f, err, sizeof err);
       cJSON_free(s);
       if (!rc && n_valid) rc = plot(v, n, &o, err, sizeof err);
       for (int k = 0; !n_valid && k < 3; k++) { /* none valid: nothing to plot (refused below), no stale front */

@@ -15,6 +15,8 @@
 
 #include <cJSON.h>
 
+#include "base/check.h"
+#include "base/file.h"
 #include "cli/cli.h"
 #include "scheduler/graph.h"
 
@@ -185,34 +187,30 @@ static int graph_dot_cmd(int argc, char **argv) {
   if (build(&o, "graph dot", &p, &g)) return 1;
   char *text = NULL;
   size_t text_len = 0;
-  FILE *f = o.json ? open_memstream(&text, &text_len) : o.out ? fopen(o.out, "w") : stdout;
-  if (!f) {
-    fprintf(stderr, "cedar graph dot: cannot write %s: %s\n", o.out, strerror(errno));
-    rc = 1;
-  } else {
-    graph_dot(&g, f);
-    rc = 0;
-    if (o.json) {
-      fclose(f);
-      cJSON *j = cJSON_CreateObject();
-      cJSON_AddStringToObject(j, "plan", p.name);
-      cJSON_AddStringToObject(j, "dot", text);
-      free(text);
-      f = o.out ? fopen(o.out, "w") : stdout;
-      char *s = cJSON_Print(j);
-      cJSON_Delete(j);
-      if (f) fprintf(f, "%s\n", s);
-      cJSON_free(s);
-      if (!f) {
-        fprintf(stderr, "cedar graph dot: cannot write %s: %s\n", o.out, strerror(errno));
-        rc = 1;
-      }
-    }
-    if (rc == 0 && o.out && fclose(f)) {
-      fprintf(stderr, "cedar graph dot: writing %s failed: %s\n", o.out, strerror(errno));
-      rc = 1;
-    }
+  FILE *f = open_memstream(&text, &text_len);
+  CEDAR_ASSERT(f);
+  graph_dot(&g, f);
+  fclose(f);
+  if (o.json) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "plan", p.name);
+    cJSON_AddStringToObject(j, "dot", text);
+    free(text);
+    char *s = cJSON_Print(j);
+    cJSON_Delete(j);
+    text_len = strlen(s) + 1;
+    text = cedar_xmalloc(text_len + 1);
+    snprintf(text, text_len + 1, "%s\n", s);
+    cJSON_free(s);
   }
+  rc = 0;
+  char err[1024]; /* base/file.h: a temporary renamed into place only when whole */
+  if (!o.out) fwrite(text, 1, text_len, stdout);
+  else if (cedar_write_file(o.out, text, text_len, err, sizeof err)) {
+    fprintf(stderr, "cedar graph dot: %s\n", err);
+    rc = 1;
+  }
+  free(text);
   graph_free(&g);
   plan_free(&p);
   return rc;

@@ -8,6 +8,7 @@
 
 #include "runtime/dist/dist.h"
 #include "base/check.h"
+#include "base/file.h"
 #include "runtime/node/backend.h"
 #include "cli/cli.h"
 #include "scheduler/plan.h"
@@ -277,11 +278,9 @@ int cmd_plan_dot(int argc, char **argv) {
     cJSON_AddStringToObject(o, "dot", buf);
     cli_print_json(o);
   } else if (out) {
-    FILE *f = fopen(out, "w");
-    bool ok = f && fwrite(buf, 1, len, f) == len;
-    if (f && fclose(f)) ok = false;
-    if (!ok) {
-      fprintf(stderr, "cedar plan dot: cannot write %s\n", out);
+    char err[1024]; /* base/file.h: a temporary renamed into place only when whole */
+    if (cedar_write_file(out, buf, len, err, sizeof err)) {
+      fprintf(stderr, "cedar plan dot: %s\n", err);
       rc = 1;
     }
   } else {

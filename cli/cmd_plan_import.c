@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdbool.h>
 
+#include "base/file.h"
 #include "cli/cli.h"
 #include "runtime/load/ckpt_config.h"
 
@@ -29,18 +31,23 @@ static const char config_usage[] =
 
 /* text to out, or to stdout when out is NULL (and no JSON is printed) */
 static int write_out(const char *cmd, const char *out, const char *text) {
-  FILE *f = out ? fopen(out, "w") : stdout;
-  if (!f) {
-    fprintf(stderr, "cedar plan %s: cannot write %s\n", cmd, out);
-    return 1;
+  size_t n = strlen(text);
+  bool nl = n && text[n - 1] != '\n';
+  if (!out) {
+    fputs(text, stdout);
+    if (nl) fputc('\n', stdout);
+    return 0; /* stdout's write errors: main (cedar_stdout_close) */
   }
-  fputs(text, f);
-  if (text[0] && text[strlen(text) - 1] != '\n') fputc('\n', f);
-  if (out && fclose(f)) {
-    fprintf(stderr, "cedar plan %s: cannot write %s\n", cmd, out);
-    return 1;
+  struct cedar_out o; /* base/file.h: a temporary renamed into place only when whole */
+  char err[1024];
+  int rc = cedar_out_open(&o, out, err, sizeof err);
+  if (!rc) {
+    cedar_out_write(&o, text, n);
+    if (nl) cedar_out_write(&o, "\n", 1);
+    rc = cedar_out_commit(&o, err, sizeof err);
   }
-  return 0;
+  if (rc) fprintf(stderr, "cedar plan %s: %s\n", cmd, err);
+  return rc ? 1 : 0;
 }
 
 static int parse(int argc, char **argv, const char *cmd, const char *usage, const char **out, const char **name,

@@ -255,7 +255,7 @@ static int write_measured_plots(const struct entry *e, int n, const struct ropts
   for (int i = 0, bar = 0; i < n; i++)
     if (e[i].measured && e[i].run.ok)
       fprintf(f, "%d %.6f %.4f %.6g\n", bar++, e[i].run.prefill_s, 1e3 * e[i].run.itl_s, e[i].run.drift_rel_rms);
-  fclose(f);
+  if (study_close(f, err, err_len)) return 1;
   OPEN(g, "time.gp");
   fprintf(g, "# cedar report: measured time\nset terminal pngcairo noenhanced size 1200,500 font 'sans,10'\n"
              "set output 'time.png'\nset multiplot layout 1,2 title 'Measured: prompt %" PRId64
@@ -267,7 +267,7 @@ static int write_measured_plots(const struct entry *e, int n, const struct ropts
   fputs("set title 'Prefill (TTFT), s'\nplot 'measured.dat' using 2 lc rgb '#1f77b4'\n"
         "set title 'Decode step (steady ITL), ms'\nplot 'measured.dat' using 3 lc rgb '#ff7f0e'\n"
         "unset multiplot\n", g);
-  fclose(g);
+  if (study_close(g, err, err_len)) return 1;
   OPEN(h, "drift.gp");
   fprintf(h, "# cedar report: drift against --exact-replay\nset terminal pngcairo noenhanced size 800,500 font 'sans,10'\n"
              "set output 'drift.png'\nset title 'Drift of bounded replay against --exact-replay\\n(relative RMS of "
@@ -275,7 +275,7 @@ static int write_measured_plots(const struct entry *e, int n, const struct ropts
              "set boxwidth 0.7\nset grid y\nset yrange [0:*]\nset key off\n");
   measured_xtics(h, e, n);
   fputs("plot 'measured.dat' using 4 lc rgb '#d62728'\n", h);
-  fclose(h);
+  if (study_close(h, err, err_len)) return 1;
   return 0;
 }
 
@@ -296,7 +296,7 @@ static int write_plots(const struct entry *e, int n, const struct ropts *o, int 
       for (int k = 0; k < 6; k++) fprintf(f, " %" PRId64, mem_col(&e[i].mem[t], k));
       fputc('\n', f);
     }
-    fclose(f);
+    if (study_close(f, err, err_len)) return 1;
   }
   {
     OPEN(f, "memory.gp");
@@ -320,7 +320,7 @@ static int write_plots(const struct entry *e, int n, const struct ropts *o, int 
       fputc('\n', f);
     }
     fputs("unset multiplot\n", f);
-    fclose(f);
+    if (study_close(f, err, err_len)) return 1;
   }
   {
     OPEN(f, "prefix_hit.dat");
@@ -330,7 +330,7 @@ static int write_plots(const struct entry *e, int n, const struct ropts *o, int 
       for (int i = 0; i < n; i++) fprintf(f, " %" PRId64 " %" PRId64, e[i].pre[k].token_layers, e[i].pre[k].new_bytes);
       fputc('\n', f);
     }
-    fclose(f);
+    if (study_close(f, err, err_len)) return 1;
     OPEN(g, "prefix_hit.gp");
     fprintf(g, "# cedar report: the prefix-hit cases\nset terminal pngcairo noenhanced size 1400,600 font 'sans,10'\n"
                "set output 'prefix_hit.png'\nset multiplot layout 1,2 title 'Prefill of n = %" PRId64
@@ -348,7 +348,7 @@ static int write_plots(const struct entry *e, int n, const struct ropts *o, int 
       fputc('\n', g);
     }
     fputs("unset multiplot\n", g);
-    fclose(g);
+    if (study_close(g, err, err_len)) return 1;
   }
   if (!n_measured) { /* no stale plots of an earlier report in the same directory */
     const char *stale[] = {"measured.dat", "time.gp", "drift.gp", "time.png", "drift.png"};
@@ -448,8 +448,7 @@ static int write_html(const struct entry *e, int n, const struct ropts *o, int n
     fputs("</table>\n", f);
   }
   fputs("</body></html>\n", f);
-  fclose(f);
-  return 0;
+  return study_close(f, err, err_len);
 }
 
 int cmd_report(int argc, char **argv) {
@@ -488,8 +487,8 @@ int cmd_report(int argc, char **argv) {
   if (!rc) {
     char *s = cJSON_Print(j);
     FILE *f = study_open(o.out, "report.json", err, sizeof err);
-    if (!f || fputs(s, f) < 0) rc = 1;
-    if (f) fclose(f);
+    if (!f) rc = 1;
+    else fputs(s, f), rc = study_close(f, err, sizeof err);
     cJSON_free(s);
   }
   if (!rc) rc = write_plots(e, n, &o, n_measured, err, sizeof err);

@@ -30,6 +30,7 @@
 #include "runtime/comm/comm.h"
 #include "ops/isa.h"
 #include "base/check.h"
+#include "base/file.h"
 #include "cli/cli.h"
 #include "cli/run_opts.h"
 #include "cli/run_spec.h"
@@ -386,7 +387,8 @@ static int exact_replay(struct rt_engine *e, const struct rt_request *r0, const 
 struct sink {
   struct viz_trace trace;
   bool tracing;
-  FILE *dot;        /* open until the prefill graph is written */
+  struct cedar_out dot; /* open (dot.f) until the prefill graph is written; base/file.h */
+  char dot_err[512];
   const char *dot_path;
   int request;
   bool dot_failed;
@@ -395,11 +397,9 @@ struct sink {
 /* Every graph that ran: the first (the prefill) to --dot, all to --trace. */
 static void on_graph(void *user, const struct graph *g, const struct rt_task_time *times) {
   struct sink *s = user;
-  if (s->dot) {
-    graph_dot(g, s->dot);
-    s->dot_failed = ferror(s->dot) != 0;
-    s->dot_failed |= fclose(s->dot) != 0;
-    s->dot = NULL;
+  if (s->dot.f) {
+    graph_dot(g, s->dot.f);
+    s->dot_failed = cedar_out_commit(&s->dot, s->dot_err, sizeof s->dot_err) != 0;
   }
   if (!s->tracing || !times) return;
   if (run_pipe_trace_graph(&s->trace, g, s->request)) return; /* layer stages under mpirun: a process per rank */
@@ -425,8 +425,8 @@ static int sink_open(struct sink *s, const struct ropts *o, const struct plan *p
     }
     s->tracing = true;
   }
-  if (o->dot && !(s->dot = fopen(o->dot, "w"))) {
-    snprintf(err, len, "--dot: cannot write %s: %s", o->dot, strerror(errno));
+  if (o->dot && cedar_out_open(&s->dot, o->dot, s->dot_err, sizeof s->dot_err)) {
+    snprintf(err, len, "--dot: %s", s->dot_err);
     return 1;
   }
   s->dot_path = o->dot;
@@ -437,9 +437,9 @@ static int sink_open(struct sink *s, const struct ropts *o, const struct plan *p
 static int sink_close(struct sink *s, const struct ropts *o, bool ok) {
   char err[512];
   int status = 0;
-  if (s->dot) fclose(s->dot);
+  cedar_out_discard(&s->dot); /* a run that ended before its prefill graph: no partial file */
   if (ok && s->dot_failed) {
-    fprintf(stderr, "cedar run: --dot: cannot write %s\n", s->dot_path);
+    fprintf(stderr, "cedar run: --dot: %s\n", s->dot_err);
     status = 1;
   }
   if (ok && s->tracing && viz_trace_write(&s->trace, o->trace, err, sizeof err)) {

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "base/file.h"
 #include "runtime/load/weights.h"
 
 void study_mem_of(const struct plan_cost *c, struct study_mem *m) {
@@ -207,6 +208,21 @@ int study_gnuplot(const char *dir, const char *script, char *err, size_t err_len
              WIFEXITED(st) && WEXITSTATUS(st) == 127 ? "" : script, WIFEXITED(st) && WEXITSTATUS(st) == 127 ? "" : ".log");
     return 1;
   }
+  /* gnuplot can exit 0 with its output unwritten (a full disk): the script
+   * X.gp writes X.png, which must now be there and not empty; a partial one
+   * is removed. */
+  char png[PATH_MAX];
+  struct stat sb;
+  int k = snprintf(png, sizeof png, "%s/%s", dir, script);
+  if (k > 3 && k + 2 < (int)sizeof png && !strcmp(png + k - 3, ".gp")) {
+    strcpy(png + k - 3, ".png");
+    if (stat(png, &sb) || !S_ISREG(sb.st_mode) || sb.st_size == 0) {
+      snprintf(err, err_len, "gnuplot %s/%s exited 0 but wrote no %s (a full disk?); see %s.log", dir, script, png,
+               script);
+      unlink(png);
+      return 1;
+    }
+  }
   return 0;
 }
 
@@ -223,12 +239,25 @@ int study_mkdir(const char *dir, char *err, size_t err_len) {
   return 0;
 }
 
+/* The files study_open has open: each is a base/file.h temporary that
+ * study_close renames into place only when every write succeeded. */
+#define STUDY_MAX_OPEN 8
+static struct cedar_out open_outs[STUDY_MAX_OPEN];
+
 FILE *study_open(const char *dir, const char *name, char *err, size_t err_len) {
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/%s", dir, name);
-  FILE *f = fopen(path, "w");
-  if (!f) snprintf(err, err_len, "%s: cannot write: %s", path, strerror(errno));
-  return f;
+  for (int i = 0; i < STUDY_MAX_OPEN; i++)
+    if (!open_outs[i].f) return cedar_out_open(&open_outs[i], path, err, err_len) ? NULL : open_outs[i].f;
+  CEDAR_ASSERT_MSG(0, "study_open: more than %d files open", STUDY_MAX_OPEN);
+  return NULL;
+}
+
+int study_close(FILE *f, char *err, size_t err_len) {
+  for (int i = 0; i < STUDY_MAX_OPEN; i++)
+    if (f && open_outs[i].f == f) return cedar_out_commit(&open_outs[i], err, err_len) ? 1 : 0;
+  CEDAR_ASSERT_MSG(0, "study_close: not a file study_open opened");
+  return 1;
 }
 
 int study_parse_list(const char *s, int64_t *out, int max) {

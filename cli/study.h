@@ -50,14 +50,20 @@ struct study_run {
  * ran (r->ok), 1 with r->why otherwise. */
 int study_run(const char *plan_path, const struct plan *p, const struct study_run_opts *o, struct study_run *r);
 
-/* Run `gnuplot SCRIPT` in dir. Returns 0, or 1 with a message. */
+/* Run `gnuplot SCRIPT` in dir; a script X.gp must write X.png (not empty).
+ * Returns 0, or 1 with a message (gnuplot failed, or its image is missing). */
 int study_gnuplot(const char *dir, const char *script, char *err, size_t err_len);
 /* Whether gnuplot is on PATH. */
 bool study_have_gnuplot(void);
 /* mkdir -p of one level (the parent must exist). Returns 0 or 1 with a message. */
 int study_mkdir(const char *dir, char *err, size_t err_len);
-/* fopen(dir/name, "w"), with a message on failure. */
+/* Start writing dir/name (a temporary beside it, base/file.h), with a
+ * message on failure. At most 8 open at once. */
 FILE *study_open(const char *dir, const char *name, char *err, size_t err_len);
+/* Finish a study_open file: every write, the flush, fsync and close
+ * checked, then renamed into place; on failure the temporary is removed.
+ * Returns 0, or 1 with a message (ENOSPC and EFBIG by name). */
+int study_close(FILE *f, char *err, size_t err_len);
 /* Parse "A,B,C" of positive integers into out (at most max). Returns the count, or -1. */
 int study_parse_list(const char *s, int64_t *out, int max);
 

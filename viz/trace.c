@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "base/file.h"
 
 void viz_trace_init(struct viz_trace *t, const char *process, int pid) {
   memset(t, 0, sizeof(*t));
@@ -334,11 +335,15 @@ int viz_trace_write(const struct viz_trace *t, const char *path, char *err, size
   char *s = cJSON_PrintUnformatted(root);
   cJSON_Delete(root);
   CEDAR_ASSERT_MSG(s != NULL, "cJSON_PrintUnformatted: out of memory");
-  FILE *f = fopen(path, "w");
-  int rc = 0;
-  if (!f || fputs(s, f) < 0 || fputc('\n', f) == EOF) rc = CEDAR_EIO;
-  if (f && fclose(f)) rc = CEDAR_EIO;
-  if (rc) snprintf(err, err_len, "%s: cannot write the trace: %s", path, strerror(errno));
+  /* base/file.h: a temporary renamed into place only when whole (a full
+   * disk or `ulimit -f` leaves no truncated trace behind) */
+  struct cedar_out o;
+  int rc = cedar_out_open(&o, path, err, err_len) ? CEDAR_EIO : 0;
+  if (!rc) {
+    cedar_out_write(&o, s, strlen(s));
+    cedar_out_write(&o, "\n", 1);
+    if (cedar_out_commit(&o, err, err_len)) rc = CEDAR_EIO;
+  }
   cJSON_free(s);
   return rc;
 }

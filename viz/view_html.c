@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "base/file.h"
 #include "scheduler/plan_bus.h"
 #include "viz/view.h"
 
@@ -153,11 +154,9 @@ static void write_data(FILE *f, const struct viz_view *v, const struct plan *p) 
 
 int viz_view_write_html(const struct viz_view *v, const struct plan *p, const char *title, const char *path,
                         char *err, size_t err_len) {
-  FILE *f = fopen(path, "w");
-  if (!f) {
-    snprintf(err, err_len, "%s: cannot write: %s", path, strerror(errno));
-    return CEDAR_EIO;
-  }
+  struct cedar_out o; /* base/file.h: a temporary renamed into place only when whole */
+  if (cedar_out_open(&o, path, err, err_len)) return CEDAR_EIO;
+  FILE *f = o.f;
   fputs("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>cedar view: ", f);
   viz_html_text(f, title);
   fputs("</title>\n<style>\n", f);
@@ -180,8 +179,5 @@ int viz_view_write_html(const struct viz_view *v, const struct plan *p, const ch
   fputs("</script>\n<script>\n", f);
   fputs(viz_view_js, f);
   fputs("</script>\n</body></html>\n", f);
-  int rc = ferror(f) ? CEDAR_EIO : 0;
-  if (fclose(f)) rc = CEDAR_EIO;
-  if (rc) snprintf(err, err_len, "%s: write error: %s", path, strerror(errno));
-  return rc;
+  return cedar_out_commit(&o, err, err_len) ? CEDAR_EIO : 0;
 }

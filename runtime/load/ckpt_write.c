@@ -120,21 +120,16 @@ static int convert(struct outs *o, const struct weights_spec *s, const struct ck
   return CEDAR_EINVAL;
 }
 
-/* Write text to dir/name atomically (temporary file, fsync, rename). */
+/* Write text to dir/name atomically (base/file.h: temporary, every write,
+ * fsync and close checked, rename; the temporary removed on failure). */
 static int write_text(const char *dir, const char *name, const char *text, char *err, size_t len) {
-  char path[4096], tmp[4200];
+  char path[4096];
   snprintf(path, sizeof path, "%s/%s", dir, name);
-  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return snprintf(err, len, "%s: cannot create: %s", tmp, strerror(errno)), CEDAR_EIO;
-  size_t n = strlen(text);
-  bool ok = write(fd, text, n) == (ssize_t)n && write(fd, "\n", 1) == 1 && fsync(fd) == 0;
-  ok = close(fd) == 0 && ok;
-  if (!ok || rename(tmp, path)) {
-    unlink(tmp);
-    return snprintf(err, len, "%s: cannot write: %s", path, strerror(errno)), CEDAR_EIO;
-  }
-  return 0;
+  struct cedar_out o;
+  if (cedar_out_open(&o, path, err, len)) return CEDAR_EIO;
+  cedar_out_write(&o, text, strlen(text));
+  cedar_out_write(&o, "\n", 1);
+  return cedar_out_commit(&o, err, len) ? CEDAR_EIO : 0;
 }
 
 static int write_shards(struct outs *o, const char *dir, uint64_t shard_bytes, char *err, size_t len) {
