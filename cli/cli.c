@@ -96,6 +96,15 @@ int cli_load_plan(const char *cmd, const char *path, struct plan *p) {
   return rc ? 1 : 0;
 }
 
+bool cli_json_has_nul(const char *s) {
+  for (; *s; s++) {
+    if (*s != '\\') continue;
+    if (s[1] == 'u' && !strncmp(s + 2, "0000", 4)) return true;
+    if (s[1]) s++; /* an escaped character, "\\" included, is not the start of an escape */
+  }
+  return false;
+}
+
 bool cli_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
   char *end;
   errno = 0;

@@ -70,6 +70,12 @@ void cli_print_json(struct cJSON *root);
 struct plan;
 int cli_load_plan(const char *cmd, const char *path, struct plan *p);
 
+/* Whether JSON text holds a \u0000 escape: cJSON decodes it into a NUL
+ * that silently ends the string there (issue 28, low row), so request
+ * and trace lines are refused with it. */
+#include <stdbool.h>
+bool cli_json_has_nul(const char *text);
+
 /* A whole decimal integer in [lo, hi] (no trailing characters). */
 #include <stdbool.h>
 #include <stdint.h>

@@ -476,6 +476,19 @@ static ssize_t read_line(FILE *in, char **buf, size_t *cap) {
   return (ssize_t)n;
 }
 
+/* A request id seen on an earlier line is refused (issue 28, low row):
+ * its output rows and its JSON would be ambiguous. Records new ids. */
+static int dup_id(cJSON *seen, const struct req *q, long line, char *err, size_t len) {
+  const cJSON *first = cJSON_GetObjectItemCaseSensitive(seen, q->id);
+  if (first) {
+    snprintf(err, len, "line %ld: duplicate id \"%.200s\" (first on line %.0f): give each request its own id", line,
+             q->id, first->valuedouble);
+    return CEDAR_EINVAL;
+  }
+  cJSON_AddNumberToObject(seen, q->id, (double)line);
+  return 0;
+}
+
 /* Every request of the file, in order, through one engine. */
 static int drive(const struct sopts *o, struct rt_engine *e, FILE *in) {
   const struct plan *p = &e->plan;
@@ -487,6 +500,7 @@ static int drive(const struct sopts *o, struct rt_engine *e, FILE *in) {
   size_t cap = 0;
   long lineno = 0;
   struct run_text tx = {0}; /* opened at the first text request */
+  cJSON *seen = cJSON_CreateObject(); /* id -> its line, for dup_id */
   if (!o->json)
     printf("%-10s %-6s %7s %7s %4s %7s %7s %12s %9s %8s %10s %10s %10s %9s\n", "id", "sess", "prompt", "hit", "swa",
            "encrep", "encpos", "dec/cached", "tok-lay", "new-ent", "memory-B", "snap-B", "disk-B", "ttft-ms");
@@ -503,9 +517,15 @@ static int drive(const struct sopts *o, struct rt_engine *e, FILE *in) {
       break;
     }
     if (line[strspn(line, " \t\r\n")] == 0) continue;
+    if (cli_json_has_nul(line)) { /* cJSON would end the string there: a prompt cut short without a word */
+      fprintf(stderr, "cedar serve-sim: %s: line %ld: a \\u0000 (NUL) in a string: cedar's strings end at NUL; "
+              "remove it\n", o->requests, lineno);
+      status = 1;
+      continue;
+    }
     cJSON *j = cJSON_Parse(line);
     struct req q;
-    if (parse_request(j, p->model.vocab, lineno, &q, err, sizeof err)) {
+    if (parse_request(j, p->model.vocab, lineno, &q, err, sizeof err) || dup_id(seen, &q, lineno, err, sizeof err)) {
       fprintf(stderr, "cedar serve-sim: %s: %s\n", o->requests, err);
       cJSON_Delete(j);
       status = 1;
@@ -577,6 +597,7 @@ static int drive(const struct sopts *o, struct rt_engine *e, FILE *in) {
   }
   for (int i = 0; i < n_ss; i++) free(ss[i].hist), free(ss[i].name);
   free(ss);
+  cJSON_Delete(seen);
   run_text_close(&tx);
   return status;
 }

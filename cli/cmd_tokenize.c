@@ -173,19 +173,41 @@ static void detokenize_usage(FILE *f) {
              "  -h, --help        show this help\n");
 }
 
+/* Ids from JSON: [ids] or {"ids": [ids]} and no other key (issue 28, low
+ * row: {"x": [5, 6], "ids": [100]} must not decode [5, 6]). */
+static int parse_ids_json(const char *s, int32_t **ids, size_t *n) {
+  cJSON *root = cJSON_Parse(s), *arr = root;
+  int rc = root ? 0 : -1;
+  if (cJSON_IsObject(root)) {
+    arr = cJSON_GetObjectItemCaseSensitive(root, "ids");
+    if (cJSON_GetArraySize(root) != 1) rc = -1; /* an unknown key, or "ids" twice */
+  }
+  if (!cJSON_IsArray(arr)) rc = -1;
+  size_t cap = rc ? 0 : (size_t)cJSON_GetArraySize(arr);
+  *ids = cedar_xmalloc((cap + 1) * sizeof **ids), *n = 0;
+  const cJSON *e;
+  if (!rc) cJSON_ArrayForEach(e, arr) {
+      if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble <= INT32_MAX) ||
+          e->valuedouble != (double)(int32_t)e->valuedouble) {
+        rc = -1;
+        break;
+      }
+      (*ids)[(*n)++] = (int32_t)e->valuedouble;
+    }
+  cJSON_Delete(root);
+  return rc;
+}
+
 /* Ids from "1 2,3\n4", or {"ids": [...]} / [...]; -1 on a bad entry. */
 static int parse_ids(const char *s, int32_t **ids, size_t *n) {
-  size_t cap = 64;
-  *ids = cedar_xmalloc(cap * sizeof **ids), *n = 0;
   const char *p = s;
   while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
-  int json = *p == '{' || *p == '[';
-  if (json) p = *p == '{' ? strchr(p, '[') : p;
-  if (!p) return -1;
-  if (json) p++;
+  if (*p == '{' || *p == '[') return parse_ids_json(p, ids, n);
+  size_t cap = 64;
+  *ids = cedar_xmalloc(cap * sizeof **ids), *n = 0;
   for (;;) {
     while (*p && strchr(" ,\n\t\r", *p)) p++;
-    if (!*p || (json && *p == ']')) break;
+    if (!*p) break;
     char *end;
     long v = strtol(p, &end, 10);
     if (end == p || v < 0 || v > INT32_MAX) return -1;
@@ -217,7 +239,9 @@ int cmd_detokenize(int argc, char **argv) {
     rc = parse_ids(text, &ids, &n);
   }
   free(text);
-  if (rc) return free(ids), cli_usage_error("detokenize", "ids must be non-negative integers");
+  if (rc)
+    return free(ids), cli_usage_error("detokenize", "ids must be non-negative integers (as JSON: [ids] or "
+                                      "{\"ids\": [ids]}, no other key)");
   struct tokenizer *t = cli_open_tokenizer("detokenize", a.tokenizer);
   if (!t) return free(ids), 1;
   char *out = NULL;

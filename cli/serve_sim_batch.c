@@ -81,6 +81,7 @@ struct bopts {
   int max_batch[8], n_batch;
   int64_t requests, plen_lo, plen_hi, new_lo, new_hi;
   double rate, burst_every, temperature;
+  bool burst_every_set;
   int64_t burst;
   double slo_ttft, slo_tpot, slo_e2el;
   double pct[16];
@@ -170,13 +171,16 @@ static int parse(int argc, char **argv, struct bopts *o) {
         return cli_usage_error("serve-sim", "--max-new takes A or A:B with 1 <= A <= B (got '%s')", optarg);
       break;
     case 'R':
-      if (!parse_ms(optarg, &o->rate)) return cli_usage_error("serve-sim", "--rate takes requests per second > 0 (got '%s')", optarg);
+      if (!parse_ms(optarg, &o->rate) || o->rate < 1e-6 || o->rate > 1e9) /* the clock's range: ARRIVAL_MAX_S */
+        return cli_usage_error("serve-sim", "--rate takes requests per second in [1e-6, 1e9] (got '%s')", optarg);
       break;
     case 'k':
       if (!cli_parse_int(optarg, 1, 1 << 20, &o->burst)) return cli_usage_error("serve-sim", "--burst takes K >= 1");
       break;
     case 'e':
-      if (!parse_ms(optarg, &o->burst_every)) return cli_usage_error("serve-sim", "--burst-every takes seconds > 0");
+      if (!parse_ms(optarg, &o->burst_every) || o->burst_every > 1e6)
+        return cli_usage_error("serve-sim", "--burst-every takes seconds in (0, 1e6]");
+      o->burst_every_set = true;
       break;
     case 1: case 2: case 3: {
       double *dst = c == 1 ? &o->slo_ttft : c == 2 ? &o->slo_tpot : &o->slo_e2el;
@@ -223,6 +227,7 @@ static int parse(int argc, char **argv, struct bopts *o) {
   if (o->model && o->weights) return cli_usage_error("serve-sim", "--model DIR is the weights; drop --weights");
   int modes = (o->rate > 0) + (o->burst > 0) + (o->trace != NULL);
   if (modes > 1) return cli_usage_error("serve-sim", "give one arrival process: --rate, --burst or --trace");
+  if (o->burst_every_set && !o->burst) return cli_usage_error("serve-sim", "--burst-every goes with --burst K");
   if (o->json && o->n_batch > 1) return cli_usage_error("serve-sim", "--json takes one --max-batch N");
   return -1;
 }
@@ -233,7 +238,13 @@ static double rng_unit(uint64_t *s) { return ((double)(op_rng_next(s) >> 11) + 0
 
 static int64_t draw(uint64_t *s, int64_t lo, int64_t hi) { return lo + (int64_t)(op_rng_next(s) % (uint64_t)(hi - lo + 1)); }
 
-/* The synthetic workload: K requests, arrival times by the process. */
+/* Arrival times stay below this (a trace's arrival_s too): a double then
+ * resolves the clock to well under a microsecond, so latencies of
+ * milliseconds are not lost in the arrival time's rounding. */
+#define ARRIVAL_MAX_S 1e9
+
+/* The synthetic workload: K requests, arrival times by the process; NULL
+ * with a message when they run past ARRIVAL_MAX_S. */
 static struct arrival *synth(const struct bopts *o, int64_t *n) {
   struct arrival *a = cedar_xcalloc((size_t)o->requests, sizeof(*a));
   uint64_t s = o->seed * 2654435761u + 17;
@@ -243,6 +254,12 @@ static struct arrival *synth(const struct bopts *o, int64_t *n) {
     else if (o->burst > 0) t = (double)(i / o->burst) * o->burst_every;
     a[i] = (struct arrival){t, draw(&s, o->plen_lo, o->plen_hi), NULL, (int)draw(&s, o->new_lo, o->new_hi),
                             o->slo_ttft, o->slo_tpot, o->slo_e2el};
+    if (!(t <= ARRIVAL_MAX_S)) {
+      fprintf(stderr, "cedar serve-sim: request %" PRId64 " would arrive at %.3g s, past the %.0e s the simulated clock "
+              "resolves to a microsecond: raise --rate or lower --num-prompts\n", i, t, ARRIVAL_MAX_S);
+      free(a);
+      return NULL;
+    }
   }
   *n = o->requests;
   return a;
@@ -257,6 +274,25 @@ static bool num_of(const cJSON *j, const char *k, double lo, double hi, double *
   return true;
 }
 
+/* num_of for a count: a whole number too (1.5 tokens is refused, not cut). */
+static bool whole_of(const cJSON *j, const char *k, double lo, double hi, double *out, bool *given) {
+  return num_of(j, k, lo, hi, out, given) && (!*given || *out == floor(*out));
+}
+
+/* A trace line's keys, as --requests checks its own (issue 28 row 14): an
+ * unknown key (a typo such as "max_nwe") is refused, not ignored. NULL, or
+ * the first unknown key. */
+static const char *unknown_key(const cJSON *j) {
+  static const char *const keys[] = {"arrival_s", "prompt_len", "tokens", "max_new", "slo_ttft_ms", "slo_tpot_ms",
+                                     "slo_e2el_ms"};
+  for (const cJSON *c = j->child; c; c = c->next) {
+    size_t k = 0;
+    while (k < sizeof keys / sizeof keys[0] && strcmp(c->string, keys[k])) k++;
+    if (k == sizeof keys / sizeof keys[0]) return c->string;
+  }
+  return NULL;
+}
+
 /* A trace: one JSON object a line, arrival times non-decreasing. */
 static struct arrival *read_trace(const struct bopts *o, int vocab, int64_t max_pos, int64_t *n) {
   size_t len;
@@ -267,21 +303,29 @@ static struct arrival *read_trace(const struct bopts *o, int vocab, int64_t max_
   long line = 0;
   bool ok = true;
   double prev = 0;
-  for (char *save = NULL, *l = strtok_r(txt, "\n", &save); l && ok; l = strtok_r(NULL, "\n", &save)) {
+  /* line by line, blank lines counted (strtok would skip them and misnumber) */
+  for (char *l = txt, *nl; l && ok && l < txt + len; l = nl ? nl + 1 : NULL) {
+    nl = strchr(l, '\n');
+    if (nl) *nl = '\0';
     line++;
     if (!l[strspn(l, " \t\r")]) continue;
-    cJSON *j = cJSON_Parse(l);
-    const char *why = NULL;
+    cJSON *j = cli_json_has_nul(l) ? NULL : cJSON_Parse(l);
+    const char *why = NULL, *bad_key = NULL;
+    char key_why[256];
     double t = 0, pl = 0, mn = 16;
     bool g_t, g_pl, g_mn, g;
     struct arrival x = {0, 0, NULL, 0, o->slo_ttft, o->slo_tpot, o->slo_e2el};
     const cJSON *tok = j ? cJSON_GetObjectItemCaseSensitive(j, "tokens") : NULL;
-    if (!cJSON_IsObject(j)) why = "not a JSON object";
-    else if (!num_of(j, "arrival_s", 0, 1e9, &t, &g_t) || !g_t) why = "\"arrival_s\" (seconds >= 0) is required";
+    if (cli_json_has_nul(l)) why = "a \\u0000 (NUL) in a string: cedar's strings end at NUL; remove it";
+    else if (!cJSON_IsObject(j)) why = "not a JSON object";
+    else if ((bad_key = unknown_key(j)))
+      snprintf(key_why, sizeof key_why, "unknown key \"%.60s\" (a trace line has arrival_s, prompt_len or tokens, "
+               "max_new, slo_ttft_ms, slo_tpot_ms, slo_e2el_ms)", bad_key), why = key_why;
+    else if (!num_of(j, "arrival_s", 0, ARRIVAL_MAX_S, &t, &g_t) || !g_t) why = "\"arrival_s\" (seconds >= 0) is required";
     else if (t < prev) why = "arrival times must not decrease";
-    else if (!num_of(j, "prompt_len", 1, (double)(1 << 24), &pl, &g_pl) || (g_pl == (tok != NULL)))
-      why = "give one of \"prompt_len\" (1..16777216) or \"tokens\"";
-    else if (!num_of(j, "max_new", 1, (double)(1 << 20), &mn, &g_mn)) why = "\"max_new\" takes 1..1048576";
+    else if (!whole_of(j, "prompt_len", 1, (double)(1 << 24), &pl, &g_pl) || (g_pl == (tok != NULL)))
+      why = "give one of \"prompt_len\" (a whole number 1..16777216) or \"tokens\"";
+    else if (!whole_of(j, "max_new", 1, (double)(1 << 20), &mn, &g_mn)) why = "\"max_new\" takes a whole number 1..1048576";
     else if (!num_of(j, "slo_ttft_ms", 1e-9, 1e12, &x.slo_ttft, &g) || !num_of(j, "slo_tpot_ms", 1e-9, 1e12, &x.slo_tpot, &g) ||
              !num_of(j, "slo_e2el_ms", 1e-9, 1e12, &x.slo_e2el, &g))
       why = "an SLO takes milliseconds > 0";
@@ -504,6 +548,7 @@ static int run_one(const struct bopts *o, struct rt_engine *e, const struct arri
   cJSON_AddStringToObject(t, "time", "simulated arrivals, measured compute");
   cJSON_AddNumberToObject(t, "completed", (double)done);
   cJSON_AddNumberToObject(t, "failed", (double)failed);
+  cJSON_AddNumberToObject(t, "requests", (double)n);
   cJSON_AddNumberToObject(t, "total_input_tokens", (double)in_tok);
   cJSON_AddNumberToObject(t, "total_output_tokens", (double)out_tok);
   cJSON_AddNumberToObject(t, "duration", dur);
@@ -527,9 +572,9 @@ static int run_one(const struct bopts *o, struct rt_engine *e, const struct arri
   stats_into(t, "e2el", e2el, done, o, txt);
   if (txt)
     printf("  throughput: %.2f req/s, %.1f output tok/s, %.1f total tok/s; goodput %.2f req/s (%" PRId64 " of %" PRId64
-           " within their SLOs); decode %.1f tok/s over %.3f s of batched decode\n",
+           " requests within their SLOs, %" PRId64 " failed); decode %.1f tok/s over %.3f s of batched decode\n",
            dur > 0 ? done / dur : 0, dur > 0 ? out_tok / dur : 0, dur > 0 ? (in_tok + out_tok) / dur : 0,
-           dur > 0 ? good / dur : 0, good, done, sum->decode_tok_s, b.decode_s);
+           dur > 0 ? good / dur : 0, good, n, failed, sum->decode_tok_s, b.decode_s); /* a failed request is not good */
   else {
     char *s2 = cJSON_PrintUnformatted(root);
     printf("%s\n", s2);
