@@ -160,7 +160,7 @@ int cedar_out_open(struct cedar_out *o, const char *path, char *err, size_t err_
   snprintf(o->tmp, tl, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&counter, 1u));
   int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd < 0) {
-    say(err, err_len, "%s: cannot create the temporary file %s: %s", path, o->tmp, strerror(errno));
+    say(err, err_len, "%s: cannot create temporary file %s: %s", path, o->tmp, strerror(errno));
     free(o->tmp), o->tmp = NULL; /* not ours to remove */
     cedar_out_discard(o);
     return -1;

@@ -543,11 +543,13 @@ int cmd_explore(int argc, char **argv) {
     return 1;
   }
   bool tmpdir = !o.out;
+  study_trap_signals(); /* SIGINT/SIGTERM: stop the child, remove the temporary directory, end by the signal */
   if (o.out) {
     snprintf(dir, sizeof dir, "%s/variants", o.out);
     rc = study_mkdir(o.out, err, sizeof err) || study_mkdir(dir, err, sizeof err);
   } else {
-    snprintf(dir, sizeof dir, "/tmp/cedar-explore-XXXXXX");
+    const char *td = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/cedar-explore-XXXXXX", td && *td ? td : "/tmp");
     if (!mkdtemp(dir)) {
       snprintf(err, sizeof err, "cannot make a temporary directory: %s", strerror(errno));
       rc = 1;
@@ -563,7 +565,8 @@ int cmd_explore(int argc, char **argv) {
     }
   }
   if (rc) fprintf(stderr, "cedar explore: %s\n", err);
-  for (int i = 0; i < n && !rc; i++) evaluate(&v[i], &o);
+  for (int i = 0; i < n && !rc && !study_interrupted(); i++) evaluate(&v[i], &o);
+  if (study_interrupted()) rc = 1;
   int n_valid = 0;
   for (int i = 0; i < n; i++) n_valid += v[i].valid;
   if (!rc) {
@@ -599,6 +602,11 @@ int cmd_explore(int argc, char **argv) {
     rc = 1;
   }
   if (tmpdir) nftw(dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+  if (study_interrupted()) {
+    fprintf(stderr, "cedar explore: interrupted by signal %d: the running child was stopped%s\n", study_interrupted(),
+            tmpdir ? " and the temporary variants removed" : "");
+    study_reraise();
+  }
   for (int i = 0; i < n; i++) free(v[i].error);
   free(v);
   plan_free(&base);

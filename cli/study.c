@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -28,6 +29,63 @@ void study_mem_of(const struct plan_cost *c, struct study_mem *m) {
   m->tails = c->tail_bytes;
   m->total = m->main_kv + m->indexer_k + m->swa + m->tails;
   m->baseline = c->baseline_bytes;
+}
+
+/* ---- signals: a child is not left behind (issue 28 row 17) ----------------- */
+
+static volatile sig_atomic_t caught_sig; /* the SIGINT/SIGTERM/SIGHUP that arrived, or 0 */
+static volatile sig_atomic_t child_pid;  /* the child running now (cedar run, gnuplot), or 0 */
+
+static void on_signal(int sig) {
+  caught_sig = sig;
+  pid_t c = (pid_t)child_pid;
+  if (c > 0) kill(c, SIGTERM); /* async-signal-safe; the waitpid below then returns */
+}
+
+void study_trap_signals(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL);
+}
+
+int study_interrupted(void) { return (int)caught_sig; }
+
+void study_reraise(void) {
+  int sig = (int)caught_sig;
+  if (!sig) return;
+  signal(sig, SIG_DFL);
+  raise(sig); /* the exit status says which signal ended the study, as without the trap */
+}
+
+/* fork with the trapped signals held until child_pid is set, so a signal
+ * between the two still reaches the child; the child gets them back. */
+static pid_t spawn(void) {
+  sigset_t hold, old;
+  sigemptyset(&hold);
+  sigaddset(&hold, SIGINT);
+  sigaddset(&hold, SIGTERM);
+  sigaddset(&hold, SIGHUP);
+  sigprocmask(SIG_BLOCK, &hold, &old);
+  pid_t pid = caught_sig ? -1 : fork(); /* after a signal: start nothing more */
+  if (pid == 0) {
+    signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGHUP, SIG_DFL);
+  } else if (pid > 0) {
+    child_pid = pid;
+  }
+  sigprocmask(SIG_SETMASK, &old, NULL);
+  return pid;
+}
+
+/* waitpid through EINTR; the child is no longer ours to signal after. */
+static int reap(pid_t pid, int *st) {
+  int rc;
+  while ((rc = waitpid(pid, st, 0)) < 0 && errno == EINTR) {}
+  child_pid = 0;
+  return rc;
 }
 
 /* ---- a child `cedar run` ---------------------------------------------------- */
@@ -54,7 +112,7 @@ static int run_self(char *const argv[], char **out, char *err, size_t err_len) {
   }
   unlink(errpath);
   fflush(NULL);
-  pid_t pid = fork();
+  pid_t pid = spawn();
   if (pid == 0) {
     dup2(pfd[1], 1);
     dup2(efd, 2);
@@ -76,7 +134,7 @@ static int run_self(char *const argv[], char **out, char *err, size_t err_len) {
   buf[len] = 0;
   close(pfd[0]);
   int st = 0;
-  while (pid > 0 && waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+  if (pid > 0) reap(pid, &st);
   /* the last line of stderr: the reason */
   off_t size = lseek(efd, 0, SEEK_END);
   if (size > 0) {
@@ -190,7 +248,7 @@ bool study_have_gnuplot(void) {
 
 int study_gnuplot(const char *dir, const char *script, char *err, size_t err_len) {
   fflush(NULL);
-  pid_t pid = fork();
+  pid_t pid = spawn();
   if (pid == 0) {
     if (chdir(dir)) _exit(126);
     char log[PATH_MAX];
@@ -201,7 +259,7 @@ int study_gnuplot(const char *dir, const char *script, char *err, size_t err_len
     _exit(127);
   }
   int st = 0;
-  if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st)) {
+  if (pid < 0 || reap(pid, &st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st)) {
     snprintf(err, err_len, "gnuplot %s/%s failed (exit %d)%s%s%s", dir, script, WIFEXITED(st) ? WEXITSTATUS(st) : -1,
              WIFEXITED(st) && WEXITSTATUS(st) == 127 ? ": gnuplot is not installed (apt-get install gnuplot-nox)"
                                                       : "; see ",

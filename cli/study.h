@@ -50,6 +50,14 @@ struct study_run {
  * ran (r->ok), 1 with r->why otherwise. */
 int study_run(const char *plan_path, const struct plan *p, const struct study_run_opts *o, struct study_run *r);
 
+/* SIGINT, SIGTERM and SIGHUP while a study runs (issue 28 row 17): the
+ * handler stops the child running now (`cedar run`, gnuplot) and no other
+ * starts; the caller sees study_interrupted() != 0, cleans up (its
+ * temporary directory) and calls study_reraise() to end by that signal. */
+void study_trap_signals(void);
+int study_interrupted(void);
+void study_reraise(void);
+
 /* Run `gnuplot SCRIPT` in dir; a script X.gp must write X.png (not empty).
  * Returns 0, or 1 with a message (gnuplot failed, or its image is missing). */
 int study_gnuplot(const char *dir, const char *script, char *err, size_t err_len);

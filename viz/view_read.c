@@ -14,6 +14,10 @@
 #include "viz/view.h"
 
 #define VIEW_MAX_FILE ((size_t)1 << 31) /* 2 GiB: far above any trace a browser can hold */
+/* Timestamps and durations (microseconds) beyond this are refused (issue 28
+ * row 16): 1e17 us is 3,000 years, room for epoch-based clocks (1.7e15
+ * now), and the page's differences of two of them stay finite. */
+#define VIEW_MAX_US 1e17
 
 static char *read_file(const char *path, size_t *len, char *err, size_t err_len) {
   return cedar_read_all(path, VIEW_MAX_FILE, len, err, err_len); /* base/file.h: bounded, no FIFO or device */
@@ -142,11 +146,18 @@ static int read_event(struct reader *R, const cJSON *ev, int i, const char *path
     snprintf(err, err_len, "%s: event %d (ph \"%c\") has no numeric \"ts\"", path, i, p);
     return CEDAR_EINVAL;
   }
+  if (fabs(ts->valuedouble) > VIEW_MAX_US) {
+    snprintf(err, err_len, "%s: event %d (ph \"%c\") has \"ts\" %g, beyond +-%g microseconds (a timestamp that "
+             "far makes the page's times infinite)", path, i, p, ts->valuedouble, VIEW_MAX_US);
+    return CEDAR_EINVAL;
+  }
   int lane = lane_of(v, pid, tid);
   if (p == 'X' || p == 'B') {
     const cJSON *dur = cJSON_GetObjectItemCaseSensitive(ev, "dur");
-    if (p == 'X' && (!cJSON_IsNumber(dur) || !isfinite(dur->valuedouble) || dur->valuedouble < 0)) {
-      snprintf(err, err_len, "%s: complete event %d has no non-negative numeric \"dur\"", path, i);
+    if (p == 'X' && (!cJSON_IsNumber(dur) || !isfinite(dur->valuedouble) || dur->valuedouble < 0 ||
+                     dur->valuedouble > VIEW_MAX_US)) {
+      snprintf(err, err_len, "%s: complete event %d has no non-negative numeric \"dur\" of at most %g microseconds", path, i,
+               VIEW_MAX_US);
       return CEDAR_EINVAL;
     }
     struct viz_view_ev *e = new_event(R);

@@ -178,6 +178,13 @@ echo '{"traceEvents": [{"name": "a", "ph": "X", "pid": 1, "tid": 0, "ts": 0, "du
 expect_err 1 'flow id 7 has 1 ends' "$tmp/flow.json"
 echo '{"traceEvents": [{"name": "a", "ph": "X", "pid": 1, "tid": 0, "ts": 0, "dur": -1}]}' > "$tmp/neg.json"
 expect_err 1 'no non-negative numeric "dur"' "$tmp/neg.json"
+# issue 28 row 16: timestamps of +-1e308 made the page's times inf (a blank page, exit 0)
+echo '{"traceEvents": [{"name": "a", "ph": "X", "pid": 1, "tid": 0, "ts": 1e308, "dur": 1}, {"name": "b", "ph": "X", "pid": 1, "tid": 0, "ts": -1e308, "dur": 1}]}' > "$tmp/far.json"
+expect_err 1 'event 0 (ph "X") has "ts" 1e+308, beyond' "$tmp/far.json"
+echo '{"traceEvents": [{"name": "a", "ph": "X", "pid": 1, "tid": 0, "ts": 0, "dur": 1e308}]}' > "$tmp/long.json"
+expect_err 1 'no non-negative numeric "dur" of at most' "$tmp/long.json"
+echo '{"traceEvents": [{"name": "a", "ph": "B", "pid": 1, "tid": 0, "ts": 0}, {"name": "a", "ph": "E", "pid": 1, "tid": 0, "ts": -1e308}]}' > "$tmp/farE.json"
+expect_err 1 'event 1 (ph "E") has "ts" -1e+308, beyond' "$tmp/farE.json"
 echo '{"traceEvents": [{"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "p"}}]}' > "$tmp/empty.json"
 expect_err 1 'no slices' "$tmp/empty.json"
 expect_err 1 'cannot open' "$tmp/missing.json"
