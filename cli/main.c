@@ -8,6 +8,7 @@
 #include "base/file.h"
 #include "cli/cli.h"
 #include "ops/basic.h"
+#include "runtime/dist/pd.h"
 
 struct command {
   const char *name;
@@ -72,6 +73,10 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "--version")) return cmd_version(argc - 1, argv + 1);
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (!strcmp(argv[1], commands[i].name)) {
+      if (rt_pd_deadline_check(err, sizeof err)) { /* an environment knob, checked before any work */
+        fprintf(stderr, "cedar: %s\n", err);
+        return 2;
+      }
       cedar_ignore_sigxfsz(); /* a write past `ulimit -f` fails with EFBIG and is reported (base/file.h) */
       int rc = commands[i].fn(argc - 1, argv + 1);
       /* stdout on a full disk or /dev/full: no exit 0 after a failed write */

@@ -60,11 +60,7 @@ static struct rt_ep_stats last;
 static int64_t held_here = -1; /* rt_ep_note_weights */
 const struct rt_ep_stats *rt_ep_last_stats(void) { return &last; }
 
-static double deadline_s(void) {
-  const char *s = getenv("CEDAR_PD_DEADLINE_S");
-  double d = s ? atof(s) : 0;
-  return d > 0 ? d : 60;
-}
+static double deadline_s(void) { return rt_pd_deadline_s(); } /* CEDAR_PD_DEADLINE_S, checked (pd.h) */
 
 /* ---- the request ------------------------------------------------------------ */
 

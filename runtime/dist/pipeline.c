@@ -51,11 +51,7 @@ static int ptr_cap;
 static struct rt_pipe_stats last;
 const struct rt_pipe_stats *rt_pipe_last_stats(void) { return &last; }
 
-static double deadline_s(void) {
-  const char *s = getenv("CEDAR_PD_DEADLINE_S");
-  double d = s ? atof(s) : 0;
-  return d > 0 ? d : 60;
-}
+static double deadline_s(void) { return rt_pd_deadline_s(); } /* CEDAR_PD_DEADLINE_S, checked (pd.h) */
 
 bool rt_pipe_multi(const struct plan *p) {
   return (plan_has_stages(p) || p->serving.place.n_ep_ranks) && comm_world_size() > 1;

@@ -39,6 +39,7 @@
 
 #include "base/check.h"
 #include "base/file.h"
+#include "runtime/load/map_guard.h"
 #include "runtime/load/safetensors_internal.h"
 
 struct st_file {
@@ -557,12 +558,14 @@ int st_open(const char *path, st_file_t **out, char *err, size_t err_len) {
     if (map == MAP_FAILED) {
       map = NULL;
       rc = read_whole(&c, fd, len, &owned);
+    } else {
+      rt_map_guard_add(map, len, path); /* truncated under us: SIGBUS names the file (map_guard.h) */
     }
   }
   close(fd);
   if (!rc) rc = st_parse(path, map ? map : owned, len, out, err, err_len);
   if (rc) {
-    if (map) munmap(map, len);
+    if (map) rt_map_guard_remove(map), munmap(map, len);
     free(owned);
     return rc;
   }
@@ -584,7 +587,7 @@ void st_close(st_file_t *f) {
   free(f->tensors);
   free(f->by_name);
   free(f->meta);
-  if (f->map) munmap(f->map, f->map_len);
+  if (f->map) rt_map_guard_remove(f->map), munmap(f->map, f->map_len);
   free(f->owned);
   free(f);
 }

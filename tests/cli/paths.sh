@@ -9,7 +9,8 @@
 # with the path's name in the message, never a signal. Then the checkpoint
 # directory's members as FIFOs (a shard, config.json, the index), a FIFO
 # as a `.blk` in --cache-dir (dropped, the run goes on), and standard input
-# over the text cap (`head -c ... /dev/zero | cedar ... -`).
+# over the text cap (`head -c ... /dev/zero | cedar ... -`), and a weights
+# file truncated in place while a run has it mapped (runtime/map_guard.h).
 # Usage: bash tests/cli/paths.sh path/to/cedar   (from the repo root)
 set -uo pipefail
 cedar=${1:?usage: paths.sh /path/to/cedar}
@@ -114,4 +115,15 @@ if [ -n "$tok" ] && [ -f "$tok" ]; then
   stdin_case "detokenize --file -" detokenize --file -
 fi
 stdin_case "serve-sim --trace -" serve-sim --plan $tiny --max-batch 2 --trace -
+# ---- a shard truncated in place during a run: the file named, exit 1, no SIGBUS death
+"$cedar" weights init --plan $tiny --seed 2 --out "$tmp/cut.st" > /dev/null || fail "weights init"
+timeout 120 "$cedar" run --plan $tiny --weights "$tmp/cut.st" --tokens 1,2,3 --max-new 20000 --executor direct \
+  > /dev/null 2> "$tmp/err" &
+pid=$!
+sleep 1
+truncate -s 4096 "$tmp/cut.st"
+rc=0
+wait $pid || rc=$?
+[ "$rc" -eq 1 ] && grep -qF "$tmp/cut.st: the file changed while cedar had it mapped" "$tmp/err" ||
+  { cat "$tmp/err" >&2; fail "a shard truncated mid-run: exit $rc (135 = SIGBUS), want 1 naming it"; }
 echo "paths: ok"
