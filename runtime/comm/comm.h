@@ -20,6 +20,21 @@ struct comm_msg {
 };
 
 double comm_now(void);
+/* CEDAR_PD_DEADLINE_S, the deadline of every wait between ranks (P/D,
+ * stages, experts): seconds in (0, 86400], default 60 when unset. A value
+ * that is not such a number (abc, -1, nan, 0, 5x) is refused by
+ * comm_deadline_check (cli/main.c, before any command runs: it used to
+ * mean 60 s without a word); comm_deadline_s then still answers 60. */
+#define COMM_DEADLINE_MAX_S 86400.0
+double comm_deadline_s(void);
+/* 0, or -1 with "CEDAR_PD_DEADLINE_S=<value>: why" in err. */
+int comm_deadline_check(char *err, size_t err_len);
+/* CEDAR_MPI_TEST_FAULT=die-init:R, die-agree:R or die-end:R: rank R
+ * (OMPI_COMM_WORLD_RANK) SIGKILLs itself at that point ("init": before
+ * MPI_Init_thread, "agree": before reporting to rank 0 in dist/pd_stage.c,
+ * "end": before the ranks meet to finalize; tests/cli/pd_dead_rank.sh).
+ * 0, or -1 when the value is none of these (refused by name). */
+int comm_test_fault(const char *when);
 /* Every rank of the world meets here before a request's messages (so a
  * slow start on one rank is not counted against the transfer's deadline);
  * false when the others did not come within dl seconds (the barrier stays

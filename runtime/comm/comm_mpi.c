@@ -13,13 +13,16 @@
  * Without MPI in the build every entry answers "not built" and the world
  * size is 0, so a P/D plan runs both roles in one process.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/check.h"
 #include "base/log.h"
@@ -37,6 +40,47 @@ static bool mpi_inited;
 int comm_world_size(void) { return world_size; }
 int comm_world_rank(void) { return world_rank; }
 
+/* The value of CEDAR_PD_DEADLINE_S, or -1 when set and not a number of
+ * seconds in (0, COMM_DEADLINE_MAX_S]; 60 when unset or empty. */
+static double deadline_parse(const char *s) {
+  if (!s || !*s) return 60;
+  char *end;
+  errno = 0;
+  double d = strtod(s, &end);
+  return errno || end == s || *end || !(d > 0 && d <= COMM_DEADLINE_MAX_S) ? -1 : d;
+}
+
+int comm_deadline_check(char *err, size_t err_len) {
+  const char *s = getenv("CEDAR_PD_DEADLINE_S");
+  if (deadline_parse(s) > 0) return 0;
+  snprintf(err, err_len, "CEDAR_PD_DEADLINE_S=%.40s: give the deadline of a wait between ranks in seconds, a "
+           "number in (0, %.0f] (unset: 60)", s, COMM_DEADLINE_MAX_S);
+  return -1;
+}
+
+double comm_deadline_s(void) {
+  double d = deadline_parse(getenv("CEDAR_PD_DEADLINE_S"));
+  return d > 0 ? d : 60; /* refused at start-up (comm_deadline_check); 60 for a caller that did not check */
+}
+
+int comm_test_fault(const char *when) {
+  const char *f = getenv("CEDAR_MPI_TEST_FAULT"), *rk = getenv("OMPI_COMM_WORLD_RANK");
+  if (!f) return 0;
+  int r = -1, used = 0;
+  char w[16] = "";
+  if (sscanf(f, "die-%15[a-z]:%d%n", w, &r, &used) != 2 || f[used] || r < 0 ||
+      (strcmp(w, "init") && strcmp(w, "end") && strcmp(w, "agree")))
+    return -1;
+  if (!strcmp(w, when) && rk && atoi(rk) == r) {
+    fprintf(stderr, "cedar: test fault: rank %d kills itself (SIGKILL) %s\n", r,
+            !strcmp(when, "init") ? "before MPI_Init_thread"
+            : !strcmp(when, "end") ? "before the ranks meet to finalize" : "before it reports to rank 0 (agree)");
+    fflush(NULL);
+    raise(SIGKILL);
+  }
+  return 0;
+}
+
 double comm_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts); /* one clock for every process of one host */
@@ -51,10 +95,37 @@ static bool under_mpirun(void) {
   return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
 }
 
+/* MPI_Init_thread waits for every rank without a deadline: one killed
+ * during start-up held the others there for ever under
+ * orte_enable_recovery (issue 28 row 11). A timer bounds it: past the
+ * deadline this rank says so and exits 1 (SIGALRM; async-signal-safe). */
+static void on_init_timeout(int sig) {
+  (void)sig;
+  static const char msg[] = "cedar: error: MPI start-up (MPI_Init_thread) did not complete within CEDAR_PD_DEADLINE_S: "
+                            "a rank died or is stuck before it started; this rank ends (exit 1)\n";
+  ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+  (void)w;
+  _exit(1);
+}
+
+static void init_timer(double s) {
+  struct itimerval it = {{0, 0}, {(time_t)s, (suseconds_t)((s - (double)(time_t)s) * 1e6)}};
+  if (s > 0) signal(SIGALRM, on_init_timeout);
+  setitimer(ITIMER_REAL, &it, NULL);
+  if (s <= 0) signal(SIGALRM, SIG_DFL);
+}
+
 int comm_begin(int *argc, char ***argv, char *err, size_t err_len) {
   if (mpi_inited || !under_mpirun()) return 0;
+  if (comm_test_fault("init")) {
+    snprintf(err, err_len, "CEDAR_MPI_TEST_FAULT=%s: want die-init:RANK, die-agree:RANK or die-end:RANK", getenv("CEDAR_MPI_TEST_FAULT"));
+    return CEDAR_EINVAL;
+  }
   int provided = 0;
-  if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+  init_timer(comm_deadline_s());
+  int irc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  init_timer(0);
+  if (irc != MPI_SUCCESS) {
     snprintf(err, err_len, "MPI_Init_thread failed");
     return CEDAR_EUNSUPPORTED;
   }
@@ -72,6 +143,21 @@ void comm_end(void) {
   if (!mpi_inited) return;
   int fin = 0;
   MPI_Finalized(&fin);
+  /* MPI_Finalize waits for every rank, without a deadline: a rank that died
+   * (Open MPI goes on without it under orte_enable_recovery) held the
+   * others there for ever (issue 28 row 11: a rank killed at start-up hung
+   * the job). So the ranks meet first, within three deadlines (a live rank
+   * may still be failing its request: up to two in rt_pipe_close), and when
+   * one does not come this rank leaves without MPI_Finalize, saying so. */
+  double dl = 3 * comm_deadline_s();
+  comm_test_fault("end");
+  if (!fin && world_size > 1 && !comm_meet(dl)) {
+    LOG_ERROR("rank %d: not every rank reached the end within %.0f s (3 x CEDAR_PD_DEADLINE_S): one died or is "
+              "stuck; leaving without MPI_Finalize, which would wait for it for ever", world_rank, dl);
+    fflush(NULL);
+    mpi_inited = false;
+    return;
+  }
   if (!fin) MPI_Finalize();
   mpi_inited = false;
 }

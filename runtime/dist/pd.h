@@ -161,8 +161,8 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
  * stages, experts): seconds in (0, 86400], default 60 when unset. A value
  * that is not such a number (abc, -1, nan, 0, 5x) is refused by
  * rt_pd_deadline_check (cli/main.c, before any command runs: it used to
- * mean 60 s without a word); rt_pd_deadline_s then still answers 60. */
-#define RT_PD_DEADLINE_MAX_S 86400.0
+ * mean 60 s without a word); rt_pd_deadline_s then still answers 60.
+ * The parsing is comm_deadline_s's (runtime/comm/comm.h). */
 double rt_pd_deadline_s(void);
 /* 0, or -1 with "CEDAR_PD_DEADLINE_S=<value>: why" in err. */
 int rt_pd_deadline_check(char *err, size_t err_len);

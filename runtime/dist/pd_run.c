@@ -4,7 +4,6 @@
  * faults. */
 #include <stdatomic.h>
 #include <stddef.h>
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,28 +27,9 @@ struct rt_pd_stats pd_last;
 const struct rt_pd_stats *rt_pd_last_stats(void) { return &pd_last; }
 #define last pd_last
 
-/* The value of CEDAR_PD_DEADLINE_S, or -1 when set and not a number of
- * seconds in (0, RT_PD_DEADLINE_MAX_S]; 60 when unset or empty. */
-static double deadline_parse(const char *s) {
-  if (!s || !*s) return 60;
-  char *end;
-  errno = 0;
-  double d = strtod(s, &end);
-  return errno || end == s || *end || !(d > 0 && d <= RT_PD_DEADLINE_MAX_S) ? -1 : d;
-}
+int rt_pd_deadline_check(char *err, size_t err_len) { return comm_deadline_check(err, err_len); }
 
-int rt_pd_deadline_check(char *err, size_t err_len) {
-  const char *s = getenv("CEDAR_PD_DEADLINE_S");
-  if (deadline_parse(s) > 0) return 0;
-  snprintf(err, err_len, "CEDAR_PD_DEADLINE_S=%.40s: give the deadline of a wait between ranks in seconds, a "
-           "number in (0, %.0f] (unset: 60)", s, RT_PD_DEADLINE_MAX_S);
-  return -1;
-}
-
-double pd_deadline_s(void) {
-  double d = deadline_parse(getenv("CEDAR_PD_DEADLINE_S"));
-  return d > 0 ? d : 60; /* refused at start-up (rt_pd_deadline_check); 60 for a caller that did not check */
-}
+double pd_deadline_s(void) { return comm_deadline_s(); }
 
 double rt_pd_deadline_s(void) { return pd_deadline_s(); }
 

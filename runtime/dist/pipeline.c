@@ -39,6 +39,7 @@ static struct {
   pthread_mutex_t mu;
   char err[256];
   int rc;
+  int suspect;        /* the rank a wait of this request gave up on first, or -1 (rt_pipe_suspect) */
   bool trace;         /* record the nodes' times for one trace (rt_pipe_trace) */
   double *arrive;     /* (cap_arrive) this graph's receives: when each message arrived (CLOCK_MONOTONIC s), by node */
   int cap_arrive;
@@ -66,6 +67,27 @@ static void fail(int rc, const char *fmt, const char *a, int b, double c) {
     snprintf(pp.err, sizeof pp.err, fmt, a, b, c);
   }
   pthread_mutex_unlock(&pp.mu);
+}
+
+/* fail, for a wait that gave up on rank peer: that rank becomes the suspect. */
+static void fail_peer(const char *fmt, const char *a, int peer, double c) {
+  pthread_mutex_lock(&pp.mu);
+  if (pp.suspect < 0) pp.suspect = peer;
+  pthread_mutex_unlock(&pp.mu);
+  fail(CEDAR_EIO, fmt, a, peer, c);
+}
+
+void rt_pipe_set_suspect(int rank) {
+  pthread_mutex_lock(&pp.mu);
+  if (pp.suspect < 0) pp.suspect = rank;
+  pthread_mutex_unlock(&pp.mu);
+}
+
+int rt_pipe_suspect(void) {
+  pthread_mutex_lock(&pp.mu);
+  int s = pp.suspect;
+  pthread_mutex_unlock(&pp.mu);
+  return s;
 }
 
 /* Wait for one message, or until dl seconds passed. */
@@ -151,8 +173,8 @@ int rt_pipe_transfer_node(const struct rt_node_ctx *c) {
   if (rc) return rc;
   double dl = deadline_s();
   if (!wait_done(&m->st, dl)) {
-    fail(CEDAR_EIO, "%s: nothing arrived from rank %d for %.0f s (CEDAR_PD_DEADLINE_S): that rank died or is stuck; "
-         "this request fails", nd->name, from, dl);
+    fail_peer("%s: nothing arrived from rank %d for %.0f s (CEDAR_PD_DEADLINE_S): that rank died or is stuck; "
+              "this request fails", nd->name, from, dl);
     return CEDAR_EIO;
   }
   if (pp.trace) {
@@ -224,8 +246,8 @@ static int xchg_dl(void *buf, size_t n, int peer, int tag, bool send, double dl)
   int rc = send ? comm_send(m->buf, n, peer, tag, &m->st) : comm_recv(m->buf, n, peer, tag, &m->st);
   if (rc) return rc;
   if (!wait_done(&m->st, dl)) {
-    fail(CEDAR_EIO, "%s: no answer from rank %d for %.0f s (CEDAR_PD_DEADLINE_S): that rank died or is stuck; this "
-         "request fails", send ? "sending the logits" : "waiting for the logits", peer, deadline_s());
+    fail_peer("%s: no answer from rank %d for %.0f s (CEDAR_PD_DEADLINE_S): that rank died or is stuck; this "
+              "request fails", send ? "sending the logits" : "waiting for the logits", peer, deadline_s());
     return CEDAR_EIO;
   }
   if (!send) memcpy(buf, m->buf, n);
@@ -305,8 +327,8 @@ int rt_pipe_after_graph(const struct graph *g, struct rt_exec_out *out, const st
   }
   int peer = -1;
   if (!rc && !sends_done(&peer, deadline_s()))
-    fail(CEDAR_EIO, "%s: a message to or from rank %d did not complete in %.0f s (CEDAR_PD_DEADLINE_S): that rank "
-         "died or is stuck; this request fails", "the pipeline", peer, deadline_s());
+    fail_peer("%s: a message to or from rank %d did not complete in %.0f s (CEDAR_PD_DEADLINE_S): that rank "
+              "died or is stuck; this request fails", "the pipeline", peer, deadline_s());
   const int V = g->plan->model.vocab;
   int hr = head_rank(g), tag = tag_of(0xfffff);
   for (int r = 0; r < pp.world && !rc && !pp.rc; r++) {
@@ -397,6 +419,7 @@ int rt_pipe_open(const struct plan *p, const struct plan *ep_plan, const struct 
   atomic_store(&pp.n_xfer, 0);
   pp.rc = 0;
   pp.err[0] = 0;
+  pp.suspect = -1;
   pp.trace = o->on_graph && o->executor == RT_EXEC_STARPU;
   pp.on = true;
   return 0;
@@ -417,6 +440,52 @@ void rt_pipe_bind(struct rt_gen_opts *o) {
 }
 
 int rt_pipe_xchg(void *buf, size_t n, int peer, int tag, bool send) { return xchg(buf, n, peer, tag_of(tag), send); }
+
+int rt_pipe_xchg_dl(void *buf, size_t n, int peer, int tag, bool send, double dl) {
+  return xchg_dl(buf, n, peer, tag_of(tag), send, dl);
+}
+
+int rt_pipe_gather(void *bufs, size_t n, int tag, double dl, bool *got, int suspect, bool failed,
+                   int (*suspect_of)(const void *msg)) {
+  struct sent **m = cedar_xcalloc((size_t)pp.world + 1, sizeof *m);
+  for (int r = 1; r < pp.world; r++) { /* every receive posted at once: one deadline for all */
+    got[r] = false;
+    m[r] = new_msg(NULL, n, r);
+    if (comm_recv(m[r]->buf, n, r, tag_of(tag), &m[r]->st)) m[r] = NULL;
+  }
+  double t0 = comm_now();
+  bool *named = cedar_xcalloc((size_t)pp.world + 1, sizeof *named);
+  for (;;) { /* until each rank has reported or is named dead (by this rank or by a report) */
+    memset(named, 0, sizeof(bool) * (size_t)pp.world);
+    if (suspect > 0 && suspect < pp.world) named[suspect] = true;
+    bool any_failed = failed;
+    for (int r = 1; r < pp.world; r++) {
+      int s = m[r] && atomic_load(&m[r]->st.done) && suspect_of ? suspect_of(m[r]->buf) : -1;
+      if (s > 0 && s < pp.world) named[s] = true;
+      any_failed |= s != -1;
+    }
+    bool all = true;
+    for (int r = 1; r < pp.world; r++) all &= (m[r] && atomic_load(&m[r]->st.done)) || named[r];
+    /* one deadline when nothing failed (no live rank is held up by a dead peer), two otherwise */
+    double waited = comm_now() - t0;
+    if (all || waited > 2 * dl || (waited > dl && !any_failed)) break;
+    nanosleep(&(struct timespec){0, 200000}, NULL);
+  }
+  free(named);
+  int missing = 0;
+  for (int r = 1; r < pp.world; r++) {
+    got[r] = m[r] && atomic_load(&m[r]->st.done);
+    if (got[r]) {
+      memcpy((char *)bufs + (size_t)r * n, m[r]->buf, n);
+      free(m[r]->buf);
+      m[r]->buf = NULL;
+    } else {
+      missing++; /* still posted: rt_pipe_close ends the job (StarPU-MPI cannot cancel it) */
+    }
+  }
+  free(m);
+  return missing;
+}
 
 int rt_pipe_close(const struct plan *p, const struct rt_request *r, int rc, char *err, size_t err_len) {
   if (!pp.on) return rc; /* one process: nothing was opened */
@@ -452,13 +521,16 @@ int rt_pipe_close(const struct plan *p, const struct rt_request *r, int rc, char
    * still posted, or a rank that does not come, ends the job (MPI_Abort). */
   bool idle = sends_done(NULL, rc ? 1 : deadline_s()); /* failed: what is still posted stays so */
   double dl = rc ? 2 * deadline_s() : deadline_s();
-  bool met = idle && meet_all(dl) && sends_done(NULL, dl);
+  /* a rank known dead (rt_pipe_suspect) would only make the meeting wait its deadline */
+  bool gone = rc && rt_pipe_suspect() >= 0;
+  bool met = idle && !gone && meet_all(dl) && sends_done(NULL, dl);
   if (met) idle = comm_stop();
   if (!idle || !met) {
     char why[1200];
     snprintf(why, sizeof why, "%s%s", rc ? err : "",
              !idle ? (rc ? "; a pipeline message is still posted" : "a pipeline message is still posted")
-                   : (rc ? "; the other ranks did not end the request in time" : "the other ranks did not end the request within the deadline (CEDAR_PD_DEADLINE_S): one died or is stuck"));
+             : gone ? "; a rank stopped answering, so StarPU-MPI cannot stop in order"
+                    : (rc ? "; the other ranks did not end the request in time" : "the other ranks did not end the request within the deadline (CEDAR_PD_DEADLINE_S): one died or is stuck"));
     comm_abort(why);
     if (!rc) { /* (without MPI comm_abort returns) */
       snprintf(err, err_len, "%s", why);

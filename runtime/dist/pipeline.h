@@ -78,6 +78,22 @@ int rt_pipe_open(const struct plan *p, const struct plan *ep_plan, const struct 
                  char *err, size_t err_len);
 int rt_pipe_close(const struct plan *p, const struct rt_request *r, int rc, char *err, size_t err_len);
 int rt_pipe_xchg(void *buf, size_t n, int peer, int tag, bool send);
+/* rt_pipe_xchg within dl seconds instead of the deadline. */
+int rt_pipe_xchg_dl(void *buf, size_t n, int peer, int tag, bool send, double dl);
+/* The rank a wait of this request gave up on first (it named that rank in
+ * its failure), or -1. */
+int rt_pipe_suspect(void);
+/* Name rank as the suspect when none is yet (a verdict from rank 0). */
+void rt_pipe_set_suspect(int rank);
+/* Rank 0: n bytes from every other rank r into bufs + r * n, the receives
+ * posted at once, until each has arrived or is named dead (suspect: this
+ * rank's rt_pipe_suspect; suspect_of: the rank an arrived message names,
+ * -1 for a success, -2 for a failure naming none), or dl seconds passed
+ * with no failure (failed: this rank's own), or 2 dl seconds; got[r] says
+ * which arrived. Returns how many did not (their receives stay posted:
+ * rt_pipe_close ends the job). */
+int rt_pipe_gather(void *bufs, size_t n, int tag, double dl, bool *got, int suspect, bool failed,
+                   int (*suspect_of)(const void *msg));
 
 /* After rt_pipe_open: o runs this rank's nodes and meets the other ranks
  * after every graph (rt_gen_opts.one_rank, .after_graph); nothing in one
