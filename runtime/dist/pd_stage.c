@@ -70,8 +70,8 @@ static void verdict(struct agree_msg *m, struct agree_msg *x, const bool *got, i
   for (int r = 1; r < W; r++)
     if (!got[r]) {
       *m = (struct agree_msg){CEDAR_EIO, r, r, {0}};
-      snprintf(m->err, sizeof m->err, "rank %d stopped answering: it did not report within the deadline "
-               "(CEDAR_PD_DEADLINE_S %.0f s): it died or is stuck", r, pd_deadline_s());
+      snprintf(m->err, sizeof m->err, "rank %d stopped answering: it did not report within %.0f s "
+               "(CEDAR_PD_DEADLINE_S): it died or is stuck", r, pd_deadline_s());
       return;
     }
   for (int r = 1; r < W && !m->rc; r++) {
@@ -102,6 +102,8 @@ static int agree(int rc, char *err, size_t err_len) {
                "died or is stuck; this request fails", me, dl, AGREE_MARGIN_S);
       return CEDAR_EIO;
     }
+    char ack = 1; /* a failed verdict: rank 0 ends the job next, and waits for this before it does */
+    if (m.rc) rt_pipe_xchg(&ack, 1, 0, TAG_AGREE + 2, true);
   } else {
     struct agree_msg *x = cedar_xcalloc((size_t)W, sizeof *x);
     bool *got = cedar_xcalloc((size_t)W, sizeof *got);
@@ -109,6 +111,12 @@ static int agree(int rc, char *err, size_t err_len) {
     verdict(&m, x, got, W); /* m: rank 0's own outcome until a report says worse */
     for (int r = 1; r < W; r++) /* not to a rank that did not report: the send would stay posted */
       if (got[r]) rt_pipe_xchg(&m, sizeof m, r, TAG_AGREE + 1, true);
+    /* A failed verdict is followed by the end of the job (MPI_Abort when a
+     * message is still posted), which can drop a verdict still in flight:
+     * each rank that reported acknowledges it first. */
+    char ack;
+    for (int r = 1; r < W && m.rc; r++)
+      if (got[r]) rt_pipe_xchg(&ack, 1, r, TAG_AGREE + 2, false);
     free(x);
     free(got);
   }
