@@ -30,6 +30,7 @@
  * summed there (rt_pd_last_stats), with the pipeline's and the experts'.
  * Test: tests/cli/pdx_mpi.sh.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,11 +96,20 @@ static int agree(int rc, char *err, size_t err_len) {
   if (rc) snprintf(m.err, sizeof m.err, "%s", err);
   comm_test_fault("agree");
   if (me != 0) {
-    double dl = 3 * pd_deadline_s() + AGREE_MARGIN_S;
+    /* A rank that already gave up on a peer waits one deadline and the
+     * margin (rank 0 may be unable to send while a message to the dead
+     * peer is stuck), then names that peer itself; else three deadlines. */
+    int own = m.suspect;
+    double dl = (own >= 0 ? 1 : 3) * pd_deadline_s() + AGREE_MARGIN_S;
     if (rt_pipe_xchg_dl(&m, sizeof m, 0, TAG_AGREE, true, dl) ||
         rt_pipe_xchg_dl(&m, sizeof m, 0, TAG_AGREE + 1, false, dl)) {
-      snprintf(err, err_len, "rank %d: rank 0 did not answer within %.0f s (3 x CEDAR_PD_DEADLINE_S + %.0f): rank 0 "
-               "died or is stuck; this request fails", me, dl, AGREE_MARGIN_S);
+      if (own >= 0)
+        snprintf(err, err_len, "rank %d: its wait gave up on rank %d after %.0f s (CEDAR_PD_DEADLINE_S): that rank "
+                 "died or is stuck; rank 0 sent no verdict within %.0f s more; this request fails", me, own,
+                 pd_deadline_s(), dl);
+      else
+        snprintf(err, err_len, "rank %d: rank 0 did not answer within %.0f s (3 x CEDAR_PD_DEADLINE_S + %.0f): rank "
+                 "0 died or is stuck; this request fails", me, dl, AGREE_MARGIN_S);
       return CEDAR_EIO;
     }
     char ack = 1; /* a failed verdict: rank 0 ends the job next, and waits for this before it does */
@@ -156,6 +166,20 @@ struct stage_run {
   int *idx;
 };
 
+/* After pd_wait_all gave up: the peer of the first message among idx that
+ * did not complete becomes this request's suspect (rt_pipe_set_suspect),
+ * so agree can name the rank that stopped answering. */
+static void suspect_first_missing(const struct stage_run *S, int n_idx) {
+  const int n = S->g.n_node;
+  for (int i = 0; i < n_idx; i++) {
+    int k = S->idx[i];
+    if (atomic_load(&S->L.ms[k].done)) continue;
+    int peer = k < n ? (S->src[k] == S->me ? S->dst[k] : S->src[k]) : k < n + S->W ? k - n : k - n - S->W;
+    if (peer >= 0 && peer != S->me) rt_pipe_set_suspect(peer);
+    return;
+  }
+}
+
 /* P rank: the record for D rank d: rp's state, the messages sent to d and
  * the chain of their checksums in graph order. */
 static void record_for(struct stage_run *S, struct rt_request *rp, int64_t n, int32_t y1, uint64_t rng, int d,
@@ -195,6 +219,7 @@ static int d_side(struct stage_run *S, const struct plan *p, const struct plan *
   struct rt_pd_rx all = {0};
   double dl = pd_deadline_s();
   if (!pd_wait_all(g, S->L.ms, S->idx, n_idx, dl, &all, 0)) {
+    suspect_first_missing(S, n_idx);
     snprintf(err, err_len, "rank %d: the P->D transfer stalled: no message for %.0f s (CEDAR_PD_DEADLINE_S), first "
              "missing: %s; this request is dropped", S->me, dl, all.first_missing);
     return CEDAR_EIO;
@@ -292,6 +317,7 @@ static int answers(struct stage_run *S, bool is_p, bool is_d, int rc, char *err,
     if (S->feeds[q]) S->idx[n_idx++] = S->g.n_node + q;
   struct rt_pd_rx w = {0};
   if (!pd_wait_all(&S->g, S->L.ms, S->idx, n_idx, pd_deadline_s(), &w, 0)) {
+    suspect_first_missing(S, n_idx);
     if (rc) return rc;
     snprintf(err, err_len, "rank %d: the package's messages or answers did not complete within %.0f s "
              "(CEDAR_PD_DEADLINE_S), first missing: %s; this request fails", S->me, pd_deadline_s(), w.first_missing);
