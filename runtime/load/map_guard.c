@@ -1,4 +1,4 @@
-/* map_guard.c: SIGBUS on a registered file mapping names the file (map_guard.h). */
+/* runtime/load/map_guard.c: SIGBUS on a registered file mapping names the file (map_guard.h). */
 #define _GNU_SOURCE
 #include "runtime/load/map_guard.h"
 

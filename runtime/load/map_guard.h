@@ -1,4 +1,4 @@
-/* map_guard.h: a file mapped for reading that shrinks under cedar (a shard
+/* runtime/load/map_guard.h: a file mapped for reading that shrinks under cedar (a shard
  * truncated in place during a run) makes the next read of a page past its
  * new end raise SIGBUS. The reads are everywhere (every kernel reads its
  * weights in place), so no sigsetjmp around them is possible, and checking

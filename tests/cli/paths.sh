@@ -10,7 +10,7 @@
 # directory's members as FIFOs (a shard, config.json, the index), a FIFO
 # as a `.blk` in --cache-dir (dropped, the run goes on), and standard input
 # over the text cap (`head -c ... /dev/zero | cedar ... -`), and a weights
-# file truncated in place while a run has it mapped (runtime/map_guard.h).
+# file truncated in place while a run has it mapped (runtime/load/map_guard.h).
 # Usage: bash tests/cli/paths.sh path/to/cedar   (from the repo root)
 set -uo pipefail
 cedar=${1:?usage: paths.sh /path/to/cedar}

@@ -79,8 +79,9 @@ job() { # job DIR ENV...: run the 4-rank job; DIR/rc.N, DIR/err (each line "SECO
   echo "$(date +%s.%N) - $t0" | bc > "$d/secs"
 }
 
-# 3. rank 3 dies mid-request
-for k in 1 2 3; do
+# 3. rank 3 dies mid-request (the smaller form, CEDAR_TEST_SMALL=1 in the ASan build: at its first transfer only)
+ks="1 2 3"; [ "${CEDAR_TEST_SMALL:-0}" = 1 ] && ks=1
+for k in $ks; do
   d=$tmp/die$k
   job "$d" CEDAR_PIPE_TEST_FAULT=die:3:$k
   grep -q "kills itself (SIGKILL) at message $k" "$d/err" || { cat "$d/err" >&2; fail "die:3:$k: rank 3 did not die"; }
