@@ -229,8 +229,9 @@ int chat_format_load(struct chat_format *f, const char *path, char *err, size_t 
   memset(f, 0, sizeof *f);
   snprintf(f->path, sizeof f->path, "%s", path);
   size_t n; /* base/file.h: bounded; a FIFO or device is refused (a tokenizer_config.json is kilobytes) */
-  char *buf = cedar_read_all(path, (uint64_t)64 << 20, &n, err, err_len);
-  if (!buf) return CEDAR_EIO;
+  char why[600];
+  char *buf = cedar_read_all(path, (uint64_t)64 << 20, &n, why, sizeof why);
+  if (!buf) return snprintf(err, err_len, "cannot read %s", why), CEDAR_EIO;
   cJSON *j = cJSON_ParseWithLength(buf, n);
   free(buf);
   int rc = 0;
