@@ -454,6 +454,84 @@ static int sink_close(struct sink *s, const struct ropts *o, bool ok) {
 
 /* ---- the command --------------------------------------------------------- */
 
+/* The request's options from run's: sampling, text out, progress on the
+ * terminal (pg, or NULL), the trace and graph sink. */
+static struct rt_gen_opts gen_opts(const struct ropts *o, struct text_out *tout, struct progress *pg,
+                                   struct sink *sk) {
+  return (struct rt_gen_opts){.chunk = o->chunk,
+                              .replay = o->replay,
+                              .max_new = o->max_new,
+                              .temperature = o->temperature,
+                              .top_p = o->top_p,
+                              .top_k = o->top_k,
+                              .rep_penalty = o->rep_penalty,
+                              .seed = o->sample_seed_given ? o->sample_seed : o->seed,
+                              .on_token = o->out ? text_out_on_token : NULL,
+                              .token_user = tout,
+                              .all_logits = o->dump != NULL,
+                              .progress = pg ? progress_cb : NULL,
+                              .user = pg,
+                              .on_graph = o->trace || o->dot ? on_graph : NULL,
+                              .graph_user = sk};
+}
+
+/* What is refused before the plan and weights load, when nothing could run:
+ * 0, or 1 with the reason on stderr. */
+static int preflight(const struct ropts *o) {
+  char err[1024];
+  if (o->device && !strcmp(o->device, "cuda") && rt_cuda_ready(err, sizeof err)) {
+    fprintf(stderr, "cedar run: --device cuda: %s; run with --device cpu\n", err);
+    return 1;
+  }
+  if (o->speculate && (o->prompt || o->n_stops || o->ids)) {
+    fprintf(stderr, "cedar run: --speculate runs on ids (--tokens or --prompt-len), greedy or sampled (every sampling "
+                    "option); text prompts, --stop and --ids are not wired into it yet\n");
+    return 1;
+  }
+  return 0;
+}
+
+/* The request's report once it ran on this rank: its state bytes (every
+ * rank's under layer stages) against plan cost, --exact-replay's drift,
+ * --dump, then the text or JSON report. 0, or 1 with the reason on stderr. */
+static int report_request(struct rt_engine *e, struct rt_request *r, const int32_t *prompt, int64_t n,
+                          struct ropts *o, struct rt_gen_result *res) {
+  const struct plan *p = &e->plan;
+  char err[1024];
+  struct rt_state_bytes b;
+  rt_request_bytes(r, &b);
+  run_pipe_state_bytes(&b, &e->dist); /* layer stages under mpirun: every rank's global entries */
+  struct plan_cost pc;
+  struct plan_cost_query pq;
+  plan_cost_query_init(&pq);
+  pq.tokens = r->n_pos;
+  pq.prompt = n;
+  if (plan_cost_compute(p, &pq, &pc)) {
+    fprintf(stderr, "cedar run: plan cost: %s\n", pc.error);
+    return 1;
+  }
+  struct drift dr, *drp = NULL;
+  if (o->exact) {
+    if (exact_replay(e, r, prompt, n, o, res, &dr, err, sizeof err)) {
+      fprintf(stderr, "cedar run: --exact-replay: %s\n", err);
+      return 1;
+    }
+    drp = &dr;
+  }
+  if (o->dump && run_dump_write(o->dump, &e->model, r, res, err, sizeof err)) {
+    fprintf(stderr, "cedar run: --dump: %s\n", err);
+    return 1;
+  }
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  o->engram_map = e->model.cmap ? e->model.cmap_source : NULL;
+  if (o->json)
+    report_json(p, o, &e->weights, n, res, &b, &pc, drp, &e->dist, ru.ru_maxrss);
+  else
+    report_text(p, o, &e->weights, n, res, &b, &pc, drp, &e->dist, ru.ru_maxrss);
+  return 0;
+}
+
 int cmd_run(int argc, char **argv) {
   struct ropts o;
   int rc = run_parse(argc, argv, &o);
@@ -463,18 +541,7 @@ int cmd_run(int argc, char **argv) {
     return 1;
   char err[1024];
   int status = 1;
-  if (o.device && !strcmp(o.device, "cuda")) {
-    /* Refused here, before the plan and weights, when nothing could run. */
-    if (rt_cuda_ready(err, sizeof err)) {
-      fprintf(stderr, "cedar run: --device cuda: %s; run with --device cpu\n", err);
-      return 1;
-    }
-  }
-  if (o.speculate && (o.prompt || o.n_stops || o.ids)) {
-    fprintf(stderr, "cedar run: --speculate runs on ids (--tokens or --prompt-len), greedy or sampled (every sampling "
-                    "option); text prompts, --stop and --ids are not wired into it yet\n");
-    return 1;
-  }
+  if (preflight(&o)) return 1;
   struct prompt q = {&o, NULL, 0, NULL};
   struct run_text tx = {0};
   struct text_out tout = {0};
@@ -535,21 +602,7 @@ int cmd_run(int argc, char **argv) {
   }
   struct progress pg = {now_s(), 0, false};
   bool tty = isatty(2) && !o.json;
-  struct rt_gen_opts go = {.chunk = o.chunk,
-                           .replay = o.replay,
-                           .max_new = o.max_new,
-                           .temperature = o.temperature,
-                           .top_p = o.top_p,
-                           .top_k = o.top_k,
-                           .rep_penalty = o.rep_penalty,
-                           .seed = o.sample_seed_given ? o.sample_seed : o.seed,
-                           .on_token = o.out ? text_out_on_token : NULL,
-                           .token_user = &tout,
-                           .all_logits = o.dump != NULL,
-                           .progress = tty ? progress_cb : NULL,
-                           .user = &pg,
-                           .on_graph = o.trace || o.dot ? on_graph : NULL,
-                           .graph_user = &sk};
+  struct rt_gen_opts go = gen_opts(&o, &tout, tty ? &pg : NULL, &sk);
   if (o.speculate) { /* plain and speculative side by side (cli/run_spec.c) */
     status = run_spec(&e, prompt, n, &go, &o.spec);
     goto out;
@@ -575,38 +628,7 @@ int cmd_run(int argc, char **argv) {
     goto out;
   }
   if (sk.tracing) run_pd_trace(&sk.trace, p); /* under mpirun: P's rank and the transfers too */
-  struct rt_state_bytes b;
-  rt_request_bytes(&r, &b);
-  run_pipe_state_bytes(&b, &e.dist); /* layer stages under mpirun: every rank's global entries */
-  struct plan_cost pc;
-  struct plan_cost_query pq;
-  plan_cost_query_init(&pq);
-  pq.tokens = r.n_pos;
-  pq.prompt = n;
-  if (plan_cost_compute(p, &pq, &pc)) {
-    fprintf(stderr, "cedar run: plan cost: %s\n", pc.error);
-    goto out;
-  }
-  struct drift dr, *drp = NULL;
-  if (o.exact) {
-    if (exact_replay(&e, &r, prompt, n, &o, &res, &dr, err, sizeof err)) {
-      fprintf(stderr, "cedar run: --exact-replay: %s\n", err);
-      goto out;
-    }
-    drp = &dr;
-  }
-  if (o.dump && run_dump_write(o.dump, &e.model, &r, &res, err, sizeof err)) {
-    fprintf(stderr, "cedar run: --dump: %s\n", err);
-    goto out;
-  }
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  o.engram_map = e.model.cmap ? e.model.cmap_source : NULL;
-  if (o.json)
-    report_json(p, &o, &e.weights, n, &res, &b, &pc, drp, &e.dist, ru.ru_maxrss);
-  else
-    report_text(p, &o, &e.weights, n, &res, &b, &pc, drp, &e.dist, ru.ru_maxrss);
-  status = 0;
+  status = report_request(&e, &r, prompt, n, &o, &res);
 out:
   status |= sink_close(&sk, &o, status == 0);
   rt_gen_result_free(&res);

@@ -109,6 +109,20 @@ static bool parse_ms(const char *s, double *out) {
   return true;
 }
 
+/* --percentiles' comma-separated list into o (up to 16, each in (0, 100)). */
+static bool parse_percentiles(const char *arg, struct bopts *o) {
+  char buf[128], *save = NULL;
+  snprintf(buf, sizeof buf, "%s", arg);
+  o->n_pct = 0;
+  for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    char *end;
+    double p = strtod(t, &end);
+    if (*end || end == t || !(p > 0 && p < 100) || o->n_pct == 16) return false;
+    o->pct[o->n_pct++] = p;
+  }
+  return true;
+}
+
 static int parse(int argc, char **argv, struct bopts *o) {
   static const struct option opts[] = {
       {"max-batch", required_argument, NULL, 'B'},   {"plan", required_argument, NULL, 'p'},
@@ -187,19 +201,10 @@ static int parse(int argc, char **argv, struct bopts *o) {
       if (!parse_ms(optarg, dst)) return cli_usage_error("serve-sim", "an SLO takes milliseconds > 0 (got '%s')", optarg);
       break;
     }
-    case 'P': {
-      char buf[128], *save = NULL;
-      snprintf(buf, sizeof buf, "%s", optarg);
-      o->n_pct = 0;
-      for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        char *end;
-        double p = strtod(t, &end);
-        if (*end || end == t || !(p > 0 && p < 100) || o->n_pct == 16)
-          return cli_usage_error("serve-sim", "--percentiles takes up to 16 numbers in (0, 100), comma-separated (got '%s')", optarg);
-        o->pct[o->n_pct++] = p;
-      }
+    case 'P':
+      if (!parse_percentiles(optarg, o))
+        return cli_usage_error("serve-sim", "--percentiles takes up to 16 numbers in (0, 100), comma-separated (got '%s')", optarg);
       break;
-    }
     case 'T':
       if (!cli_parse_int(optarg, 1, 1 << 24, &v)) return cli_usage_error("serve-sim", "--step-tokens takes T >= 1");
       o->step_tokens = (int)v;
@@ -434,11 +439,9 @@ static void step_bytes_of(const struct weights_list *l, const struct plan *p, st
   sb->embed_row = embed / p->model.vocab;
 }
 
-static int run_one(const struct bopts *o, struct rt_engine *e, const struct arrival *arr, int64_t n, int N,
-                   struct run_sum *sum) {
+/* The batch of one run at --max-batch N. */
+static struct rt_batch_opts batch_opts(const struct bopts *o, const struct rt_engine *e, int N) {
   const struct plan *p = &e->plan;
-  char err[512];
-  struct rt_batch b;
   struct rt_batch_opts bo = {.max_requests = N, .step_tokens = o->step_tokens, .chunk = o->chunk,
                              .temperature = (float)o->temperature, .top_p = 1, .cache = e->cache,
                              .save_snapshot = e->cache != NULL};
@@ -446,18 +449,24 @@ static int run_one(const struct bopts *o, struct rt_engine *e, const struct arri
     int chunk = bo.chunk > 0 ? bo.chunk : p->serving.batch_chunk;
     bo.step_tokens = p->serving.batch_step_tokens >= chunk + N ? p->serving.batch_step_tokens : chunk + N;
   }
-  if (rt_batch_init(&b, &e->model, e->pools, &bo, err, sizeof err)) {
-    fprintf(stderr, "cedar serve-sim: %s\n", err);
-    return 1;
-  }
+  return bo;
+}
+
+/* The arrivals through the batch on its simulated clock: each request
+ * submitted at its arrival time (a prompt of random byte tokens when the
+ * trace gives only its length), steps run until every one finished. The
+ * handles, by arrival. */
+static int64_t *replay(const struct bopts *o, struct rt_batch *b, const struct plan *p, const struct arrival *arr,
+                       int64_t n) {
+  char err[512];
   uint64_t s = o->seed * 40503u + 99;
   int32_t *buf = cedar_xmalloc(sizeof(int32_t) * 1024);
   size_t buf_cap = 1024;
   int64_t *h = cedar_xmalloc(sizeof(int64_t) * (size_t)n);
   int64_t next = 0;
   struct rt_batch_step st;
-  while (next < n || rt_batch_pending(&b)) {
-    while (next < n && arr[next].t <= b.clock) {
+  while (next < n || rt_batch_pending(b)) {
+    while (next < n && arr[next].t <= b->clock) {
       const struct arrival *a = &arr[next];
       const int32_t *prompt = a->tokens;
       if (!prompt) {
@@ -466,18 +475,33 @@ static int run_one(const struct bopts *o, struct rt_engine *e, const struct arri
         for (int64_t i = 0; i < a->prompt_len; i++) buf[i] = (int32_t)(op_rng_next(&s) % (uint64_t)lim);
         prompt = buf;
       }
-      double clock = b.clock;
-      b.clock = a->t; /* stamped with its own arrival time */
-      h[next] = rt_batch_submit(&b, prompt, a->prompt_len, a->max_new, o->seed + (uint64_t)next, next, err, sizeof err);
-      b.clock = clock;
+      double clock = b->clock;
+      b->clock = a->t; /* stamped with its own arrival time */
+      h[next] = rt_batch_submit(b, prompt, a->prompt_len, a->max_new, o->seed + (uint64_t)next, next, err, sizeof err);
+      b->clock = clock;
       next++;
     }
-    if (!rt_batch_pending(&b)) {
-      b.clock = arr[next].t; /* idle: jump to the next arrival */
+    if (!rt_batch_pending(b)) {
+      b->clock = arr[next].t; /* idle: jump to the next arrival */
       continue;
     }
-    rt_batch_run_step(&b, &st);
+    rt_batch_run_step(b, &st);
   }
+  free(buf);
+  return h;
+}
+
+static int run_one(const struct bopts *o, struct rt_engine *e, const struct arrival *arr, int64_t n, int N,
+                   struct run_sum *sum) {
+  const struct plan *p = &e->plan;
+  char err[512];
+  struct rt_batch b;
+  struct rt_batch_opts bo = batch_opts(o, e, N);
+  if (rt_batch_init(&b, &e->model, e->pools, &bo, err, sizeof err)) {
+    fprintf(stderr, "cedar serve-sim: %s\n", err);
+    return 1;
+  }
+  int64_t *h = replay(o, &b, p, arr, n);
   /* per request */
   int64_t good = 0, done = 0, failed = 0, in_tok = 0, out_tok = 0, n_itl = 0, n_tpot = 0;
   double *ttft = cedar_xmalloc(sizeof(double) * (size_t)n), *e2el = cedar_xmalloc(sizeof(double) * (size_t)n);
@@ -581,7 +605,7 @@ static int run_one(const struct bopts *o, struct rt_engine *e, const struct arri
     free(s2);
   }
   cJSON_Delete(root);
-  free(ttft), free(e2el), free(tpot), free(itl), free(h), free(buf);
+  free(ttft), free(e2el), free(tpot), free(itl), free(h);
   rt_batch_free(&b);
   return failed ? 1 : 0;
 }

@@ -15,6 +15,8 @@ file:line, the rule and how to fix it, when
   cmake    the top-level CMakeLists.txt links a cedar_<folder> library to
            other cedar_* libraries than the table allows,
   size     a source file is over MAX_LINES lines,
+  function a function is over MAX_FUNC_LINES lines (its opening line to its
+           closing brace),
   header   a source file does not open with a comment,
   dot      docs/architecture-includes.dot is not what --dot prints now.
 
@@ -105,6 +107,7 @@ FOLDERS = ["base", "ops", "kernels", "scheduler", "viz", "runtime/text", "runtim
 TOPS = sorted({f.split("/")[0] for f in FOLDERS})
 SOURCE_EXTS = (".c", ".h", ".cu", ".cuh")
 MAX_LINES = 800
+MAX_FUNC_LINES = 120
 DOT_PATH = "docs/architecture-includes.dot"
 SVG_PATH = "docs/architecture-includes.svg"
 REGEN = ("python3 tests/layering.py --dot > " + DOT_PATH +
@@ -481,6 +484,74 @@ def check_files(root, files):
     return out
 
 
+FUNC_OPEN_RE = re.compile(r"^[A-Za-z_][^;{}]*\)\s*(const\s*)?\{\s*$")
+FUNC_NAME_RE = re.compile(r"([A-Za-z_][A-Za-z_0-9]*)\s*\(")
+
+
+def strip_code(line):
+    """A line with string and character literals emptied and // comments cut
+    (block comments are handled by the caller)."""
+    line = re.sub(r'"(\\.|[^"\\])*"', '""', line)
+    line = re.sub(r"'(\\.|[^'\\])*'", "''", line)
+    return line.split("//", 1)[0]
+
+
+def long_functions(lines):
+    """(first line, lines, name) of each top-level function body: a line at
+    brace depth 0 that ends a signature with `{`, to the brace that closes
+    it. Block comments, strings and preprocessor lines do not count."""
+    out, depth, start, name, in_comment, sig = [], 0, None, None, False, []
+    for i, raw in enumerate(lines):
+        line = raw
+        if in_comment:
+            if "*/" not in line:
+                continue
+            line, in_comment = line.split("*/", 1)[1], False
+        while "/*" in line:
+            head, rest = line.split("/*", 1)
+            if "*/" in rest:
+                line = head + " " + rest.split("*/", 1)[1]
+            else:
+                line, in_comment = head, True
+        code = strip_code(line)
+        if code.lstrip().startswith("#"):
+            continue
+        if depth == 0:
+            sig = (sig + [code])[-4:]
+            joined = " ".join(x.strip() for x in sig)
+            if code.rstrip().endswith("{") and FUNC_OPEN_RE.match(joined.strip()) and "=" not in joined.split("(")[0]:
+                m = FUNC_NAME_RE.search(joined)
+                first = i - len([x for x in sig[:-1] if x.strip()])
+                while first < i and not lines[first].strip():
+                    first += 1
+                start, name = first, m.group(1) if m else "?"
+        for ch in code:
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0 and start is not None:
+                    out.append((start + 1, i - start + 1, name))
+                    start = None
+        if depth == 0 and code.strip().endswith((";", "}")):
+            sig = []
+    return out
+
+
+def check_functions(root, files):
+    out = []
+    for rel in files:
+        if not rel.endswith((".c", ".cu")):
+            continue
+        for first, n, name in long_functions(read_lines(root, rel)):
+            if n > MAX_FUNC_LINES:
+                out.append(Problem(
+                    "%s:%d" % (rel, first), "function",
+                    "%s() is %d lines, over the %d-line limit" % (name, n, MAX_FUNC_LINES),
+                    "split it by step: each step a static function with its own name"))
+    return out
+
+
 def render_dot(root):
     """The folder include graph as Graphviz DOT."""
     files = source_files(root)
@@ -547,7 +618,7 @@ def check(root, dot=True):
     includes = scan_includes(root, files)
     counts = edge_counts(includes)
     problems = (check_arrows(includes) + check_cycles(includes, counts) + check_file_cycles(includes) +
-                check_cmake(root, files) + check_files(root, files) +
+                check_cmake(root, files) + check_files(root, files) + check_functions(root, files) +
                 (check_dot(root) if dot else []))
     return files, counts, problems
 
@@ -626,6 +697,9 @@ def selftest():
          {"arrow"}, "viz/w.c:2"),
         ("oversize", {"scheduler/big.c": "/* big */\n" + "\n" * MAX_LINES},
          {"size"}, "scheduler/big.c:%d" % (MAX_LINES + 1)),
+        ("long function", {"ops/f.c": "/* f */\nint f(int a,\n      int b) {\n" + "  a++;\n" * MAX_FUNC_LINES +
+                           "  return a;\n}\nstatic int g(void) { return 0; }\n"},
+         {"function"}, "ops/f.c:2: [function] f() is %d lines" % (MAX_FUNC_LINES + 4)),
         ("no header", {"viz/v.c": '#include "scheduler/s.h"\n'},
          {"header"}, "viz/v.c:1"),
         ("cmake", {"CMakeLists.txt": "target_link_libraries(cedar_ops PUBLIC m)\n"

@@ -342,10 +342,9 @@ int rt_spec_profile(const struct rt_model *M, struct rt_request *r, const struct
 
 /* ---- the request ------------------------------------------------------------ */
 
-int rt_generate_spec(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
-                     int64_t n, const struct rt_gen_opts *o, struct rt_spec_opts *so, struct rt_gen_result *res,
-                     struct rt_spec_stats *stats, char *err, size_t err_len) {
-  memset(stats, 0, sizeof(*stats));
+/* What speculation refuses before it runs: 0, or the refusal in err. */
+static int spec_refuse(const struct rt_model *M, const struct rt_gen_opts *o, const struct rt_spec_opts *so, char *err,
+                       size_t err_len) {
   int lmax = so->lmax;
   if (lmax < 0 || lmax > RT_SPEC_LMAX || lmax > so->drafter.max_draft || lmax + 1 > M->p->model.window) {
     snprintf(err, err_len, "speculation verifies 0 to %d drafts a round (the drafter's %d, the window %d); got %d",
@@ -357,11 +356,21 @@ int rt_generate_spec(const struct rt_model *M, struct rt_kv_pool *pools, struct 
              "not yet checked under StarPU's data handles or with cached pages)");
     return CEDAR_EUNSUPPORTED;
   }
+  return 0;
+}
+
+int rt_generate_spec(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
+                     int64_t n, const struct rt_gen_opts *o, struct rt_spec_opts *so, struct rt_gen_result *res,
+                     struct rt_spec_stats *stats, char *err, size_t err_len) {
+  memset(stats, 0, sizeof(*stats));
+  int lmax = so->lmax;
+  int rc = spec_refuse(M, o, so, err, err_len);
+  if (rc) return rc;
   /* the prefill and the first token, as rt_generate; room for a round past max_new */
   struct rt_gen_opts o1 = *o;
   o1.max_new = 1;
   o1.reserve = (o->reserve > 0 ? o->reserve : 0) + o->max_new + lmax + 1;
-  int rc = rt_generate(M, pools, r, prompt, n, &o1, res, err, err_len);
+  rc = rt_generate(M, pools, r, prompt, n, &o1, res, err, err_len);
   if (rc) return rc;
   const int V = M->p->model.vocab;
   free(res->decode_logits); /* rounds keep no per-token logits */
