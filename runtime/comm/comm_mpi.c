@@ -310,11 +310,17 @@ int comm_recv(void *buf, size_t bytes, int src, int tag, struct comm_msg *s) {
   return post(buf, bytes, src, tag, s, false);
 }
 
+/* How long a rank that ends the job waits first: the other survivors of a
+ * dead rank reach their own deadline at about the same moment, and
+ * MPI_Abort would end them before they name it (tests/cli/pd_dead_rank.sh). */
+#define COMM_ABORT_GRACE_S 1
+
 void comm_abort(const char *why) {
   LOG_ERROR("%s", why);
   LOG_ERROR("rank %d: a message between ranks is still posted and StarPU-MPI cannot cancel it: ending the job "
-            "(MPI_Abort)",
-            world_rank);
+            "(MPI_Abort) in %d s",
+            world_rank, COMM_ABORT_GRACE_S);
+  nanosleep(&(struct timespec){COMM_ABORT_GRACE_S, 0}, NULL);
   MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
