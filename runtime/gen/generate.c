@@ -210,7 +210,10 @@ static int take_token(struct rt_sampler *s, const float *logits, const struct rt
 int rt_gen_decode(const struct rt_model *M, struct rt_request *r, const struct rt_gen_opts *o, struct rt_sampler *s,
                   uint64_t *rng, struct rt_gen_result *res, char *err, size_t err_len) {
   const int V = M->p->model.vocab;
-  CEDAR_ASSERT(res->n_tokens >= 1 && r->pending >= 0);
+  if (res->n_tokens < 1 || r->pending < 0) { /* a driver's state without a sampled token: refuse, never decode -1 */
+    snprintf(err, err_len, "the decode loop has no sampled token to continue from; this request is dropped");
+    return CEDAR_EINVAL;
+  }
   double steady = 0;
   int rc = 0;
   for (int i = res->n_tokens; i < o->max_new && !rc && !res->stopped; i++) {
