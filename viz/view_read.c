@@ -328,7 +328,7 @@ static int finish(struct reader *R, const char *path, char *err, size_t err_len)
   }
   free(stack);
   /* Flows: pair the ends by id, bind each to its slice. */
-  qsort(R->fe, (size_t)R->n_fe, sizeof(*R->fe), cmp_fe);
+  if (R->n_fe) qsort(R->fe, (size_t)R->n_fe, sizeof(*R->fe), cmp_fe); /* none: fe may be NULL */
   v->flow = cedar_xmalloc(sizeof(*v->flow) * (size_t)(R->n_fe / 2 + 1));
   for (int i = 0; i < R->n_fe;) {
     int j = i;

@@ -244,7 +244,10 @@ int st_write(const char *path, const struct st_tensor *tensors, size_t n, const 
   if (!path || !*path) return st__fail(&c, CEDAR_EINVAL, NULL, "no path given");
   struct layout l;
   int rc = layout_build(&c, tensors, n, meta, n_meta, &l);
-  if (rc) return rc;
+  if (rc) {
+    layout_free(&l); /* a refused layout may hold part of its header */
+    return rc;
+  }
   /* base/file.h's writer: a temporary beside path, every write, fsync and
    * close checked, renamed only when whole; removed on failure (ENOSPC,
    * EFBIG under `ulimit -f`, a path that is a device or a directory). */
