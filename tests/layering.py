@@ -245,17 +245,16 @@ def check_arrows(includes):
     return out
 
 
-def find_cycles(counts):
-    """Strongly connected groups of folders, each as one cycle path."""
-    graph = {f: sorted({d for (s, d) in counts if s == f}, key=FOLDERS.index)
-             for f in FOLDERS}
+def strong_groups(nodes, graph):
+    """The strongly connected groups of more than one node (Tarjan), each a
+    set; graph maps a node to the nodes it points at, in a fixed order."""
     index, low, stack, on_stack, groups = {}, {}, [], set(), []
 
-    def strongconnect(v):  # Tarjan; seven nodes, recursion is fine
+    def strongconnect(v):  # a few hundred nodes at most: recursion is fine
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in graph[v]:
+        for w in graph.get(v, ()):
             if w not in index:
                 strongconnect(w)
                 low[v] = min(low[v], low[w])
@@ -272,9 +271,17 @@ def find_cycles(counts):
             if len(group) > 1:
                 groups.append(set(group))
 
-    for f in FOLDERS:
-        if f not in index:
-            strongconnect(f)
+    for v in nodes:
+        if v not in index:
+            strongconnect(v)
+    return groups
+
+
+def find_cycles(counts):
+    """Strongly connected groups of folders, each as one cycle path."""
+    graph = {f: sorted({d for (s, d) in counts if s == f}, key=FOLDERS.index)
+             for f in FOLDERS}
+    groups = strong_groups(FOLDERS, graph)
     cycles = []
     for group in groups:
         start = min(group, key=FOLDERS.index)
@@ -337,40 +344,17 @@ def check_file_cycles(includes):
             continue
         graph.setdefault(a, set()).add(b)
         first_line.setdefault((a, b), "%s:%d" % (rel, n))
-    out, index, low, stack, on_stack = [], {}, {}, [], set()
-
-    def strongconnect(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                strongconnect(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                group.append(w)
-                if w == v:
-                    break
-            if len(group) > 1:
-                group.sort()
-                steps = ["%s -> %s (%s)" % (a, b, first_line[(a, b)])
-                         for a in group for b in sorted(graph.get(a, ())) if b in group]
-                out.append(Problem(
-                    first_line[(group[0], sorted(b for b in graph[group[0]] if b in group)[0])],
-                    "filecycle", "files of one folder include each other in a circle: %s; %s"
-                    % (", ".join(group), "; ".join(steps)),
-                    "break one include: move what both need into a third file both include, "
-                    "or pass the value in"))
-
-    for v in sorted(graph):
-        if v not in index:
-            strongconnect(v)
+    out = []
+    for group in strong_groups(sorted(graph), {v: sorted(ws) for v, ws in graph.items()}):
+        group = sorted(group)
+        steps = ["%s -> %s (%s)" % (a, b, first_line[(a, b)])
+                 for a in group for b in sorted(graph.get(a, ())) if b in group]
+        out.append(Problem(
+            first_line[(group[0], sorted(b for b in graph[group[0]] if b in group)[0])],
+            "filecycle", "files of one folder include each other in a circle: %s; %s"
+            % (", ".join(group), "; ".join(steps)),
+            "break one include: move what both need into a third file both include, "
+            "or pass the value in"))
     return out
 
 
