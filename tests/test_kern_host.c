@@ -41,6 +41,11 @@ static bool build(enum op_id id, struct h_io *h) {
     case OP_ID_embed: IN(h, "table", OP_F32, fl(4 * 8), 4, 8), IN(h, "tokens", OP_I32, tok, 3); return true;
     case OP_ID_rmsnorm: IN(h, "x", OP_F32, fl(3 * 8), 3, 8), IN(h, "gamma", OP_F32, fl(8), 8); return true;
     case OP_ID_linear: IN(h, "x", OP_F32, fl(3 * 8), 3, 8), IN(h, "w", OP_F32, fl(5 * 8), 5, 8); return true;
+    case OP_ID_qlinear: /* FP8 E4M3 weights (zero codes), one UE8M0 scale per 32x32 tile */
+      IN(h, "x", OP_F32, fl(3 * 32), 3, 32), IN(h, "w", OP_U8, h_kept_zeros(5 * 32), 5, 32);
+      IN(h, "scale", OP_U8, h_kept_zeros(1), 1, 1);
+      h_io_param(h, "format", 2);
+      return true;
     case OP_ID_rope:
       IN(h, "x", OP_F32, fl(3 * 2 * 16), 3, 2, 16), IN(h, "pos", OP_I64, pos, 3);
       h_io_param(h, "rope_dim", 8);
