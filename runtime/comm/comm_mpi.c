@@ -310,17 +310,21 @@ int comm_recv(void *buf, size_t bytes, int src, int tag, struct comm_msg *s) {
   return post(buf, bytes, src, tag, s, false);
 }
 
-/* How long a rank that ends the job waits first: the other survivors of a
- * dead rank reach their own deadline at about the same moment, and
- * MPI_Abort would end them before they name it (tests/cli/pd_dead_rank.sh). */
-#define COMM_ABORT_GRACE_S 1
+/* How long a rank that ends the job waits first: one deadline, 1 to 5 s.
+ * The other survivors of a dead rank reach their own deadline within about
+ * one more, and MPI_Abort would end them before they name it
+ * (tests/cli/pd_dead_rank.sh). */
+static int abort_grace_s(void) {
+  double d = comm_deadline_s();
+  return d < 1 ? 1 : d > 5 ? 5 : (int)d;
+}
 
 void comm_abort(const char *why) {
   LOG_ERROR("%s", why);
   LOG_ERROR("rank %d: a message between ranks is still posted and StarPU-MPI cannot cancel it: ending the job "
             "(MPI_Abort) in %d s",
-            world_rank, COMM_ABORT_GRACE_S);
-  nanosleep(&(struct timespec){COMM_ABORT_GRACE_S, 0}, NULL);
+            world_rank, abort_grace_s());
+  nanosleep(&(struct timespec){abort_grace_s(), 0}, NULL);
   MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
