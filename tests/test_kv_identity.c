@@ -11,8 +11,11 @@
  *  - every field of the layer table, changed alone at an encoder and a
  *    decoder layer, changes it; so do other weights;
  *  - the keys that do not change a block's bytes (name, batching, cache
- *    sizes, TTL, placement) leave it as it is, so runs of one model under
- *    another serving setup share their blocks.
+ *    sizes, TTL, ranks, device numbers) leave it as it is, so runs of one
+ *    model under another serving setup share their blocks;
+ *  - the device kind (CPU or CUDA) that computes a layer's KV, as the
+ *    flow's home or as its stage's device, changes it: the two kinds do not
+ *    make the same bytes.
  * Run from the repository root: ctest --test-dir build -R kv_identity.
  */
 #include <stdlib.h>
@@ -106,6 +109,25 @@ int main(void) {
       EXPECT(pc_kv_identity(q, W_ID) != id, "layer %d field %d changed, the identity did not", l, field);
     }
   }
+  /* the device kind computing the KV, not the device's number */
+  memcpy(q, a, sizeof *q);
+  q->serving.prefill_device = PLAN_DEV_CUDA;
+  EXPECT(pc_kv_identity(q, W_ID) != id, "prefill moved to CUDA, the identity did not change");
+  memcpy(q, a, sizeof *q);
+  q->serving.decode_device = PLAN_DEV_CUDA;
+  EXPECT(pc_kv_identity(q, W_ID) != id, "decode moved to CUDA, the identity did not change");
+  memcpy(q, a, sizeof *q);
+  q->serving.prefill_device_id = 3, q->serving.decode_device_id = 1;
+  EXPECT(pc_kv_identity(q, W_ID) == id, "another device number of the same kind changed the identity");
+  memcpy(q, a, sizeof *q);
+  q->serving.place.n_stages = 2;
+  q->serving.place.stage[0] = (struct plan_stage){.lo = 0, .hi = a->n_layers / 2 - 1, .device = PLAN_DEV_CPU};
+  q->serving.place.stage[1] = (struct plan_stage){.lo = a->n_layers / 2, .hi = a->n_layers - 1, .rank = 1,
+                                                  .device = PLAN_DEV_CPU};
+  EXPECT(pc_kv_identity(q, W_ID) == id, "two CPU stages on two ranks changed the identity");
+  q->serving.place.stage[1].device = PLAN_DEV_CUDA;
+  EXPECT(pc_kv_identity(q, W_ID) != id, "a stage moved to CUDA, the identity did not change");
+
   memcpy(q, a, sizeof *q);
   q->name = "another name";
   EXPECT(pc_kv_identity(q, W_ID) == id, "the plan's name changed the identity");

@@ -11,10 +11,12 @@
  *   - serving.ced, serving.replay.encoder/decoder, serving.prefill_chunk,
  *     serving.cache.prefix_block_tokens and serving.cache.page_tokens;
  *   - the resolved layer table: each layer's region, mode, ratio, KV, top-k
- *     and pool sources, candidates and Engram.
+ *     and pool sources, candidates and Engram, and the kind of device (CPU
+ *     or CUDA) that computes its KV in each flow (CUDA's kernels sum in
+ *     another order, so the two kinds do not make the same bytes).
  * Not in it, because they do not change a block's bytes: the plan's name
- * and description, batching, cache sizes and TTLs, placement (ranks,
- * devices, stages, experts) and the Engram tier. A miss costs a recompute;
+ * and description, batching, cache sizes and TTLs, placement's ranks,
+ * device numbers, stage bounds and experts, and the Engram tier. A miss costs a recompute;
  * a wrong hit would be silently wrong KV state.
  * Tested by tests/test_kv_identity.c and tests/cli/disk_tier_plans.sh.
  */
