@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -195,11 +196,29 @@ static bool ckpt_file_name(const char *name) {
 static void drop_stage(const char *stage) {
   DIR *d = opendir(stage);
   struct dirent *e;
-  char path[3400];
+  char path[4096]; /* stage: under 3400 bytes, a name under 256 */
   while (d && (e = readdir(d)))
     if (e->d_name[0] != '.') snprintf(path, sizeof path, "%s/%s", stage, e->d_name), unlink(path);
   if (d) closedir(d);
   rmdir(stage);
+}
+
+/* Drop dir's staging folders left by writers that were killed (their pid no
+ * longer runs on this machine). A live writer's, or one whose pid another
+ * process now has, is left as it is. */
+static void drop_dead_stages(const char *dir) {
+  static const char prefix[] = ".cedar-ckpt.tmp.";
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  char path[3400];
+  while (d && (e = readdir(d))) {
+    if (strncmp(e->d_name, prefix, sizeof prefix - 1)) continue;
+    char *end;
+    long pid = strtol(e->d_name + sizeof prefix - 1, &end, 10);
+    if (*end || pid <= 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+    if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path) drop_stage(path);
+  }
+  if (d) closedir(d);
 }
 
 /* Rename stage/name to dir/name. */
@@ -280,7 +299,7 @@ int ckpt_write(const struct weights *w, const struct plan *p, const char *dir, u
   char stage[3072] = "";
   if (!rc && snprintf(stage, sizeof stage, "%s/.cedar-ckpt.tmp.%d", dir, (int)getpid()) >= (int)sizeof stage)
     rc = (snprintf(err, len, "%s: the directory's path is too long", dir), CEDAR_EINVAL);
-  if (!rc) drop_stage(stage); /* a killed writer's of the same pid */
+  if (!rc) drop_stage(stage), drop_dead_stages(dir); /* a killed writer's, of this pid or of a dead one */
   if (!rc && mkdir(stage, 0755))
     rc = (snprintf(err, len, "%s: cannot create: %s", stage, strerror(errno)), CEDAR_EIO);
   if (!rc) rc = write_shards(&o, stage, shard_bytes, err, len);

@@ -18,7 +18,9 @@
 #  4. `--model DIR --plan plans/v41-mini.yaml` is refused, naming the
 #     mismatches; `weights check DIR` passes; a flipped byte is refused
 #     naming the tensor; a shard without hashes passes and `--hash` records;
-#  5. serve-sim and bench model take --model.
+#  5. serve-sim and bench model take --model;
+#  6. a killed writer's staging folder (.cedar-ckpt.tmp.<pid>, its pid
+#     gone) is dropped by the next `weights init`; a live writer's is kept.
 # Run from the repository root: bash tests/cli/checkpoint.sh build/cedar
 set -euo pipefail
 
@@ -37,8 +39,12 @@ expect_exit() {
   [ "$got" = "$want" ] || { cat "$tmp/err" >&2; fail "cedar $* exited $got, want $want"; }
 }
 
-# 1. the generator
+# 1. the generator (and 6: staging folders of a dead and a live writer)
 ck=$tmp/ck
+sh -c 'exit 0' & dead=$!
+wait "$dead"
+mkdir -p "$ck/.cedar-ckpt.tmp.$dead" "$ck/.cedar-ckpt.tmp.$$"
+echo partial >"$ck/.cedar-ckpt.tmp.$dead/model-00001-of-00002.safetensors"
 expect_exit 0 weights init --layout released --plan "$plan" --seed 3 --out "$ck" --shard-bytes 3M \
   --dequant-out "$tmp/dq.safetensors" --json
 "$py" - "$tmp/out" "$ck" <<'PYEOF' || fail "init --layout released"
@@ -53,6 +59,9 @@ assert cfg["model_type"] == "deepseek_v41" and cfg["text_config"]["num_hidden_la
 assert "layers.3.ffn.experts.0.w1.weight" in idx["weight_map"] and "layers.3.ffn.experts.0.w1.scale" in idx["weight_map"]
 assert "layers.1.attn.attn_sink" in idx["weight_map"] and "layers.1.ffn.gate.bias_vl" in idx["weight_map"]
 PYEOF
+[ ! -e "$ck/.cedar-ckpt.tmp.$dead" ] || fail "a dead writer's staging folder was left"
+[ -d "$ck/.cedar-ckpt.tmp.$$" ] || fail "a live writer's staging folder was dropped"
+rmdir "$ck/.cedar-ckpt.tmp.$$"
 
 # 2. --model against --weights of the same dequantized values, bit for bit
 expect_exit 0 plan import "$ck/config.json" -o "$tmp/imported.yaml"
