@@ -52,7 +52,7 @@ TEST_ENV = HWLOC_COMPONENTS=-pci \
 # `cedar view`'s page (tests/cli/view_browser.sh).
 DEPS = build-essential cmake pkg-config \
        libyaml-dev libstarpu-dev libhwloc-dev libopenblas-dev libcjson-dev libxxhash-dev \
-       libpcre2-dev libutf8proc-dev libmicrohttpd-dev \
+       libpcre2-dev libutf8proc-dev libmicrohttpd-dev libcurl4-openssl-dev \
        openmpi-bin libopenmpi-dev \
        clang libclang-rt-14-dev \
        python3 python3-numpy graphviz gnuplot-nox

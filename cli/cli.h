@@ -16,6 +16,7 @@ int cmd_bench_model(int argc, char **argv);
 int cmd_bench_pd(int argc, char **argv);
 int cmd_bench_pp(int argc, char **argv);
 int cmd_bench_engram(int argc, char **argv);
+int cmd_bench_serve(int argc, char **argv);
 int cmd_weights(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_graph(int argc, char **argv);

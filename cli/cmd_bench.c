@@ -31,6 +31,8 @@ static void usage(FILE *f) {
           "       mpirun -np 2 cedar bench pd [--plan P] [--prompt-len N]  (P/D against one process; --help)\n"
           "       mpirun -np S cedar bench pp [--plan P] [--prompt-len N]  (layer stages: bubbles, against one process; --help)\n"
           "       cedar bench engram [--plan P] [--table-base B] [--workers W]  (Engram tiers side by side; --help)\n"
+          "       cedar bench serve --url http://127.0.0.1:PORT [--rate R | --concurrency C] [--num-prompts K]\n"
+          "                         (a load client for `cedar serve`: TTFT, TPOT, ITL, E2EL, goodput; --help)\n"
           "\n"
           "Times every CPU op at a plan's widths against this machine's peaks, measured first in\n"
           "the same run: a one-thread OpenBLAS sgemm (1024x1024x1024) in GFLOP/s and a 256 MiB\n"
@@ -166,6 +168,7 @@ int cmd_bench(int argc, char **argv) {
   if (argc >= 2 && !strcmp(argv[1], "tokenizer")) return cmd_bench_tokenizer(argc - 1, argv + 1);
   if (argc >= 2 && !strcmp(argv[1], "pd")) return cmd_bench_pd(argc - 1, argv + 1);
   if (argc >= 2 && !strcmp(argv[1], "pp")) return cmd_bench_pp(argc - 1, argv + 1);
+  if (argc >= 2 && !strcmp(argv[1], "serve")) return cmd_bench_serve(argc - 1, argv + 1);
   if (argc >= 2 && !strcmp(argv[1], "engram")) return cmd_bench_engram(argc - 1, argv + 1);
   struct bench_args a;
   int rc = parse_args(argc, argv, &a);

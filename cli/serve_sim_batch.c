@@ -30,6 +30,7 @@
 #include "base/check.h"
 #include "cli/bench.h"
 #include "cli/cli.h"
+#include "cli/serve_metrics.h"
 #include "cli/serve_sim_batch.h"
 #include "ops/sample.h"
 #include "runtime/engine/batch.h"
@@ -373,42 +374,6 @@ static struct arrival *read_trace(const struct bopts *o, int vocab, int64_t max_
   return a;
 }
 
-/* ---- metrics --------------------------------------------------------------------- */
-
-static int cmp_d(const void *x, const void *y) {
-  double a = *(const double *)x, b = *(const double *)y;
-  return a < b ? -1 : a > b;
-}
-
-/* Percentile p of sorted v[n], linear interpolation between closest ranks. */
-static double pct_of(const double *v, int64_t n, double p) {
-  if (!n) return 0;
-  double r = p / 100.0 * (double)(n - 1);
-  int64_t lo = (int64_t)floor(r), hi = lo + 1 < n ? lo + 1 : lo;
-  return v[lo] + (v[hi] - v[lo]) * (r - (double)lo);
-}
-
-/* mean, median, std and the percentiles of v (ms) into obj as <stat>_<name>_ms. */
-static void stats_into(cJSON *obj, const char *name, double *v, int64_t n, const struct bopts *o, FILE *txt) {
-  qsort(v, (size_t)n, sizeof(double), cmp_d);
-  double mean = 0, var = 0;
-  for (int64_t i = 0; i < n; i++) mean += v[i];
-  mean = n ? mean / (double)n : 0;
-  for (int64_t i = 0; i < n; i++) var += (v[i] - mean) * (v[i] - mean);
-  double sd = n ? sqrt(var / (double)n) : 0;
-  char key[48];
-  snprintf(key, sizeof key, "mean_%s_ms", name), cJSON_AddNumberToObject(obj, key, mean);
-  snprintf(key, sizeof key, "median_%s_ms", name), cJSON_AddNumberToObject(obj, key, pct_of(v, n, 50));
-  snprintf(key, sizeof key, "std_%s_ms", name), cJSON_AddNumberToObject(obj, key, sd);
-  if (txt) fprintf(txt, "  %-5s ms: mean %9.2f  median %9.2f", name, mean, pct_of(v, n, 50));
-  for (int k = 0; k < o->n_pct; k++) {
-    snprintf(key, sizeof key, "p%g_%s_ms", o->pct[k], name);
-    cJSON_AddNumberToObject(obj, key, pct_of(v, n, o->pct[k]));
-    if (txt) fprintf(txt, "  p%-4g %9.2f", o->pct[k], pct_of(v, n, o->pct[k]));
-  }
-  if (txt) fprintf(txt, "\n");
-}
-
 /* ---- one run --------------------------------------------------------------------- */
 
 struct run_sum {
@@ -502,28 +467,21 @@ static int run_one(const struct bopts *o, struct rt_engine *e, const struct arri
     return 1;
   }
   int64_t *h = replay(o, &b, p, arr, n);
-  /* per request */
-  int64_t good = 0, done = 0, failed = 0, in_tok = 0, out_tok = 0, n_itl = 0, n_tpot = 0;
-  double *ttft = cedar_xmalloc(sizeof(double) * (size_t)n), *e2el = cedar_xmalloc(sizeof(double) * (size_t)n);
-  double *tpot = cedar_xmalloc(sizeof(double) * (size_t)n);
-  int64_t itl_cap = 0;
-  for (int64_t i = 0; i < n; i++) itl_cap += arr[i].max_new;
-  double *itl = cedar_xmalloc(sizeof(double) * (size_t)(itl_cap ? itl_cap : 1));
+  struct sm_run m;
+  sm_init(&m, n);
   for (int64_t i = 0; i < n; i++) {
     const struct rt_bq *q = b.q[h[i]];
     if (q->state != RT_BQ_DONE) {
-      failed++;
+      sm_fail(&m);
       fprintf(stderr, "cedar serve-sim: request %" PRId64 " failed: %s (the others go on)\n", i, q->err);
       continue;
     }
-    double t0 = arr[i].t, f = 1e3 * (q->t_token[0] - t0), l = 1e3 * (q->t_token[q->n_tokens - 1] - t0);
-    double tp = q->n_tokens > 1 ? (l - f) / (q->n_tokens - 1) : 0;
-    ttft[done] = f, e2el[done] = l;
-    if (q->n_tokens > 1) tpot[n_tpot++] = tp;
-    for (int k = 1; k < q->n_tokens; k++) itl[n_itl++] = 1e3 * (q->t_token[k] - q->t_token[k - 1]);
-    bool ok = (arr[i].slo_ttft < 0 || f <= arr[i].slo_ttft) && (arr[i].slo_tpot < 0 || tp <= arr[i].slo_tpot) &&
-              (arr[i].slo_e2el < 0 || l <= arr[i].slo_e2el);
-    good += ok, done++, in_tok += q->n, out_tok += q->n_tokens;
+    double t0 = arr[i].t;
+    struct sm_slo slo = {arr[i].slo_ttft, arr[i].slo_tpot, arr[i].slo_e2el};
+    struct sm_req r;
+    sm_add(&m, t0, q->t_token, q->n_tokens, q->n, q->n_tokens, &slo, &r);
+    double f = r.ttft, tp = r.tpot, l = r.e2el;
+    bool ok = r.good;
     if (o->json) {
       cJSON *j = cJSON_CreateObject();
       cJSON_AddNumberToObject(j, "id", (double)i);
@@ -565,22 +523,12 @@ static int run_one(const struct bopts *o, struct rt_engine *e, const struct arri
   sum->mean_step_s = b.steps ? dur / (double)b.steps : 0;
   cJSON *root = cJSON_CreateObject(), *t = cJSON_AddObjectToObject(root, "totals");
   FILE *txt = o->json ? NULL : stdout;
+  int64_t failed = m.failed;
   if (txt)
     printf("max batch %d: %" PRId64 " requests (%" PRId64 " failed), %" PRId64 " steps, duration %.3f s (simulated "
-           "arrivals, measured compute)\n", N, done, failed, b.steps, dur);
+           "arrivals, measured compute)\n", N, m.n_done, failed, b.steps, dur);
   cJSON_AddNumberToObject(t, "max_batch", N);
   cJSON_AddStringToObject(t, "time", "simulated arrivals, measured compute");
-  cJSON_AddNumberToObject(t, "completed", (double)done);
-  cJSON_AddNumberToObject(t, "failed", (double)failed);
-  cJSON_AddNumberToObject(t, "requests", (double)n);
-  cJSON_AddNumberToObject(t, "total_input_tokens", (double)in_tok);
-  cJSON_AddNumberToObject(t, "total_output_tokens", (double)out_tok);
-  cJSON_AddNumberToObject(t, "duration", dur);
-  cJSON_AddNumberToObject(t, "request_throughput", dur > 0 ? (double)done / dur : 0);
-  cJSON_AddNumberToObject(t, "request_goodput", dur > 0 ? (double)good / dur : 0);
-  cJSON_AddNumberToObject(t, "good_requests", (double)good);
-  cJSON_AddNumberToObject(t, "output_throughput", dur > 0 ? (double)out_tok / dur : 0);
-  cJSON_AddNumberToObject(t, "total_token_throughput", dur > 0 ? (double)(in_tok + out_tok) / dur : 0);
   cJSON_AddNumberToObject(t, "steps", (double)b.steps);
   cJSON_AddNumberToObject(t, "decode_tokens", (double)b.decode_rows);
   cJSON_AddNumberToObject(t, "decode_seconds", b.decode_s);
@@ -588,24 +536,17 @@ static int run_one(const struct bopts *o, struct rt_engine *e, const struct arri
   cJSON_AddNumberToObject(t, "decode_steps", (double)b.decode_steps);
   cJSON_AddNumberToObject(t, "decode_cpu_seconds", b.decode_cpu_s);
   cJSON_AddNumberToObject(t, "decode_experts", (double)b.decode_experts);
-  cJSON *pc = cJSON_AddArrayToObject(t, "percentiles");
-  for (int k = 0; k < o->n_pct; k++) cJSON_AddItemToArray(pc, cJSON_CreateNumber(o->pct[k]));
-  stats_into(t, "ttft", ttft, done, o, txt);
-  stats_into(t, "tpot", tpot, n_tpot, o, txt);
-  stats_into(t, "itl", itl, n_itl, o, txt);
-  stats_into(t, "e2el", e2el, done, o, txt);
+  sm_totals(&m, dur, o->pct, o->n_pct, t, txt);
   if (txt)
-    printf("  throughput: %.2f req/s, %.1f output tok/s, %.1f total tok/s; goodput %.2f req/s (%" PRId64 " of %" PRId64
-           " requests within their SLOs, %" PRId64 " failed); decode %.1f tok/s over %.3f s of batched decode\n",
-           dur > 0 ? done / dur : 0, dur > 0 ? out_tok / dur : 0, dur > 0 ? (in_tok + out_tok) / dur : 0,
-           dur > 0 ? good / dur : 0, good, n, failed, sum->decode_tok_s, b.decode_s); /* a failed request is not good */
+    printf("  decode: %.1f tok/s over %.3f s of batched decode\n", sum->decode_tok_s, b.decode_s);
   else {
     char *s2 = cJSON_PrintUnformatted(root);
     printf("%s\n", s2);
     free(s2);
   }
   cJSON_Delete(root);
-  free(ttft), free(e2el), free(tpot), free(itl), free(h);
+  sm_free(&m);
+  free(h);
   rt_batch_free(&b);
   return failed ? 1 : 0;
 }
