@@ -9,7 +9,8 @@
 #     (--no-cache, so every page belongs to a request), and every request
 #     ended (cancelled, or finished first);
 #  3. a run of requests in a row (whole and streamed, sampled) with RSS
-#     within 5% of where it stood after the first tenth;
+#     within 5% of where it stood after the first tenth, and afterwards no
+#     request running or waiting and 0 KV pages held;
 #  4. the server still answers, then exits 0 on SIGTERM (under ASan
 #     (make asan) a leak fails that exit).
 # Sizes: CEDAR_SERVE_FAULTS=full gives the issue's (300-client storm,
@@ -52,6 +53,17 @@ timeout 300 $client "$port" storm "$storm" || fail "the disconnect storm"
 rss_pid=$pid
 if ldd "$cedar" 2>/dev/null | grep 'libasan\|libtsan' >/dev/null; then rss_pid=0; fi  # not grep -q: pipefail and SIGPIPE
 timeout 900 $client "$port" soak "$soak" "$rss_pid" || fail "the soak"
+# after the soak: no request left in the batch or the queue, no KV page held (--no-cache: every page is a request's)
+for _ in $(seq 1 100); do
+  m=$(curl -s "http://127.0.0.1:$port/metrics")
+  echo "$m" | grep -q '^cedar_requests_running 0' && echo "$m" | grep -q '^cedar_requests_waiting 0' &&
+    echo "$m" | grep -q '^cedar_kv_pages_in_use 0' && break
+  sleep 0.1
+done
+for g in cedar_requests_running cedar_requests_waiting cedar_kv_pages_in_use; do
+  echo "$m" | grep -q "^$g 0" || fail "after the soak: $(echo "$m" | grep "^$g ")"
+done
+echo "soak: 0 requests running or waiting, 0 KV pages held afterwards"
 [ "$(curl -s "http://127.0.0.1:$port/health")" = '{"status":"ok"}' ] || fail "/health after the faults"
 
 kill -TERM "$pid"
