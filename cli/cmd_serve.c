@@ -9,8 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/check.h"
 #include "cli/cli.h"
 #include "cli/run_text.h"
+#include "cli/serve_ranks.h"
+#include "runtime/comm/comm.h"
 #include "runtime/engine/engine.h"
 #include "serve/serve.h"
 
@@ -40,9 +43,11 @@ static const char usage[] =
     "  --seed S           synthetic weights' seed, and the sampling seed of requests that give none\n"
     "  --no-cache         no prefix cache\n"
     "  --quiet            no line on stderr per refused request\n"
-    "Not served: P/D and CUDA plans (continuous batching runs one process on the CPU; it says so), several\n"
-    "ranks under mpirun (staged and expert-parallel plans run all their parts in the one process), speculative\n"
-    "decoding (the batching loop runs no drafter).\n";
+    "Several ranks: `mpirun -np N cedar serve --plan P ...` with a P/D, staged or expert-parallel plan: the HTTP\n"
+    "front on rank 0, every rank computing each request as `cedar run` does, one request at a time (no batching\n"
+    "across ranks, no prefix cache; a stream gets its text at the end).\n"
+    "Not served: P/D and CUDA plans in one process (continuous batching runs one process on the CPU; it says so),\n"
+    "speculative decoding (the batching loop runs no drafter).\n";
 
 struct sopts {
   const char *plan, *weights, *model, *tokenizer, *api_key_file;
@@ -179,11 +184,27 @@ static int parse(int argc, char **argv, struct sopts *o, char *key, size_t key_l
   return -1;
 }
 
-/* Started by mpirun with more than one rank (Open MPI's or PMI's size). */
-static bool under_mpirun(void) {
-  const char *v = getenv("OMPI_COMM_WORLD_SIZE");
-  if (!v) v = getenv("PMI_SIZE");
-  return v && atoi(v) > 1;
+/* Under mpirun: every rank has its engine open (or rc names why not here),
+ * and the plan is one the ranks share; then rank 0 serves and the others
+ * follow it (serve/ranks.c). */
+static int serve_ranks(struct rt_engine *e, int rc, const struct srv_text *t, const struct srv_opts *s, char *err,
+                       size_t err_len) {
+  if (!rc && e->run == GRAPH_RUN_ONE) {
+    snprintf(err, err_len, "under mpirun, cedar serve needs a plan placed on several ranks (P/D, layer stages or "
+             "experts: plans/v41-mini-pd.yaml); %s runs in one process: start it without mpirun", e->plan.name);
+    rc = CEDAR_EUNSUPPORTED;
+  }
+  bool all = comm_all_ok(rc == 0); /* no rank waits for a server that will not start */
+  if (!rc && !all) {
+    snprintf(err, err_len, "rank %d: another rank could not start (its message is above); stopping",
+             comm_world_rank());
+    rc = CEDAR_EUNSUPPORTED;
+  }
+  if (rc) return rc;
+  if (comm_world_rank() != 0) return serve_ranks_follow(e, err, err_len);
+  struct srv_opts so = *s;
+  so.ranks = (struct srv_ranks){comm_world_size(), serve_ranks_run, serve_ranks_stop, e};
+  return srv_run(e, t, &so, err, err_len);
 }
 
 int cmd_serve(int argc, char **argv) {
@@ -191,25 +212,32 @@ int cmd_serve(int argc, char **argv) {
   char key[512];
   int rc = parse(argc, argv, &o, key, sizeof key);
   if (rc >= 0) return rc;
-  if (under_mpirun()) {
-    fprintf(stderr, "cedar serve: runs as one process: an HTTP front on rank 0 with the other ranks computing is not "
-            "built; start it without mpirun (staged and expert-parallel plans run their ranks' parts in the one "
-            "process; P/D plans are refused)\n");
+  char err[1024];
+  if (comm_begin(&argc, &argv, err, sizeof err)) { /* under mpirun: MPI before StarPU (runtime/dist/pd.h) */
+    fprintf(stderr, "cedar serve: %s\n", err);
     return 1;
   }
+  bool ranks = comm_world_size() > 1;
   struct run_text text;
-  if (run_text_open(&text, "serve", o.tokenizer, o.model)) return 1;
-  char err[1024];
+  if (run_text_open(&text, "serve", o.tokenizer, o.model)) {
+    if (ranks) comm_all_ok(false);
+    comm_end();
+    return 1;
+  }
   struct plan_diags diags = {0};
   struct rt_engine_opts eo = {.plan = o.plan ? o.plan : o.model ? NULL : cli_default_plan(),
                               .weights = o.weights, .model = o.model, .seed = o.seed,
-                              .cache = {.on = !o.no_cache, .capacity_bytes = -1, .snapshots = true},
+                              /* across ranks (P/D) a request runs without the prefix cache (runtime/dist/pd.h) */
+                              .cache = {.on = !o.no_cache && !ranks, .capacity_bytes = -1, .snapshots = true},
                               .tokenizer = text.tok_path, .diags = &diags};
   struct rt_engine e;
   rc = rt_engine_open(&e, &eo, err, sizeof err);
   if (rc && e.failed == RT_ENGINE_PLAN) plan_diags_print(&diags, stderr);
   plan_diags_free(&diags);
-  if (!rc) {
+  struct srv_text t = {text.tok, text.have_config ? &text.chat : NULL, text.eos_id};
+  if (ranks) {
+    rc = serve_ranks(&e, rc, &t, &o.s, err, sizeof err);
+  } else if (!rc) {
     const struct plan *p = &e.plan;
     struct srv_opts *s = &o.s;
     if (s->batch.max_requests > 0) { /* the plan's step budget, widened to hold N decode rows beside a chunk */
@@ -218,11 +246,11 @@ int cmd_serve(int argc, char **argv) {
                                  ? p->serving.batch_step_tokens : chunk + s->batch.max_requests;
     }
     s->batch.top_p = 1;
-    struct srv_text t = {text.tok, text.have_config ? &text.chat : NULL, text.eos_id};
     rc = srv_run(&e, &t, s, err, sizeof err);
   }
   if (rc) fprintf(stderr, "cedar serve: %s\n", err);
   rt_engine_close(&e);
   run_text_close(&text);
+  comm_end();
   return rc ? 1 : 0;
 }

@@ -237,3 +237,8 @@ void *srv_loop_main(void *arg) {
   free(act);
   return NULL;
 }
+
+/* For the ranks' engine thread (serve/ranks.c), which ends requests and
+ * grows their text the same way. */
+void srv_end_req(struct srv *s, struct srv_req *r, enum srv_end end, const char *why) { end_req(s, r, end, why); }
+void srv_emit(void *user, const char *t, size_t n) { emit(user, t, n); }

@@ -100,7 +100,12 @@ char *srv_metrics_render(const struct srv_metrics *m, size_t *len) {
         (double)m->prefix_hit_tokens);
   gauge(&o, "cedar_prompt_tokens_total", "counter", "Prompt tokens of requests that ran.", (double)m->prompt_tokens);
   gauge(&o, "cedar_generation_tokens_total", "counter", "Tokens generated.", (double)m->generation_tokens);
-  gauge(&o, "cedar_engine_steps_total", "counter", "Batch steps the engine ran.", (double)m->steps);
+  gauge(&o, "cedar_engine_steps_total", "counter", "Batch steps the engine ran (under mpirun: requests run).",
+        (double)m->steps);
+  gauge(&o, "cedar_engine_max_running", "gauge",
+        "Requests the engine runs at once (1 under mpirun: one at a time through the ranks, no batching).",
+        (double)m->max_running);
+  gauge(&o, "cedar_engine_ranks", "gauge", "MPI ranks computing (1: one process).", (double)m->ranks);
   *len = o.len;
   return o.s;
 }

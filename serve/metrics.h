@@ -45,6 +45,8 @@ struct srv_metrics {
   uint64_t prefix_hit_tokens;  /* prompt tokens served from the cache */
   uint64_t prompt_tokens, generation_tokens;
   uint64_t steps;
+  int64_t max_running;         /* requests the engine runs at once (1 under mpirun: one at a time) */
+  int64_t ranks;               /* the MPI ranks computing (1: this process alone) */
 };
 
 void srv_metrics_init(struct srv_metrics *m);

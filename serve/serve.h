@@ -11,9 +11,12 @@
  * (runtime/text/text_out.h: EOS, stop strings). No HTTP thread touches the
  * engine, the batch or the KV pools.
  *
+ * With several ranks (srv_opts.ranks: mpirun and a P/D, staged or
+ * expert-parallel plan) the engine thread is serve/ranks.c's instead: one
+ * request at a time through ranks.run (cli/serve_ranks.c: MPI).
  * Not here: flags and the engine's opening (cli/cmd_serve.c); P/D, staged
- * and CUDA plans (continuous batching refuses them at rt_batch_init, and
- * srv_run returns that message).
+ * and CUDA plans in one process (continuous batching refuses them at
+ * rt_batch_init, and srv_run returns that message).
  * Test: tests/cli/serve.sh (curl, the openai npm client, greedy ids against
  * `cedar run`), tests/cli/serve_faults.sh (slowloris, disconnect storm,
  * bad bodies, RSS over a run of requests), tests/fuzz/fuzz_serve_request.c.
@@ -39,6 +42,27 @@ struct srv_text {
   int eos_id;
 };
 
+/* One request as the ranks run it (under mpirun: serve/ranks.c hands it to
+ * srv_ranks.run, which cli/serve_ranks.c implements over MPI). */
+struct srv_rank_job {
+  const int32_t *ids;
+  int64_t n_ids;
+  int max_new, top_k;
+  uint64_t seed;
+  float temperature, top_p, rep_penalty;
+};
+
+/* Several ranks computing (n > 1): the engine thread runs each request
+ * through run, one at a time, instead of continuous batching. run returns 0
+ * with the generated ids in *out (malloc'ed, *n_out), or a negative
+ * cedar_status with err; stop is called once when the server ends. */
+struct srv_ranks {
+  int n;
+  int (*run)(void *user, const struct srv_rank_job *j, int32_t **out, int *n_out, char *err, size_t err_len);
+  void (*stop)(void *user);
+  void *user;
+};
+
 struct srv_opts {
   const char *host;          /* IPv4 or IPv6 literal to bind; NULL: 127.0.0.1 */
   int port;                  /* 0: any free port (printed, and written to port_file) */
@@ -56,6 +80,7 @@ struct srv_opts {
   uint64_t default_seed;     /* the sampling seed of a request that gives none (`cedar run`'s default) */
   struct rt_batch_opts batch;/* continuous batching (its cache: the engine's) */
   bool quiet;                /* no per-request lines on stderr */
+  struct srv_ranks ranks;    /* n <= 1: this process alone */
 };
 
 /* Serve e until SIGTERM or SIGINT, then stop accepting, drain and return 0;

@@ -65,7 +65,8 @@ struct srv {
   double drain_deadline;     /* monotonic */
   uint64_t next_id;
   struct srv_metrics m;      /* shared */
-  struct rt_batch batch;     /* engine thread only */
+  struct rt_batch batch;     /* engine thread only (not under mpirun: ranks > 1) */
+  int ranks;                 /* o.ranks.n; > 1: one request at a time through the ranks (ranks.c) */
   pthread_t loop;
 };
 
@@ -76,6 +77,12 @@ enum MHD_Result srv_http_request(void *cls, struct MHD_Connection *c, const char
 void srv_http_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe);
 /* The engine thread (loop.c). */
 void *srv_loop_main(void *arg);
+/* The engine thread with several ranks, one request at a time through
+ * o.ranks.run (ranks.c); and the end of a request and its
+ * text_out emit, shared with it (loop.c; s->mu held). */
+void *srv_ranks_main(void *arg);
+void srv_end_req(struct srv *s, struct srv_req *r, enum srv_end end, const char *why);
+void srv_emit(void *user, const char *t, size_t n);
 /* Queue r for the engine (refs +1). Returns 0, or 429 / 503 with err when
  * the queue is full or the server drains. */
 int srv_submit(struct srv *s, struct srv_req *r, char *err, size_t err_len);

@@ -77,7 +77,7 @@ static int serve(struct srv *s, char *err, size_t err_len) {
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, &old); /* the threads started here inherit it: only sigwait sees them */
   signal(SIGPIPE, SIG_IGN);               /* a client gone mid-write is an error return, not a death */
-  int rc = pthread_create(&s->loop, NULL, srv_loop_main, s);
+  int rc = pthread_create(&s->loop, NULL, s->ranks > 1 ? srv_ranks_main : srv_loop_main, s);
   if (rc) {
     snprintf(err, err_len, "cannot start the engine thread (%s)", strerror(rc));
     pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -93,6 +93,9 @@ static int serve(struct srv *s, char *err, size_t err_len) {
             "SIGTERM drains and exits)\n", s->e->plan.name, strchr(s->o.host ? s->o.host : "", ':') ? "[" : "",
             s->o.host ? s->o.host : "127.0.0.1", strchr(s->o.host ? s->o.host : "", ':') ? "]" : "", port,
             s->model_name);
+    if (s->ranks > 1)
+      fprintf(stderr, "cedar serve: %d ranks compute each request as `cedar run` does, one request at a time (no "
+              "batching across ranks; no prefix cache); a stream gets its text at the end\n", s->ranks);
     int sig = 0;
     sigwait(&set, &sig);
     fprintf(stderr, "cedar serve: %s: no new requests; draining for at most %.1f s\n", strsignal(sig), s->o.drain_s);
@@ -125,20 +128,24 @@ int srv_run(struct rt_engine *e, const struct srv_text *t, const struct srv_opts
   s->o = *o;
   s->model_name = o->model_name ? o->model_name : e->plan.name;
   srv_metrics_init(&s->m);
+  s->ranks = o->ranks.n > 1 ? o->ranks.n : 1;
   struct rt_batch_opts bo = o->batch;
   bo.cache = e->cache;
   bo.save_snapshot = e->cache != NULL;
   bo.keep_logits = false;
-  int rc = rt_batch_init(&s->batch, &e->model, e->pools, &bo, err, err_len);
+  int rc = s->ranks > 1 ? 0 : rt_batch_init(&s->batch, &e->model, e->pools, &bo, err, err_len);
   if (rc) {
     free(s);
     return rc;
   }
+  s->m.ranks = s->ranks;
+  s->m.max_running = s->ranks > 1 ? 1 : s->batch.o.max_requests;
   pthread_mutex_init(&s->mu, NULL);
   pthread_mutex_init(&s->tok_mu, NULL);
   pthread_cond_init(&s->loop_cv, NULL);
   rc = serve(s, err, err_len);
-  rt_batch_free(&s->batch);
+  if (s->ranks > 1) o->ranks.stop(o->ranks.user); /* the other ranks stop waiting */
+  else rt_batch_free(&s->batch);
   pthread_cond_destroy(&s->loop_cv);
   pthread_mutex_destroy(&s->tok_mu);
   pthread_mutex_destroy(&s->mu);

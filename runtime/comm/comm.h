@@ -73,6 +73,16 @@ int comm_barrier(void);
 int comm_bandwidth(int a, int b, size_t bytes, int reps, double *bytes_per_s);
 int comm_share(double *v, int n, int from, int to);
 
+/* For `cedar serve` under mpirun (serve/ranks.c), plain MPI on
+ * MPI_COMM_WORLD between requests: comm_put sends bytes to rank `to`;
+ * comm_take waits, without a deadline (a server's ranks idle until the next
+ * request; sleeping between polls), for a message from `from` (-1: any
+ * rank) with tag, into *buf (malloc'ed, *bytes long; *src its sender);
+ * comm_all_ok is true on every rank when ok is true on every rank. Return
+ * 0 or CEDAR_EUNSUPPORTED without MPI. */
+int comm_put(const void *buf, size_t bytes, int to, int tag);
+int comm_take(int from, int tag, void **buf, size_t *bytes, int *src);
+bool comm_all_ok(bool ok);
 /* A test fault: say so on stderr, then SIGKILL this process (comm_mpi.c). */
 void comm_die(const char *who, int nth);
 

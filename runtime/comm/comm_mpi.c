@@ -245,6 +245,42 @@ int comm_share(double *v, int n, int from, int to) {
   return 0;
 }
 
+int comm_put(const void *buf, size_t bytes, int to, int tag) {
+  if (!mpi_inited) return CEDAR_EUNSUPPORTED;
+  MPI_Request q;
+  MPI_Isend(buf, (int)bytes, MPI_BYTE, to, tag, MPI_COMM_WORLD, &q);
+  wait_req(&q);
+  return 0;
+}
+
+int comm_take(int from, int tag, void **buf, size_t *bytes, int *src) {
+  if (!mpi_inited) return CEDAR_EUNSUPPORTED;
+  int flag = 0, n = 0;
+  MPI_Status st;
+  for (;;) { /* no deadline: the next request may be hours away; a dead rank ends the job (mpirun) */
+    MPI_Iprobe(from < 0 ? MPI_ANY_SOURCE : from, tag, MPI_COMM_WORLD, &flag, &st);
+    if (flag) break;
+    nanosleep(&(struct timespec){0, 1000000}, NULL);
+  }
+  MPI_Get_count(&st, MPI_BYTE, &n);
+  *buf = cedar_xmalloc((size_t)n + 1);
+  MPI_Request q;
+  MPI_Irecv(*buf, n, MPI_BYTE, st.MPI_SOURCE, tag, MPI_COMM_WORLD, &q);
+  wait_req(&q);
+  *bytes = (size_t)n;
+  if (src) *src = st.MPI_SOURCE;
+  return 0;
+}
+
+bool comm_all_ok(bool ok) {
+  if (!mpi_inited) return ok;
+  int in = ok, out = 0;
+  MPI_Request q;
+  MPI_Iallreduce(&in, &out, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD, &q);
+  wait_req(&q);
+  return out != 0;
+}
+
 /* ---- messages ------------------------------------------------------------ */
 
 struct msg {
@@ -359,6 +395,15 @@ int comm_begin(int *argc, char ***argv, char *err, size_t err_len) {
   return 0;
 }
 void comm_end(void) {}
+int comm_put(const void *buf, size_t bytes, int to, int tag) {
+  (void)buf, (void)bytes, (void)to, (void)tag;
+  return CEDAR_EUNSUPPORTED;
+}
+int comm_take(int from, int tag, void **buf, size_t *bytes, int *src) {
+  (void)from, (void)tag, (void)buf, (void)bytes, (void)src;
+  return CEDAR_EUNSUPPORTED;
+}
+bool comm_all_ok(bool ok) { return ok; }
 int comm_start(char *err, size_t err_len) {
   snprintf(err, err_len, "this build has no StarPU-MPI (install libopenmpi-dev and rebuild)");
   return CEDAR_EUNSUPPORTED;

@@ -209,8 +209,6 @@ set +e
 "$cedar" serve --bogus >/dev/null 2>&1; [ $? = 2 ] || fail "an unknown option is a usage error"
 "$cedar" serve --plan "$plan" --host not-an-address --port 0 >/dev/null 2>"$tmp/err"; [ $? = 1 ] || fail "--host not-an-address"
 grep -q "not an IPv4 or IPv6 address" "$tmp/err" || fail "--host's message: $(cat "$tmp/err")"
-OMPI_COMM_WORLD_SIZE=2 "$cedar" serve --plan "$plan" --port 0 >/dev/null 2>"$tmp/err"; [ $? = 1 ] || fail "under mpirun"
-grep -q "one process" "$tmp/err" || fail "the mpirun refusal: $(cat "$tmp/err")"
 "$cedar" serve --plan plans/v41-mini-pd.yaml --port 0 >/dev/null 2>"$tmp/err"; [ $? = 1 ] || fail "a P/D plan"
 grep -q "different homes" "$tmp/err" || fail "the P/D refusal: $(cat "$tmp/err")"
 set -e
