@@ -39,7 +39,7 @@ static const char usage[] =
     "usage: cedar bench serve --url http://127.0.0.1:PORT [--num-prompts K] [--rate R] [--concurrency C]\n"
     "                         [--prompt-len A[:B]] [--max-new A[:B]] [--vocab V] [--seed S] [--temperature T]\n"
     "                         [--model NAME] [--api-key K] [--slo-ttft-ms X] [--slo-tpot-ms X] [--slo-e2el-ms X]\n"
-    "                         [--percentiles 50,90,99] [--timeout-s S] [--json]\n"
+    "                         [--percentiles 50,90,99] [--timeout-s S] [--trace FILE] [--json]\n"
     "A load client for an OpenAI-compatible server on this machine (`cedar serve`; docs/serving.md):\n"
     "K streamed POST /v1/completions requests of random token-id prompts, and vLLM benchmark_serving's\n"
     "metrics as the client sees them, computed by the code `cedar serve-sim` reports with.\n"
@@ -60,6 +60,10 @@ static const char usage[] =
     "                     goodput = good requests / duration\n"
     "  --percentiles L    percentiles reported (default 50,90,99; linear interpolation)\n"
     "  --timeout-s S      the whole run's limit (default 600); requests not finished by then fail\n"
+    "  --trace FILE       the requests from a serve-sim trace (JSON lines {\"arrival_s\", \"tokens\": [...],\n"
+    "                     \"max_new\", \"slo_ttft_ms\", \"slo_tpot_ms\", \"slo_e2el_ms\"}): the same workload\n"
+    "                     `cedar serve-sim --trace FILE` replays (then --num-prompts, --rate, --prompt-len,\n"
+    "                     --max-new and --vocab do not apply)\n"
     "  --json             one JSON object per request (its event times, metrics), then {\"totals\": {...}}\n"
     "Metrics (vLLM's names): ttft (sent to the first event with text), tpot ((e2el - ttft) /\n"
     "(output tokens - 1)), itl (every gap between consecutive text events: an event may carry more\n"
@@ -70,7 +74,7 @@ static const char usage[] =
 #define BS_MAX_BODY ((size_t)64 << 20)
 
 struct bsopts {
-  const char *url, *model, *api_key;
+  const char *url, *model, *api_key, *trace;
   int64_t n, plen_lo, plen_hi, new_lo, new_hi, vocab, conc;
   uint64_t seed;
   double rate, temperature, timeout_s;
@@ -87,6 +91,7 @@ struct breq {
   double arrive;        /* planned, s after the run's start */
   double t_sent;        /* monotonic */
   int64_t plen, max_new;
+  struct sm_slo slo;
   char *body;
   CURL *h;
   struct curl_slist *hdr;
@@ -189,6 +194,7 @@ static int parse(int argc, char **argv, struct bsopts *o) {
       {"slo-tpot-ms", required_argument, NULL, 'P'},  {"slo-e2el-ms", required_argument, NULL, 'E'},
       {"percentiles", required_argument, NULL, 'p'},  {"timeout-s", required_argument, NULL, 'T'},
       {"json", no_argument, NULL, 'j'},               {"help", no_argument, NULL, 'h'},
+      {"trace", required_argument, NULL, 'R'},
       {0, 0, 0, 0}};
   memset(o, 0, sizeof *o);
   o->n = 16, o->plen_lo = o->plen_hi = 32, o->new_lo = o->new_hi = 16, o->vocab = 256, o->conc = 0;
@@ -241,6 +247,7 @@ static int parse(int argc, char **argv, struct bsopts *o) {
       if (!parse_pos(optarg, 0.001, 86400, &o->timeout_s)) return cli_usage_error("bench serve", "--timeout-s takes 0.001..86400 seconds");
       break;
     case 'j': o->json = true; break;
+    case 'R': o->trace = optarg; break;
     case 'h': fputs(usage, stdout); return 0;
     case ':': return cli_usage_error("bench serve", "%s needs a value", argv[optind - 1]);
     default: return cli_usage_error("bench serve", "unknown option '%s' (cedar bench serve --help)", argv[optind - 1]);
@@ -338,12 +345,18 @@ static size_t on_bytes(char *p, size_t size, size_t nmemb, void *user) {
   return n;
 }
 
-static char *request_body(const struct bsopts *o, int64_t i, int64_t plen, int64_t max_new, uint64_t *rng) {
+/* Request i's body: the prompt's ids from tokens, or drawn from rng. */
+static char *request_body(const struct bsopts *o, int64_t i, int64_t plen, int64_t max_new, const cJSON *tokens,
+                          uint64_t *rng) {
   cJSON *j = cJSON_CreateObject();
   if (o->model) cJSON_AddStringToObject(j, "model", o->model);
-  cJSON *p = cJSON_AddArrayToObject(j, "prompt");
-  for (int64_t k = 0; k < plen; k++)
-    cJSON_AddItemToArray(p, cJSON_CreateNumber((double)(op_rng_next(rng) % (uint64_t)o->vocab)));
+  if (tokens) {
+    cJSON_AddItemToObject(j, "prompt", cJSON_Duplicate(tokens, true));
+  } else {
+    cJSON *p = cJSON_AddArrayToObject(j, "prompt");
+    for (int64_t k = 0; k < plen; k++)
+      cJSON_AddItemToArray(p, cJSON_CreateNumber((double)(op_rng_next(rng) % (uint64_t)o->vocab)));
+  }
   cJSON_AddNumberToObject(j, "max_tokens", (double)max_new);
   cJSON_AddNumberToObject(j, "temperature", o->temperature);
   cJSON_AddNumberToObject(j, "seed", (double)((o->seed + (uint64_t)i) & ((1ull << 53) - 1)));
@@ -369,8 +382,83 @@ static struct breq *plan_requests(const struct bsopts *o) {
     if (o->rate > 0) t += -log(1.0 - ((double)(op_rng_next(&rng) >> 11) + 0.5) / 9007199254740992.0) / o->rate;
     r->arrive = o->rate > 0 ? t : 0;
     r->out_tok = -1;
-    r->body = request_body(o, i, r->plen, r->max_new, &rng);
+    r->slo = o->slo;
+    r->body = request_body(o, i, r->plen, r->max_new, NULL, &rng);
   }
+  return rq;
+}
+
+/* One trace line into r: NULL, or why it is refused. */
+static const char *trace_line(const struct bsopts *o, const cJSON *j, int64_t i, double prev, struct breq *r) {
+  static const char *const keys[] = {"arrival_s", "tokens", "max_new", "slo_ttft_ms", "slo_tpot_ms", "slo_e2el_ms"};
+  if (!cJSON_IsObject(j)) return "not a JSON object";
+  for (const cJSON *c = j->child; c; c = c->next) {
+    size_t k = 0;
+    while (k < sizeof keys / sizeof keys[0] && strcmp(c->string, keys[k])) k++;
+    if (k == sizeof keys / sizeof keys[0])
+      return "an unknown key (bench serve takes arrival_s, tokens, max_new, slo_ttft_ms, slo_tpot_ms, slo_e2el_ms; "
+             "it sends ids, so prompt_len is not enough)";
+  }
+  const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "arrival_s"), *tok = cJSON_GetObjectItemCaseSensitive(j, "tokens");
+  const cJSON *mn = cJSON_GetObjectItemCaseSensitive(j, "max_new");
+  if (!cJSON_IsNumber(t) || !(t->valuedouble >= prev && t->valuedouble <= 1e9))
+    return "\"arrival_s\" (seconds, 0..1e9, not below the line before) is required";
+  if (!cJSON_IsArray(tok) || cJSON_GetArraySize(tok) < 1 || cJSON_GetArraySize(tok) > (1 << 24))
+    return "\"tokens\" must be a non-empty array of ids";
+  for (const cJSON *c = tok->child; c; c = c->next)
+    if (!cJSON_IsNumber(c) || c->valuedouble < 0 || c->valuedouble > INT32_MAX || c->valuedouble != floor(c->valuedouble))
+      return "\"tokens\" holds something that is not an id (a whole number >= 0)";
+  if (!cJSON_IsNumber(mn) || mn->valuedouble < 1 || mn->valuedouble > (1 << 24) || mn->valuedouble != floor(mn->valuedouble))
+    return "\"max_new\" (a whole number 1..16777216) is required";
+  r->slo = o->slo;
+  const char *slo_k[] = {"slo_ttft_ms", "slo_tpot_ms", "slo_e2el_ms"};
+  double *slo_v[] = {&r->slo.ttft, &r->slo.tpot, &r->slo.e2el};
+  for (int k = 0; k < 3; k++) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, slo_k[k]);
+    if (v && (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble <= 1e12))) return "an SLO takes milliseconds > 0";
+    if (v) *slo_v[k] = v->valuedouble;
+  }
+  r->i = i, r->arrive = t->valuedouble, r->plen = cJSON_GetArraySize(tok), r->max_new = (int64_t)mn->valuedouble;
+  r->out_tok = -1;
+  r->body = request_body(o, i, r->plen, r->max_new, tok, NULL);
+  return NULL;
+}
+
+/* The requests of --trace: one JSON object a line (blank lines counted),
+ * at most 1,000,000; NULL with the line named on stderr. */
+static struct breq *read_trace(struct bsopts *o) {
+  size_t len;
+  char *txt = cli_read_all("bench serve", o->trace, &len);
+  if (!txt) return NULL;
+  struct breq *rq = NULL;
+  int64_t n = 0, cap = 0;
+  long line = 0;
+  const char *why = NULL;
+  for (char *l = txt, *nl; l && !why && l < txt + len; l = nl ? nl + 1 : NULL) {
+    nl = strchr(l, '\n');
+    if (nl) *nl = '\0';
+    line++;
+    if (!l[strspn(l, " \t\r")]) continue;
+    if (n == 1000000) {
+      why = "more than 1000000 requests";
+      break;
+    }
+    if (n == cap) rq = cedar_xrealloc(rq, sizeof *rq * (size_t)(cap = cap ? 2 * cap : 64));
+    memset(&rq[n], 0, sizeof rq[n]);
+    cJSON *j = cli_json_has_nul(l) ? NULL : cJSON_Parse(l);
+    why = cli_json_has_nul(l) ? "a \\u0000 (NUL) in a string" : trace_line(o, j, n, n ? rq[n - 1].arrive : 0, &rq[n]);
+    cJSON_Delete(j);
+    if (!why) n++;
+  }
+  free(txt);
+  if (!why && !n) why = "no requests in it", line = 0;
+  if (why) {
+    fprintf(stderr, "cedar bench serve: --trace %s:%ld: %s\n", o->trace, line, why);
+    for (int64_t i = 0; i < n; i++) free(rq[i].body);
+    free(rq);
+    return NULL;
+  }
+  o->n = n;
   return rq;
 }
 
@@ -517,7 +605,12 @@ int cmd_bench_serve(int argc, char **argv) {
   char *endpoint = cedar_xmalloc(strlen(o.url) + 32);
   size_t ul = strlen(o.url);
   sprintf(endpoint, "%.*s/v1/completions", (int)(ul && o.url[ul - 1] == '/' ? ul - 1 : ul), o.url);
-  struct breq *rq = plan_requests(&o);
+  struct breq *rq = o.trace ? read_trace(&o) : plan_requests(&o);
+  if (!rq) {
+    free(endpoint);
+    curl_global_cleanup();
+    return 1;
+  }
   double t_begin = now_s();
   double dur = drive(&o, rq, endpoint);
   struct sm_run m;
@@ -525,7 +618,7 @@ int cmd_bench_serve(int argc, char **argv) {
   for (int64_t i = 0; i < o.n; i++) {
     struct breq *r = &rq[i];
     struct sm_req q = {0};
-    if (r->state == BS_OK) sm_add(&m, r->t_sent, r->t_ev, r->n_ev, r->plen, r->out_tok, &o.slo, &q);
+    if (r->state == BS_OK) sm_add(&m, r->t_sent, r->t_ev, r->n_ev, r->plen, r->out_tok, &r->slo, &q);
     else sm_fail(&m), fprintf(stderr, "cedar bench serve: request %" PRId64 " failed: %s\n", i, r->err);
     if (o.json) print_row(r, t_begin, &q);
   }

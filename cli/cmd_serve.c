@@ -20,8 +20,8 @@
 static const char usage[] =
     "usage: cedar serve [--plan P] [--weights W | --model DIR | --seed S] [--tokenizer PATH]\n"
     "                   [--host 127.0.0.1] [--port 8000] [--port-file F] [--api-key K | --api-key-file F]\n"
-    "                   [--served-model-name NAME] [--max-batch N] [--max-waiting N] [--max-body BYTES]\n"
-    "                   [--max-tokens N] [--default-max-tokens N] [--max-prompt-tokens N]\n"
+    "                   [--served-model-name NAME] [--max-batch N] [--step-tokens T] [--chunk C] [--max-waiting N]\n"
+    "                   [--max-body BYTES] [--max-tokens N] [--default-max-tokens N] [--max-prompt-tokens N]\n"
     "                   [--max-connections N] [--idle-timeout S] [--drain-s S] [--no-cache] [--quiet]\n"
     "An OpenAI-compatible HTTP server (docs/serving.md): POST /v1/completions and /v1/chat/completions\n"
     "(\"stream\": true for server-sent events), GET /v1/models, /health and /metrics (Prometheus).\n"
@@ -32,6 +32,9 @@ static const char usage[] =
     "                     --api-key-file F reads K from F's first line (kept out of the process list)\n"
     "  --served-model-name NAME  the model id /v1/models lists and requests name (default: the plan's name)\n"
     "  --max-batch N      requests running at once (default: the plan's serving.batch.max_requests)\n"
+    "  --step-tokens T    tokens one step runs (default: the plan's serving.batch.step_tokens, widened to hold\n"
+    "                     N decode rows beside a chunk); --chunk C positions a prefill segment holds (default\n"
+    "                     serving.batch.chunk): smaller keeps prefill from lengthening the decode steps\n"
     "  --max-waiting N    requests waiting beyond those before 429 with Retry-After (default 64)\n"
     "  --max-body BYTES   a larger request body gets 413 (default 1M)\n"
     "  --max-tokens N     the largest max_tokens accepted (default 4096); --default-max-tokens N when a\n"
@@ -88,6 +91,7 @@ static int parse(int argc, char **argv, struct sopts *o, char *key, size_t key_l
       {"max-prompt-tokens", required_argument, NULL, 'R'}, {"max-connections", required_argument, NULL, 'C'},
       {"idle-timeout", required_argument, NULL, 'I'},  {"drain-s", required_argument, NULL, 'd'},
       {"no-cache", no_argument, NULL, 'x'},            {"quiet", no_argument, NULL, 'q'},
+      {"step-tokens", required_argument, NULL, 'S'},   {"chunk", required_argument, NULL, 'c'},
       {"help", no_argument, NULL, 'h'},                {0, 0, 0, 0}};
   memset(o, 0, sizeof *o);
   struct srv_opts *s = &o->s;
@@ -164,6 +168,14 @@ static int parse(int argc, char **argv, struct sopts *o, char *key, size_t key_l
       s->drain_s = d;
       break;
     case 'x': o->no_cache = true; break;
+    case 'S':
+      if (!cli_parse_int(optarg, 1, 1 << 20, &v)) return cli_usage_error("serve", "--step-tokens takes 1..1048576");
+      s->batch.step_tokens = (int)v;
+      break;
+    case 'c':
+      if (!cli_parse_int(optarg, 1, 1 << 20, &v)) return cli_usage_error("serve", "--chunk takes 1..1048576");
+      s->batch.chunk = (int)v;
+      break;
     case 'q': s->quiet = true; break;
     case 'h': fputs(usage, stdout); return 0;
     default: return cli_usage_error("serve", "unknown option %s (cedar serve --help)", argv[optind - 1]);
@@ -240,8 +252,8 @@ int cmd_serve(int argc, char **argv) {
   } else if (!rc) {
     const struct plan *p = &e.plan;
     struct srv_opts *s = &o.s;
-    if (s->batch.max_requests > 0) { /* the plan's step budget, widened to hold N decode rows beside a chunk */
-      int chunk = p->serving.batch_chunk;
+    if (s->batch.max_requests > 0 && s->batch.step_tokens <= 0) { /* the plan's budget, widened: N rows beside a chunk */
+      int chunk = s->batch.chunk > 0 ? s->batch.chunk : p->serving.batch_chunk;
       s->batch.step_tokens = p->serving.batch_step_tokens >= chunk + s->batch.max_requests
                                  ? p->serving.batch_step_tokens : chunk + s->batch.max_requests;
     }

@@ -9,7 +9,9 @@
 #     definitions, docs/serving.md); output_len <= max_tokens; never more
 #     than 3 requests in flight (from the rows' send and event times);
 #  3. the text report at --rate (Poisson), and an SLO no request meets:
-#     goodput 0 with every request completed;
+#     goodput 0 with every request completed; --trace (serve-sim's format):
+#     its prompts, max_new, per-request SLOs and arrival times kept, a bad
+#     line refused by number;
 #  4. failures are counted and named, exit 1: a model the server does not
 #     serve (HTTP 404), a run cut by --timeout-s, a port nobody listens on;
 #  5. the server afterwards holds no request and no KV page (/metrics), and
@@ -125,6 +127,23 @@ for k in "Poisson arrivals" "ttft  ms: mean" "tpot  ms" "itl   ms" "e2el  ms" "p
          "goodput 0.00 req/s (0 of 6 requests within their SLOs, 0 failed)"; do
   grep -qF -- "$k" "$tmp/text" || fail "the text report lacks '$k': $(cat "$tmp/text")"
 done
+
+# ---- 3b. --trace: serve-sim's trace format, per-request SLOs, arrivals kept -------------------
+printf '{"arrival_s": 0, "tokens": [1, 2, 3], "max_new": 2}\n\n{"arrival_s": 0.25, "tokens": [4, 5, 6, 7], "max_new": 3, "slo_e2el_ms": 0.001}\n' \
+  >"$tmp/trace.jsonl"
+timeout 300 "$cedar" bench serve --url "$url" --trace "$tmp/trace.jsonl" --slo-ttft-ms 1e9 --json --timeout-s 240 \
+  >"$tmp/trace.out" || fail "bench serve --trace exited $?"
+"$py" - "$tmp/trace.out" <<'EOF' || fail "--trace's rows"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][:-1]
+assert [(r["prompt_len"], r["max_tokens"]) for r in rows] == [(3, 2), (4, 3)], rows
+assert rows[0]["good"] and not rows[1]["good"], rows       # the second line's own SLO, the flag's for the first
+assert rows[1]["sent_s"] - rows[0]["sent_s"] >= 0.25 - 1e-3, rows
+EOF
+printf '{"arrival_s": 0, "tokens": [1], "max_new": 2}\n\n{"arrival_s": 0, "prompt_len": 3, "max_new": 2}\n' >"$tmp/bad.jsonl"
+rc=0
+"$cedar" bench serve --url "$url" --trace "$tmp/bad.jsonl" >/dev/null 2>"$tmp/err" || rc=$?
+[ "$rc" = 1 ] && grep -q "bad.jsonl:3: an unknown key" "$tmp/err" || fail "a bad trace line: exit $rc: $(cat "$tmp/err")"
 
 # ---- 4. failures counted and named ----------------------------------------------------
 rc=0
