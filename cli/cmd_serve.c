@@ -201,6 +201,11 @@ static int parse(int argc, char **argv, struct sopts *o, char *key, size_t key_l
  * follow it (serve/ranks.c). */
 static int serve_ranks(struct rt_engine *e, int rc, const struct srv_text *t, const struct srv_opts *s, char *err,
                        size_t err_len) {
+  if (!rc && (s->batch.max_requests > 1 || s->batch.step_tokens > 0 || s->batch.chunk > 0)) {
+    snprintf(err, err_len, "under mpirun requests run one at a time through the ranks (no continuous batching): "
+             "--max-batch, --step-tokens and --chunk do not apply; drop them");
+    rc = CEDAR_EUNSUPPORTED;
+  }
   if (!rc && e->run == GRAPH_RUN_ONE) {
     snprintf(err, err_len, "under mpirun, cedar serve needs a plan placed on several ranks (P/D, layer stages or "
              "experts: plans/v41-mini-pd.yaml); %s runs in one process: start it without mpirun", e->plan.name);

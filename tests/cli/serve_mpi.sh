@@ -10,8 +10,9 @@
 #     with its solo ids;
 #  4. /metrics says 2 ranks and 1 request at a time, counts the requests,
 #     and 0 KV pages are held afterwards;
-#  5. a plan of one home under mpirun is refused, naming the fix; a P/D
-#     plan without mpirun is still refused (continuous batching);
+#  5. a plan of one home under mpirun is refused, naming the fix, and so is
+#     --max-batch (no batching across ranks); a P/D plan without mpirun is
+#     still refused (continuous batching);
 #  6. SIGTERM to mpirun: rank 0 drains, the other rank is told to stop,
 #     mpirun exits 0.
 # Every mpirun runs under `timeout`. Skips (77) without mpirun, without
@@ -50,6 +51,10 @@ rc=0
 mpi -np 2 "$cedar" serve --plan plans/v41-mini.yaml --port 0 >/dev/null 2>"$tmp/err" || rc=$?
 [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$rc" != 137 ] || fail "a one-home plan under mpirun: exit $rc"
 grep -q "needs a plan placed on several ranks" "$tmp/err" || fail "the one-home refusal: $(cat "$tmp/err")"
+rc=0
+mpi -np 2 "$cedar" serve --plan "$plan" --max-batch 4 --port 0 >/dev/null 2>"$tmp/err" || rc=$?
+[ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$rc" != 137 ] || fail "--max-batch 4 under mpirun: exit $rc"
+grep -q "one at a time.*--max-batch" "$tmp/err" || fail "the --max-batch refusal: $(cat "$tmp/err")"
 rc=0
 "$cedar" serve --plan "$plan" --port 0 >/dev/null 2>"$tmp/err" || rc=$?
 [ "$rc" = 1 ] && grep -q "different homes" "$tmp/err" || fail "a P/D plan in one process: exit $rc: $(cat "$tmp/err")"
