@@ -80,6 +80,15 @@ static bool filter_matches(const char *filter) {
 }
 
 /* 0 to run, -1 after --help, 2 on a usage error (message printed). */
+/* The benchmarks other than ops, each its own command; BENCH_NAMES lists
+ * them all for the usage error. */
+static const struct {
+  const char *name;
+  int (*cmd)(int, char **);
+} benches[] = {{"model", cmd_bench_model}, {"tokenizer", cmd_bench_tokenizer}, {"pd", cmd_bench_pd},
+               {"pp", cmd_bench_pp},       {"serve", cmd_bench_serve},         {"engram", cmd_bench_engram}};
+#define BENCH_NAMES "'ops', 'model', 'tokenizer', 'pd', 'pp', 'serve' or 'engram'"
+
 static int parse_args(int argc, char **argv, struct bench_args *a) {
   enum { OPT_PLAN = 256, OPT_FLASH, OPT_REPS, OPT_JSON, OPT_FILTER };
   static const struct option longopts[] = {
@@ -89,8 +98,8 @@ static int parse_args(int argc, char **argv, struct bench_args *a) {
   *a = (struct bench_args){.reps = DEFAULT_REPS};
   if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) return usage(stdout), -1;
   if (argc < 2 || strcmp(argv[1], "ops"))
-    return cli_usage_error("bench", argc < 2 ? "expected 'ops', 'model', 'tokenizer', 'pd' or 'pp'" : "unknown benchmark '%s' (expected 'ops', 'model', 'tokenizer', 'pd' or 'pp')",
-                           argc < 2 ? "" : argv[1]);
+    return argc < 2 ? cli_usage_error("bench", "expected %s", BENCH_NAMES)
+                    : cli_usage_error("bench", "unknown benchmark '%s' (expected %s)", argv[1], BENCH_NAMES);
   optind = 2;
   opterr = 0;
   int opt;
@@ -164,12 +173,8 @@ static const char *flash_plan(void) {
 }
 
 int cmd_bench(int argc, char **argv) {
-  if (argc >= 2 && !strcmp(argv[1], "model")) return cmd_bench_model(argc - 1, argv + 1);
-  if (argc >= 2 && !strcmp(argv[1], "tokenizer")) return cmd_bench_tokenizer(argc - 1, argv + 1);
-  if (argc >= 2 && !strcmp(argv[1], "pd")) return cmd_bench_pd(argc - 1, argv + 1);
-  if (argc >= 2 && !strcmp(argv[1], "pp")) return cmd_bench_pp(argc - 1, argv + 1);
-  if (argc >= 2 && !strcmp(argv[1], "serve")) return cmd_bench_serve(argc - 1, argv + 1);
-  if (argc >= 2 && !strcmp(argv[1], "engram")) return cmd_bench_engram(argc - 1, argv + 1);
+  for (size_t i = 0; argc >= 2 && i < sizeof benches / sizeof benches[0]; i++)
+    if (!strcmp(argv[1], benches[i].name)) return benches[i].cmd(argc - 1, argv + 1);
   struct bench_args a;
   int rc = parse_args(argc, argv, &a);
   if (rc) return rc < 0 ? 0 : rc;
