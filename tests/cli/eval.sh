@@ -27,7 +27,11 @@
 #     decode on rank 1) the figures equal the one-process run bitwise, and
 #     --dense-ref is refused there.
 # The oracle parts skip (with a line) without /usr/bin/python3 and numpy,
-# the mpirun part without mpirun; the rest always runs.
+# the mpirun part without mpirun; the rest always runs. The smaller form
+# (CEDAR_TEST_SMALL=1, the ASan stage: tests/CMakeLists.txt) compares the
+# released-layout checkpoint with the oracle only by its figures' presence
+# (the synthetic-weights comparison runs the same scoring) and scores 160
+# bytes instead of 300 (still three windows: ids 1-99, 100-139, 140-159).
 # Run: bash tests/cli/eval.sh build/cedar (from the repository root; ~2 min).
 set -u
 cedar=${1:?usage: eval.sh /path/to/cedar}
@@ -46,6 +50,8 @@ foolishness, it was the epoch of belief, it was the epoch of incredulity, it was
 season of Darkness, it was the spring of hope, it was the winter of despair, we had everything before us, we had \
 nothing" | head -c 300 > "$text"
 [ "$(wc -c < "$text")" -eq 300 ] || fail "the test text is not 300 bytes"
+small=${CEDAR_TEST_SMALL:-0}
+if [ "$small" = 1 ]; then head -c 160 "$text" > "$tmp/t160.txt" && text="$tmp/t160.txt"; fi
 ev() { timeout -k 5 300 "$cedar" eval "$@"; }
 # the figures of a --json output, without the times and the executor's name
 figures() { "${py:-python3}" - "$1" <<'EOF'
@@ -104,10 +110,12 @@ if [ "$have_np" = 1 ]; then
   "$cedar" weights init --layout released --plan "$plan" --seed 5 --out "$tmp/rel" > /dev/null || fail "released init"
   ev --model "$tmp/rel" --plan "$plan" --text "$text" "${win[@]}" --json --per-token > "$tmp/rel.json" \
     || fail "eval --model exit $?"
-  "$py" tests/oracle/released.py "$tmp/rel" --plan "$plan" --out "$tmp/relw.safetensors" > /dev/null \
-    || fail "released.py"
-  "$py" tests/oracle/eval.py "$plan" "$tmp/relw.safetensors" --text "$text" "${win[@]}" --cedar "$tmp/rel.json" \
-    || fail "cedar eval --model and the oracle disagree (released layout)"
+  if [ "$small" != 1 ]; then
+    "$py" tests/oracle/released.py "$tmp/rel" --plan "$plan" --out "$tmp/relw.safetensors" > /dev/null \
+      || fail "released.py"
+    "$py" tests/oracle/eval.py "$plan" "$tmp/relw.safetensors" --text "$text" "${win[@]}" --cedar "$tmp/rel.json" \
+      || fail "cedar eval --model and the oracle disagree (released layout)"
+  fi
 else
   echo "eval.sh: the oracle part skipped: /usr/bin/python3 with numpy is missing"
 fi
@@ -148,7 +156,7 @@ if [ -n "$tj" ] && [ -f "$tj" ]; then
 import json, sys
 j = json.load(open(sys.argv[1]))
 assert 'BOS first' in j['ids_from'], j['ids_from']
-assert j['tokens'] == j['text_ids'] - 1 and j['bytes'] == j['text_bytes'] == 300, j
+assert j['tokens'] == j['text_ids'] - 1 and j['bytes'] == j['text_bytes'], j
 assert abs(j['bits_per_byte'] * j['bytes'] - j['bits_per_token'] * j['tokens']) < 1e-6 * j['nll_nats'], j
 EOF
 else
