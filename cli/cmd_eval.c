@@ -1,7 +1,8 @@
 /* cmd_eval.c: `cedar eval`, teacher-forced quality of a model over a text:
  * bits per byte, perplexity and next-token accuracy, read off the plan's own
  * prefill graph and decode steps (runtime/engine/eval.h), with the
- * agreement with the dense `ced: false` forward on request (--dense-ref).
+ * agreement with the dense `ced: false` forward (--dense-ref) or with fp32
+ * numerics (--f32-ref) on request.
  *
  *   cedar eval (--model DIR | --plan P [--weights W | --seed S]) --text FILE [--json] ...
  *
@@ -37,8 +38,14 @@ struct eopts {
   int64_t context, stride;
   enum rt_executor executor;
   int workers;
-  bool json, per_token, dense_ref;
+  bool json, per_token, dense_ref, f32_ref;
 };
+
+/* The reference's key in --json and its words in the text report. */
+static const char *ref_key(const struct eopts *o) { return o->dense_ref ? "dense" : "f32"; }
+static const char *ref_words(const struct eopts *o) {
+  return o->dense_ref ? "dense (ced: false)" : "fp32 numerics (model.numerics all f32)";
+}
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -63,15 +70,18 @@ static void usage(FILE *f) {
           "                    N - stride ids before its part and scoring the next stride ids\n"
           "  --stride S        ids scored per later window (default N/2), in [1, N-1]\n"
           "  --dense-ref       also run every window on the same plan and weights with serving.ced false\n"
-          "                    (the dense forward) and report top-1 agreement and KL(dense || plan)\n"
+          "                    (the dense forward) and report its bits per byte, top-1 agreement and\n"
+          "                    KL(dense || plan)\n"
+          "  --f32-ref         the same with model.numerics all f32 (no bf16 or MXFP8 activation rounding):\n"
+          "                    what the vendor numerics cost on this text\n"
           "  --per-token       --json: each scored id's position, id, NLL, argmax (and KL)\n"
           "  --executor E      direct (default) or starpu: the figures are bitwise the same\n"
           "  --workers N, --sched S   StarPU's CPU workers and policy\n"
           "  --json            one JSON object\n"
           "\n"
           "Under mpirun with a P/D plan (plans/v41-mini-pd.yaml) each window's prefill runs on the\n"
-          "prefill rank and its decode steps on the decode rank, which prints the figures; --dense-ref\n"
-          "runs in one process only. Cost: one decode step per scored id (docs/PERF.md).\n",
+          "prefill rank and its decode steps on the decode rank, which prints the figures; the references\n"
+          "run in one process only. Cost: one decode step per scored id (docs/PERF.md).\n",
           CEDAR_DEFAULT_PLAN);
 }
 
@@ -84,7 +94,8 @@ static int parse(int argc, char **argv, struct eopts *o) {
       {"stride", required_argument, 0, 'S'},  {"executor", required_argument, 0, 'e'},
       {"workers", required_argument, 0, 'W'}, {"sched", required_argument, 0, 'P'},
       {"json", no_argument, 0, 'j'},          {"per-token", no_argument, 0, 'k'},
-      {"dense-ref", no_argument, 0, 'd'},     {"help", no_argument, 0, 'h'},
+      {"dense-ref", no_argument, 0, 'd'},     {"f32-ref", no_argument, 0, 'F'},
+      {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   memset(o, 0, sizeof *o);
   o->max_bytes = EVAL_MAX_BYTES_DEFAULT;
@@ -103,6 +114,7 @@ static int parse(int argc, char **argv, struct eopts *o) {
     case 'j': o->json = true; break;
     case 'k': o->per_token = true; break;
     case 'd': o->dense_ref = true; break;
+    case 'F': o->f32_ref = true; break;
     case 's':
       if (!cli_parse_int(optarg, 0, INT64_MAX, &v)) return cli_usage_error("eval", "--seed %s: give an integer >= 0", optarg);
       o->seed = (uint64_t)v;
@@ -138,6 +150,7 @@ static int parse(int argc, char **argv, struct eopts *o) {
     return cli_usage_error("eval", "--stride %lld: give fewer than --context's %lld ids", (long long)o->stride,
                            (long long)o->context);
   if (o->per_token && !o->json) return cli_usage_error("eval", "--per-token goes with --json");
+  if (o->dense_ref && o->f32_ref) return cli_usage_error("eval", "give one reference: --dense-ref or --f32-ref");
   return -1;
 }
 
@@ -256,8 +269,10 @@ static void report_json(const struct eopts *o, const struct rt_engine *e, const 
   cJSON_AddNumberToObject(j, "decode_steps", (double)r->decode_steps);
   cJSON_AddNumberToObject(j, "seconds", r->seconds);
   cJSON_AddNumberToObject(j, "tokens_per_s", r->seconds > 0 ? (double)r->tokens / r->seconds : 0);
-  if (o->dense_ref) {
-    cJSON *d = cJSON_AddObjectToObject(j, "dense");
+  if (o->dense_ref || o->f32_ref) {
+    cJSON *d = cJSON_AddObjectToObject(j, ref_key(o));
+    cJSON_AddNumberToObject(d, "bits_per_byte", r->bytes ? r->ref_nll / log(2.0) / (double)r->bytes : 0);
+    cJSON_AddNumberToObject(d, "nll_nats", r->ref_nll);
     cJSON_AddNumberToObject(d, "top1_agreement", (double)r->agree / (double)r->tokens);
     cJSON_AddNumberToObject(d, "kl_nats_per_token", r->kl / (double)r->tokens);
     cJSON_AddNumberToObject(d, "seconds", r->ref_seconds);
@@ -266,7 +281,7 @@ static void report_json(const struct eopts *o, const struct rt_engine *e, const 
     cJSON *p = cJSON_AddObjectToObject(j, "per_token");
     cJSON *pos = cJSON_AddArrayToObject(p, "pos"), *id = cJSON_AddArrayToObject(p, "id");
     cJSON *nll = cJSON_AddArrayToObject(p, "nll"), *am = cJSON_AddArrayToObject(p, "argmax");
-    cJSON *kl = o->dense_ref ? cJSON_AddArrayToObject(p, "kl") : NULL;
+    cJSON *kl = o->dense_ref || o->f32_ref ? cJSON_AddArrayToObject(p, "kl") : NULL;
     for (int64_t i = 0; i < r->tokens; i++) {
       cJSON_AddItemToArray(pos, cJSON_CreateNumber((double)r->tok_pos[i]));
       cJSON_AddItemToArray(id, cJSON_CreateNumber(t->ids[r->tok_pos[i]]));
@@ -293,8 +308,9 @@ static void report_text(const struct eopts *o, const struct rt_engine *e, const 
   printf("  perplexity           %.6g (per id)\n", exp(r->nll / (double)r->tokens));
   printf("  next-token accuracy  %.4f (%lld of %lld)\n", (double)r->correct / (double)r->tokens,
          (long long)r->correct, (long long)r->tokens);
-  if (o->dense_ref)
-    printf("  vs dense (ced: false): top-1 agreement %.4f, KL(dense || plan) %.6g nats per id (dense ran %.1f s)\n",
+  if ((o->dense_ref || o->f32_ref) && r->bytes)
+    printf("  vs %s: its bits per byte %.6f (plan - it: %+.3g), top-1 agreement %.4f, KL(it || plan) %.6g nats per id "
+           "(it ran %.1f s)\n", ref_words(o), r->ref_nll / log(2.0) / (double)r->bytes, (r->nll - r->ref_nll) / log(2.0) / (double)r->bytes,
            (double)r->agree / (double)r->tokens, r->kl / (double)r->tokens, r->ref_seconds);
   printf("time: %.2f s, %.1f ids/s (%s executor, %lld decode steps)\n", r->seconds,
          r->seconds > 0 ? (double)r->tokens / r->seconds : 0, rt_executor_name(o->executor),
@@ -311,7 +327,8 @@ static void open_failed(const struct rt_engine *e, const struct eopts *o, const 
     weights_problems_print(pr, stderr, 20);
 }
 
-static int open_engine(struct rt_engine *e, const struct eopts *o, struct text_ids *t, bool dense) {
+/* The engine, or with ref the reference of o (dense or f32) on the direct executor. */
+static int open_engine(struct rt_engine *e, const struct eopts *o, struct text_ids *t, bool ref) {
   struct plan_diags diags = {0};
   struct weights_problems pr = {0};
   char err[1024];
@@ -320,17 +337,18 @@ static int open_engine(struct rt_engine *e, const struct eopts *o, struct text_i
                               .model = o->model,
                               .tokenizer = o->tokenizer,
                               .seed = o->seed,
-                              .exec = {.executor = dense ? RT_EXEC_DIRECT : o->executor,
+                              .exec = {.executor = ref ? RT_EXEC_DIRECT : o->executor,
                                        .workers = o->workers,
                                        .sched = o->sched},
-                              .dense = dense,
+                              .dense = ref && o->dense_ref,
+                              .f32 = ref && o->f32_ref,
                               .diags = &diags,
                               .problems = &pr,
                               .on_plan = ids_fit,
                               .user = t};
   int rc = rt_engine_open(e, &eo, err, sizeof err);
   if (rc) open_failed(e, o, &diags, &pr, err);
-  else if (!dense) plan_diags_print(&diags, stderr); /* the plan's warnings, once */
+  else if (!ref) plan_diags_print(&diags, stderr); /* the plan's warnings, once */
   plan_diags_free(&diags);
   weights_problems_free(&pr);
   return rc ? 1 : 0;
@@ -366,20 +384,21 @@ int cmd_eval(int argc, char **argv) {
     fprintf(stderr, "cedar eval: %s\n", err);
     goto done;
   }
-  if (o.dense_ref && comm_world_size() > 1) {
-    fprintf(stderr, "cedar eval: --dense-ref runs in one process; run it without mpirun\n");
+  bool with_ref = o.dense_ref || o.f32_ref;
+  if (with_ref && comm_world_size() > 1) {
+    fprintf(stderr, "cedar eval: %s runs in one process; run it without mpirun\n", o.dense_ref ? "--dense-ref" : "--f32-ref");
     comm_end();
     goto done;
   }
   struct rt_engine e, ref;
   memset(&ref, 0, sizeof ref);
   if (open_engine(&e, &o, &t, false)) goto out;
-  if (o.dense_ref && open_engine(&ref, &o, &t, true)) goto out;
+  if (with_ref && open_engine(&ref, &o, &t, true)) goto out;
   struct progress pg = {now_s(), now_s(), isatty(2), false};
   struct rt_eval_opts eo = {.context = o.context,
                             .stride = o.stride,
                             .per_token = o.per_token,
-                            .ref = o.dense_ref ? &ref : NULL,
+                            .ref = with_ref ? &ref : NULL,
                             .progress = progress_cb,
                             .user = &pg};
   struct rt_eval_result r;

@@ -518,6 +518,7 @@ static cJSON *to_json(const struct variant *v, int n, const struct xopts *o) {
         cJSON_AddNumberToObject(q, "accuracy", v[i].q.accuracy);
         cJSON_AddNumberToObject(q, "dense_top1_agreement", v[i].q.agreement);
         cJSON_AddNumberToObject(q, "dense_kl_nats_per_token", v[i].q.kl);
+        cJSON_AddNumberToObject(q, "dense_bits_per_byte", v[i].q.dense_bits_per_byte);
         cJSON_AddNumberToObject(q, "tokens_per_s", v[i].q.tokens_per_s);
       }
     }

@@ -254,6 +254,7 @@ static cJSON *to_json(const struct entry *e, int n, const struct ropts *o) {
         cJSON_AddNumberToObject(q, "accuracy", u->accuracy);
         cJSON_AddNumberToObject(q, "dense_top1_agreement", u->agreement);
         cJSON_AddNumberToObject(q, "dense_kl_nats_per_token", u->kl);
+        cJSON_AddNumberToObject(q, "dense_bits_per_byte", u->dense_bits_per_byte);
         cJSON_AddNumberToObject(q, "tokens_per_s", u->tokens_per_s);
       }
     }
@@ -421,18 +422,19 @@ static void write_quality_html(FILE *f, const struct entry *e, int n, const stru
   fputs("</h2>\n<p>Teacher-forced through each plan's own prefill graph and decode steps (<code>cedar eval</code>): "
         "bits per byte of the text, next-token accuracy, and top-1 agreement and KL (nats per id) against the same "
         "plan and weights with <code>serving.ced: false</code>, the dense forward.</p>\n"
-        "<table><tr><th>plan</th><th>bits per byte</th><th>accuracy</th><th>top-1 agreement</th><th>KL</th>"
-        "<th>ids/s</th><th>command</th></tr>\n", f);
+        "<table><tr><th>plan</th><th>bits per byte</th><th>dense: bits per byte</th><th>accuracy</th>"
+        "<th>top-1 agreement</th><th>KL</th><th>ids/s</th><th>command</th></tr>\n", f);
   for (int i = 0; i < n; i++) {
     const struct study_quality *u = &e[i].q;
     fputs("<tr><td>", f);
     viz_html_text(f, e[i].plan.name);
     if (!u->ok) {
-      fputs("</td><td colspan=\"6\" style=\"text-align:left\">", f);
+      fputs("</td><td colspan=\"7\" style=\"text-align:left\">", f);
       viz_html_text(f, u->why);
     } else {
-      fprintf(f, "</td><td>%.4f</td><td>%.4f</td><td>%.4f</td><td>%.3g</td><td>%.1f</td><td style=\"text-align:left\">"
-                 "<code>", u->bits_per_byte, u->accuracy, u->agreement, u->kl, u->tokens_per_s);
+      fprintf(f, "</td><td>%.4f</td><td>%.4f</td><td>%.4f</td><td>%.4f</td><td>%.3g</td><td>%.1f</td>"
+                 "<td style=\"text-align:left\"><code>", u->bits_per_byte, u->dense_bits_per_byte, u->accuracy,
+              u->agreement, u->kl, u->tokens_per_s);
       viz_html_text(f, u->cmd);
       fputs("</code>", f);
     }

@@ -278,6 +278,7 @@ int study_quality_run(const char *plan_path, const struct plan *p, const struct 
   q->tokens_per_s = num(j, "tokens_per_s", NULL);
   q->agreement = num(j, "dense", "top1_agreement");
   q->kl = num(j, "dense", "kl_nats_per_token");
+  q->dense_bits_per_byte = num(j, "dense", "bits_per_byte");
   cJSON_Delete(j);
   if (!isfinite(q->bits_per_byte) || !isfinite(q->agreement) || !isfinite(q->kl)) {
     snprintf(q->why, sizeof q->why, "%.500s: its JSON lacks bits_per_byte or dense", q->cmd);

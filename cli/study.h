@@ -67,6 +67,7 @@ struct study_quality {
   char cmd[1024];
   int64_t tokens, bytes;
   double bits_per_byte, accuracy, agreement, kl, tokens_per_s;
+  double dense_bits_per_byte; /* the dense forward's own, on the same text */
 };
 /* Returns 0 when it ran (q->ok), 1 with q->why otherwise. */
 int study_quality_run(const char *plan_path, const struct plan *p, const struct study_quality_opts *o,

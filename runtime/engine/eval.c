@@ -114,7 +114,9 @@ static void score_window(const struct rt_eval_opts *o, const int32_t *ids, const
     double kl = 0;
     if (ref) {
       const float *lr = row_of(ref, w, j, V);
-      kl = kl_of(lr, lse_of(lr, V), l, lse, V);
+      double lse_r = lse_of(lr, V);
+      kl = kl_of(lr, lse_r, l, lse, V);
+      out->ref_nll += lse_r - (double)lr[ids[j]];
       out->kl += kl;
       out->agree += argmax_of(lr, V) == am;
     }

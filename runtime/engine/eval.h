@@ -14,9 +14,10 @@
  * window with at least context - stride ids before it.
  *
  * With a reference engine (the same plan and weights opened with
- * rt_engine_opts.dense: the dense `ced: false` forward) every window runs
- * on it too, and the two distributions are compared per scored id: top-1
- * agreement and KL(reference || engine).
+ * rt_engine_opts.dense: the dense `ced: false` forward, or .f32: fp32
+ * numerics) every window runs on it too, and the two distributions are
+ * compared per scored id: top-1 agreement and KL(reference || engine), and
+ * the reference's own NLL.
  *
  * Not here: flags, the text's tokenization, printing (cli/cmd_eval.c).
  * Test: tests/cli/eval.sh (the NumPy oracle, executors, mpirun P/D).
@@ -34,7 +35,7 @@ struct rt_eval_opts {
   int64_t context;           /* ids per window, >= 2 */
   int64_t stride;            /* ids scored per window after the first, in [1, context - 1] */
   bool per_token;            /* keep each scored id's figures (rt_eval_result.tok_*) */
-  struct rt_engine *ref;     /* the dense reference, or NULL */
+  struct rt_engine *ref;     /* the reference (dense or f32), or NULL */
   /* after each window: ids scored so far of total; NULL: none */
   void (*progress)(void *user, int64_t done, int64_t total);
   void *user;
@@ -47,6 +48,7 @@ struct rt_eval_result {
   double nll;                /* nats, summed over the scored ids */
   int64_t correct;           /* scored ids that were the argmax (ties: the lower id) */
   int64_t agree;             /* with ref: argmax equal to the reference's */
+  double ref_nll;            /* with ref: the reference's NLL, nats, summed */
   double kl;                 /* with ref: KL(reference || engine), nats, summed over the scored ids */
   double seconds, ref_seconds; /* wall time in the engine's and the reference's requests */
   int64_t decode_steps;

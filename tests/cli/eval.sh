@@ -18,7 +18,8 @@
 #     (eval.py says why);
 #  4. the direct and StarPU executors give bitwise the same figures;
 #  5. --dense-ref: on a plan with serving.ced false the reference is the
-#     same forward (agreement 1, KL 0 exactly); on tiny-40-bytes with
+#     same forward (agreement 1, KL 0 exactly, the same bits per byte), as
+#     --f32-ref is on the fp32 tiny-40-bytes; on tiny-40-bytes with
 #     windows longer than the replay the KL is positive and the agreement
 #     at most 1;
 #  6. with the DeepSeek tokenizer (the npm cache; skipped without it) on
@@ -76,6 +77,7 @@ expect2 --text "$text" --bogus
 expect2 --text "$text" --context 10 --stride 10
 expect2 --text "$text" --per-token
 grep -q -- "--json" "$tmp/e" || fail "--per-token alone: the message does not name --json"
+expect2 --text "$text" --dense-ref --f32-ref
 
 # ---- 2. bad input ------------------------------------------------------------
 expect1() { # $1: a word the message must hold; the rest: eval's arguments
@@ -132,8 +134,9 @@ ev --plan "$tmp/dense.yaml" --weights "$tmp/w.safetensors" --text "$text" "${win
   > "$tmp/dd.json" || fail "eval --dense-ref on a dense plan exit $?"
 "$py" - "$tmp/dd.json" "$tmp/dense-ref.json" <<'EOF' || fail "--dense-ref on a dense plan"
 import json, sys
-d = json.load(open(sys.argv[1]))['dense']
-assert d['top1_agreement'] == 1 and d['kl_nats_per_token'] == 0, d
+j = json.load(open(sys.argv[1]))
+d = j['dense']
+assert d['top1_agreement'] == 1 and d['kl_nats_per_token'] == 0 and d['bits_per_byte'] == j['bits_per_byte'], d
 EOF
 ev --plan "$plan" --weights "$tmp/w.safetensors" --text "$text" "${win[@]}" --json --dense-ref > "$tmp/cd.json" \
   || fail "eval --dense-ref exit $?"
@@ -145,6 +148,16 @@ assert j['nll_nats'] == k['nll_nats'], 'the reference changed the figures'
 assert 0 < d['kl_nats_per_token'] and 0 < d['top1_agreement'] <= 1, d
 print('eval.sh: CED vs dense on tiny-40-bytes (replay 24, windows of 100): agreement %.4f, KL %.3g nats/id'
       % (d['top1_agreement'], d['kl_nats_per_token']))
+EOF
+
+# --f32-ref: tiny-40-bytes already runs fp32, so the reference is the same forward
+ev --plan "$plan" --weights "$tmp/w.safetensors" --text "$text" "${win[@]}" --json --f32-ref > "$tmp/f32.json" \
+  || fail "eval --f32-ref exit $?"
+"$py" - "$tmp/f32.json" <<'EOF' || fail "--f32-ref on an fp32 plan"
+import json, sys
+j = json.load(open(sys.argv[1]))
+d = j['f32']
+assert d['top1_agreement'] == 1 and d['kl_nats_per_token'] == 0 and d['bits_per_byte'] == j['bits_per_byte'], d
 EOF
 
 # ---- 6. a tokenizer: BOS first (context only), every text byte scored -----------------
