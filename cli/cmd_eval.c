@@ -38,7 +38,7 @@ struct eopts {
   int64_t context, stride;
   enum rt_executor executor;
   int workers;
-  bool json, per_token, dense_ref, f32_ref;
+  bool json, per_token, dense_ref, f32_ref, executor_given;
 };
 
 /* The reference's key in --json and its words in the text report. */
@@ -76,7 +76,7 @@ static void usage(FILE *f) {
           "                    what the vendor numerics cost on this text\n"
           "  --per-token       --json: each scored id's position, id, NLL, argmax (and KL)\n"
           "  --executor E      direct (default) or starpu: the figures are bitwise the same\n"
-          "  --workers N, --sched S   StarPU's CPU workers and policy\n"
+          "  --workers N, --sched S   StarPU's CPU workers and policy (they imply --executor starpu)\n"
           "  --json            one JSON object\n"
           "\n"
           "Under mpirun with a P/D plan (plans/v41-mini-pd.yaml) each window's prefill runs on the\n"
@@ -136,6 +136,7 @@ static int parse(int argc, char **argv, struct eopts *o) {
       break;
     case 'e':
       if (!rt_executor_parse(optarg, &o->executor)) return cli_usage_error("eval", "--executor %s: give direct or starpu", optarg);
+      o->executor_given = true;
       break;
     case 'h': return usage(stdout), 0;
     case ':': return cli_usage_error("eval", "%s needs a value", argv[optind - 1]);
@@ -151,6 +152,9 @@ static int parse(int argc, char **argv, struct eopts *o) {
                            (long long)o->context);
   if (o->per_token && !o->json) return cli_usage_error("eval", "--per-token goes with --json");
   if (o->dense_ref && o->f32_ref) return cli_usage_error("eval", "give one reference: --dense-ref or --f32-ref");
+  if (!o->executor_given && (o->sched || o->workers)) o->executor = RT_EXEC_STARPU; /* they are StarPU's, as in run */
+  if (o->executor == RT_EXEC_DIRECT && (o->sched || o->workers))
+    return cli_usage_error("eval", "--sched and --workers need --executor starpu (the direct executor runs one thread)");
   return -1;
 }
 

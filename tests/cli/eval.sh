@@ -78,6 +78,7 @@ expect2 --text "$text" --context 10 --stride 10
 expect2 --text "$text" --per-token
 grep -q -- "--json" "$tmp/e" || fail "--per-token alone: the message does not name --json"
 expect2 --text "$text" --dense-ref --f32-ref
+expect2 --text "$text" --executor direct --workers 2
 
 # ---- 2. bad input ------------------------------------------------------------
 expect1() { # $1: a word the message must hold; the rest: eval's arguments
