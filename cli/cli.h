@@ -19,6 +19,7 @@ int cmd_bench_engram(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv);
 int cmd_weights(int argc, char **argv);
 int cmd_run(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 int cmd_graph(int argc, char **argv);
 int cmd_serve_sim(int argc, char **argv);
 int cmd_serve(int argc, char **argv);

@@ -1,5 +1,5 @@
 /* cmd_explore.c: `cedar explore BASE.yaml --vary KEY=V1,V2,... [--vary ...]
- * [--measure time,drift] [--json] [--out DIR]`: the schedule study. Every
+ * [--measure time,drift,quality --text T] [--json] [--out DIR]`: the schedule study. Every
  * combination of the values is one variant plan, written as a YAML file
  * that `extends` BASE (so a variant is an ordinary plan: `cedar plan check`,
  * `cedar run --plan` take it) and loaded with the plan loader; a variant the
@@ -7,9 +7,11 @@
  * from the plan alone (scheduler/plan_cost.c: memory per request at N
  * tokens, cold-prefill token-layers of n tokens, decode indexer key-dots);
  * --measure runs it (cli/study.c: `cedar run --exact-replay` on the direct
- * executor) for prefill and decode time and the drift of bounded replay.
- * The Pareto front of memory against work (against drift when measured) is
- * printed and, with --out, plotted (gnuplot).
+ * executor) for prefill and decode time and the drift of bounded replay;
+ * --measure quality scores a text through it (cli/study.c: `cedar eval
+ * --dense-ref`: held-out bits per byte, agreement with the dense forward).
+ * The Pareto front of memory against work (and drift, and bits per byte,
+ * when measured) is printed and, with --out, plotted (gnuplot).
  *
  * Keys: a plan path (model.swa.window, serving.replay.decoder,
  * model.indexer.topk, serving.prefill_chunk, ...), a layer field
@@ -47,13 +49,13 @@
 
 static const char usage[] =
     "usage: cedar explore BASE.yaml --vary KEY=V1,V2,... [--vary ...] [--tokens N] [--prompt n]\n"
-    "                     [--measure time,drift] [--measure-prompt M] [--decode S] [--max-weights B]\n"
-    "                     [--json] [--out DIR]\n"
+    "                     [--measure time,drift,quality] [--measure-prompt M] [--decode S] [--max-weights B]\n"
+    "                     [--text FILE [--context N] [--stride S] [--model DIR | --weights W]] [--json] [--out DIR]\n"
     "Every combination of the values is a variant of BASE (a plan file that extends it). Each is\n"
     "loaded (a variant the plan loader refuses is listed with its error) and costed from the plan:\n"
     "memory per request at N tokens (default 65536: global KV, SWA, tails), work = token-layers of\n"
     "a cold prefill of n tokens (default 4096), and decode indexer key-dots at N. The Pareto front\n"
-    "of memory against work (and drift, when measured) is marked with *.\n"
+    "of memory against work (and drift and bits per byte, when measured) is marked with *.\n"
     "KEY is one of:\n"
     "  a plan path            model.swa.window, serving.replay.decoder, model.indexer.topk, ...\n"
     "  layers.AT.FIELD        a layer override: layers.24.mode=reindex,reuse; AT may be a range 20-23\n"
@@ -65,6 +67,13 @@ static const char usage[] =
     "                         --executor direct` (M default 256, S default 4; synthetic weights),\n"
     "                         drift with --exact-replay; plans whose weights exceed --max-weights\n"
     "                         (default 2e9 bytes) are not run\n"
+    "  --measure quality      also score --text FILE with each valid variant: `cedar eval --dense-ref`\n"
+    "                         (--context N ids per window, default 256, --stride S, default N/2):\n"
+    "                         held-out bits per byte, next-token accuracy, and top-1 agreement and\n"
+    "                         KL against the same variant with serving.ced false (the dense forward);\n"
+    "                         the weights: --model DIR (a released checkpoint: variants whose layer\n"
+    "                         table differs from its config are refused by eval), --weights W, or\n"
+    "                         synthetic (seed 0: quality then means nothing)\n"
     "  --json                 print one JSON object instead of the table\n"
     "  --out DIR              keep the variant plans (DIR/variants/), write DIR/explore.json and plot\n"
     "                         the front: DIR/pareto.png (gnuplot)\n";
@@ -84,7 +93,8 @@ struct variant {
   struct study_mem mem;
   int64_t work, dense_work, key_dots;
   struct study_run run;
-  bool measured, pareto;
+  struct study_quality q;
+  bool measured, q_measured, pareto;
 };
 
 struct xopts {
@@ -92,8 +102,9 @@ struct xopts {
   struct key key[MAX_KEYS];
   int n_key;
   int64_t tokens, prompt;
-  bool time, drift, json;
+  bool time, drift, quality, json;
   struct study_run_opts ro;
+  struct study_quality_opts qo;
 };
 
 /* ---- options ------------------------------------------------------------- */
@@ -150,6 +161,11 @@ static int parse(int argc, char **argv, struct xopts *o) {
                                        {"max-weights", required_argument, NULL, 'w'},
                                        {"json", no_argument, NULL, 'j'},
                                        {"out", required_argument, NULL, 'o'},
+                                       {"text", required_argument, NULL, 'T'},
+                                       {"context", required_argument, NULL, 'c'},
+                                       {"stride", required_argument, NULL, 's'},
+                                       {"model", required_argument, NULL, 'D'},
+                                       {"weights", required_argument, NULL, 'W'},
                                        {"help", no_argument, NULL, 'h'},
                                        {NULL, 0, NULL, 0}};
   o->tokens = 65536;
@@ -175,7 +191,8 @@ static int parse(int argc, char **argv, struct xopts *o) {
         size_t n = strcspn(s, ",");
         if (n == 4 && !strncmp(s, "time", 4)) o->time = true;
         else if (n == 5 && !strncmp(s, "drift", 5)) o->drift = true;
-        else return cli_usage_error("explore", "--measure %s: give time, drift or time,drift", optarg);
+        else if (n == 7 && !strncmp(s, "quality", 7)) o->quality = true;
+        else return cli_usage_error("explore", "--measure %s: give time, drift, quality or a list of them", optarg);
         if (!s[n]) break;
         s += n + 1;
       }
@@ -193,6 +210,15 @@ static int parse(int argc, char **argv, struct xopts *o) {
       break;
     case 'j': o->json = true; break;
     case 'o': o->out = optarg; break;
+    case 'T': o->qo.text = optarg; break;
+    case 'D': o->qo.model = optarg; break;
+    case 'W': o->qo.weights = optarg; break;
+    case 'c':
+      if (!cli_parse_int(optarg, 2, 1 << 24, &o->qo.context)) return cli_usage_error("explore", "--context %s", optarg);
+      break;
+    case 's':
+      if (!cli_parse_int(optarg, 1, 1 << 24, &o->qo.stride)) return cli_usage_error("explore", "--stride %s", optarg);
+      break;
     case 'h': fputs(usage, stdout); return -1;
     default: fputs(usage, stderr); return cli_usage_error("explore", "unknown option or missing value: %s", argv[optind - 1]);
     }
@@ -204,6 +230,14 @@ static int parse(int argc, char **argv, struct xopts *o) {
   if (!o->n_key) return cli_usage_error("explore", "give at least one --vary KEY=V1,V2,...");
   o->base = argv[optind];
   o->ro.drift = o->drift;
+  if (o->quality != (o->qo.text != NULL))
+    return cli_usage_error("explore", o->quality ? "--measure quality scores a held-out text: give --text FILE"
+                                                 : "--text goes with --measure quality");
+  if ((o->qo.model || o->qo.weights || o->qo.context || o->qo.stride) && !o->quality)
+    return cli_usage_error("explore", "--model, --weights, --context and --stride go with --measure quality");
+  if (o->qo.model && o->qo.weights) return cli_usage_error("explore", "give --model DIR or --weights W, not both");
+  o->qo.max_weights = o->ro.max_weights;
+  if (!o->qo.context) o->qo.context = 256;
   return 0;
 }
 
@@ -346,30 +380,40 @@ static void evaluate(struct variant *v, const struct xopts *o) {
     v->measured = true;
     if (study_run(v->file, &p, &o->ro, &v->run) && !o->json) fprintf(stderr, "cedar explore: v%d: %s\n", v->id, v->run.why);
   }
+  if (v->valid && o->quality && !study_interrupted()) {
+    if (!o->json) fprintf(stderr, "cedar explore: scoring %s with v%d ...\n", o->qo.text, v->id);
+    v->q_measured = true;
+    if (study_quality_run(v->file, &p, &o->qo, &v->q) && !o->json)
+      fprintf(stderr, "cedar explore: v%d: %s\n", v->id, v->q.why);
+  }
   plan_free(&p);
 }
 
 /* Whether a dominates b (no worse in every objective, better in one). The
  * objectives: memory, work (prefill token-layers and decode key-dots), and
- * drift when measured. */
-static bool dominates(const struct variant *a, const struct variant *b, bool drift) {
-  double x[4] = {(double)a->mem.total, (double)a->work, (double)a->key_dots, drift ? a->run.drift_rel_rms : 0};
-  double y[4] = {(double)b->mem.total, (double)b->work, (double)b->key_dots, drift ? b->run.drift_rel_rms : 0};
+ * drift and held-out bits per byte when measured. */
+static bool dominates(const struct variant *a, const struct variant *b, const struct xopts *o) {
+  double x[5] = {(double)a->mem.total, (double)a->work, (double)a->key_dots, o->drift ? a->run.drift_rel_rms : 0,
+                 o->quality ? a->q.bits_per_byte : 0};
+  double y[5] = {(double)b->mem.total, (double)b->work, (double)b->key_dots, o->drift ? b->run.drift_rel_rms : 0,
+                 o->quality ? b->q.bits_per_byte : 0};
   bool better = false;
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < 5; i++) {
     if (x[i] > y[i]) return false;
     if (x[i] < y[i]) better = true;
   }
   return better;
 }
 
-static bool eligible(const struct variant *v, bool drift) { return v->valid && (!drift || v->run.ok); }
+static bool eligible(const struct variant *v, const struct xopts *o) {
+  return v->valid && (!o->drift || v->run.ok) && (!o->quality || v->q.ok);
+}
 
-static void pareto(struct variant *v, int n, bool drift) {
+static void pareto(struct variant *v, int n, const struct xopts *o) {
   for (int i = 0; i < n; i++) {
-    v[i].pareto = eligible(&v[i], drift);
+    v[i].pareto = eligible(&v[i], o);
     for (int j = 0; j < n && v[i].pareto; j++)
-      if (j != i && eligible(&v[j], drift) && dominates(&v[j], &v[i], drift)) v[i].pareto = false;
+      if (j != i && eligible(&v[j], o) && dominates(&v[j], &v[i], o)) v[i].pareto = false;
   }
 }
 
@@ -389,6 +433,7 @@ static void print_table(const struct variant *v, int n, const struct xopts *o) {
   printf(" %12s %12s %14s", "memory", "work", "key-dots/tok");
   if (o->time) printf(" %10s %9s", "prefill s", "ITL ms");
   if (o->drift) printf(" %10s", "drift");
+  if (o->quality) printf(" %9s %8s %10s", "bits/byte", "top1-agr", "KL/id");
   printf("\n");
   for (int i = 0; i < n; i++) {
     printf("v%-4d %-7s", v[i].id, v[i].pareto ? "*" : v[i].valid ? "" : "invalid");
@@ -408,9 +453,15 @@ static void print_table(const struct variant *v, int n, const struct xopts *o) {
     }
     if (o->time) printf(" %10.3f %9.2f", v[i].run.prefill_s, 1e3 * v[i].run.itl_s);
     if (o->drift) printf(" %10.3g", v[i].run.drift_rel_rms);
+    if (o->quality && v[i].q.ok) printf(" %9.4f %8.4f %10.3g", v[i].q.bits_per_byte, v[i].q.agreement, v[i].q.kl);
+    if (o->quality && !v[i].q.ok) printf(" not scored: %s", v[i].q.why);
     printf("\n");
   }
-  printf("Pareto front (memory, work: prefill token-layers and decode key-dots%s):", o->drift ? ", drift" : "");
+  if (o->quality)
+    printf("quality: cedar eval --text %s --dense-ref (bits per byte of the text; top-1 agreement and KL against the "
+           "dense ced: false forward of the same variant)\n", o->qo.text);
+  printf("Pareto front (memory, work: prefill token-layers and decode key-dots%s%s):", o->drift ? ", drift" : "",
+         o->quality ? ", bits per byte" : "");
   for (int i = 0; i < n; i++)
     if (v[i].pareto) printf(" v%d", v[i].id);
   printf("\n");
@@ -428,6 +479,8 @@ static cJSON *to_json(const struct variant *v, int n, const struct xopts *o) {
   cJSON_AddItemToArray(objs, cJSON_CreateString("work.token_layers"));
   cJSON_AddItemToArray(objs, cJSON_CreateString("work.decode_key_dots"));
   if (o->drift) cJSON_AddItemToArray(objs, cJSON_CreateString("drift"));
+  if (o->quality) cJSON_AddItemToArray(objs, cJSON_CreateString("quality.bits_per_byte"));
+  if (o->quality) cJSON_AddStringToObject(j, "text", o->qo.text);
   cJSON *arr = cJSON_AddArrayToObject(j, "variants"), *front = cJSON_AddArrayToObject(j, "pareto");
   for (int i = 0; i < n; i++) {
     cJSON *x = cJSON_CreateObject();
@@ -453,6 +506,22 @@ static cJSON *to_json(const struct variant *v, int n, const struct xopts *o) {
     cJSON_AddNumberToObject(w, "token_layers", (double)v[i].work);
     cJSON_AddNumberToObject(w, "dense_token_layers", (double)v[i].dense_work);
     cJSON_AddNumberToObject(w, "decode_key_dots", (double)v[i].key_dots);
+    if (v[i].q_measured) {
+      cJSON *q = cJSON_AddObjectToObject(x, "quality");
+      if (!v[i].q.ok) {
+        cJSON_AddStringToObject(q, "not_run", v[i].q.why);
+      } else {
+        cJSON_AddStringToObject(q, "command", v[i].q.cmd);
+        cJSON_AddNumberToObject(q, "tokens", (double)v[i].q.tokens);
+        cJSON_AddNumberToObject(q, "bytes", (double)v[i].q.bytes);
+        cJSON_AddNumberToObject(q, "bits_per_byte", v[i].q.bits_per_byte);
+        cJSON_AddNumberToObject(q, "accuracy", v[i].q.accuracy);
+        cJSON_AddNumberToObject(q, "dense_top1_agreement", v[i].q.agreement);
+        cJSON_AddNumberToObject(q, "dense_kl_nats_per_token", v[i].q.kl);
+        cJSON_AddNumberToObject(q, "dense_bits_per_byte", v[i].q.dense_bits_per_byte);
+        cJSON_AddNumberToObject(q, "tokens_per_s", v[i].q.tokens_per_s);
+      }
+    }
     if (!v[i].measured) continue;
     cJSON *r = cJSON_AddObjectToObject(x, "measured");
     if (!v[i].run.ok) {
@@ -475,33 +544,37 @@ static cJSON *to_json(const struct variant *v, int n, const struct xopts *o) {
 static int plot(const struct variant *v, int n, const struct xopts *o, char *err, size_t len) {
   FILE *f = study_open(o->out, "pareto.dat", err, len);
   if (!f) return 1;
-  fprintf(f, "# id memory_bytes prefill_token_layers drift front(1/0) decode_key_dots\n");
+  bool colour = o->drift || o->quality; /* column 4: bits per byte with quality, else drift */
+  fprintf(f, "# id memory_bytes prefill_token_layers %s front(1/0) decode_key_dots\n",
+          o->quality ? "bits_per_byte" : "drift");
   for (int i = 0; i < n; i++)
-    if (eligible(&v[i], o->drift))
+    if (eligible(&v[i], o))
       fprintf(f, "v%d %" PRId64 " %" PRId64 " %.6g %d %" PRId64 "\n", v[i].id, v[i].mem.total, v[i].work,
-              o->drift ? v[i].run.drift_rel_rms : 0.0, v[i].pareto ? 1 : 0, v[i].key_dots);
+              o->quality ? v[i].q.bits_per_byte : o->drift ? v[i].run.drift_rel_rms : 0.0, v[i].pareto ? 1 : 0,
+              v[i].key_dots);
   if (study_close(f, err, len)) return 1;
   FILE *g = study_open(o->out, "pareto.gp", err, len);
   if (!g) return 1;
   char *title = NULL; /* names BASE, so it is written by cedar_quote_gnuplot: a file name is data */
   if (asprintf(&title, "cedar explore %s: memory at N = %" PRId64 " against work%s; red rings: the Pareto front",
-               o->base, o->tokens, o->drift ? "; colour: drift (rel. RMS)" : "") < 0)
+               o->base, o->tokens, o->quality ? "; colour: bits per byte" : o->drift ? "; colour: drift (rel. RMS)" : "") < 0)
     title = NULL;
   CEDAR_ASSERT(title != NULL);
   fprintf(g, "# cedar explore: memory against work%s, the Pareto front in red\n"
              "set terminal pngcairo noenhanced size 1500,650 font 'sans,10'\nset output 'pareto.png'\n"
              "set multiplot layout 1,2 title ",
-          o->drift ? " and drift" : "");
+          o->quality ? " and bits per byte" : o->drift ? " and drift" : "");
   cedar_quote_gnuplot(g, title);
   free(title);
   fputs("\nset xlabel 'memory per request (bytes)'\nset format x '%.3s %cB'\n"
         "set grid\nset offsets graph 0.05, graph 0.1, graph 0.1, graph 0.05\nset key top right\n", g);
-  if (o->drift) fputs("set palette rgb 33,13,10\nset cblabel 'drift (relative RMS)'\n", g);
+  if (colour)
+    fprintf(g, "set palette rgb 33,13,10\nset cblabel '%s'\n", o->quality ? "held-out bits per byte" : "drift (relative RMS)");
   const char *ycol[2] = {"3", "6"};
   const char *ylab[2] = {"cold prefill token-layers", "decode indexer key-dots per token"};
   for (int pn = 0; pn < 2; pn++) {
     fprintf(g, "set ylabel '%s'\nset title '%s'\n", ylab[pn], pn ? "decode work" : "prefill work");
-    if (o->drift)
+    if (colour)
       fprintf(g, "plot 'pareto.dat' using 2:%s:4 with points pt 7 ps 1.6 palette title 'variant', \\\n", ycol[pn]);
     else
       fprintf(g, "plot 'pareto.dat' using ($5 > 0 ? 1/0 : $2):%s with points pt 7 ps 1.4 lc rgb '#888888' "
@@ -570,7 +643,7 @@ int cmd_explore(int argc, char **argv) {
   int n_valid = 0;
   for (int i = 0; i < n; i++) n_valid += v[i].valid;
   if (!rc) {
-    pareto(v, n, o.drift);
+    pareto(v, n, &o);
     cJSON *j = to_json(v, n, &o);
     if (o.out) {
       char *s = cJSON_Print(j);

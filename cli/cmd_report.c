@@ -4,7 +4,9 @@
  * cost` prints), token-layers and bytes of the prefix-hit cases, measured
  * prefill and decode time and the drift of bounded replay against
  * `--exact-replay` (small runs: `cedar run` on the direct executor, the
- * command recorded); PNG plots by gnuplot and one index.html embedding them,
+ * command recorded), and with --text each plan's quality over that text
+ * (`cedar eval --dense-ref`: held-out bits per byte, agreement with the
+ * dense forward); PNG plots by gnuplot and one index.html embedding them,
  * with report.json holding every figure.
  * Tested by tests/cli/report.sh; docs/viz.md.
  */
@@ -30,6 +32,7 @@
 static const char usage[] =
     "usage: cedar report PLAN... --out DIR [--tokens N1,N2,...] [--prompt N] [--no-measure]\n"
     "                    [--measure-prompt N] [--decode S] [--max-weights BYTES] [--json]\n"
+    "                    [--text FILE [--context N] [--stride S] [--model DIR | --weights W]]\n"
     "Write DIR/index.html (open it in a browser), its PNG plots (gnuplot) and DIR/report.json:\n"
     "  memory.png     bytes per request by state class (global Main-KV, Indexer-K, SWA, tails and\n"
     "                 their total, beside the per-layer baseline) against context length N, the\n"
@@ -44,6 +47,11 @@ static const char usage[] =
     "--exact-replay` once per plan with synthetic weights (M = --measure-prompt, default 512;\n"
     "S = --decode, default 8); a plan whose weights exceed --max-weights (default 2e9 bytes)\n"
     "is not run and the report says so. --no-measure skips the runs.\n"
+    "  --text FILE    also score FILE with each plan (`cedar eval --plan P --text FILE --dense-ref\n"
+    "                 --json`, --context N ids per window, default 256, --stride S, default N/2): held-out\n"
+    "                 bits per byte, next-token accuracy, top-1 agreement and KL against the plan's dense\n"
+    "                 (serving.ced false) forward; weights from --model DIR (a released checkpoint), --weights\n"
+    "                 W, or synthetic (seed 0, where quality means nothing); runs with --no-measure too\n"
     "  --tokens LIST  context lengths for memory.png (default 1024,4096,16384,65536,262144,1048576)\n"
     "  --json         print report.json's object, with \"out\" and the \"files\" written, instead of\n"
     "                 the summary line\n";
@@ -63,6 +71,7 @@ struct entry {
   struct plan_cost_prefill pre[N_CASES];
   struct study_run run;
   bool measured;
+  struct study_quality q;
 };
 
 struct ropts {
@@ -72,6 +81,7 @@ struct ropts {
   int64_t prompt;
   bool measure, json;
   struct study_run_opts ro;
+  struct study_quality_opts qo;
 };
 
 static int parse(int argc, char **argv, struct ropts *o) {
@@ -83,6 +93,11 @@ static int parse(int argc, char **argv, struct ropts *o) {
                                        {"decode", required_argument, NULL, 'd'},
                                        {"max-weights", required_argument, NULL, 'w'},
                                        {"json", no_argument, NULL, 'j'},
+                                       {"text", required_argument, NULL, 'T'},
+                                       {"context", required_argument, NULL, 'c'},
+                                       {"stride", required_argument, NULL, 's'},
+                                       {"model", required_argument, NULL, 'D'},
+                                       {"weights", required_argument, NULL, 'W'},
                                        {"help", no_argument, NULL, 'h'},
                                        {NULL, 0, NULL, 0}};
   static const int64_t dflt[] = {1024, 4096, 16384, 65536, 262144, 1048576};
@@ -124,6 +139,15 @@ static int parse(int argc, char **argv, struct ropts *o) {
       if (!cli_parse_int(optarg, 1, INT64_MAX, &v)) return cli_usage_error("report", "--max-weights %s", optarg);
       o->ro.max_weights = (uint64_t)v;
       break;
+    case 'T': o->qo.text = optarg; break;
+    case 'D': o->qo.model = optarg; break;
+    case 'W': o->qo.weights = optarg; break;
+    case 'c':
+      if (!cli_parse_int(optarg, 2, 1 << 24, &o->qo.context)) return cli_usage_error("report", "--context %s", optarg);
+      break;
+    case 's':
+      if (!cli_parse_int(optarg, 1, 1 << 24, &o->qo.stride)) return cli_usage_error("report", "--stride %s", optarg);
+      break;
     case 'h': fputs(usage, stdout); return -1;
     default: fputs(usage, stderr); return cli_usage_error("report", "unknown option or missing value: %s", argv[optind - 1]);
     }
@@ -134,6 +158,11 @@ static int parse(int argc, char **argv, struct ropts *o) {
   }
   if (optind >= argc) return cli_usage_error("report", "give one or more plans");
   if (argc - optind > MAX_PLANS) return cli_usage_error("report", "at most %d plans", MAX_PLANS);
+  if ((o->qo.model || o->qo.weights || o->qo.context || o->qo.stride) && !o->qo.text)
+    return cli_usage_error("report", "--model, --weights, --context and --stride score a text: give --text FILE");
+  if (o->qo.model && o->qo.weights) return cli_usage_error("report", "give --model DIR or --weights W, not both");
+  o->qo.max_weights = o->ro.max_weights;
+  if (!o->qo.context) o->qo.context = 256;
   return 0;
 }
 
@@ -211,6 +240,23 @@ static cJSON *to_json(const struct entry *e, int n, const struct ropts *o) {
       cJSON_AddNumberToObject(r, "decoder_positions", (double)q->decoder_positions);
       cJSON_AddNumberToObject(r, "new_bytes", (double)q->new_bytes);
       cJSON_AddItemToArray(ph, r);
+    }
+    if (o->qo.text) {
+      cJSON *q = cJSON_AddObjectToObject(p, "quality");
+      const struct study_quality *u = &e[i].q;
+      if (!u->ok) {
+        cJSON_AddStringToObject(q, "not_run", u->why);
+      } else {
+        cJSON_AddStringToObject(q, "command", u->cmd);
+        cJSON_AddNumberToObject(q, "tokens", (double)u->tokens);
+        cJSON_AddNumberToObject(q, "bytes", (double)u->bytes);
+        cJSON_AddNumberToObject(q, "bits_per_byte", u->bits_per_byte);
+        cJSON_AddNumberToObject(q, "accuracy", u->accuracy);
+        cJSON_AddNumberToObject(q, "dense_top1_agreement", u->agreement);
+        cJSON_AddNumberToObject(q, "dense_kl_nats_per_token", u->kl);
+        cJSON_AddNumberToObject(q, "dense_bits_per_byte", u->dense_bits_per_byte);
+        cJSON_AddNumberToObject(q, "tokens_per_s", u->tokens_per_s);
+      }
     }
     cJSON *r = cJSON_AddObjectToObject(p, "measured");
     const struct study_run *u = &e[i].run;
@@ -369,6 +415,34 @@ static void fmt_bytes(char *b, size_t n, double v) {
   else snprintf(b, n, "%.0f B", v);
 }
 
+/* The quality table: each plan's `cedar eval --dense-ref` over --text. */
+static void write_quality_html(FILE *f, const struct entry *e, int n, const struct ropts *o) {
+  fputs("<h2>Quality over ", f);
+  viz_html_text(f, o->qo.text);
+  fputs("</h2>\n<p>Teacher-forced through each plan's own prefill graph and decode steps (<code>cedar eval</code>): "
+        "bits per byte of the text, next-token accuracy, and top-1 agreement and KL (nats per id) against the same "
+        "plan and weights with <code>serving.ced: false</code>, the dense forward.</p>\n"
+        "<table><tr><th>plan</th><th>bits per byte</th><th>dense: bits per byte</th><th>accuracy</th>"
+        "<th>top-1 agreement</th><th>KL</th><th>ids/s</th><th>command</th></tr>\n", f);
+  for (int i = 0; i < n; i++) {
+    const struct study_quality *u = &e[i].q;
+    fputs("<tr><td>", f);
+    viz_html_text(f, e[i].plan.name);
+    if (!u->ok) {
+      fputs("</td><td colspan=\"7\" style=\"text-align:left\">", f);
+      viz_html_text(f, u->why);
+    } else {
+      fprintf(f, "</td><td>%.4f</td><td>%.4f</td><td>%.4f</td><td>%.4f</td><td>%.3g</td><td>%.1f</td>"
+                 "<td style=\"text-align:left\"><code>", u->bits_per_byte, u->dense_bits_per_byte, u->accuracy,
+              u->agreement, u->kl, u->tokens_per_s);
+      viz_html_text(f, u->cmd);
+      fputs("</code>", f);
+    }
+    fputs("</td></tr>\n", f);
+  }
+  fputs("</table>\n", f);
+}
+
 static int write_html(const struct entry *e, int n, const struct ropts *o, int n_measured, char *err, size_t err_len) {
   OPEN(f, "index.html");
   fputs("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>cedar report</title>\n<style>"
@@ -447,6 +521,7 @@ static int write_html(const struct entry *e, int n, const struct ropts *o, int n
     }
     fputs("</table>\n", f);
   }
+  if (o->qo.text) write_quality_html(f, e, n, o);
   fputs("</body></html>\n", f);
   return study_close(f, err, err_len);
 }
@@ -482,6 +557,10 @@ int cmd_report(int argc, char **argv) {
     e[i].measured = true;
     if (study_run(e[i].path, &e[i].plan, &o.ro, &e[i].run)) fprintf(stderr, "cedar report: %s\n", e[i].run.why);
     else n_measured++;
+  }
+  for (int i = 0; i < n && !rc && o.qo.text; i++) {
+    fprintf(stderr, "cedar report: scoring %s with %s ...\n", o.qo.text, e[i].plan.name);
+    if (study_quality_run(e[i].path, &e[i].plan, &o.qo, &e[i].q)) fprintf(stderr, "cedar report: %s\n", e[i].q.why);
   }
   cJSON *j = rc ? NULL : to_json(e, n, &o);
   if (!rc) {

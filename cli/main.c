@@ -18,6 +18,7 @@ struct command {
 
 static const struct command commands[] = {
     {"run", cmd_run, "run a prompt through the model a plan describes and generate tokens (the main job)"},
+    {"eval", cmd_eval, "teacher-forced quality over a text: bits per byte, perplexity, next-token accuracy"},
     {"serve", cmd_serve, "serve the model over an OpenAI-compatible HTTP API (docs/serving.md)"},
     {"serve-sim", cmd_serve_sim, "replay a JSON-lines workload through one runtime with the prefix cache"},
     {"graph", cmd_graph, "show the task graph a plan compiles to (text or Graphviz DOT)"},

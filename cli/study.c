@@ -229,6 +229,65 @@ int study_run(const char *plan_path, const struct plan *p, const struct study_ru
   return 0;
 }
 
+/* ---- quality: a child `cedar eval` ---------------------------------------- */
+
+static uint64_t weights_bytes(const struct plan *p) {
+  struct weights_list wl;
+  char err[256];
+  if (weights_list_init(&wl, p, err, sizeof err)) return 0;
+  uint64_t wb = wl.total_bytes;
+  weights_list_free(&wl);
+  return wb;
+}
+
+int study_quality_run(const char *plan_path, const struct plan *p, const struct study_quality_opts *o,
+                      struct study_quality *q) {
+  memset(q, 0, sizeof(*q));
+  uint64_t wb = weights_bytes(p);
+  if (!o->model && !o->weights && wb > o->max_weights) {
+    snprintf(q->why, sizeof q->why, "not run: its weights are %.2f GB, above --max-weights %.2f GB", wb / 1e9,
+             o->max_weights / 1e9);
+    return 1;
+  }
+  char ctx[32] = "", stride[32] = "";
+  char *argv[20];
+  int a = 0;
+  argv[a++] = "cedar", argv[a++] = "eval", argv[a++] = "--plan", argv[a++] = (char *)plan_path;
+  argv[a++] = "--text", argv[a++] = (char *)o->text;
+  if (o->model) argv[a++] = "--model", argv[a++] = (char *)o->model;
+  if (o->weights) argv[a++] = "--weights", argv[a++] = (char *)o->weights;
+  if (o->context > 0) snprintf(ctx, sizeof ctx, "%" PRId64, o->context), argv[a++] = "--context", argv[a++] = ctx;
+  if (o->stride > 0) snprintf(stride, sizeof stride, "%" PRId64, o->stride), argv[a++] = "--stride", argv[a++] = stride;
+  argv[a++] = "--dense-ref", argv[a++] = "--json", argv[a] = NULL;
+  size_t len = 0;
+  for (int i = 0; i < a && len < sizeof q->cmd; i++)
+    len += (size_t)snprintf(q->cmd + len, sizeof q->cmd - len, "%s%s", i ? " " : "", argv[i]);
+  char *out = NULL, why[256];
+  int st = run_self(argv, &out, why, sizeof why);
+  cJSON *j = st == 0 ? cJSON_Parse(out) : NULL;
+  free(out);
+  if (st != 0 || !j) {
+    snprintf(q->why, sizeof q->why, "%.500s failed: %s", q->cmd, st != 0 ? why : "its output is not JSON");
+    cJSON_Delete(j);
+    return 1;
+  }
+  q->tokens = (int64_t)num(j, "tokens", NULL);
+  q->bytes = (int64_t)num(j, "bytes", NULL);
+  q->bits_per_byte = num(j, "bits_per_byte", NULL);
+  q->accuracy = num(j, "accuracy", NULL);
+  q->tokens_per_s = num(j, "tokens_per_s", NULL);
+  q->agreement = num(j, "dense", "top1_agreement");
+  q->kl = num(j, "dense", "kl_nats_per_token");
+  q->dense_bits_per_byte = num(j, "dense", "bits_per_byte");
+  cJSON_Delete(j);
+  if (!isfinite(q->bits_per_byte) || !isfinite(q->agreement) || !isfinite(q->kl)) {
+    snprintf(q->why, sizeof q->why, "%.500s: its JSON lacks bits_per_byte or dense", q->cmd);
+    return 1;
+  }
+  q->ok = true;
+  return 0;
+}
+
 /* ---- gnuplot and files ------------------------------------------------------- */
 
 bool study_have_gnuplot(void) {

@@ -2,7 +2,8 @@
  * class from `plan cost`'s accounting (SPEC 4.5's classes), one measured
  * run of a plan (`cedar run --exact-replay --json` on the direct executor,
  * in a child process of this binary, so a run that fails or runs out of
- * memory reports instead of taking the command down), gnuplot, and small
+ * memory reports instead of taking the command down), its quality over a
+ * text (`cedar eval --dense-ref --json`, a child too), gnuplot, and small
  * file helpers.
  *
  * Tested through tests/cli/report.sh and tests/cli/explore.sh.
@@ -50,6 +51,27 @@ struct study_run {
  * ran (r->ok), 1 with r->why otherwise. */
 int study_run(const char *plan_path, const struct plan *p, const struct study_run_opts *o, struct study_run *r);
 
+/* Quality (issue 30): `cedar eval --json --dense-ref` on plan_path in a
+ * child: held-out bits per byte of a text, next-token accuracy, and the
+ * agreement with the same plan's dense `ced: false` forward (top-1, KL). */
+struct study_quality_opts {
+  const char *text;         /* the held-out text (required) */
+  const char *model;        /* a released checkpoint (--model DIR), or NULL */
+  const char *weights;      /* a weights file, or NULL: synthetic (seed 0) */
+  int64_t context, stride;  /* eval's windows (0: eval's defaults) */
+  uint64_t max_weights;     /* as study_run_opts: synthetic weights above this are not run */
+};
+struct study_quality {
+  bool ok;
+  char why[800];
+  char cmd[1024];
+  int64_t tokens, bytes;
+  double bits_per_byte, accuracy, agreement, kl, tokens_per_s;
+  double dense_bits_per_byte; /* the dense forward's own, on the same text */
+};
+/* Returns 0 when it ran (q->ok), 1 with q->why otherwise. */
+int study_quality_run(const char *plan_path, const struct plan *p, const struct study_quality_opts *o,
+                      struct study_quality *q);
 /* SIGINT, SIGTERM and SIGHUP while a study runs (issue 28 row 17): the
  * handler stops the child running now (`cedar run`, gnuplot) and no other
  * starts; the caller sees study_interrupted() != 0, cleans up (its

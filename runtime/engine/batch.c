@@ -194,7 +194,7 @@ void rt_batch_free(struct rt_batch *b) {
 static bool take_token(struct rt_batch *b, int h, const float *lg, double t) {
   struct rt_bq *q = b->q[h];
   const int V = b->M->p->model.vocab;
-  struct rt_sample_opts so = {q->temperature, q->top_p, q->top_k, q->rep_penalty}; /* its own (rt_batch_sample) */
+  struct rt_sample_opts so = {q->temperature, q->top_p, q->top_k, q->rep_penalty, NULL, 0}; /* its own (rt_batch_sample) */
   int32_t id;
   char why[400];
   if (rt_sample_next(&b->smp, &so, &q->r, lg, q->r.n_pos - 1, &q->rng, &id, why, sizeof why)) {

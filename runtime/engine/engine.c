@@ -180,6 +180,8 @@ int rt_engine_open(struct rt_engine *e, const struct rt_engine_opts *o, char *er
       memset(&sv->mark_prefill_device, 0, sizeof sv->mark_prefill_device);
       memset(&sv->mark_decode_device, 0, sizeof sv->mark_decode_device);
     }
+    if (o->dense) e->plan.serving.ced = false; /* the dense reference of the same plan (eval.h) */
+    if (o->f32) e->plan.model.num_act_bf16 = e->plan.model.num_io_bf16 = e->plan.model.num_lin_mxfp8 = false;
     rc = rt_placement_check(&e->plan, NULL, err, err_len);
     if (!rc) rc = choose_driver(e, err, err_len);
   }

@@ -83,6 +83,14 @@ struct rt_engine_opts {
    * compressed_vocab, and model.cmap_source says which. */
   const char *tokenizer;
   bool released;
+  /* Run the plan with serving.ced false: the same layers, sources and
+   * weights, every position through every layer (`cedar eval`'s dense
+   * reference, runtime/engine/eval.h). */
+  bool dense;
+  /* Run the plan with model.numerics all f32 (activations, sublayer I/O and
+   * linear inputs unrounded): the same weights and caches, `cedar eval`'s
+   * reference for what the vendor's bf16/MXFP8 rounding costs. */
+  bool f32;
   /* Where the details of a failed step go, when not NULL (the caller frees
    * them): every diagnostic of a plan that did not load, every problem of a
    * weights file that does not match the plan. */

@@ -190,7 +190,7 @@ static int decode_step(const struct rt_model *M, struct rt_request *r, float *lo
 }
 
 struct rt_sample_opts rt_gen_sample_opts(const struct rt_gen_opts *o) {
-  return (struct rt_sample_opts){o->temperature, o->top_p, o->top_k, o->rep_penalty};
+  return (struct rt_sample_opts){o->temperature, o->top_p, o->top_k, o->rep_penalty, o->teacher, o->n_teacher};
 }
 
 /* The next token from one position's logits into res and r->pending (one

@@ -55,6 +55,11 @@ struct rt_gen_opts {
   /* (pd_run.c samples with all of these, as rt_generate does; on_token is rt_generate's only:
    * rt_engine_generate refuses it on a P/D plan) */
   uint64_t seed;       /* sampling */
+  /* Teacher forcing (sampler.h; `cedar eval`): the request's whole text,
+   * position by position; the token after position p is teacher[p + 1]
+   * while p + 1 < n_teacher. NULL: sampled. P/D ranks force it as well. */
+  const int32_t *teacher;
+  int64_t n_teacher;
   bool all_logits;     /* keep the logits of every prefill position that ran through every layer */
   rt_progress_cb progress; /* prefill progress, or NULL */
   void *user;

@@ -48,6 +48,6 @@ int rt_sample_next(struct rt_sampler *s, const struct rt_sample_opts *so, const 
              "request is dropped", (long long)pos, nan, inf, V);
     return CEDAR_EINVAL;
   }
-  *id = t;
+  *id = so->teacher && pos >= 0 && pos + 1 < so->n_teacher ? so->teacher[pos + 1] : t;
   return 0;
 }

@@ -23,6 +23,11 @@ struct rt_sample_opts {
   float top_p;       /* 1: off */
   int top_k;         /* 0: off */
   float rep_penalty; /* 0 or 1: off */
+  /* Teacher forcing (`cedar eval`, runtime/engine/eval.h): when pos + 1 <
+   * n_teacher the next token is teacher[pos + 1], the request's own text,
+   * instead of a draw (the logits are still checked, as above). NULL: off. */
+  const int32_t *teacher;
+  int64_t n_teacher;
 };
 
 /* Scratch for one vocabulary (one per driver or batch; not thread-safe). */

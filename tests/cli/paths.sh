@@ -41,6 +41,10 @@ table=(
   "op --in|op rmsnorm --in @ --out $tmp/o.st"
   "tokenize --tokenizer|tokenize --tokenizer @ hi"
   "detokenize --tokenizer|detokenize --tokenizer @ 5"
+  "eval --text|eval --plan $tiny --text @"
+  "eval --plan|eval --plan @ --text README.md"
+  "eval --model|eval --model @ --text README.md"
+  "eval --tokenizer|eval --plan $tiny --tokenizer @ --text README.md"
 )
 if [ -n "$tok" ] && [ -f "$tok" ]; then
   table+=("tokenize --file|tokenize --file @" "detokenize --file|detokenize --file @")
