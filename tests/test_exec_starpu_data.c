@@ -4,18 +4,20 @@
  * On tests/oracle/plans/tiny.yaml (CED, ratio-2 and ratio-1 sources) with
  * synthetic weights, one request prefills and decodes on StarPU and a twin
  * request runs the same tokens on the direct executor. Then:
- *  - every committed KV entry, read through its page's StarPU handle
- *    (rt_starpu_page_read: acquired for reading, so StarPU brings the page
- *    home), has the bytes of the direct executor's entry (another request,
- *    other memory: the handle covers the page's real buffer, not a stand-in);
+ *  - every committed KV entry, read through its source's page list
+ *    (rt_starpu_page_read: the list's handle acquired for reading, so StarPU
+ *    brings it home), has the bytes of the direct executor's entry (another
+ *    request, other memory: the handle covers the pages' real buffers, not
+ *    a stand-in), pages appended after the list was registered included;
  *  - every layer's SWA ring read through its handle has the direct ring's
  *    bytes in every filled slot;
- *  - pages are registered once per pool slot: decode steps that allocate
- *    no page add no page handle, and a request's buffers are registered
- *    once (2 per ring, 1 per ratio-2 tail, tokens, 2 for the kept encoder
- *    outputs), not per graph;
- *  - freeing the request drops its handles, the pool's stay until the pool
- *    is freed; a page that no graph bound has no handle (EINVAL);
+ *  - a request's page lists are one handle per KV source, however many
+ *    pages it holds (the 0.3 us StarPU spends per task buffer was paid per
+ *    page before), and its other buffers are registered once (2 per ring,
+ *    1 per ratio-2 tail, tokens, 2 for the kept encoder outputs), not per
+ *    graph;
+ *  - freeing the request drops its handles; a request no StarPU graph ran
+ *    has no page list (EINVAL);
  *  - StarPU shut down while a request and its pools are alive releases
  *    their handles; freeing them afterwards is clean (ASan/LSan in CI);
  *  - an activation that cannot be allocated fails the request with
@@ -56,6 +58,7 @@ static bool fx_open(struct fx *f) {
   memset(f, 0, sizeof(*f));
   f->pools = cedar_xcalloc(PLAN_MAX_LAYERS, sizeof(*f->pools));
   if (!h_load_plan(PLAN, &f->p)) return false;
+  f->p.serving.page_tokens = 2; /* many pages a source, and decode steps that add pages after the lists exist */
   int rc = weights_synth(&f->w, &f->p, 5, WEIGHTS_DEFAULT_MAX_BYTES, err, sizeof err);
   if (!rc) rc = rt_model_init(&f->M, &f->p, &f->w, err, sizeof err);
   if (!rc) rc = rt_kv_pools_init(f->pools, &f->p, err, sizeof err);
@@ -108,8 +111,8 @@ static void check_pages(struct fx *f, struct rt_request *sp, struct rt_request *
     size_t pb = rt_kv_page_bytes(s->pool), eb = s->pool->entry_bytes;
     uint8_t *page = cedar_xmalloc(pb);
     for (int i = 0; i < s->n_pages; i++) {
-      int64_t got = rt_starpu_page_read(s->pool, s->page_id[i], page, pb);
-      EXPECT(got == (int64_t)pb, "layer %d page %d: read %" PRId64 " bytes through its handle, want %zu", l, i, got, pb);
+      int64_t got = rt_starpu_page_read(sp, l, i, page, pb);
+      EXPECT(got == (int64_t)pb, "layer %d page %d: read %" PRId64 " bytes through its list, want %zu", l, i, got, pb);
       if (got != (int64_t)pb) continue;
       for (int64_t e = (int64_t)i * s->pool->page_entries;
            e < s->n_entries && e < (int64_t)(i + 1) * s->pool->page_entries; e++)
@@ -137,9 +140,9 @@ static void check_rings(struct fx *f, struct rt_request *sp, struct rt_request *
   }
 }
 
-static int64_t held_pages(const struct rt_request *r) {
+static int64_t kv_sources(const struct rt_request *r) {
   int64_t n = 0;
-  for (int l = 0; l < r->plan->n_layers; l++) n += r->seq[l].n_pages;
+  for (int l = 0; l < r->plan->n_layers; l++) n += r->seq[l].pool != NULL;
   return n;
 }
 
@@ -186,19 +189,31 @@ int main(void) {
   }
   struct rt_request ref, r;
   bool ok = run_request(&f, &ref, 0, false) && run_request(&f, &r, 1, true);
+  int64_t prefill_pages = 0, held = 0; /* pages past the prefill's: appended after the lists were registered */
+  for (int l = 0; l < f.p.n_layers; l++)
+    if (r.seq[l].pool) {
+      held += r.seq[l].n_pages;
+      prefill_pages += (N_PROMPT / r.seq[l].pool->ratio + r.seq[l].pool->page_entries - 1) / r.seq[l].pool->page_entries;
+    }
+  EXPECT(held > prefill_pages, "decode steps added no page (%" PRId64 " held, %" PRId64 " after prefill)", held,
+         prefill_pages);
   int64_t pages, bufs;
   rt_starpu_handle_counts(&pages, &bufs);
   if (ok) {
     check_pages(&f, &r, &ref);
     check_rings(&f, &r, &ref);
-    /* Only the StarPU request's pages were ever bound; each once. */
-    EXPECT_EQ(pages, held_pages(&r), "page handles after prefill and %d decode steps", STEPS);
+    /* Only the StarPU request's page lists were ever bound; one per source. */
+    EXPECT_EQ(pages, kv_sources(&r), "page-list handles after prefill and %d decode steps", STEPS);
+    EXPECT(held > kv_sources(&r), "the fixture holds %" PRId64 " pages in %" PRId64 " sources: more pages than lists",
+           held, kv_sources(&r));
     EXPECT_EQ(bufs, want_request_bufs(&r), "request buffer handles (registered once, not per graph)");
     for (int l = 0; l < f.p.n_layers; l++)
       if (ref.seq[l].pool && ref.seq[l].n_pages) {
         uint8_t b[16];
-        EXPECT(rt_starpu_page_read(ref.seq[l].pool, ref.seq[l].page_id[0], b, sizeof b) == CEDAR_EINVAL,
-               "layer %d: a page no StarPU graph bound has a handle", l);
+        EXPECT(rt_starpu_page_read(&ref, l, 0, b, sizeof b) == CEDAR_EINVAL,
+               "layer %d: a request no StarPU graph ran has a page list", l);
+        EXPECT(rt_starpu_page_read(&r, l, r.seq[l].n_pages, b, sizeof b) == CEDAR_EINVAL,
+               "layer %d: page %d past the %d held read through the list", l, r.seq[l].n_pages, r.seq[l].n_pages);
         break;
       }
   }
@@ -207,7 +222,7 @@ int main(void) {
   check_oom(&f);
   rt_starpu_handle_counts(&pages, &bufs);
   EXPECT_EQ(bufs, 0, "request buffer handles after rt_request_free");
-  EXPECT(pages > 0, "page handles went with the request; they belong to the pool");
+  EXPECT_EQ(pages, 0, "page-list handles after rt_request_free (they are the request's)");
   /* StarPU stopped under a live request: its handles go with StarPU. */
   struct rt_request live;
   if (run_request(&f, &live, 2, true)) {

@@ -83,13 +83,14 @@ int rt_exec_starpu(const struct graph *g, const struct rt_model *M, struct rt_re
                    struct rt_exec_stats *st, struct rt_task_time *times, rt_progress_cb progress, void *user,
                    char *err, size_t err_len);
 
-/* The StarPU data behind the executor (exec_starpu_data.c): copy page id of
- * pool, or layer's SWA ring slots of r, through its data handle (acquired
- * for reading, so StarPU brings it home first) into dst; the bytes copied,
- * or CEDAR_EINVAL when StarPU is not running or that buffer has no handle
- * yet. And how many handles are registered now: KV pages (once per pool
- * slot) and request buffers (once per request). */
-int64_t rt_starpu_page_read(struct rt_kv_pool *pool, int32_t id, void *dst, size_t cap);
+/* The StarPU data behind the executor (exec_starpu_data.c): copy page i
+ * of r's KV source layer, or layer's SWA ring slots of r, through its data
+ * handle (the page list: exec_starpu_pages.c; acquired for reading, so
+ * StarPU brings it home first) into dst; the bytes copied, or CEDAR_EINVAL
+ * when StarPU is not running or that buffer has no handle yet. And how many
+ * handles are registered now: KV page lists (one per request and source)
+ * and the other request buffers (once per request). */
+int64_t rt_starpu_page_read(struct rt_request *r, int layer, int page, void *dst, size_t cap);
 int64_t rt_starpu_ring_read(struct rt_request *r, int layer, void *dst, size_t cap);
 void rt_starpu_handle_counts(int64_t *pages, int64_t *request_bufs);
 

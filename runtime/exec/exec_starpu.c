@@ -10,11 +10,12 @@
  *             (exec_node.c), the dispatch the direct executor uses too,
  *             so both executors compute the same bits.
  *   data      real StarPU data over cedar's buffers (exec_starpu_data.h):
- *             KV pages registered once per pool, a request's rings, tails,
- *             tokens and kept encoder outputs once per request, each
+ *             a request's KV page lists (one handle per source over all its
+ *             pages: exec_starpu_pages.c), rings, tails, tokens and kept
+ *             encoder outputs once per request, each
  *             graph's activations and buses per graph; all with implicit
  *             sequential consistency off. A task's buffers are the handles
- *             of the node's accesses (the KV pages its entry ranges cover),
+ *             of the node's accesses (a KV access: its source's page list),
  *             and the codelet takes its activations, buses, ring and the
  *             KV pages it reads from the task's interfaces.
  *   edges     graph_node.dep, submitted with starpu_task_declare_deps_array;
@@ -144,7 +145,7 @@ struct run {
  * interfaces; tails, tokens and encoder outputs are the handles' home
  * buffers, which the asserts hold to (main RAM: the same memory). */
 static void bind_from_interfaces(struct run *R, const struct node_arg *A, void *buffers[], void **buf,
-                                 struct rt_bound *st, struct rt_ring *ring, struct rt_arena *ar) {
+                                 struct rt_bound *st, struct rt_ring *ring) {
   const struct graph *g = R->g;
   const struct graph_node *nd = &g->node[A->k];
   bool dev = R->tw != NULL;
@@ -177,11 +178,11 @@ static void bind_from_interfaces(struct run *R, const struct node_arg *A, void *
     for (int i = 0; i < A->map.kv_pages_count; i++)
       CEDAR_ASSERT(s && i < s->n_pages &&
                    s->page_ptr[i] == (const uint8_t *)STARPU_VARIABLE_GET_PTR(buffers[A->map.kv_pages_first + i]));
-  } else if (A->map.kv_pages_count > 0) {
-    const uint8_t **pages = RT_ALLOC(ar, const uint8_t *, A->map.kv_pages_count);
-    for (int i = 0; i < A->map.kv_pages_count; i++)
-      pages[i] = (const uint8_t *)STARPU_VARIABLE_GET_PTR(buffers[A->map.kv_pages_first + i]);
-    st->kv_r_pages = pages;
+  } else if (A->map.kv_list >= 0) {
+    /* the source's page list (exec_starpu_pages.c): the table of the sequence the node reads */
+    const struct rt_kv_seq *s = sp__pages_seq(buffers[A->map.kv_list]);
+    CEDAR_ASSERT(s == st->kv_r);
+    st->kv_r_pages = s->page_ptr;
   }
 }
 
@@ -220,7 +221,7 @@ static void run_task(void *buffers[], void *cl_arg, void *stream) {
     void **buf = RT_ALLOC(ar, void *, R->g->n_data);
     struct rt_bound st;
     struct rt_ring ring;
-    bind_from_interfaces(R, A, buffers, buf, &st, &ring, ar);
+    bind_from_interfaces(R, A, buffers, buf, &st, &ring);
     struct rt_cuda_env env;
     const struct rt_node_dev dv = {stream, NULL,
                                    stream && R->dv && w < R->dv->n_cw_sp ? rt_dev_env(R->dv, R->tw, R->dv->cw_sp[w], &env)

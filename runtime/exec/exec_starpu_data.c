@@ -13,19 +13,17 @@
 #include "runtime/device/devbind.h"
 #include "ops/compressor.h"
 
-/* One owner of handles: a pool (its page slots), a request, or a device
- * state's stand-in (is_dev). */
+/* One owner of handles: a request, or a device state's stand-in (is_dev). */
 struct sp_owner {
-  bool is_pool, is_dev;
-  void *obj;                     /* struct rt_kv_pool * or struct rt_request * */
-  starpu_data_handle_t *h;       /* pool: (cap) by page slot, NULL = not registered */
-  int cap;
+  bool is_dev;
+  void *obj;                     /* struct rt_request * or struct rt_dev_ctx * */
   struct sp_owner *prev, *next;
 };
 
 struct sp_req_handles {
   struct sp_owner own;
   starpu_data_handle_t ring_slot[PLAN_MAX_LAYERS], ring_pos[PLAN_MAX_LAYERS], tail[PLAN_MAX_LAYERS];
+  starpu_data_handle_t pages[PLAN_MAX_LAYERS]; /* each KV source's page list (exec_starpu_pages.c) */
   starpu_data_handle_t tokens, xe, xe_pos;
 };
 
@@ -57,41 +55,6 @@ static void unreg(starpu_data_handle_t *h) {
   *h = NULL;
 }
 
-/* ---- pools --------------------------------------------------------------- */
-
-static void pool_release(void *data) {
-  struct sp_owner *o = data;
-  struct rt_kv_pool *pool = o->obj;
-  for (int i = 0; i < o->cap; i++) unreg(&o->h[i]);
-  unlink_owner(o);
-  free(o->h);
-  free(o);
-  pool->exec_data = NULL;
-  pool->exec_release = NULL;
-}
-
-/* The handle of page slot id of pool (registered on first use). */
-static starpu_data_handle_t sp__page_handle(struct rt_kv_pool *pool, int32_t id) {
-  struct sp_owner *o = pool->exec_data;
-  if (!o) {
-    o = cedar_xcalloc(1, sizeof(*o));
-    o->is_pool = true;
-    o->obj = pool;
-    link_owner(o);
-    pool->exec_data = o;
-    pool->exec_release = pool_release;
-  }
-  if (id >= o->cap) {
-    int cap = o->cap ? o->cap : 16;
-    while (cap <= id) cap *= 2;
-    o->h = cedar_xrealloc(o->h, sizeof(*o->h) * (size_t)cap);
-    memset(o->h + o->cap, 0, sizeof(*o->h) * (size_t)(cap - o->cap));
-    o->cap = cap;
-  }
-  if (!o->h[id]) o->h[id] = reg(rt_kv_page_mem(pool, id), rt_kv_page_bytes(pool), "kv page");
-  return o->h[id];
-}
-
 /* ---- requests ------------------------------------------------------------ */
 
 static void request_release(void *data) {
@@ -101,6 +64,7 @@ static void request_release(void *data) {
     unreg(&q->ring_slot[l]);
     unreg(&q->ring_pos[l]);
     unreg(&q->tail[l]);
+    unreg(&q->pages[l]);
   }
   unreg(&q->tokens);
   unreg(&q->xe);
@@ -122,6 +86,7 @@ static struct sp_req_handles *sp__request_handles(struct rt_request *r) {
     q->ring_pos[l] = reg(g->pos, sizeof(int64_t) * (size_t)g->window, "ring pos");
     if (r->tail_buf[l])
       q->tail[l] = reg(r->tail_buf[l], sizeof(float) * op_comp_tail_floats(r->tail[l].ratio, r->tail[l].d), "tail");
+    if (r->seq[l].pool) q->pages[l] = sp__pages_register(&r->seq[l]);
   }
   q->tokens = reg(r->tokens, sizeof(int32_t) * (size_t)(r->max_tokens > 0 ? r->max_tokens : 1), "tokens");
   if (r->xe) {
@@ -199,8 +164,6 @@ void sp__release_all(void) {
     struct sp_owner *o = owners;
     if (o->is_dev)
       dev_release(o); /* own is the first member */
-    else if (o->is_pool)
-      pool_release(o);
     else
       request_release((struct sp_req_handles *)o); /* own is the first member */
   }
@@ -234,8 +197,8 @@ static void tb_add(struct tb *b, starpu_data_handle_t h, enum starpu_data_access
   b->m[b->n++] = m;
 }
 
-/* The pages of source l an access covers: those it reads, then those it
- * appends to, all in R mode. An append writes only entries past every
+/* The page list of source l, which covers the pages an access binds (those
+ * it reads, then those it appends to), in R mode. An append writes only entries past every
  * concurrent reader's view (the graph's entry ranges: a reader of [0, e)
  * never sees entry e or later) and publishes them through n_entries, so
  * the graph's edges are its whole ordering. Declared RW, StarPU's
@@ -244,16 +207,15 @@ static void tb_add(struct tb *b, starpu_data_handle_t h, enum starpu_data_access
  * such a conflict queues (LeakSanitizer, tests/test_exec_starpu*.c). Pages
  * are only in host memory today; a backend that keeps copies elsewhere
  * moves them with TRANSFER nodes after the append (graph.h). */
-static void add_pages(struct tb *b, struct rt_request *r, int l, const struct graph_use *us) {
-  struct rt_kv_seq *s = &r->seq[l];
+static void add_pages(struct tb *b, struct rt_request *r, const struct sp_req_handles *q, int l,
+                      const struct graph_use *us) {
+  const struct rt_kv_seq *s = &r->seq[l];
   int64_t pe = s->pool->page_entries;
   int64_t end = us->e_read > us->e_w1 ? us->e_read : us->e_w1;
   int64_t pages = (end + pe - 1) / pe;
-  int64_t w0 = us->e_w1 > us->e_w0 ? us->e_w0 / pe : pages; /* first page appended to */
-  int64_t first = us->e_read > 0 ? 0 : w0;                    /* a pure append binds only its own pages */
   CEDAR_ASSERT_MSG(pages <= s->n_pages, "layer %d: %lld pages bound, %d reserved", l, (long long)pages, s->n_pages);
-  for (int64_t i = first; i < pages; i++)
-    tb_add(b, sp__page_handle(s->pool, s->page_id[i]), STARPU_R);
+  CEDAR_ASSERT(q->pages[l]);
+  if (pages > 0) tb_add(b, q->pages[l], STARPU_R);
 }
 
 /* The device state's handle of one region (devbind.h), in its mode. */
@@ -300,7 +262,7 @@ void sp__task_buffers(struct starpu_task *t, const struct graph *g, const struct
   struct tb b = {0};
   map->first = cedar_xcalloc((size_t)(nd->n_use ? nd->n_use : 1), sizeof(int));
   map->count = cedar_xcalloc((size_t)(nd->n_use ? nd->n_use : 1), sizeof(int));
-  map->kv_pages_first = map->kv_pages_count = -1;
+  map->kv_pages_first = map->kv_pages_count = map->kv_list = -1;
   for (int u = 0; u < nd->n_use; u++) {
     const struct graph_use *us = &nd->use[u];
     const struct graph_data *gd = &g->data[us->data];
@@ -324,10 +286,10 @@ void sp__task_buffers(struct starpu_task *t, const struct graph *g, const struct
         break;
       case GRAPH_ST_KV:
         /* the slot's keys (graph.h: key_src): bound R for the order, read through the seq's own table */
-        if (us->e_read > 0 && (us->mode == GRAPH_R || us->mode == GRAPH_APPEND) && !graph_reads_keys_of(nd, l))
-          map->kv_pages_first = b.n;
-        add_pages(&b, r, l, us);
-        if (map->kv_pages_first >= 0 && map->kv_pages_count < 0) map->kv_pages_count = b.n - map->kv_pages_first;
+        if (us->e_read > 0 && (us->mode == GRAPH_R || us->mode == GRAPH_APPEND) && !graph_reads_keys_of(nd, l) &&
+            map->kv_list < 0)
+          map->kv_list = b.n;
+        add_pages(&b, r, q, l, us);
         break;
       case GRAPH_ST_TOKENS: tb_add(&b, q->tokens, m); break;
       case GRAPH_ST_XE:
@@ -371,10 +333,19 @@ static int64_t read_handle(starpu_data_handle_t h, void *dst, size_t cap) {
   return (int64_t)n;
 }
 
-int64_t rt_starpu_page_read(struct rt_kv_pool *pool, int32_t id, void *dst, size_t cap) {
-  struct sp_owner *o = pool->exec_data;
-  if (!rt_starpu_running() || !o || id < 0 || id >= o->cap || !o->h[id]) return CEDAR_EINVAL;
-  return read_handle(o->h[id], dst, cap);
+int64_t rt_starpu_page_read(struct rt_request *r, int layer, int page, void *dst, size_t cap) {
+  struct sp_req_handles *q = r->exec_data;
+  if (!rt_starpu_running() || !q || layer < 0 || layer >= PLAN_MAX_LAYERS || !q->pages[layer]) return CEDAR_EINVAL;
+  starpu_data_handle_t h = q->pages[layer];
+  if (starpu_data_acquire(h, STARPU_R)) return CEDAR_EINVAL;
+  const struct rt_kv_seq *s = sp__pages_seq(starpu_data_get_interface_on_node(h, STARPU_MAIN_RAM));
+  int64_t n = CEDAR_EINVAL;
+  if (page >= 0 && page < s->n_pages) {
+    n = (int64_t)(rt_kv_page_bytes(s->pool) < cap ? rt_kv_page_bytes(s->pool) : cap);
+    memcpy(dst, s->page_ptr[page], (size_t)n);
+  }
+  starpu_data_release(h);
+  return n;
 }
 
 int64_t rt_starpu_ring_read(struct rt_request *r, int layer, void *dst, size_t cap) {
@@ -386,13 +357,12 @@ int64_t rt_starpu_ring_read(struct rt_request *r, int layer, void *dst, size_t c
 void rt_starpu_handle_counts(int64_t *pages, int64_t *request_bufs) {
   *pages = *request_bufs = 0;
   for (const struct sp_owner *o = owners; o; o = o->next) {
-    if (o->is_pool) {
-      for (int i = 0; i < o->cap; i++) *pages += o->h[i] != NULL;
-      continue;
-    }
+    if (o->is_dev) continue;
     const struct sp_req_handles *q = (const struct sp_req_handles *)o;
-    for (int l = 0; l < PLAN_MAX_LAYERS; l++)
+    for (int l = 0; l < PLAN_MAX_LAYERS; l++) {
       *request_bufs += (q->ring_slot[l] != NULL) + (q->ring_pos[l] != NULL) + (q->tail[l] != NULL);
+      *pages += q->pages[l] != NULL;
+    }
     *request_bufs += (q->tokens != NULL) + (q->xe != NULL) + (q->xe_pos != NULL);
   }
 }

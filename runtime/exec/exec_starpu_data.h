@@ -3,11 +3,10 @@
  * memory and size, so StarPU can move it between memory nodes and
  * StarPU-MPI can send it:
  *
- *   KV pages     one handle per page slot of a pool, registered the first
- *                time a graph binds the page and kept for the pool's life
- *                (pages once per pool, not per graph);
  *   request      per request, registered at its first graph and kept until
- *                rt_request_free: each layer's SWA ring (slots, positions),
+ *                rt_request_free: each KV source's page list (one handle
+ *                over all the pages its sequence holds, however many:
+ *                exec_starpu_pages.c), each layer's SWA ring (slots, positions),
  *                each ratio > 1 source's compressor tail, the token
  *                history, the kept encoder outputs (rows, positions);
  *   activations  per graph: residual streams, mHC pre, Engram rows,
@@ -16,10 +15,10 @@
  *
  * A task's buffers are these handles, in the order of the node's data
  * accesses (struct sp_task_map says where each access's handles start);
- * the KV pages of an access are those its entry ranges cover (graph_use
- * e_read, e_w0..e_w1), in R mode even where appended to (add_pages says
- * why: the graph orders appends against readers; StarPU's exclusion would
- * serialize them and its 1.3 leaks on that path).
+ * a KV access is its source's page list, which covers the pages its entry
+ * ranges bind (graph_use e_read, e_w0..e_w1), in R mode even where appended
+ * to (add_pages says why: the graph orders appends against readers;
+ * StarPU's exclusion would serialize them and its 1.3 leaks on that path).
  * Weights are not task buffers: they are read-only, bound through the
  * model on the CPU and uploaded once to a CUDA home (rt_dev_weights_get).
  * rt_starpu_shutdown releases every handle still registered.
@@ -36,7 +35,8 @@
 struct sp_task_map {
   int *first, *count;
   int n_buffers;
-  int kv_pages_first, kv_pages_count; /* the pages of the KV source it reads (-1 none) */
+  int kv_pages_first, kv_pages_count; /* a device state's pages of the KV source it reads (-1 none) */
+  int kv_list;                        /* the page list of the KV source it reads on the host (-1 none) */
 };
 
 /* Handles of request r (registered on first use). */
@@ -59,6 +59,13 @@ void sp__task_map_free(struct sp_task_map *map);
  * yet. */
 struct rt_dev_ctx;
 void sp__dev_register(struct rt_dev_ctx *d);
+
+/* The page list of seq (exec_starpu_pages.c): one handle in main RAM over
+ * every page seq holds, now and after later appends; and the sequence
+ * behind a task's interface of one. */
+struct rt_kv_seq;
+starpu_data_handle_t sp__pages_register(const struct rt_kv_seq *seq);
+const struct rt_kv_seq *sp__pages_seq(void *data_interface);
 
 /* Release every handle still registered (rt_starpu_shutdown). */
 void sp__release_all(void);
