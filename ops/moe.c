@@ -173,6 +173,8 @@ static void group_by_expert(struct moe_ws *w, const int32_t *sel, int n, const s
   w->start[0] = 0;
 }
 
+_Thread_local struct op_moe_tap op_moe_tap;
+
 void op_moe_shared(float *y, const float *x, const struct op_moe_weights *w, int n, const struct op_moe_cfg *c,
                    void *ws) {
   if (n <= 0) return;
@@ -191,6 +193,7 @@ void op_moe_shared(float *y, const float *x, const struct op_moe_weights *w, int
     op_moe_ffn(y, x, w->shared_gate, w->shared_up, w->shared_down, NULL, n, d, S, c->limit, s.gu);
   else
     memset(y, 0, (size_t)n * d * sizeof *y);
+  if (S > 0 && op_moe_tap.fn) op_moe_tap.fn(op_moe_tap.ctx, -1, n);
 }
 
 void op_moe_forward(float *y, int32_t *sel, float *weight, const float *x, const struct op_moe_weights *w,
@@ -215,6 +218,7 @@ void op_moe_forward(float *y, int32_t *sel, float *weight, const float *x, const
     }
     op_moe_ffn(s.yg, s.xg, w->gate + (size_t)e * I * d, w->up + (size_t)e * I * d, w->down + (size_t)e * d * I, s.rs,
                cnt, d, I, c->limit, s.gu);
+    if (op_moe_tap.fn) op_moe_tap.fn(op_moe_tap.ctx, e, cnt);
     for (int r = 0; r < cnt; r++) {
       float *yt = y + (size_t)s.tok[q0 + r] * d;
       const float *src = s.yg + (size_t)r * d;

@@ -119,6 +119,21 @@ void op_moe_forward(float *y /* (n, hidden) */, int32_t *sel /* (n, n_active) */
                     const float *x /* (n, hidden) */, const struct op_moe_weights *w, const uint8_t *modality /* (n) */,
                     int n, const struct op_moe_cfg *c, void *ws);
 
+/* A tap on the expert FFNs, for tests and counters: while fn is set on a
+ * thread, op_moe_shared and op_moe_forward on that thread call
+ * fn(ctx, expert, rows) once for each expert FFN they run, expert -1 for the
+ * shared expert (before the routed ones) and the routed expert's id
+ * otherwise, over the rows that expert ran on. A call of op_moe_forward over
+ * n rows reports the shared expert once over n rows, then each selected
+ * expert once, in ascending id order (tests/test_moe_grouping.c). */
+struct op_moe_tap {
+  void (*fn)(void *ctx, int expert, int rows);
+  void *ctx;
+};
+#ifndef __cplusplus /* CUDA sources include this header; the tap is the CPU ops' */
+extern _Thread_local struct op_moe_tap op_moe_tap;
+#endif
+
 /* The moe descriptor's checked call (outputs y, selected, weights allocated),
  * shared by its CPU run and the CUDA twin (kernels/moe.cu): 0 or the status
  * after op_io_fail. */
