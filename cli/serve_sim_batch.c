@@ -34,6 +34,7 @@
 #include "cli/serve_sim_batch.h"
 #include "ops/sample.h"
 #include "runtime/engine/batch.h"
+#include "runtime/dist/place_cost.h"
 #include "runtime/engine/engine.h"
 
 static const char usage[] =
@@ -59,9 +60,12 @@ static const char usage[] =
     "                     first) and E2EL are each within the SLOs given; goodput = good requests / duration\n"
     "  --percentiles L    percentiles reported (default 50,90,99; linear interpolation)\n"
     "  --floor            measure this machine's memcpy peak and report each N's decode step time\n"
-    "                     against its bytes floor: the weight bytes the step streams (every tensor but\n"
+    "                     against its bytes floor: the weight bytes the step reads (every tensor but\n"
     "                     the embedding, Engram tables and routed experts, the B embedding rows, and\n"
-    "                     the routed experts its MoE groups ran, counted) over that peak\n"
+    "                     each routed expert its MoE groups ran, once) in the plan's stored formats\n"
+    "                     (plan cost's), over that peak; beside it the same bytes as the weights are\n"
+    "                     held now; and routing's cap on batching: B x the first N's bytes a row over\n"
+    "                     batch B's bytes\n"
     "  --json             one JSON object per request (its tokens, token times, metrics), then\n"
     "                     {\"totals\": {...}} with vLLM's metric names\n"
     "Metrics (vLLM's benchmark_serving names): ttft (arrival to first token), tpot ((e2el - ttft) /\n"
@@ -384,24 +388,35 @@ struct run_sum {
   long long decode_experts;
 };
 
-/* The weight bytes a decode step streams, by kind (--floor). */
+/* The weight bytes a decode step reads, by kind (--floor). */
 struct step_bytes {
   double dense;      /* tensors a step reads whole */
   double expert;     /* one routed expert of one layer (gate, up, down) */
   double embed_row;  /* one embedding row */
+  double total;      /* every tensor */
 };
 
-static void step_bytes_of(const struct weights_list *l, const struct plan *p, struct step_bytes *sb) {
-  double experts = 0, embed = 0;
+/* stored: each tensor's bytes in the released formats (rt_place_stored_bytes,
+ * plan cost's table), else as the weights hold it (nbytes). Engram tables
+ * are stored as held (their rows are the stored bytes). */
+static void step_bytes_of(const struct weights_list *l, const struct plan *p, bool stored, struct step_bytes *sb) {
+  double experts = 0, embed = 0, all = 0;
   int moe_layers = 0;
   for (size_t i = 0; i < l->n; i++) {
     const struct weights_spec *t = &l->t[i];
-    if (strstr(t->name, ".ffn.experts.")) experts += (double)t->nbytes, moe_layers += !!strstr(t->name, ".w_gate");
-    else if (!strcmp(t->name, "embed")) embed = (double)t->nbytes;
+    double b = stored ? (double)rt_place_stored_bytes(t) : (double)t->nbytes;
+    all += b;
+    if (strstr(t->name, ".ffn.experts.")) experts += b, moe_layers += !!strstr(t->name, ".w_gate");
+    else if (!strcmp(t->name, "embed")) embed = b;
   }
-  sb->dense = (double)l->total_bytes - experts - embed - (double)l->engram_bytes;
+  sb->dense = all - experts - embed - (double)l->engram_bytes;
   sb->expert = moe_layers ? experts / ((double)moe_layers * p->model.n_routed) : 0;
   sb->embed_row = embed / p->model.vocab;
+  sb->total = all;
+}
+
+static double step_bytes(const struct step_bytes *sb, double rows, double experts) {
+  return sb->dense + experts * sb->expert + rows * sb->embed_row;
 }
 
 /* The batch of one run at --max-batch N. */
@@ -551,6 +566,47 @@ static int run_one(const struct bopts *o, struct rt_engine *e, const struct arri
   return failed ? 1 : 0;
 }
 
+/* --floor: each N's decode step against its bytes floor, stored and as
+ * held, and routing's cap on what batching gains over the first N. */
+static void print_floor(const struct bopts *o, const struct rt_engine *e, const struct run_sum *sum) {
+  struct bench_peaks pk;
+  struct step_bytes st, held;
+  char core[160];
+  bench_measure_peaks(&pk, 5);
+  step_bytes_of(&e->weights.list, &e->plan, true, &st);
+  step_bytes_of(&e->weights.list, &e->plan, false, &held);
+  bench_blas_core(core, sizeof core);
+  printf("bytes floor of a decode step (%s; memcpy peak %.2f GB/s, read + write, this run)\n"
+         "weights: %.0f bytes in the plan's stored formats (plan cost), %.0f bytes as held now\n", core, pk.bw / 1e9,
+         st.total, held.total);
+  double rows0 = 0, bytes0 = 0, tok0 = 0;
+  for (int k = 0; k < o->n_batch; k++) {
+    if (!sum[k].decode_steps) continue;
+    double steps = (double)sum[k].decode_steps, rows = (double)sum[k].decode_rows / steps;
+    double ex = (double)sum[k].decode_experts / steps;
+    double bs = step_bytes(&st, rows, ex), bh = step_bytes(&held, rows, ex);
+    double fs = bs / pk.bw, fh = bh / pk.bw;
+    double step_s = sum[k].decode_s / steps, step_cpu = sum[k].decode_cpu_s / steps;
+    printf("  max batch %4d: %.2f rows a step, %.1f routed experts run a step; stored %.2f MB a step (floor %.2f ms), "
+           "held %.1f MB (floor %.2f ms); step %.2f ms wall = %.2fx the stored floor (%.2fx held), %.2f ms CPU = "
+           "%.2fx (%.2fx)\n", o->max_batch[k], rows, ex, bs / 1e6, 1e3 * fs, bh / 1e6, 1e3 * fh, 1e3 * step_s,
+           step_s / fs, step_s / fh, 1e3 * step_cpu, step_cpu / fs, step_cpu / fh);
+    printf("                  a step's time by op family:");
+    for (int f = 0; f < RT_FAM_COUNT; f++)
+      if (sum[k].fam_s[f] > 0.005 * sum[k].decode_s)
+        printf(" %s %.1f%%", rt_family_name((enum rt_family)f), 100 * sum[k].fam_s[f] / sum[k].decode_s);
+    printf("\n");
+    if (rows0 <= 0) {
+      rows0 = rows, bytes0 = bs, tok0 = sum[k].decode_tok_s;
+      continue;
+    }
+    /* the bytes a row of the first N, times the rows: what batch N would read with no expert shared */
+    printf("                  routing's cap over max batch %d: %.2f rows x %.2f MB a row / %.2f MB = %.2fx; decode "
+           "measured %.2fx\n", o->max_batch[0], rows, bytes0 / rows0 / 1e6, bs / 1e6, rows / rows0 * bytes0 / bs,
+           tok0 > 0 ? sum[k].decode_tok_s / tok0 : 0);
+  }
+}
+
 int serve_sim_batch(int argc, char **argv) {
   struct bopts o;
   int rc = parse(argc, argv, &o);
@@ -584,31 +640,7 @@ int serve_sim_batch(int argc, char **argv) {
   }
   struct run_sum sum[8];
   for (int k = 0; !status && k < o.n_batch; k++) status = run_one(&o, &e, arr, n, o.max_batch[k], &sum[k]);
-  if (!status && o.floor) {
-    struct bench_peaks pk;
-    struct step_bytes sb;
-    char core[160];
-    bench_measure_peaks(&pk, 5);
-    step_bytes_of(&e.weights.list, &e.plan, &sb);
-    bench_blas_core(core, sizeof core);
-    printf("bytes floor of a decode step (%s; memcpy peak %.2f GB/s, read + write):\n", core, pk.bw / 1e9);
-    for (int k = 0; k < o.n_batch; k++) {
-      if (!sum[k].decode_steps) continue;
-      double steps = (double)sum[k].decode_steps, rows = (double)sum[k].decode_rows / steps;
-      double ex = (double)sum[k].decode_experts / steps;
-      double bytes = sb.dense + ex * sb.expert + rows * sb.embed_row, floor_s = bytes / pk.bw;
-      double step_s = sum[k].decode_s / steps, step_cpu = sum[k].decode_cpu_s / steps;
-      printf("  max batch %4d: %.2f rows a step, %.1f routed experts run a step (%.1f MB), %.1f MB a step; "
-             "floor %.2f ms; step %.2f ms wall (%.2fx the floor), %.2f ms CPU (%.2fx)\n", o.max_batch[k], rows, ex,
-             ex * sb.expert / 1e6, bytes / 1e6, 1e3 * floor_s, 1e3 * step_s, step_s / floor_s, 1e3 * step_cpu,
-             step_cpu / floor_s);
-      printf("                  a step's time by op family:");
-      for (int f = 0; f < RT_FAM_COUNT; f++)
-        if (sum[k].fam_s[f] > 0.005 * sum[k].decode_s)
-          printf(" %s %.1f%%", rt_family_name((enum rt_family)f), 100 * sum[k].fam_s[f] / sum[k].decode_s);
-      printf("\n");
-    }
-  }
+  if (!status && o.floor) print_floor(&o, &e, sum);
   if (!status && o.n_batch > 1) {
     printf("side by side (one process, same engine, same workload):\n");
     for (int k = 0; k < o.n_batch; k++)

@@ -36,6 +36,8 @@ static int64_t stored_bytes(const struct weights_spec *s) {
   return (int64_t)s->nbytes;
 }
 
+int64_t rt_place_stored_bytes(const struct weights_spec *s) { return stored_bytes(s); }
+
 /* Expert e's share of an expert stack of b stored bytes. */
 static int64_t expert_part(int64_t b, int E, int e) { return b / E + (e < b % E); }
 

@@ -83,4 +83,10 @@ int rt_place_cost_role(const struct plan *p, int role, int64_t tokens, double ca
 struct weights;
 int64_t rt_place_held_experts(const struct plan *p, const struct weights *w);
 
+/* One tensor's bytes in the released checkpoint's stored format (the
+ * table above: what `plan cost` counts), whatever format cedar holds it in
+ * (serve-sim --floor's bytes floor). */
+struct weights_spec;
+int64_t rt_place_stored_bytes(const struct weights_spec *s);
+
 #endif
