@@ -198,8 +198,8 @@ static void tb_add(struct tb *b, starpu_data_handle_t h, enum starpu_data_access
 }
 
 /* The page list of source l, which covers the pages an access binds (those
- * it reads, then those it appends to), in R mode. An append writes only entries past every
- * concurrent reader's view (the graph's entry ranges: a reader of [0, e)
+ * it reads, then those it appends to), in R mode. An append writes only
+ * entries past every concurrent reader's view (the graph's entry ranges: a reader of [0, e)
  * never sees entry e or later) and publishes them through n_entries, so
  * the graph's edges are its whole ordering. Declared RW, StarPU's
  * per-handle exclusion would serialize the append with readers of the

@@ -65,9 +65,9 @@ struct rt_kv_pool {
   int64_t pages_in_use;
   int64_t max_pages;           /* 0 = bounded by memory only; else allocation fails at this many in use */
   pthread_mutex_t mu;
-  /* An executor's data handles over these pages (exec_starpu_data.c: one
-   * per page slot, registered once per pool), released by
-   * rt_kv_pools_free through exec_release. NULL when none. */
+  /* An executor's data handles over these pages, released by
+   * rt_kv_pools_free through exec_release. NULL when none (StarPU's are per
+   * request: one page list per source, exec_starpu_pages.c). */
   void *exec_data;
   void (*exec_release)(void *exec_data);
 };
