@@ -2,8 +2,9 @@
  * list (exec_starpu_data.h: sp__pages_register). One handle stands for all
  * the pages a request's sequence of one source holds, so a decode task at
  * 4K names one buffer per KV access instead of one per page: StarPU's cost
- * is about 0.3 us per buffer of a task, and a 4K decode step of v41-mini
- * bound about 2,300 page buffers (docs/PERF.md, "StarPU's decode step").
+ * is about 0.3 us per buffer of a task, and a decode step of v41-mini at
+ * 4096 bound 2,645 page buffers, 42 page lists now (docs/PERF.md,
+ * "StarPU's decode step at 4K").
  *
  * The interface holds the sequence (struct rt_kv_seq), not a copy of its
  * table: pages appended after registration are covered without registering
