@@ -96,12 +96,18 @@ def engram_multipliers(layer, n, cv):
     return np.random.default_rng(10007 * layer).integers(0, hi, size=n, dtype=np.int64) * 2 + 1
 
 
-def engram_rows(cfg, primes, mult, layer, toks):
+def engram_rows(cfg, primes, mult, layer, toks, cmap=None):
     """(B, T, orders*heads) int64 table rows of each position's n-grams.
-    toks (B, T) int64 token ids; positions before 0 read the pad."""
+    toks (B, T) int64 token ids; positions before 0 read the pad. cmap: the
+    tokenizer's Engram token map (tokenizer.engram_map, what cedar builds
+    from tokenizer.json); None: id mod compressed vocab (the oracle's)."""
     cv = cfg.engram_cv
-    t = np.asarray(toks, np.int64) % cv
-    pad = cfg.engram_pad % cv
+    if cmap is None:
+        t = np.asarray(toks, np.int64) % cv
+        pad = cfg.engram_pad % cv
+    else:
+        t = np.asarray(cmap, np.int64)[np.asarray(toks, np.int64)]
+        pad = int(cmap[cfg.engram_pad])
     B, T = t.shape
     out, off = [], 0
     with np.errstate(over='ignore'):
@@ -252,6 +258,7 @@ class V41(nn.Module):
         self.freqs = {k: rope_freqs(th, cfg.rd, y, cfg) for k, (th, y) in f.items()}
         self.drafter = Drafter(cfg) if cfg.mtp_blocks > 0 else None
         self.store = self.store_exact
+        self.cmap = None              # the Engram token map; None: id mod compressed vocab
 
     @staticmethod
     def store_exact(x):
@@ -290,8 +297,8 @@ class V41(nn.Module):
             normal(p, std)
         hc = cfg.hc
         with torch.no_grad():
-            for blk in self.layers:
-                for m in (blk.hc_attn, blk.hc_ffn):
+            for m in self.modules():
+                if isinstance(m, MHC):
                     m.scale.fill_(1.0)
                     m.base.zero_()
                     m.base[2 * hc:].view(hc, hc).copy_(torch.eye(hc) * 4.0)   # C near the identity
@@ -448,7 +455,7 @@ class V41(nn.Module):
 
     def engram_rows(self, toks):
         t = toks.numpy() if torch.is_tensor(toks) else np.asarray(toks)
-        return {l: torch.as_tensor(engram_rows(self.cfg, self.primes, self.mult, l, t))
+        return {l: torch.as_tensor(engram_rows(self.cfg, self.primes, self.mult, l, t, self.cmap))
                 for l in self.cfg.engram_layers}
 
 

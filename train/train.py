@@ -30,6 +30,7 @@ sys.path.insert(0, HERE)
 from config import Config  # noqa: E402
 from data import corpus  # noqa: E402
 from model import V41  # noqa: E402
+from tokenizer import engram_map  # noqa: E402
 
 LN2 = math.log(2.0)
 
@@ -84,6 +85,7 @@ def main(argv=None):
     ap.add_argument('--eval-windows', type=int, default=64)
     ap.add_argument('--ckpt-minutes', type=float, default=5)
     ap.add_argument('--threads', type=int, default=1)
+    ap.add_argument('--export-windows', type=int, default=256, help='held-out windows the export scores')
     ap.add_argument('--export', metavar='DIR', help='write the best state as a released checkpoint and stop')
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -91,6 +93,11 @@ def main(argv=None):
     cfg = Config(a.config)
     tr, ho, info = corpus(os.path.join(a.state, 'corpus'))
     model = V41(cfg)
+    cmap, nkeys = engram_map(cfg.vocab)
+    if cfg.engram_layers and nkeys != cfg.engram_cv:
+        raise SystemExit('train: %s: engram_compressed_vocab_size is %d but the byte tokenizer\'s Engram '
+                         'map has %d keys (set it to %d)' % (a.config, cfg.engram_cv, nkeys, nkeys))
+    model.cmap = cmap                   # what cedar builds from the checkpoint's tokenizer.json
     if a.export:
         from release import export
         return export(model, cfg, a, info, ho)
