@@ -51,8 +51,8 @@ def rope_freqs(theta, dim, yarn, cfg):
 
 
 def rope_table(freqs, pos, dtype):
-    """cos, sin (P, dim/2) of the fp32 angles float32(pos) * freq."""
-    ang = torch.as_tensor(pos, dtype=torch.float32)[:, None] * torch.as_tensor(freqs)[None, :]
+    """cos, sin (..., dim/2) of the fp32 angles float32(pos) * freq, pos of any shape."""
+    ang = torch.as_tensor(pos, dtype=torch.float32)[..., None] * torch.as_tensor(freqs)
     ang = ang.to(torch.float64)
     return torch.cos(ang).to(dtype), torch.sin(ang).to(dtype)
 
@@ -62,7 +62,7 @@ def rope(x, cs, rd, inverse=False, heads=False):
     x (..., P, heads, w) with heads=True; cs: (P, rd/2) tables."""
     c, s = cs
     if heads:
-        c, s = c[:, None, :], s[:, None, :]
+        c, s = c[..., None, :], s[..., None, :]
     if inverse:
         s = -s
     keep, r = x[..., :-rd], x[..., -rd:]
@@ -443,10 +443,10 @@ class V41(nn.Module):
         Pc[..., 0] = 1.0                                       # Appendix V #2: one-hot start
         ctx.states = {}
         for blk in self.layers:
-            if hidden:
-                ctx.states[blk.L.at] = X
             if blk.L.engram:
                 X = self._engram(blk, X, rows[blk.L.at])
+            if hidden:                                         # the state entering the layer, after Engram
+                ctx.states[blk.L.at] = X
             X, Pc = self._sub(X, Pc, blk.hc_attn, blk.attn_norm,
                               lambda a, blk=blk: self._attention(blk, a, ctx, index_kl))
             X, Pc = self._sub(X, Pc, blk.hc_ffn, blk.ffn_norm, blk.ffn)
@@ -469,6 +469,7 @@ class Drafter(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         d = cfg.d
+        self.cfg = cfg
         from config import Layer
         self.blocks = nn.ModuleList()
         for k in range(cfg.mtp_blocks):
@@ -479,6 +480,63 @@ class Drafter(nn.Module):
         self.main_norm, self.out_norm = nn.Parameter(torch.ones(d)), nn.Parameter(torch.ones(d))
         self.markov_embed, self.markov_head = P(cfg.vocab, cfg.ds_rank), P(cfg.vocab, cfg.ds_rank)
         self.confidence = P(1, d + cfg.ds_rank)
+
+    def _attention(self, model, blk, a, main, mvalid, mpos, dpos):
+        """A draft block's attention: keys = the main rows' and the draft rows'
+        (its own wkv / kv_norm, RoPE model.rope.swa at their positions), every
+        draft row sees every valid key (no mask within the block), the sink."""
+        cfg, at = self.cfg, blk.attn
+        G, Bd = a.shape[0], a.shape[1]
+        cd = rope_table(model.freqs['swa'], dpos, a.dtype)
+        cq = rms(a @ at.wq_a.t(), at.q_norm, cfg.eps)
+        q = rope((cq @ at.wq_b.t()).unflatten(-1, (cfg.H, cfg.dh)), cd, cfg.rd, heads=True)
+        kd = rope(rms(a @ at.wkv.t(), at.kv_norm, cfg.eps), cd, cfg.rd)
+        km = rope(rms(main @ at.wkv.t(), at.kv_norm, cfg.eps), rope_table(model.freqs['swa'], mpos, a.dtype), cfg.rd)
+        keys = model.store(torch.cat([km, kd], dim=1))                  # (G, n + Bd, dh)
+        valid = torch.cat([mvalid, torch.ones(G, Bd, dtype=torch.bool)], dim=1)
+        z = torch.einsum('gbhk,gek->gbhe', q * cfg.scale, keys).masked_fill(~valid[:, None, None, :], -math.inf)
+        z = torch.cat([z, at.sink.to(a.dtype).view(1, 1, cfg.H, 1).expand(G, Bd, cfg.H, 1)], dim=-1)
+        p = torch.softmax(z, dim=-1)[..., :-1]
+        o = rope(torch.einsum('gbhe,gek->gbhk', p, keys), cd, cfg.rd, inverse=True, heads=True)
+        og = o.flatten(-2).unflatten(-1, (cfg.G, cfg.H * cfg.dh // cfg.G))
+        return torch.einsum('xbgk,gok->xbgo', og, at.wo_a).flatten(-2) @ at.wo_b.t()
+
+    def forward(self, model, rows, mvalid, mpos, y0, P, prev=None):
+        """G draft blocks at once (Appendix V #24). rows (G, n, targets, d):
+        the mean over the streams of the state entering each target layer at
+        the main positions mpos (G, n) (mvalid: which exist); y0 (G,) the
+        token at position P (G,). Draft ids [y0, noise x (B - 1)] at P .. P +
+        B - 1. prev (G, B): the Markov inputs d_i (teacher forcing: y0 then the
+        true tokens); None: greedy, d_{i+1} = argmax logits_i. Returns
+        logits (G, B, V), confidence (G, B), the collapsed rows (G, B, d)."""
+        cfg = self.cfg
+        G, Bd = y0.shape[0], cfg.ds_draft
+        main = rms(rows.flatten(-2) @ self.main_proj.t(), self.main_norm, cfg.eps)
+        dpos = P[:, None] + torch.arange(Bd)[None, :]
+        ids = torch.full((G, Bd), cfg.ds_noise, dtype=torch.int64)
+        ids[:, 0] = y0
+        X = model.embed[ids][:, :, None, :].expand(G, Bd, cfg.hc, cfg.d)
+        Pc = torch.zeros(G, Bd, cfg.hc, dtype=X.dtype)
+        Pc[..., 0] = 1.0
+        for blk in self.blocks:
+            X, Pc = model._sub(X, Pc, blk.hc_attn, blk.attn_norm,
+                               lambda a, blk=blk: self._attention(model, blk, a, main, mvalid, mpos, dpos))
+            X, Pc = model._sub(X, Pc, blk.hc_ffn, blk.ffn_norm, blk.ffn)
+        h = torch.sum(Pc[..., None] * X, dim=-2)
+        base = rms(h, self.out_norm, cfg.eps) @ model.lm_head.t()
+        if prev is not None:
+            E = self.markov_embed[prev]                                    # (G, B, rank)
+            logits = base + E @ self.markov_head.t()
+            conf = torch.cat([h, E], dim=-1) @ self.confidence[0]
+            return logits, conf, h
+        out, conf, d = [], [], y0
+        for i in range(Bd):
+            E = self.markov_embed[d]
+            lg = base[:, i] + E @ self.markov_head.t()
+            conf.append(torch.cat([h[:, i], E], dim=-1) @ self.confidence[0])
+            out.append(lg)
+            d = lg.argmax(-1)
+        return torch.stack(out, 1), torch.stack(conf, 1), h
 
 
 def cedar_names(model):

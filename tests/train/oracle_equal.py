@@ -97,8 +97,42 @@ def main():
             print('%s: max |torch - oracle| %.3g, bound %.3g (ratio %.3g), max |logit| %.3g, '
                   'argmax agreement %.3f over %d positions: %s'
                   % (dt, err, bound, err / bound, scale, same, len(toks), 'ok' if good else 'DIFFER'))
+    ok &= drafter_equal(m, cfg, plan, wpath, list(PROMPT))
     print('oracle_equal: %s' % ('ok' if ok else 'FAILED'))
     return 0 if ok else 1
+
+
+def drafter_equal(m, cfg, plan, wpath, toks):
+    """The DSpark draft block (Appendix V #24) after a prefill of toks: the
+    captured rows (the mean over the streams of the state entering each
+    target layer), then the block's logits and confidences with greedy
+    Markov inputs, torch (float64) against tests/oracle/drafter.py."""
+    import drafter as D
+    o = D.Capture(plan, wpath)
+    r = o.prefill(toks)
+    P = len(toks)
+    n = min(P, cfg.window)
+    y0 = o.greedy(r.last)
+    ref = D.Drafter(o).block(o.rows(P - n, P), np.arange(P - n, P), y0, P)
+    md = m.to(torch.float64)
+    md.store = V41.store_f32
+    seq = torch.as_tensor([toks])
+    with torch.no_grad():
+        _, ctx = md(seq, md.engram_rows(seq), hidden=True)
+        rows = torch.stack([ctx.states[t].mean(dim=-2) for t in cfg.ds_targets], dim=-2)[:, P - n:P]
+        lg, conf, _ = md.drafter(md, rows, torch.ones(1, n, dtype=torch.bool), torch.arange(P - n, P)[None],
+                                 torch.as_tensor([y0]), torch.as_tensor([P]))
+    ok = True
+    for name, a, b in (('captured rows', rows[0].numpy(), o.rows(P - n, P)),
+                       ('draft logits', lg[0].numpy(), ref['logits']), ('confidence', conf[0].numpy(), ref['conf'])):
+        err, scale = np.abs(a - b).max(), np.abs(b).max()
+        bound = 80 * cfg.hc * cfg.d * 2.0 ** -53 * max(scale, 1.0)
+        good = err <= bound
+        ok &= good
+        print('drafter %s: max |torch - oracle| %.3g, bound %.3g: %s' % (name, err, bound, 'ok' if good else 'DIFFER'))
+    same = (lg[0].argmax(-1).numpy() == ref['tokens']).all()
+    print('drafter greedy drafts %s (oracle %s)' % ('equal' if same else 'DIFFER', list(ref['tokens'])))
+    return ok and same
 
 
 if __name__ == '__main__':
