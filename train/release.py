@@ -36,8 +36,16 @@ def export(model, cfg, a, info, ho):
     s = torch.load(src)
     model.load_state_dict(s['model'])
     st = s['st']
-    if model.drafter is not None:       # not trained: its seeded initial values (states before
-        fresh = type(model)(cfg)        # the MHC-init fix of the drafter held uninitialised memory)
+    drafter = 'mtp.* tensors seeded, not trained (docs/training.md)'
+    dpath = os.path.join(a.state, 'drafter.pt')
+    if model.drafter is not None and os.path.exists(dpath):      # train_drafter.py's
+        d = torch.load(dpath)
+        model.drafter.load_state_dict(d['drafter'])
+        c = d['st']['curve']
+        drafter = {'steps': d['st']['step'], 'bytes_seen': d['st']['bytes'], 'wall_s': round(d['st']['wall'], 1),
+                   'curve_draft_ce_bits_accepted_length': c[::10] + c[-1:]}
+    elif model.drafter is not None:     # its seeded initial values (states before the drafter's
+        fresh = type(model)(cfg)        # mHC-init fix held uninitialised memory there)
         fresh.init_weights(st['seed'])
         model.drafter.load_state_dict(fresh.drafter.state_dict())
     full = os.path.join(a.state, 'state.pt')
@@ -62,7 +70,7 @@ def export(model, cfg, a, info, ho):
         'heldout_bytes_scored': nb,
         'heldout_curve': curve['heldout'],
         'loss_curve_train_bpb': [c[:3] for c in curve['curve'][::10]],
-        'drafter': 'mtp.* tensors initialised, not trained (docs/training.md)',
+        'drafter': drafter,
         'size_bytes': size, 'export_s': round(time.time() - t0, 1),
         'torch': torch.__version__,
     }
