@@ -76,6 +76,29 @@ def rms(x, w, eps):
     return y * w if w is not None else y
 
 
+E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def mxfp4_qdq(x):
+    """x through the Indexer-K cache format and back (Appendix V #11, #21):
+    float32, rounded to bf16 (ties to even), then per block of 32 values an
+    E8M0 scale s = 2^ceil(log2(max(amax / 6, 2^-126))) and each value the
+    nearest E2M1 magnitude of |x| / s (ties to the even code). No gradient
+    (it feeds the Top-K selection; training leaves it off)."""
+    dt = x.dtype
+    v = x.detach().float().to(torch.bfloat16).double()
+    b = v.unflatten(-1, (v.shape[-1] // 32, 32))
+    amax = b.abs().amax(-1, keepdim=True)
+    s = torch.exp2(torch.ceil(torch.log2(torch.clamp(amax / 6.0, min=2.0 ** -126))))
+    m = (b.abs() / s).clamp(max=6.0)
+    grid = torch.tensor(E2M1_GRID, dtype=torch.float64)
+    i = torch.clamp(torch.searchsorted(grid, m.contiguous()), 1, 7)
+    lo, hi = grid[i - 1], grid[i]
+    up = (m - lo > hi - m) | ((m - lo == hi - m) & (i % 2 == 0))
+    q = torch.where(up, hi, lo)
+    return (torch.sign(b) * q * s).flatten(-2).to(dt)
+
+
 def stable_topk_mask(scores, cand, k):
     """(…, E) bool: the top min(k, #cand) of scores among cand, ties to the
     lower index (a stable descending sort keeps equal scores in index order)."""
@@ -259,6 +282,9 @@ class V41(nn.Module):
         self.drafter = Drafter(cfg) if cfg.mtp_blocks > 0 else None
         self.store = self.store_exact
         self.cmap = None              # the Engram token map; None: id mod compressed vocab
+        # the vendor's MXFP4 round trip of the indexer query (#11) and MXFP4
+        # Indexer-K entries (#21); not trained with (selection only)
+        self.q_mxfp4 = False
 
     @staticmethod
     def store_exact(x):
@@ -337,6 +363,8 @@ class V41(nn.Module):
         epos = np.arange(E) * r
         ix = blk.attn.indexer
         kI = self.store(rope(rms(lat.detach() @ ix.wk.t(), ix.k_norm, cfg.eps), cs_c(epos), cfg.rd))
+        if self.q_mxfp4:                    # the Indexer-K cache format the query's round trip is read in
+            kI = mxfp4_qdq(kI)
         G = self.store(rope(lat, cs_c(epos), cfg.rd))
         vis = torch.as_tensor(r * np.arange(E)[None, :] + r - 1 <= np.arange(T)[:, None])
         return {'G': G, 'kI': kI, 'vis': vis}
@@ -388,6 +416,8 @@ class V41(nn.Module):
                 if L.mode in ('full', 'reindex'):
                     ix = at.indexer
                     qI = rope((cq.detach() @ ix.wq_b.t()).unflatten(-1, (cfg.HI, cfg.dI)), cs, cfg.rd, heads=True)
+                    if self.q_mxfp4:
+                        qI = mxfp4_qdq(qI)
                     wI = (a.detach() @ ix.weights_proj.t()) * (cfg.HI * cfg.dI) ** -0.5
                     dots = torch.relu(torch.einsum('bthk,bek->bthe', qI, S['kI']))
                     scores = torch.einsum('bth,bthe->bte', wI, dots)

@@ -97,9 +97,29 @@ def main():
             print('%s: max |torch - oracle| %.3g, bound %.3g (ratio %.3g), max |logit| %.3g, '
                   'argmax agreement %.3f over %d positions: %s'
                   % (dt, err, bound, err / bound, scale, same, len(toks), 'ok' if good else 'DIFFER'))
+    ok &= qmx_equal(m, wpath, toks[:len(PROMPT)])
     ok &= drafter_equal(m, cfg, plan, wpath, list(PROMPT))
     print('oracle_equal: %s' % ('ok' if ok else 'FAILED'))
     return 0 if ok else 1
+
+
+def qmx_equal(m, wpath, toks):
+    """The indexer query through MXFP4 (the model's q_mxfp4 option, Appendix
+    V #11), float64 torch against the oracle on v41-byte-f32-qmx. The codec
+    rounds, so the float64 run is the comparison (an fp32 run could land on
+    the other side of a rounding boundary)."""
+    o = O.Oracle(os.path.join(ROOT, 'tests', 'oracle', 'plans', 'v41-byte-f32-qmx.yaml'), wpath)
+    ref = o.prefill(toks).logits
+    md = m.to(torch.float64)
+    md.store, md.q_mxfp4 = V41.store_f32, True
+    seq = torch.as_tensor([toks])
+    with torch.no_grad():
+        lg = md(seq, md.engram_rows(seq))[0][0].numpy()
+    md.q_mxfp4 = False
+    err = np.abs(lg - ref).max()
+    bound = 80 * md.cfg.hc * md.cfg.d * 2.0 ** -53 * np.abs(ref).max()
+    print('q_mxfp4: max |torch - oracle| %.3g, bound %.3g: %s' % (err, bound, 'ok' if err <= bound else 'DIFFER'))
+    return err <= bound
 
 
 def drafter_equal(m, cfg, plan, wpath, toks):
