@@ -2,8 +2,9 @@
 
 Ids 0-255 are the byte values; 256 BOS `<bos>`, 257 EOS `<eos>`, 258 pad
 `<pad>`, 259 the DSpark noise token `<noise>`, 260 the image token
-`<image>`, 261 `<|User|>`, 262 `<|Assistant|>` (the chat literals; the model
-was trained on plain text, so `cedar run --raw` is the form it knows). A
+`<image>`, 261 `<|User|>`, 262 `<|Assistant|>` (the chat literals). The
+model was trained on raw byte windows without BOS, so tokenizer_config.json
+names no BOS and no chat template: `cedar run --raw` is the form it knows. A
 `BPE` model with no merges over the byte-level alphabet (GPT-2's byte to
 character map, the ByteLevel pre-tokenizer's and decoder's): each byte is
 one token, whatever the text (docs/tokenizer.md lists what cedar reads).
@@ -65,10 +66,17 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{'<|Assistant|>'}}{% endif %}")
 
 
-def tokenizer_config():
-    return {'bos_token': '<bos>', 'eos_token': '<eos>', 'pad_token': '<pad>', 'add_bos_token': False,
-            'add_eos_token': False, 'model_max_length': 65536, 'tokenizer_class': 'PreTrainedTokenizerFast',
-            'chat_template': CHAT_TEMPLATE}
+def tokenizer_config(chat=False):
+    """EOS and pad, and no BOS: the model was trained on raw byte windows,
+    so a reader that puts the config's BOS first (cedar eval, cedar run's
+    chat form) would score or prompt it in a form it never saw; cedar run
+    --raw is its form. chat=True adds BOS and the chat template (a model
+    trained on that form)."""
+    c = {'eos_token': '<eos>', 'pad_token': '<pad>', 'add_bos_token': False, 'add_eos_token': False,
+         'model_max_length': 65536, 'tokenizer_class': 'PreTrainedTokenizerFast'}
+    if chat:
+        c.update({'bos_token': '<bos>', 'chat_template': CHAT_TEMPLATE})
+    return c
 
 
 def write(d):

@@ -7,8 +7,10 @@
 #   bytes, newlines) is its own id, and `cedar detokenize` gives the bytes back;
 # - a lone byte >= 0x80 (not UTF-8) is repaired to U+FFFD first (cedar's
 #   documented rule, docs/tokenizer.md), so it encodes as EF BF BD;
-# - `<eos>` written in the text is the one id 257; the chat form is
-#   BOS, the system text, <|User|>, the message, <|Assistant|>;
+# - `<eos>` written in the text is the one id 257; the config names no BOS
+#   and no chat template (the model is trained on raw bytes), so the chat
+#   form is refused; with them (tokenizer_config(chat=True)) it is BOS, the
+#   system text, <|User|>, the message, <|Assistant|>;
 # - the files committed in models/v41-byte equal what the generator writes.
 # Needs /usr/bin/python3 (standard library only); exit 77 without it.
 #
@@ -36,7 +38,14 @@ got=$("$cedar" tokenize --tokenizer "$tok" --file "$work/bad.bin" | tr -s ' \n' 
 [ "$got" = "97 239 191 189 98" ] || fail "invalid UTF-8: got '$got', want the U+FFFD repair '97 239 191 189 98'"
 got=$("$cedar" tokenize --tokenizer "$tok" "amen<eos>" | tr -s ' \n' ' ' | sed 's/ $//')
 [ "$got" = "97 109 101 110 257" ] || fail "<eos> in text: got '$got'"
-got=$("$cedar" tokenize --tokenizer "$tok" --chat --system "S" Hi | tr -s ' \n' ' ' | sed 's/ $//')
+# no BOS and no chat template (the model's form is raw bytes): the chat form is refused, naming --raw
+if "$cedar" tokenize --tokenizer "$tok" --chat Hi > "$work/chat.out" 2>&1; then fail "the chat form was accepted: $(cat "$work/chat.out")"; fi
+grep -q "give --raw" "$work/chat.out" || fail "the chat refusal does not name --raw: $(cat "$work/chat.out")"
+mkdir -p "$work/chat"
+cp "$tok" "$work/chat/"
+"$py" -c "import json, sys; sys.path.insert(0, '$here/train'); import tokenizer as T; \
+json.dump(T.tokenizer_config(chat=True), open('$work/chat/tokenizer_config.json', 'w'))" || fail "chat config"
+got=$("$cedar" tokenize --tokenizer "$work/chat/tokenizer.json" --chat --system "S" Hi | tr -s ' \n' ' ' | sed 's/ $//')
 [ "$got" = "256 83 261 72 105 262" ] || fail "chat form: got '$got'"
 got=$("$cedar" detokenize --tokenizer "$tok" 257 258)
 [ "$got" = "<eos><pad>" ] || fail "specials decode: got '$got'"
