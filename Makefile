@@ -2,9 +2,9 @@
 # this file only names the build directories and the flags each job uses.
 #
 #   make               configure + build into build/, then run the main job
-#                      (`cedar run`: a chat prompt through the DeepSeek tokenizer
-#                      on plans/v41-mini-text.yaml, synthetic weights; the
-#                      text streams out)
+#                      (`cedar run --model models/v41-byte`: the trained byte
+#                      model of the V4.1 layout, docs/training.md, continues a
+#                      prompt; the text streams out)
 #   make test          build, then ctest in build/ (the README's test command)
 #   make asan          ASan+UBSan (gcc, CPU-only) build in build-asan/, ctest
 #                      there with LeakSanitizer on; the tests labelled `slow`
@@ -83,7 +83,8 @@ build:
 	cmake --build build -j$(JOBS)
 
 run: build
-	./build/cedar run --plan plans/v41-mini-text.yaml --prompt "What does an execution plan say about a model?"
+	./build/cedar run --model models/v41-byte --raw --prompt "And it came to pass" \
+	  --max-new 200 --temperature 0.7 --sample-seed 1
 
 test: build
 	$(TEST_ENV) ctest --test-dir build --output-on-failure -j$(JOBS)
