@@ -114,6 +114,12 @@ bool cli_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
   return true;
 }
 
+bool cli_parse_weights_format(const char *s, bool *f32) {
+  if (strcmp(s, "stored") && strcmp(s, "f32")) return false;
+  *f32 = !strcmp(s, "f32");
+  return true;
+}
+
 int cli_check_out(const char *cmd, const char *flag, const char *path) {
   struct stat sb;
   const char *why = NULL;

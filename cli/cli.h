@@ -82,6 +82,14 @@ bool cli_json_has_nul(const char *text);
 #include <stdbool.h>
 #include <stdint.h>
 bool cli_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out);
+/* --weights-format: "stored" (false: each tensor in its stored format, the
+ * default) or "f32" (true: the same values held as F32); false when s is
+ * neither. */
+bool cli_parse_weights_format(const char *s, bool *f32);
+/* The help line of --weights-format, shared by the commands that take it. */
+#define CLI_WEIGHTS_FORMAT_HELP                                                                              \
+  "  --weights-format stored|f32  synthetic and --model weights held in their stored formats (FP8, FP4,\n"  \
+  "               BF16: the default) or as F32 of the same values (bitwise the same results; docs/weights.md)\n"
 
 /* An output file a flag names, checked before any work (issue 18 rows 2
  * and 9): refused, with "cedar <cmd>: <flag> <path>: why" on stderr, when

@@ -29,6 +29,7 @@
 #include "ops/isa.h"
 #include "base/check.h"
 #include "cli/bench_load.h"
+#include "cli/weights_resident.h"
 #include "cli/cli.h"
 #include "runtime/engine/engine.h"
 
@@ -37,7 +38,7 @@
 
 static const char usage[] =
     "usage: cedar bench model [--plan P]... [--prompt-len N] [--decode S] [--chunk C] [--seed S]\n"
-    "                         [--executor direct,starpu] [--workers 1,2] [--sched NAME] [--repeat R] [--json]\n"
+    "                         [--weights-format stored|f32] [--executor direct,starpu] [--workers 1,2] [--sched NAME] [--repeat R] [--json]\n"
     "Cold prefill of N tokens (default 4096) then S decode steps (default 16) on each plan P\n"
     "(default: plans/v41-mini.yaml and plans/dense-40.yaml), one after the other in this run, with\n"
     "synthetic weights from seed S (default 0), on each executor listed (default direct): direct\n"
@@ -54,7 +55,9 @@ static const char usage[] =
     "is asserted; docs/PERF.md keeps results with their command.\n"
     "  --model DIR  a checkpoint in the released layout (docs/checkpoints.md): first its load time\n"
     "               against a plain read of the same files and the RSS against the weights' bytes,\n"
-    "               then the runs above with its weights on the plan its config implies (or each P)\n";
+    "               then the runs above with its weights on the plan its config implies (or each P)\n"
+    CLI_WEIGHTS_FORMAT_HELP
+    "Each plan's run first prints its resident weight bytes by format beside `plan cost`'s figure.\n";
 
 /* One way of running: direct, or StarPU with a worker count. */
 struct config {
@@ -81,6 +84,7 @@ struct bench {
   uint64_t seed;
   int repeat;
   const char *model;
+  bool weights_f32, json; /* --weights-format f32; --json (no resident line then) */
   double ceiling_t1, ceiling_t2; /* the sgemm loop: one thread; two threads at once (minimum over rounds) */
 };
 
@@ -219,7 +223,8 @@ static int run_config(struct result *r, const struct bench *B, int c, struct rt_
 static int run_plan(struct result *r, struct bench *B) {
   char err[1024];
   struct plan_diags diags = {0};
-  struct rt_engine_opts eo = {.plan = r->path, .model = B->model, .seed = B->model ? 0 : B->seed, .diags = &diags};
+  struct rt_engine_opts eo = {.plan = r->path, .model = B->model, .seed = B->model ? 0 : B->seed,
+                              .weights_f32 = B->weights_f32, .diags = &diags};
   struct rt_engine e;
   int rc = rt_engine_open(&e, &eo, err, sizeof err);
   if (rc && e.failed == RT_ENGINE_PLAN) {
@@ -231,6 +236,7 @@ static int run_plan(struct result *r, struct bench *B) {
   plan_diags_free(&diags);
   if (rc) return 1;
   const struct plan *p = &e.plan;
+  if (!B->json) cli_weights_resident_line(stdout, p, &e.weights);
   snprintf(r->name, sizeof(r->name), "%s", p->name);
   int32_t *tok = cedar_xmalloc(sizeof(int32_t) * (size_t)B->n);
   static const char text[] = "The quick brown fox jumps over the lazy dog; pack my box with five dozen jugs. ";
@@ -481,6 +487,7 @@ int cmd_bench_model(int argc, char **argv) {
                                        {"json", no_argument, NULL, 'j'},
                                        {"help", no_argument, NULL, 'h'},
                                        {"model", required_argument, NULL, 'M'},
+                                       {"weights-format", required_argument, NULL, 'F'},
                                        {0, 0, 0, 0}};
   static struct result r[MAX_PLANS];
   memset(r, 0, sizeof(r));
@@ -518,8 +525,12 @@ int cmd_bench_model(int argc, char **argv) {
       if (!cli_parse_int(optarg, 1, 100, &v)) return cli_usage_error("bench model", "--repeat takes R in [1, 100]");
       B.repeat = (int)v;
       break;
-    case 'j': json = true; break;
+    case 'j': json = B.json = true; break;
     case 'M': B.model = optarg; break;
+    case 'F':
+      if (!cli_parse_weights_format(optarg, &B.weights_f32))
+        return cli_usage_error("bench model", "--weights-format takes stored or f32, not '%s'", optarg);
+      break;
     case 'h': fputs(usage, stdout); return 0;
     default:
       return cli_usage_error("bench model", "bad option, or an option without its value: '%s'", argv[optind - 1]);

@@ -41,6 +41,7 @@
 #include "cli/run_pd.h"
 #include "cli/run_text.h"
 #include "cli/run_place.h"
+#include "cli/weights_resident.h"
 #include "scheduler/plan_place.h"
 #include "runtime/dist/pd.h"
 #include "scheduler/plan_cost.h"
@@ -240,8 +241,11 @@ static void report_text(const struct plan *p, const struct ropts *o, const struc
                                                                           : res->decode.act_peak_bytes;
   int64_t scr = res->prefill.scratch_peak_bytes > res->decode.scratch_peak_bytes ? res->prefill.scratch_peak_bytes
                                                                                   : res->decode.scratch_peak_bytes;
+  struct weights_resident wr;
+  weights_resident(w, &wr); /* as held (the line below says by format) */
   printf("peak memory: activations %.2f MB, scratch %.2f MB, weights %.1f MB, max RSS %.1f MB\n", act / 1e6,
-         scr / 1e6, (double)w->list.total_bytes / 1e6, rss_kb / 1e3);
+         scr / 1e6, (double)wr.total / 1e6, rss_kb / 1e3);
+  cli_weights_resident_line(stdout, p, w);
   double tp = sum_op(&res->prefill), td = sum_op(&res->decode);
   printf("time by op group (prefill | decode):");
   for (int i = 0; i < GRAPH_OP_COUNT; i++)
@@ -563,6 +567,7 @@ int cmd_run(int argc, char **argv) {
                               .model = o.model,
                               .tokenizer = o.tokenizer ? o.tokenizer : o.prompt ? tx.tok_path : NULL,
                               .seed = o.seed,
+                              .weights_f32 = o.weights_f32,
                               .exec = {.executor = o.executor,
                                        .workers = o.workers,
                                        .sched = o.sched,

@@ -30,13 +30,14 @@
 #include "base/check.h"
 #include "base/file.h"
 #include "cli/cli.h"
+#include "cli/weights_resident.h"
 #include "cli/serve_sim_batch.h"
 #include "cli/run_text.h"
 #include "runtime/engine/engine.h"
 
 static const char usage[] =
     "usage: cedar serve-sim --requests FILE [--plan P] [--weights W | --model DIR | --seed S] [--no-cache] [--no-swa-pool]\n"
-    "                       [--cache-dir D] [--cache-bytes N] [--executor direct|starpu] [--json]\n"
+    "                       [--weights-format stored|f32] [--cache-dir D] [--cache-bytes N] [--executor direct|starpu] [--json]\n"
     "       cedar serve-sim --max-batch N ... (continuous batching; `cedar serve-sim --max-batch 1 --help`)\n"
     "       cedar serve-sim gen [--sessions S] [--turns T] [--first N] [--turn-len N] [--max-new M] [--seed S] [--json]\n"
     "Replay JSON-lines requests through one runtime with the prefix cache of plan P (default %s):\n"
@@ -56,6 +57,7 @@ static const char usage[] =
     "                   config gives the plan (or --plan P is checked against it), its tensors the weights\n"
     "  --weights W      safetensors weights checked against the plan; else --seed S: synthetic\n"
     "                   weights from seed S (default 0), which also seeds sampling\n"
+    CLI_WEIGHTS_FORMAT_HELP
     "  --no-cache       no prefix cache (every request cold): the baseline\n"
     "  --no-swa-pool    global blocks only (every hit replays the encoder window: SPEC 6.5 path b)\n"
     "  --cache-dir D    disk tier directory (block files, checked; see docs/runtime.md)\n"
@@ -118,7 +120,7 @@ struct sopts {
   const char *plan, *weights, *requests, *cache_dir, *model, *tokenizer;
   uint64_t seed;
   int64_t cache_bytes;
-  bool no_cache, no_swa, json, have_cache_bytes;
+  bool no_cache, no_swa, json, have_cache_bytes, weights_f32;
   enum rt_executor executor;
 };
 
@@ -408,7 +410,8 @@ static int parse(int argc, char **argv, struct sopts *o) {
       {"cache-dir", required_argument, NULL, 'd'}, {"cache-bytes", required_argument, NULL, 'b'},
       {"executor", required_argument, NULL, 'E'}, {"json", no_argument, NULL, 'j'},
       {"help", no_argument, NULL, 'h'},           {"model", required_argument, NULL, 'M'},
-      {"tokenizer", required_argument, NULL, 'K'}, {0, 0, 0, 0}};
+      {"tokenizer", required_argument, NULL, 'K'}, {"weights-format", required_argument, NULL, 'F'},
+      {0, 0, 0, 0}};
   memset(o, 0, sizeof(*o));
   int c;
   int64_t v;
@@ -425,6 +428,10 @@ static int parse(int argc, char **argv, struct sopts *o) {
     case 's':
       if (!cli_parse_int(optarg, 0, INT32_MAX, &v)) return cli_usage_error("serve-sim", "--seed takes S >= 0");
       o->seed = (uint64_t)v;
+      break;
+    case 'F':
+      if (!cli_parse_weights_format(optarg, &o->weights_f32))
+        return cli_usage_error("serve-sim", "--weights-format takes stored or f32, not '%s'", optarg);
       break;
     case 'n': o->no_cache = true; break;
     case 'N': o->no_swa = true; break;
@@ -622,6 +629,7 @@ int cmd_serve_sim(int argc, char **argv) {
       .model = o.model,
       .tokenizer = o.tokenizer,
       .seed = o.seed,
+      .weights_f32 = o.weights_f32,
       .exec = {.executor = o.executor},
       .cache = {.on = !o.no_cache, .capacity_bytes = o.have_cache_bytes ? o.cache_bytes : -1,
                 .snapshots = !o.no_swa, .dir = o.cache_dir},
@@ -633,8 +641,10 @@ int cmd_serve_sim(int argc, char **argv) {
   plan_diags_free(&diags);
   if (rc)
     fprintf(stderr, "cedar serve-sim: %s\n", err);
-  else
+  else {
+    if (!o.json) cli_weights_resident_line(stdout, &e.plan, &e.weights);
     status = drive(&o, &e, in);
+  }
   rt_engine_close(&e);
   if (in != stdin) fclose(in);
   return status;

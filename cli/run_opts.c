@@ -48,6 +48,10 @@ static int run_opt(int c, struct ropts *o, struct seen *s, char **argv) {
     if (!cli_parse_int(optarg, 0, INT64_MAX, &v)) return cli_usage_error("run", "--seed takes an integer >= 0");
     o->seed = (uint64_t)v;
     break;
+  case 1007:
+    if (!cli_parse_weights_format(optarg, &o->weights_f32))
+      return cli_usage_error("run", "--weights-format takes stored or f32, not '%s'", optarg);
+    break;
   case 't': o->prompt = optarg; s->given++; break;
   case 'k': o->tokens = optarg; s->given++; break;
   case 'n':
@@ -198,6 +202,7 @@ int run_parse(int argc, char **argv, struct ropts *o) {
       {"sample-seed", required_argument, NULL, 's' + 256},
       {"cuda-graphs", required_argument, NULL, 1005},
       {"cuda-scratch", required_argument, NULL, 1006},
+      {"weights-format", required_argument, NULL, 1007},
       {0, 0, 0, 0}};
   memset(o, 0, sizeof(*o));
   o->max_new = 16;

@@ -33,6 +33,7 @@ struct ropts {
   int max_new, chunk;
   int64_t replay;
   uint64_t seed;
+  bool weights_f32;          /* --weights-format f32 */
   float temperature, top_p;
   bool exact, json;
   bool speculate;            /* --speculate (cli/run_spec.h) */

@@ -6,7 +6,7 @@
 #include "cli/cli.h"
 
 const char run_usage[] =
-    "usage: cedar run [--plan P] [--weights W | --model DIR | --seed S] [--prompt TEXT | --tokens 1,2,3 | --prompt-len N]\n"
+    "usage: cedar run [--plan P] [--weights W | --model DIR | --seed S] [--weights-format stored|f32] [--prompt TEXT | --tokens 1,2,3 | --prompt-len N]\n"
     "                 [--raw] [--system TEXT] [--stop STR]... [--ids] [--max-new N] [--chunk C] [--replay R]\n"
     "                 [--temperature T] [--top-p P] [--top-k K] [--repetition-penalty R] [--sample-seed S]\n"
     "                 [--exact-replay] [--dump FILE] [--json] [--tokenizer PATH]\n"
@@ -21,6 +21,7 @@ const char run_usage[] =
     "                    checked against it; its tensors are the weights\n"
     "  --seed S          without --weights: synthetic weights from seed S (default 0), as\n"
     "                    `cedar weights init` makes them; also seeds sampling (unless --sample-seed)\n"
+    CLI_WEIGHTS_FORMAT_HELP
     "  --prompt TEXT     text through the DeepSeek tokenizer and its chat format (below)\n"
     "  --tokens LIST     comma-separated token ids (the output is ids)\n"
     "  --tokenizer PATH  a tokenizer.json: the Engram token map comes from it (Appendix V #18) when\n"

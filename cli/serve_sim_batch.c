@@ -29,6 +29,7 @@
 
 #include "base/check.h"
 #include "cli/bench.h"
+#include "cli/weights_resident.h"
 #include "cli/cli.h"
 #include "cli/serve_metrics.h"
 #include "cli/serve_sim_batch.h"
@@ -59,6 +60,7 @@ static const char usage[] =
     "  --slo-*-ms X       a request is good when its TTFT, TPOT (mean time per output token after the\n"
     "                     first) and E2EL are each within the SLOs given; goodput = good requests / duration\n"
     "  --percentiles L    percentiles reported (default 50,90,99; linear interpolation)\n"
+    CLI_WEIGHTS_FORMAT_HELP
     "  --floor            measure this machine's memcpy peak and report each N's decode step time\n"
     "                     against its bytes floor: the weight bytes the step reads (every tensor but\n"
     "                     the embedding, Engram tables and routed experts, the B embedding rows, and\n"
@@ -92,7 +94,7 @@ struct bopts {
   double pct[16];
   int n_pct;
   int step_tokens, chunk;
-  bool no_cache, json, floor;
+  bool no_cache, json, floor, weights_f32;
 };
 
 static bool parse_range(const char *s, int64_t lo, int64_t hi, int64_t *a, int64_t *b) {
@@ -142,7 +144,7 @@ static int parse(int argc, char **argv, struct bopts *o) {
       {"step-tokens", required_argument, NULL, 'T'}, {"chunk", required_argument, NULL, 'c'},
       {"no-cache", no_argument, NULL, 'n'},          {"temperature", required_argument, NULL, 'u'},
       {"json", no_argument, NULL, 'j'},              {"help", no_argument, NULL, 'h'},
-      {"floor", no_argument, NULL, 'F'},
+      {"floor", no_argument, NULL, 'F'},             {"weights-format", required_argument, NULL, 4},
       {0, 0, 0, 0}};
   memset(o, 0, sizeof(*o));
   o->requests = 16, o->plen_lo = 32, o->plen_hi = 256, o->new_lo = o->new_hi = 16;
@@ -171,6 +173,10 @@ static int parse(int argc, char **argv, struct bopts *o) {
     case 'w': o->weights = optarg; break;
     case 'M': o->model = optarg; break;
     case 't': o->trace = optarg; break;
+    case 4:
+      if (!cli_parse_weights_format(optarg, &o->weights_f32))
+        return cli_usage_error("serve-sim", "--weights-format takes stored or f32, not '%s'", optarg);
+      break;
     case 's':
       if (!cli_parse_int(optarg, 0, INT32_MAX, &v)) return cli_usage_error("serve-sim", "--seed takes S >= 0");
       o->seed = (uint64_t)v;
@@ -618,6 +624,7 @@ int serve_sim_batch(int argc, char **argv) {
       .weights = o.weights,
       .model = o.model,
       .seed = o.seed,
+      .weights_f32 = o.weights_f32,
       /* several N replay the same prompts: a cache would serve the later runs from the first */
       .cache = {.on = !o.no_cache && o.n_batch == 1, .capacity_bytes = -1, .snapshots = true},
       .diags = &diags};
@@ -630,6 +637,7 @@ int serve_sim_batch(int argc, char **argv) {
     rt_engine_close(&e);
     return 1;
   }
+  if (!o.json) cli_weights_resident_line(stdout, &e.plan, &e.weights);
   int64_t n = 0;
   struct arrival *arr = o.trace ? read_trace(&o, e.plan.model.vocab, plan_max_positions(&e.plan), &n) : synth(&o, &n);
   int status = arr ? 0 : 1;

@@ -25,6 +25,7 @@
 #include "ops/formats.h"
 #include "ops/isa.h"
 #include "ops/num_softmax.h"
+#include "ops/qlinear.h"
 #include "base/check.h"
 
 /* Where the entries come from: packed views, or float rows (gf/sf set). */
@@ -303,11 +304,20 @@ void op_sparse_attn_f32(float *o, int32_t *n_used, const float *q, const int64_t
 void op_grouped_oproj(float *a, float *z, const float *o, const float *w_oa, const float *w_ob, int S, int heads,
                       int head_dim, int G, int o_rank, int hidden) {
   CEDAR_ASSERT_MSG(G > 0 && heads % G == 0, "grouped o-proj: heads %d is not a multiple of groups %d", heads, G);
-  const int gw = heads / G * head_dim, ld_o = heads * head_dim, ld_z = G * o_rank;
-  for (int g = 0; g < G; g++)
-    op_linear(z + (size_t)g * o_rank, o + (size_t)g * gw, w_oa + (size_t)g * o_rank * gw, S, gw, o_rank, ld_o,
-              ld_z);
-  op_linear(a, z, w_ob, S, ld_z, hidden, ld_z, hidden);
+  struct op_qweight wa = op_qw_f32(w_oa, G * o_rank, heads / G * head_dim), wb = op_qw_f32(w_ob, hidden, G * o_rank);
+  op_grouped_oproj_q(a, z, o, &wa, &wb, S, heads, head_dim, G);
+}
+
+void op_grouped_oproj_q(float *a, float *z, const float *o, const struct op_qweight *w_oa,
+                        const struct op_qweight *w_ob, int S, int heads, int head_dim, int G) {
+  CEDAR_ASSERT_MSG(G > 0 && heads % G == 0, "grouped o-proj: heads %d is not a multiple of groups %d", heads, G);
+  const int gw = heads / G * head_dim, ld_o = heads * head_dim, o_rank = w_oa->out / G, ld_z = G * o_rank;
+  CEDAR_ASSERT(w_oa->in == gw && w_oa->out == ld_z && w_ob->in == ld_z);
+  for (int g = 0; g < G; g++) {
+    struct op_qweight wg = op_qweight_rows(w_oa, g * o_rank, o_rank);
+    op_qlinear(z + (size_t)g * o_rank, o + (size_t)g * gw, &wg, S, ld_o, ld_z);
+  }
+  op_qlinear(a, z, w_ob, S, ld_z, w_ob->out);
 }
 
 /* ---- registry descriptors (ops/registry.h) ------------------------------ */

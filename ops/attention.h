@@ -44,6 +44,7 @@
 #include <stdint.h>
 
 #include "ops/kvview.h"
+#include "ops/qweight.h"
 #include "ops/rope.h"
 
 #ifdef __cplusplus /* the CUDA twins in kernels/ include it */
@@ -116,6 +117,13 @@ void op_grouped_oproj(float *a /* (S, hidden) */, float *z /* (S, G*o_rank) */,
                       const float *o /* (S, heads*head_dim) */, const float *w_oa /* (G, o_rank, gw) */,
                       const float *w_ob /* (hidden, G*o_rank) */, int S, int heads, int head_dim, int G, int o_rank,
                       int hidden);
+/* The same over weights in their stored formats: w_oa (G * o_rank, gw) as
+ * one matrix (its group g the rows g * o_rank ..: an FP8 one needs o_rank a
+ * multiple of 32, whole tile rows), w_ob (hidden, G * o_rank); bitwise the
+ * float op over the dequantized matrices (ops/qlinear.h). */
+void op_grouped_oproj_q(float *a /* (S, hidden) */, float *z /* (S, G*o_rank) */,
+                        const float *o /* (S, heads*head_dim) */, const struct op_qweight *w_oa,
+                        const struct op_qweight *w_ob, int S, int heads, int head_dim, int G);
 
 /* The sparse_attn descriptor's checked call (inputs, views over them,
  * parameters, outputs o and n_used allocated), shared by its CPU run and the

@@ -12,6 +12,7 @@
 #include "ops/basic.h"
 #include "ops/formats.h"
 #include "ops/np_random.h"
+#include "ops/qlinear.h"
 #include "ops/registry.h"
 #include "ops/sample.h"
 #include "base/check.h"
@@ -213,8 +214,16 @@ static float stream_gate(const float *x, const float *key, const float *q_w, con
 
 void op_engram_inject(float *x, float *kv, float *gate, const float *e, const float *w_kv, const float *q_w,
                       const float *k_w, int n, int d_e, int hidden, int hc, float norm_eps, float dot_floor) {
+  struct op_qweight W = op_qw_f32(w_kv, (hc + 1) * hidden, d_e);
+  op_engram_inject_q(x, kv, gate, e, &W, q_w, k_w, n, hidden, hc, norm_eps, dot_floor);
+}
+
+void op_engram_inject_q(float *x, float *kv, float *gate, const float *e, const struct op_qweight *w_kv,
+                        const float *q_w, const float *k_w, int n, int hidden, int hc, float norm_eps,
+                        float dot_floor) {
   int w = (hc + 1) * hidden;
-  op_linear(kv, e, w_kv, n, d_e, w, d_e, w);
+  CEDAR_ASSERT(w_kv->out == w);
+  op_qlinear(kv, e, w_kv, n, w_kv->in, w);
   for (int i = 0; i < n; i++) {
     const float *kvi = kv + (size_t)i * w;
     const float *value = kvi + (size_t)hc * hidden;

@@ -74,6 +74,7 @@
 #include <stdint.h>
 
 #include "ops/num_engram.h"
+#include "ops/qweight.h"
 
 #ifdef __cplusplus /* the CUDA twins in kernels/ include it */
 extern "C" {
@@ -153,6 +154,11 @@ void op_engram_inject(float *x /* (n, hc, hidden) */, float *kv /* (n, (hc + 1) 
                       const float *w_kv /* ((hc + 1) * hidden, d_e) */, const float *q_w /* (hc, hidden) */,
                       const float *k_w /* (hc, hidden) */, int n, int d_e, int hidden, int hc, float norm_eps,
                       float dot_floor);
+/* The same with w_kv ((hc + 1) * hidden, d_e) in its stored format
+ * (ops/qweight.h): bitwise the float op over the dequantized matrix. */
+void op_engram_inject_q(float *x, float *kv, float *gate, const float *e, const struct op_qweight *w_kv,
+                        const float *q_w, const float *k_w, int n, int hidden, int hc, float norm_eps,
+                        float dot_floor);
 
 /* The engram_hash descriptor's checked call: tables, multipliers, the cmap
  * (its own when the caller gave none) and the outputs, shared by its CPU run

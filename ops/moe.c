@@ -10,6 +10,7 @@
 
 #include "ops/basic.h"
 #include "ops/formats.h"
+#include "ops/qlinear.h"
 #include "ops/registry.h"
 #include "base/check.h"
 
@@ -27,8 +28,15 @@ static void softmax_row(float *s, int k) {
 }
 
 void op_moe_scores(float *scores, const float *x, const float *router, int n, const struct op_moe_cfg *c) {
+  struct op_qweight q = op_qw_f32(router, c->n_routed, c->hidden);
+  op_moe_scores_q(scores, x, &q, n, c);
+}
+
+void op_moe_scores_q(float *scores, const float *x, const struct op_qweight *router, int n,
+                     const struct op_moe_cfg *c) {
   int r = c->n_routed;
-  op_linear(scores, x, router, n, c->hidden, r, c->hidden, r);
+  CEDAR_ASSERT(router->out == r && router->in == c->hidden);
+  op_qlinear(scores, x, router, n, c->hidden, r);
   for (int t = 0; t < n; t++) {
     float *s = scores + (size_t)t * r;
     switch (c->score) {
@@ -110,11 +118,29 @@ void op_moe_swiglu(float *h, const float *g, const float *u, const float *row_sc
 
 void op_moe_ffn(float *y, const float *x, const float *w_gate, const float *w_up, const float *w_down,
                 const float *row_scale, int n, int hidden, int inter, float limit, float *ws) {
+  struct op_qweight g = op_qw_f32(w_gate, inter, hidden), u = op_qw_f32(w_up, inter, hidden);
+  struct op_qweight dn = op_qw_f32(w_down, hidden, inter);
+  op_moe_ffn_q(y, x, &g, &u, &dn, row_scale, n, limit, ws);
+}
+
+void op_moe_ffn_q(float *y, const float *x, const struct op_qweight *w_gate, const struct op_qweight *w_up,
+                  const struct op_qweight *w_down, const float *row_scale, int n, float limit, float *ws) {
+  const int hidden = w_gate->in, inter = w_gate->out;
+  CEDAR_ASSERT(w_up->out == inter && w_up->in == hidden && w_down->out == hidden && w_down->in == inter);
   float *g = ws, *u = ws + (size_t)n * inter;
-  op_linear(g, x, w_gate, n, hidden, inter, hidden, inter);
-  op_linear(u, x, w_up, n, hidden, inter, hidden, inter);
+  op_qlinear(g, x, w_gate, n, hidden, inter);
+  op_qlinear(u, x, w_up, n, hidden, inter);
   op_moe_swiglu(g, g, u, row_scale, n, inter, limit);
-  op_linear(y, g, w_down, n, inter, hidden, inter, hidden);
+  op_qlinear(y, g, w_down, n, inter, hidden);
+}
+
+/* The views of w: its own (w->q), or its float matrices as F32 views. */
+static struct op_moe_qweights moe_views(const struct op_moe_weights *w, const struct op_moe_cfg *c) {
+  if (w->has_q) return w->q;
+  const int d = c->hidden, R = c->n_routed, I = c->inter, S = c->n_shared * c->shared_inter;
+  return (struct op_moe_qweights){
+      op_qw_f32(w->router, R, d), op_qw_f32(w->gate, R * I, d), op_qw_f32(w->up, R * I, d), op_qw_f32(w->down, R * d, I),
+      op_qw_f32(w->shared_gate, S, d), op_qw_f32(w->shared_up, S, d), op_qw_f32(w->shared_down, d, S)};
 }
 
 /* ---- grouped forward -------------------------------------------------------- */
@@ -180,17 +206,18 @@ void op_moe_shared(float *y, const float *x, const struct op_moe_weights *w, int
   if (n <= 0) return;
   struct moe_ws s = ws_carve(ws, n, c);
   int d = c->hidden, S = shared_width(c);
+  const struct op_moe_qweights q = moe_views(w, c);
   if (S > 0 && c->shared_mxfp8 > 0) { /* op_moe_ffn with MXFP8 inputs to each linear (s.xg is free here) */
     float *g = s.gu, *u = s.gu + (size_t)n * S;
     memcpy(s.xg, x, (size_t)n * d * sizeof *x);
     op_mxfp8_qdq(s.xg, n, d, d, c->shared_mxfp8);
-    op_linear(g, s.xg, w->shared_gate, n, d, S, d, S);
-    op_linear(u, s.xg, w->shared_up, n, d, S, d, S);
+    op_qlinear(g, s.xg, &q.shared_gate, n, d, S);
+    op_qlinear(u, s.xg, &q.shared_up, n, d, S);
     op_moe_swiglu(g, g, u, NULL, n, S, c->limit);
     op_mxfp8_qdq(g, n, S, S, c->shared_mxfp8);
-    op_linear(y, g, w->shared_down, n, S, d, S, d);
+    op_qlinear(y, g, &q.shared_down, n, S, d);
   } else if (S > 0)
-    op_moe_ffn(y, x, w->shared_gate, w->shared_up, w->shared_down, NULL, n, d, S, c->limit, s.gu);
+    op_moe_ffn_q(y, x, &q.shared_gate, &q.shared_up, &q.shared_down, NULL, n, c->limit, s.gu);
   else
     memset(y, 0, (size_t)n * d * sizeof *y);
   if (S > 0 && op_moe_tap.fn) op_moe_tap.fn(op_moe_tap.ctx, -1, n);
@@ -201,8 +228,9 @@ void op_moe_forward(float *y, int32_t *sel, float *weight, const float *x, const
   if (n <= 0) return;
   struct moe_ws s = ws_carve(ws, n, c);
   int d = c->hidden, I = c->inter, k = c->n_active;
+  const struct op_moe_qweights q = moe_views(w, c);
 
-  op_moe_scores(s.scores, x, w->router, n, c);
+  op_moe_scores_q(s.scores, x, &q.router, n, c);
   op_moe_select(sel, weight, s.scores, w->bias, modality, n, c);
   op_moe_shared(y, x, w, n, c, ws); /* uses xg and gu only: the scores are done with */
 
@@ -216,8 +244,9 @@ void op_moe_forward(float *y, int32_t *sel, float *weight, const float *x, const
       memcpy(s.xg + (size_t)r * d, x + (size_t)t * d, (size_t)d * sizeof *x);
       s.rs[r] = weight[(size_t)t * k + s.slot[q0 + r]];
     }
-    op_moe_ffn(s.yg, s.xg, w->gate + (size_t)e * I * d, w->up + (size_t)e * I * d, w->down + (size_t)e * d * I, s.rs,
-               cnt, d, I, c->limit, s.gu);
+    struct op_qweight g = op_qweight_rows(&q.gate, e * I, I), u = op_qweight_rows(&q.up, e * I, I);
+    struct op_qweight dn = op_qweight_rows(&q.down, e * d, d);
+    op_moe_ffn_q(s.yg, s.xg, &g, &u, &dn, s.rs, cnt, c->limit, s.gu);
     if (op_moe_tap.fn) op_moe_tap.fn(op_moe_tap.ctx, e, cnt);
     for (int r = 0; r < cnt; r++) {
       float *yt = y + (size_t)s.tok[q0 + r] * d;

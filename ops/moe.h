@@ -41,6 +41,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ops/qweight.h"
+
 #ifdef __cplusplus /* the CUDA twins in kernels/ include it */
 extern "C" {
 #endif
@@ -67,6 +69,17 @@ struct op_moe_cfg {
                             * through MXFP8 per this many values (op_mxfp8_qdq; Appendix V #22); 0: as given */
 };
 
+/* The expert matrices as views (ops/qweight.h): gate, up (n_routed * inter,
+ * hidden) and down (n_routed * hidden, inter), expert e the rows e * inter
+ * (e * hidden) on; the shared expert's three matrices. An F32 view is the
+ * float path bit for bit; a stored one is bitwise it over the dequantized
+ * matrices (ops/qlinear.h). */
+struct op_moe_qweights {
+  struct op_qweight router; /* (n_routed, hidden) */
+  struct op_qweight gate, up, down;
+  struct op_qweight shared_gate, shared_up, shared_down;
+};
+
 /* Weights of one MoE sublayer. Every matrix is (out, in), row-major. */
 struct op_moe_weights {
   const float *router;      /* (n_routed, hidden): e_i, the router's W_gate */
@@ -77,11 +90,21 @@ struct op_moe_weights {
   const float *shared_gate; /* (n_shared * shared_inter, hidden) */
   const float *shared_up;   /* (n_shared * shared_inter, hidden) */
   const float *shared_down; /* (hidden, n_shared * shared_inter) */
+  /* The matrices in their stored formats (the model's path) when has_q,
+   * else the float ones above: with has_q, the router and every expert and
+   * shared matrix come from q (router..shared_down unused; bias stays floats). */
+  bool has_q;
+  struct op_moe_qweights q;
 };
+
 
 /* Router scores s = score(x router^T) for n tokens; the ORIGINAL scores, without bias. */
 void op_moe_scores(float *scores /* (n, n_routed) */, const float *x /* (n, hidden) */,
                    const float *router /* (n_routed, hidden) */, int n, const struct op_moe_cfg *c);
+
+/* The same with the router as a view (ops/qweight.h). */
+void op_moe_scores_q(float *scores /* (n, n_routed) */, const float *x /* (n, hidden) */,
+                     const struct op_qweight *router, int n, const struct op_moe_cfg *c);
 
 /* Selection and weights from the scores: sel[t] = the n_active experts with the largest
  * scores[t][i] + bias[mod(t)][i] (fp32 sum; ties to the lower id), in ascending id order;
@@ -102,6 +125,11 @@ void op_moe_ffn(float *y /* (n, hidden) */, const float *x /* (n, hidden) */, co
                 const float *w_up /* (inter, hidden) */, const float *w_down /* (hidden, inter) */,
                 const float *row_scale /* (n) */, int n, int hidden, int inter, float limit,
                 float *ws /* (2, n, inter) */);
+
+/* The same over views (expert e of a stack: op_qweight_rows(gate, e * inter, inter)). */
+void op_moe_ffn_q(float *y /* (n, hidden) */, const float *x /* (n, hidden) */, const struct op_qweight *w_gate,
+                  const struct op_qweight *w_up, const struct op_qweight *w_down, const float *row_scale /* (n) */,
+                  int n, float limit, float *ws /* (2, n, inter) */);
 
 /* Bytes of scratch op_moe_forward needs for n tokens. */
 size_t op_moe_workspace_bytes(int n, const struct op_moe_cfg *c);

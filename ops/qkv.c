@@ -1,6 +1,7 @@
 /* qkv.c: query path, indexer query/weights and SWA KV projection (see qkv.h).
  *
- * Each op is a linear layer (op_linear) written straight into its output,
+ * Each op is a linear layer (op_qlinear over the weight's view: op_linear
+ * itself for an F32 matrix, ops/qlinear.h for a stored FP8 / FP4 / BF16 one) written straight into its output,
  * followed by per-row work done in place: RMSNorm, the per-head norm (an
  * RMSNorm without weight over rows of head_dim), RoPE. Every step is
  * row-independent bit for bit (op_linear too: ops/basic.h), so a position's
@@ -11,19 +12,31 @@
 #include "ops/qkv.h"
 
 #include "ops/basic.h"
+#include "ops/qlinear.h"
 #include "base/check.h"
+
+void op_q_latent_q(float *cq, const float *u, const struct op_qweight *W_qa, const float *gamma_q, int n, float eps) {
+  op_qlinear(cq, u, W_qa, n, W_qa->in, W_qa->out);
+  op_rmsnorm(cq, cq, gamma_q, n, W_qa->out, eps);
+}
 
 void op_q_latent(float *cq, const float *u, const float *W_qa, const float *gamma_q, int n, int hidden, int q_rank,
                  float eps) {
-  op_linear(cq, u, W_qa, n, hidden, q_rank, hidden, q_rank);
-  op_rmsnorm(cq, cq, gamma_q, n, q_rank, eps);
+  struct op_qweight w = op_qw_f32(W_qa, q_rank, hidden);
+  op_q_latent_q(cq, u, &w, gamma_q, n, eps);
 }
 
 void op_q_main(float *q, const float *cq, const float *W_qb, const struct op_rope_angles *ang,
                const struct op_rope *rope, int n, int q_rank, int heads, int head_dim, bool head_norm, float eps) {
-  CEDAR_ASSERT(rope->dim == head_dim);
+  struct op_qweight w = op_qw_f32(W_qb, heads * head_dim, q_rank);
+  op_q_main_q(q, cq, &w, ang, rope, n, heads, head_dim, head_norm, eps);
+}
+
+void op_q_main_q(float *q, const float *cq, const struct op_qweight *W_qb, const struct op_rope_angles *ang,
+                 const struct op_rope *rope, int n, int heads, int head_dim, bool head_norm, float eps) {
+  CEDAR_ASSERT(rope->dim == head_dim && W_qb->out == heads * head_dim);
   const int width = heads * head_dim;
-  op_linear(q, cq, W_qb, n, q_rank, width, q_rank, width);
+  op_qlinear(q, cq, W_qb, n, W_qb->in, width);
   /* (n, heads*head_dim) row-major is (n*heads, head_dim): one weightless
    * RMSNorm row per head is exactly q_h *= rsqrt(mean(q_h^2) + eps) (R.2). */
   if (head_norm) op_rmsnorm(q, q, NULL, n * heads, head_dim, eps);
@@ -32,9 +45,15 @@ void op_q_main(float *q, const float *cq, const float *W_qb, const struct op_rop
 
 void op_q_indexer(float *qI, const float *cq, const float *W_iq, const struct op_rope_angles *ang,
                   const struct op_rope *rope_i, int n, int q_rank, int idx_heads, int idx_dim) {
-  CEDAR_ASSERT(rope_i->dim == idx_dim);
+  struct op_qweight w = op_qw_f32(W_iq, idx_heads * idx_dim, q_rank);
+  op_q_indexer_q(qI, cq, &w, ang, rope_i, n, idx_heads, idx_dim);
+}
+
+void op_q_indexer_q(float *qI, const float *cq, const struct op_qweight *W_iq, const struct op_rope_angles *ang,
+                    const struct op_rope *rope_i, int n, int idx_heads, int idx_dim) {
+  CEDAR_ASSERT(rope_i->dim == idx_dim && W_iq->out == idx_heads * idx_dim);
   const int width = idx_heads * idx_dim;
-  op_linear(qI, cq, W_iq, n, q_rank, width, q_rank, width);
+  op_qlinear(qI, cq, W_iq, n, W_iq->in, width);
   op_rope_rotate(qI, rope_i, ang, 0, n, idx_heads, width, +1);
 }
 
@@ -46,8 +65,15 @@ void op_index_weights(float *w, const float *u, const float *W_w, int n, int hid
 
 void op_swa_kv(float *kS, const float *u, const float *W_kv, const float *gamma, const struct op_rope_angles *ang,
                const struct op_rope *rope, int n, int hidden, int head_dim, float eps) {
+  struct op_qweight w = op_qw_f32(W_kv, head_dim, hidden);
+  op_swa_kv_q(kS, u, &w, gamma, ang, rope, n, eps);
+}
+
+void op_swa_kv_q(float *kS, const float *u, const struct op_qweight *W_kv, const float *gamma,
+                 const struct op_rope_angles *ang, const struct op_rope *rope, int n, float eps) {
+  const int head_dim = W_kv->out;
   CEDAR_ASSERT(rope->dim == head_dim);
-  op_linear(kS, u, W_kv, n, hidden, head_dim, hidden, head_dim);
+  op_qlinear(kS, u, W_kv, n, W_kv->in, head_dim);
   op_rmsnorm(kS, kS, gamma, n, head_dim, eps);
   op_rope_rotate(kS, rope, ang, 0, n, 1, head_dim, +1);
 }

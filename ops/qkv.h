@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "ops/formats.h"
+#include "ops/qweight.h"
 #include "ops/rope.h"
 
 #ifdef __cplusplus /* the CUDA twins in kernels/ include it */
@@ -114,6 +115,19 @@ struct op_qkv_call {
   struct op_kv_format fmt; /* swa_kv with pack=1: the FP8 format */
   size_t bytes;        /* its entry bytes */
 };
+/* The same ops over weights in their stored formats (ops/qweight.h; the
+ * model's path): bitwise the float ones over the dequantized matrices
+ * (ops/qlinear.h). The widths come from the views: W_qa (q_rank, hidden),
+ * W_qb (heads * head_dim, q_rank), W_iq (idx_heads * idx_dim, q_rank),
+ * W_kv (head_dim, hidden). The float entry points above are F32 views. */
+void op_q_latent_q(float *cq, const float *u, const struct op_qweight *W_qa, const float *gamma_q, int n, float eps);
+void op_q_main_q(float *q, const float *cq, const struct op_qweight *W_qb, const struct op_rope_angles *ang,
+                 const struct op_rope *rope, int n, int heads, int head_dim, bool head_norm, float eps);
+void op_q_indexer_q(float *qI, const float *cq, const struct op_qweight *W_iq, const struct op_rope_angles *ang,
+                    const struct op_rope *rope_i, int n, int idx_heads, int idx_dim);
+void op_swa_kv_q(float *kS, const float *u, const struct op_qweight *W_kv, const float *gamma,
+                 const struct op_rope_angles *ang, const struct op_rope *rope, int n, float eps);
+
 int op_q_latent_prepare(const struct op_desc *self, struct op_io *io, struct op_qkv_call *c);
 /* main: q_main (W_qb, head norm), else q_indexer (W_iq). */
 int op_q_heads_prepare(const struct op_desc *self, struct op_io *io, bool main, struct op_qkv_call *c);

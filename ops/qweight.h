@@ -46,6 +46,33 @@ static inline uint8_t op_qweight_scale_at(const struct op_qweight *w, int o, int
   return w->scale[(size_t)o * (size_t)(w->in / OP_QW_BLOCK) + k / OP_QW_BLOCK];
 }
 
+/* An F32 matrix (out, in) as a view: op_qlinear over it is op_linear. */
+static inline struct op_qweight op_qw_f32(const float *W, int out, int in) {
+  struct op_qweight q = {OP_W_F32, out, in, W, NULL};
+  return q;
+}
+/* Rows [r0, r0 + rows) of w as a matrix of its own (a group of a grouped
+ * projection, one expert of a stack). FP8 tiles cover 32 rows, so an FP8
+ * r0 must be a multiple of OP_QW_BLOCK (its tile row starts there). */
+static inline struct op_qweight op_qweight_rows(const struct op_qweight *w, int r0, int rows) {
+  struct op_qweight q = *w;
+  const size_t r = (size_t)r0, in = (size_t)w->in, B = OP_QW_BLOCK;
+  q.out = rows;
+  switch (w->fmt) {
+    case OP_W_F32: q.data = (const float *)w->data + r * in; break;
+    case OP_W_BF16: q.data = (const uint16_t *)w->data + r * in; break;
+    case OP_W_FP8:
+      q.data = (const uint8_t *)w->data + r * in;
+      q.scale = w->scale + r / B * ((in + B - 1) / B);
+      break;
+    default: /* FP4 */
+      q.data = (const uint8_t *)w->data + r * in / 2;
+      q.scale = w->scale + r * (in / B);
+      break;
+  }
+  return q;
+}
+
 #ifdef __cplusplus
 }
 #endif

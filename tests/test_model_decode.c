@@ -259,7 +259,7 @@ static bool head_rows_agree(const struct fx *f, const float *a, const float *b) 
   bool ok = true, same = !memcmp(a, b, sizeof(float) * (size_t)f->V);
   for (int j = 0; j < f->V && !same; j++) {
     double w2 = 0;
-    for (int i = 0; i < d; i++) w2 += (double)f->M.lm_head[(size_t)j * d + i] * f->M.lm_head[(size_t)j * d + i];
+    for (int i = 0; i < d; i++) w2 += (double)((const float *)f->M.lm_head.data)[(size_t)j * d + i] * ((const float *)f->M.lm_head.data)[(size_t)j * d + i];
     ok &= fabs((double)a[j] - b[j]) <= 2 * h_gamma(d) * gmax * sqrt((double)d) * sqrt(w2);
   }
   printf("generate %s: the all-logits head row is %s the last-row head's\n", f->path,

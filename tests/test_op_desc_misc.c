@@ -136,7 +136,7 @@ static void moe_compare(struct h_io *h, const struct moe_t *m, const struct op_m
   int32_t *sel = malloc((size_t)n * k * sizeof *sel);
   void *ws = malloc(op_moe_workspace_bytes(n, c));
   struct op_moe_weights wt = {m->router, optional ? m->bias : NULL, m->gate, m->up, m->down,
-                              optional ? m->sg : NULL, optional ? m->su : NULL, optional ? m->sd : NULL};
+                              optional ? m->sg : NULL, optional ? m->su : NULL, optional ? m->sd : NULL, .has_q = false};
   op_moe_forward(y, sel, w, m->x, &wt, optional ? m->mod : NULL, n, c, ws);
   expect_run(h, "moe");
   expect_out(h, "moe", "y", OP_F32, 2, (int64_t[]){n, m->hidden}, y);

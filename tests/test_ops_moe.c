@@ -64,7 +64,7 @@ static void case_init(struct moe_case *m, struct op_moe_cfg c, int n, uint64_t *
   m->x = fvec((size_t)n * H, seed, -1, 1);
   m->mod = malloc((size_t)(n ? n : 1));
   for (int t = 0; t < n; t++) m->mod[t] = h_uniform(seed) < 0.4 ? 1 : 0;
-  m->w = (struct op_moe_weights){m->router, m->bias, m->gate, m->up, m->down, m->sg, m->su, m->sd};
+  m->w = (struct op_moe_weights){m->router, m->bias, m->gate, m->up, m->down, m->sg, m->su, m->sd, .has_q = false};
 }
 
 static void case_free(struct moe_case *m) {

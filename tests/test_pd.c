@@ -199,7 +199,7 @@ static void check_nonfinite_decode(struct fx *f, const char *label) {
     return;
   }
   const int d = f->p->model.hidden;
-  float *row = (float *)f->M.embed + (size_t)y1 * d, *keep = malloc(sizeof(float) * (size_t)d);
+  float *row = (float *)f->M.embed.data + (size_t)y1 * d, *keep = malloc(sizeof(float) * (size_t)d);
   memcpy(keep, row, sizeof(float) * (size_t)d);
   for (int i = 0; i < d; i++) row[i] = NAN;
   err[0] = 0;

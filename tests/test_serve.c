@@ -119,12 +119,13 @@ int main(void) {
   struct tokenizer *tok = tok_load(tj, err, sizeof err);
   EXPECT(tok != NULL, "tokenizer: %s", err);
   struct rt_engine e;
-  struct rt_engine_opts eo = {.plan = "tests/plans/text-tiny.yaml", .tokenizer = tj};
+  /* weights_f32: the test poisons one row of an F32 embedding (stored, it is BF16) */
+  struct rt_engine_opts eo = {.plan = "tests/plans/text-tiny.yaml", .tokenizer = tj, .weights_f32 = true};
   int rc = rt_engine_open(&e, &eo, err, sizeof err);
   EXPECT(rc == 0, "engine: %s", err);
   if (rc || !tok) return h_report("serve");
   const int d = e.plan.model.hidden;
-  float *row = (float *)e.model.embed + (size_t)POISON * d;
+  float *row = (float *)e.model.embed.data + (size_t)POISON * d;
   for (int i = 0; i < d; i++) row[i] = NAN;
   snprintf(port_file, sizeof port_file, "/tmp/cedar-test-serve-%d.port", (int)getpid());
   sigset_t set;

@@ -22,6 +22,7 @@
 #include "base/check.h"
 #include "runtime/device/devbind.h"
 #include "runtime/device/devstate.h"
+#include "ops/qweight.h"
 #include "runtime/device/node_cuda.h"
 
 struct rt_dev_state {
@@ -215,7 +216,24 @@ int rt_dev_weights_upload(struct rt_dev_weights **out, const struct weights *w, 
     return rc;
   }
   for (size_t i = 0; i < w->list.n; i++) {
-    cudaError_t e = cudaMemcpy(dw->slab + dw->off[i], w->data[i], w->list.t[i].nbytes, cudaMemcpyHostToDevice);
+    /* A tensor held in a stored format (weights_hold_stored) goes up as its
+     * F32 values: the device kernels read F32 weights (kernels/qlinear.cu's
+     * stored-format twin is not wired into the device nodes yet), so device
+     * memory for them is the F32 size, not the stored bytes. */
+    float *f32 = NULL;
+    const void *src = w->data[i];
+    if (weights_fmt_at(w, i) != OP_W_F32) {
+      f32 = malloc(w->list.t[i].nbytes + 1);
+      if (!f32) {
+        rt_dev_weights_free(dw);
+        return snprintf(err, err_len, "out of host memory dequantizing weight %s for the device", w->list.t[i].name),
+               CEDAR_ENOMEM;
+      }
+      weights_f32_values(w, i, f32);
+      src = f32;
+    }
+    cudaError_t e = cudaMemcpy(dw->slab + dw->off[i], src, w->list.t[i].nbytes, cudaMemcpyHostToDevice);
+    free(f32);
     if (e != cudaSuccess) {
       char call[WEIGHTS_NAME_MAX + 48];
       snprintf(call, sizeof call, "cudaMemcpy of weight %s", w->list.t[i].name);

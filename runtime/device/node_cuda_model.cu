@@ -178,15 +178,15 @@ static void bind_layer(struct xlate *t, struct rt_cuda_layer *D, const struct rt
     D->hc_scale[k] = dev_of(t, L->hc_scale[k]);
     D->hc_base[k] = dev_of(t, L->hc_base[k]);
   }
-  D->wq_a = dev_of(t, L->wq_a);
+  D->wq_a = dev_of(t, (const float *)L->wq_a.data);
   D->q_norm = dev_of(t, L->q_norm);
-  D->wq_b = dev_of(t, L->wq_b);
-  D->wkv = dev_of(t, L->wkv);
+  D->wq_b = dev_of(t, (const float *)L->wq_b.data);
+  D->wkv = dev_of(t, (const float *)L->wkv.data);
   D->kv_norm = dev_of(t, L->kv_norm);
   D->sink = dev_of(t, L->sink);
-  D->wo_a = dev_of(t, L->wo_a);
-  D->wo_b = dev_of(t, L->wo_b);
-  D->iq_b = dev_of(t, L->iq_b);
+  D->wo_a = dev_of(t, (const float *)L->wo_a.data);
+  D->wo_b = dev_of(t, (const float *)L->wo_b.data);
+  D->iq_b = dev_of(t, (const float *)L->iq_b.data);
   D->iw = dev_of(t, L->iw);
   D->comp = L->comp;
   D->comp.W_kv = dev_of(t, L->comp.W_kv);
@@ -194,17 +194,20 @@ static void bind_layer(struct xlate *t, struct rt_cuda_layer *D, const struct rt
   D->comp.gamma = dev_of(t, L->comp.gamma);
   D->comp.W_ik = dev_of(t, L->comp.W_ik);
   D->comp.k_gamma = dev_of(t, L->comp.k_gamma);
+  /* the host binds views (L->moe.q); the device copies are F32 (rt_dev_weights_upload) */
+  const struct op_moe_qweights *q = &L->moe.q;
   D->moe = L->moe;
-  D->moe.router = dev_of(t, L->moe.router);
+  D->moe.has_q = false;
+  D->moe.router = dev_of(t, (const float *)q->router.data);
   D->moe.bias = dev_of(t, L->moe.bias);
-  D->moe.gate = dev_of(t, L->moe.gate);
-  D->moe.up = dev_of(t, L->moe.up);
-  D->moe.down = dev_of(t, L->moe.down);
-  D->moe.shared_gate = dev_of(t, L->moe.shared_gate);
-  D->moe.shared_up = dev_of(t, L->moe.shared_up);
-  D->moe.shared_down = dev_of(t, L->moe.shared_down);
+  D->moe.gate = dev_of(t, (const float *)q->gate.data);
+  D->moe.up = dev_of(t, (const float *)q->up.data);
+  D->moe.down = dev_of(t, (const float *)q->down.data);
+  D->moe.shared_gate = dev_of(t, (const float *)q->shared_gate.data);
+  D->moe.shared_up = dev_of(t, (const float *)q->shared_up.data);
+  D->moe.shared_down = dev_of(t, (const float *)q->shared_down.data);
   D->e_table = dev_of(t, L->e_table);
-  D->e_wkv = dev_of(t, L->e_wkv);
+  D->e_wkv = dev_of(t, (const float *)L->e_wkv.data);
   D->e_qw = dev_of(t, L->e_qw);
   D->e_kw = dev_of(t, L->e_kw);
 }
@@ -224,9 +227,9 @@ extern "C" int rt_cuda_model_open(struct rt_cuda_model **out, const struct rt_mo
   cm->M = M, cm->dev = dev, cm->L = L;
   struct xlate t = {M->w, dw, NULL};
   for (int l = 0; l < nl; l++) bind_layer(&t, &L[l], &M->L[l]);
-  cm->embed = dev_of(&t, M->embed);
+  cm->embed = dev_of(&t, (const float *)M->embed.data);
   cm->norm = dev_of(&t, M->norm);
-  cm->lm_head = dev_of(&t, M->lm_head);
+  cm->lm_head = dev_of(&t, (const float *)M->lm_head.data);
   cm->head_fn = dev_of(&t, M->head_fn);
   cm->head_scale = dev_of(&t, M->head_scale);
   cm->head_base = dev_of(&t, M->head_base);

@@ -411,7 +411,9 @@ int rt_ep_shard(const struct rt_node_ctx *c) {
       return CEDAR_EIO;
     }
     size_t el = (size_t)(e - e0);
-    op_moe_ffn(yg, xg, w->gate + el * I * d, w->up + el * I * d, w->down + el * d * I, rs, cnt, d, I, cf->limit, gu);
+    struct op_qweight wg = op_qweight_rows(&w->q.gate, (int)el * I, I), wu = op_qweight_rows(&w->q.up, (int)el * I, I);
+    struct op_qweight wd = op_qweight_rows(&w->q.down, (int)el * d, d); /* the held experts' views (model.c binds them) */
+    op_moe_ffn_q(yg, xg, &wg, &wu, &wd, rs, cnt, cf->limit, gu);
     memcpy(out + (size_t)q0 * d, yg, sizeof(float) * (size_t)cnt * d);
     q0 += cnt;
   }

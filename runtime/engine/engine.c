@@ -64,6 +64,8 @@ static int open_weights(struct rt_engine *e, char *err, size_t len) {
   else /* with the mmap tier the Engram tables come from their file */
     rc = weights_synth_part(&e->weights, &e->plan, o->seed, max, e->plan.serving.engram_tier == PLAN_ENGRAM_TIER_MMAP,
                             part, err, len);
+  if (!rc && !o->weights && !o->weights_f32) /* synthetic and checkpoint values are stored values: hold them so */
+    rc = weights_hold_stored(&e->weights, err, len);
   if (!rc) rt_ep_note_weights(&e->plan, &e->weights); /* what this rank holds, for its report */
   return rc ? rc : rt_engram_tier_open(&e->engram, &e->plan, &e->weights, err, len);
 }

@@ -71,6 +71,11 @@ struct rt_engine_opts {
    * tensors are the weights (weights must be NULL). */
   const char *model;
   uint64_t seed;
+  /* Synthetic weights and --model: false (the default) holds each tensor in
+   * its stored format (runtime/load/weights.h "held formats"); true holds
+   * the same values as F32 (--weights-format f32). A --weights file is held
+   * as the file stores it either way. */
+  bool weights_f32;
   uint64_t synth_max_bytes;  /* synthetic weights refused above this; 0: WEIGHTS_DEFAULT_MAX_BYTES */
   struct rt_engine_exec exec;
   int cuda_graphs;           /* a CUDA home's decode segments: 0 default (graphs), 1 graphs, 2 eager (engine_dev.c) */

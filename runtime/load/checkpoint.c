@@ -379,6 +379,7 @@ int ckpt_load(struct weights *w, const struct plan *p, const char *dir, bool ver
     uintptr_t e = ((uintptr_t)w->arena + (size_t)arena) / pg * pg;
     if (e > b) (void)madvise((void *)b, e - b, MADV_HUGEPAGE); /* advice only: failure changes nothing */
   }
+  w->arena_bytes = w->arena ? arena : 0;
   uint8_t *at = w->arena;
   for (size_t i = 0; i < l->n && w->arena; i++) {
     int layer;

@@ -14,6 +14,7 @@
 
 #include "ops/engram.h"
 #include "ops/formats.h"
+#include "ops/qweight.h"
 #include "ops/sample.h"
 #include "runtime/load/shards.h"
 #include "base/check.h"
@@ -256,6 +257,7 @@ int weights_synth_part(struct weights *w, const struct plan *p, uint64_t seed, u
     weights_free(w);
     return CEDAR_ENOMEM;
   }
+  w->arena_bytes = arena;
   uint8_t *at = w->arena;
   for (size_t i = 0; i < l->n; i++) {
     if (no_engram && is_engram_table(&l->t[i])) continue; /* the mmap tier's file holds them (engram_tier.h) */
@@ -264,6 +266,9 @@ int weights_synth_part(struct weights *w, const struct plan *p, uint64_t seed, u
       fill_range(at, &l->t[i], seed, (uint64_t)w->part[i].lo * rb, (uint64_t)w->part[i].hi * rb);
     else
       weights_fill(at, &l->t[i], seed);
+    if (!is_engram_table(&l->t[i])) /* the values the release's format holds (weights_held.c) */
+      weights_store_values((float *)at, &l->t[i], (int64_t)(weights_held_bytes(w, i) / sizeof(float)) /
+                                             (l->t[i].ndim ? l->t[i].shape[l->t[i].ndim - 1] : 1));
     w->data[i] = at;
     at += round_align(weights_held_bytes(w, i));
   }
@@ -388,6 +393,7 @@ void weights_free(struct weights *w) {
   free(w->data);
   free(w->arena);
   free(w->part);
+  free(w->qw);
   st_close(w->file);
   memset(w, 0, sizeof *w);
 }
@@ -402,7 +408,7 @@ const void *weights_get(const struct weights *w, const char *name, const struct 
 const float *weights_f32(const struct weights *w, const char *name) {
   const struct weights_spec *s;
   const void *d = weights_get(w, name, &s);
-  return d && s->dtype == ST_F32 ? d : NULL;
+  return d && s->dtype == ST_F32 && weights_fmt_at(w, (size_t)(s - w->list.t)) == OP_W_F32 ? d : NULL;
 }
 
 uint64_t weights_identity(const struct weights *w) {

@@ -150,6 +150,7 @@ struct weights {
   uint64_t seed;          /* synthetic only */
   st_file_t *file;        /* loaded only */
   void *arena;            /* synthetic values, or copies of unaligned tensors */
+  uint64_t arena_bytes;   /* its size (synthetic and checkpoint weights; else 0) */
   uint64_t copied_bytes;  /* loaded only: bytes copied out of the mapping */
   struct ckpt_shards *shards; /* loaded from a checkpoint directory (runtime/load/shards.h) */
   /* A checkpoint under serving.engram.tier: mmap: each Engram table stays
@@ -159,6 +160,9 @@ struct weights {
    * NULL at every other tensor. */
   const void **engram_scales;
   struct weights_rows *part;  /* (list.n) a rank's part (weights_part), or NULL: every tensor whole */
+  /* (list.n) each tensor as the model reads it (ops/qweight.h: its format,
+   * elements data[i], scales), or NULL: every tensor held as F32 */
+  struct op_qweight *qw;
 };
 
 /* A rank's part of the weights (runtime/dist/expert_par.h: a shard rank holds
@@ -224,10 +228,57 @@ void weights_free(struct weights *w);
  * carries a state version, not this). */
 uint64_t weights_identity(const struct weights *w);
 
+/* ---- held formats (weights_held.c) ----
+ * The release stores each tensor in one format (runtime/load/ckpt_map.c's
+ * table, which `plan cost` sizes by): FP8 E4M3 with UE8M0 32x32 tiles (the
+ * FP8 linears), E2M1 with UE8M0 per row group of 32 (routed experts), BF16,
+ * F32. Synthetic values are stored values: weights_fill's draws passed
+ * through their stored format (weights_store_values), so a tensor holds
+ * exactly the same numbers as F32 and as stored. weights_hold_stored then
+ * keeps them in that format (the default of `--seed`; `--weights-format
+ * f32` skips it), and the model reads every linear through its view
+ * (weights_qw; ops/qlinear.h, bitwise the F32 path). Held formats:
+ * weights_held_fmt: FP8 and FP4 as stored; BF16 for the embedding, the head
+ * and the router; the other BF16 tensors (norm vectors, the compressor's
+ * and indexer's projections) widened to F32, counted apart in
+ * weights_resident; a 3-D FP8 tensor whose slabs are not whole tile rows
+ * (o_rank % 32) widened too. */
+struct op_qweight;
+enum op_wfmt weights_stored_fmt(const struct weights_spec *s);
+enum op_wfmt weights_held_fmt(const struct weights_spec *s);
+/* x: n_rows rows of s's 2-D view (leading dims folded) replaced by their
+ * stored values (quantized and decoded; BF16 rounded); F32: unchanged. */
+void weights_store_values(float *x, const struct weights_spec *s, int64_t n_rows);
+/* Re-hold F32-held weights (synthetic) in their held formats; the values
+ * must be stored values (checked: a tensor that does not decode to exactly
+ * its F32 values is refused with CEDAR_EINVAL). CEDAR_ENOMEM: w unchanged. */
+int weights_hold_stored(struct weights *w, char *err, size_t err_len);
+/* Tensor `name` as a (rows, cols) view (leading dims folded; a part's rows);
+ * .data NULL when absent (or an Engram table, which is not a matrix). */
+struct op_qweight weights_qw(const struct weights *w, const char *name);
+/* Tensor i's values as F32 (weights_held_bytes(w, i) / 4 floats of the
+ * F32 size): dequantized when it is held in another format. */
+void weights_f32_values(const struct weights *w, size_t i, float *out);
+enum op_wfmt weights_fmt_at(const struct weights *w, size_t i);
+/* Resident bytes by held format (indexed by enum op_wfmt; Engram tables
+ * in memory count as fp8, their stored rows). */
+struct weights_resident {
+  uint64_t bytes[4];       /* OP_W_F32, OP_W_BF16, OP_W_FP8, OP_W_FP4 */
+  uint64_t total;          /* their sum */
+  uint64_t widened;        /* F32 bytes of tensors stored in another format */
+  uint64_t widened_stored; /* the stored bytes of those tensors */
+  uint64_t engram_mapped;  /* Engram tables read from a file's mapping (not in total) */
+};
+void weights_resident(const struct weights *w, struct weights_resident *r);
+/* One line: the resident bytes by format and, when plan_cost_bytes >= 0,
+ * plan cost's stored-format figure beside them. */
+void weights_resident_print(FILE *f, const struct weights_resident *r, int64_t plan_cost_bytes);
+
 /* The data of tensor `name` (aligned to WEIGHTS_ALIGN), and its spec in
  * *spec when not NULL; NULL when the plan has no such tensor. */
 const void *weights_get(const struct weights *w, const char *name, const struct weights_spec **spec);
-/* The same for an F32 tensor; NULL when absent or not F32. */
+/* The same for an F32 tensor; NULL when absent, not F32 or held in another
+ * format (weights_qw). */
 const float *weights_f32(const struct weights *w, const char *name);
 
 #endif

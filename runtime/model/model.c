@@ -14,6 +14,7 @@
 #include "ops/formats.h"
 #include "ops/indexer.h"
 #include "ops/qkv.h"
+#include "ops/qlinear.h"
 #include "runtime/model/round_trace.h"
 #include "base/check.h"
 #include "runtime/model/engram_tier.h"
@@ -69,19 +70,55 @@ static const float *need(const struct weights *w, int l, const char *name) {
   return t;
 }
 
+/* A linear the plan requires, as its view (held format). */
+static struct op_qweight need_qw(const struct weights *w, int l, const char *name) {
+  char full[WEIGHTS_NAME_MAX];
+  if (l >= 0)
+    snprintf(full, sizeof(full), "layers.%d.%s", l, name);
+  else
+    snprintf(full, sizeof(full), "%s", name);
+  struct op_qweight q = weights_qw(w, full);
+  CEDAR_ASSERT_MSG(q.data != NULL, "weights lack %s although they were checked against the plan", full);
+  return q;
+}
+
+static struct op_qweight need_named(const struct weights *w, const char *prefix, int idx, const char *name) {
+  char full[WEIGHTS_NAME_MAX];
+  snprintf(full, sizeof(full), "%s.%d.ffn.%s", prefix, idx, name);
+  struct op_qweight q = weights_qw(w, full);
+  CEDAR_ASSERT_MSG(q.data != NULL, "weights lack %s although they were checked against the plan", full);
+  return q;
+}
+
+void rt_bind_moe(const struct weights *w, const char *prefix, int idx, bool shared, struct op_moe_weights *moe) {
+  char full[WEIGHTS_NAME_MAX];
+  snprintf(full, sizeof(full), "%s.%d.ffn.bias", prefix, idx);
+  *moe = (struct op_moe_weights){.bias = weights_f32(w, full), .has_q = true};
+  CEDAR_ASSERT_MSG(moe->bias != NULL, "weights lack %s although they were checked against the plan", full);
+  struct op_moe_qweights *q = &moe->q;
+  q->router = need_named(w, prefix, idx, "gate");
+  q->gate = need_named(w, prefix, idx, "experts.w_gate");
+  q->up = need_named(w, prefix, idx, "experts.w_up");
+  q->down = need_named(w, prefix, idx, "experts.w_down");
+  if (!shared) return;
+  q->shared_gate = need_named(w, prefix, idx, "shared.w_gate");
+  q->shared_up = need_named(w, prefix, idx, "shared.w_up");
+  q->shared_down = need_named(w, prefix, idx, "shared.w_down");
+}
+
 static void bind_attention(struct rt_model *M, struct rt_layer *L, int l) {
   const struct plan_model *m = &M->p->model;
   const struct weights *w = M->w;
-  L->wq_a = need(w, l, "attn.wq_a");
+  L->wq_a = need_qw(w, l, "attn.wq_a");
   L->q_norm = need(w, l, "attn.q_norm");
-  L->wq_b = need(w, l, "attn.wq_b");
-  L->wkv = need(w, l, "attn.wkv");
+  L->wq_b = need_qw(w, l, "attn.wq_b");
+  L->wkv = need_qw(w, l, "attn.wkv");
   L->kv_norm = need(w, l, "attn.kv_norm");
   L->sink = m->sink ? need(w, l, "attn.sink") : NULL;
-  L->wo_a = need(w, l, "attn.wo_a");
-  L->wo_b = need(w, l, "attn.wo_b");
+  L->wo_a = need_qw(w, l, "attn.wo_a");
+  L->wo_b = need_qw(w, l, "attn.wo_b");
   if (plan_is_index_source(L->pl)) {
-    L->iq_b = need(w, l, "attn.indexer.wq_b");
+    L->iq_b = need_qw(w, l, "attn.indexer.wq_b");
     L->iw = need(w, l, "attn.indexer.weights_proj");
   }
   if (!plan_is_kv_source(L->pl)) return;
@@ -123,16 +160,7 @@ static void bind_layer(struct rt_model *M, int l, int *module) {
     L->hc_base[k] = need(w, l, name);
   }
   bind_attention(M, L, l);
-  L->moe = (struct op_moe_weights){
-      .router = need(w, l, "ffn.gate"),
-      .bias = need(w, l, "ffn.bias"),
-      .gate = need(w, l, "ffn.experts.w_gate"),
-      .up = need(w, l, "ffn.experts.w_up"),
-      .down = need(w, l, "ffn.experts.w_down"),
-      .shared_gate = m->n_shared ? need(w, l, "ffn.shared.w_gate") : NULL,
-      .shared_up = m->n_shared ? need(w, l, "ffn.shared.w_up") : NULL,
-      .shared_down = m->n_shared ? need(w, l, "ffn.shared.w_down") : NULL,
-  };
+  rt_bind_moe(w, "layers", l, m->n_shared > 0, &L->moe);
   if (!L->pl->engram) return;
   L->e_module = (*module)++;
   char name[WEIGHTS_NAME_MAX];
@@ -142,7 +170,7 @@ static void bind_layer(struct rt_model *M, int l, int *module) {
   CEDAR_ASSERT(L->e_table != NULL && spec != NULL);
   L->e_rows = spec->shape[0];
   L->e_scales = w->engram_scales ? w->engram_scales[spec - w->list.t] : NULL;
-  L->e_wkv = need(w, l, "engram.wkv");
+  L->e_wkv = need_qw(w, l, "engram.wkv");
   L->e_qw = need(w, l, "engram.q_w");
   L->e_kw = need(w, l, "engram.k_w");
   /* docs/model.md s5: the vendor's numpy default_rng(10007 l) over the
@@ -226,9 +254,9 @@ int rt_model_init(struct rt_model *M, const struct plan *p, const struct weights
     rt_model_free(M);
     return rc;
   }
-  M->embed = need(w, -1, "embed");
+  M->embed = need_qw(w, -1, "embed");
   M->norm = need(w, -1, "norm");
-  M->lm_head = need(w, -1, "lm_head");
+  M->lm_head = need_qw(w, -1, "lm_head");
   if (m->hc_merge == PLAN_MERGE_LEARNED) {
     M->head_fn = need(w, -1, "head.hc.fn");
     M->head_scale = need(w, -1, "head.hc.scale");
@@ -295,10 +323,21 @@ static void mhc_end(const struct rt_model *M, float *X, const struct mhc_step *s
 
 /* ---- embed, Engram (docs/model.md s1, s5) -------------------------------- */
 
+int rt_embed_rows(const struct rt_model *M, float *h, const int32_t *tok, int n) {
+  const struct plan_model *m = &M->p->model;
+  if (M->embed.fmt == OP_W_F32) return op_embed(h, M->embed.data, tok, n, m->hidden, m->vocab);
+  for (int i = 0; i < n; i++) { /* one row of the stored table, decoded as op_qweight_dequant decodes it */
+    if (tok[i] < 0 || tok[i] >= m->vocab) return i;
+    struct op_qweight row = op_qweight_rows(&M->embed, tok[i], 1);
+    op_qweight_dequant(h + (size_t)i * m->hidden, &row);
+  }
+  return -1;
+}
+
 void rt_embed(const struct rt_model *M, float *X, float *pre, const int32_t *tok, int n, struct rt_arena *ar) {
   const struct plan_model *m = &M->p->model;
   float *h = RT_ALLOC(ar, float, (size_t)n * m->hidden);
-  int bad = op_embed(h, M->embed, tok, n, m->hidden, m->vocab);
+  int bad = rt_embed_rows(M, h, tok, n);
   CEDAR_ASSERT_MSG(bad < 0, "token id %d at %d is outside the vocabulary (ids are checked before a run)",
                    bad >= 0 ? tok[bad] : 0, bad);
   op_mhc_expand(X, h, n, m->hc_streams, m->hidden);
@@ -330,7 +369,7 @@ void rt_engram_inject(const struct rt_model *M, int l, float *X, const float *e,
   int hc = m->hc_streams, d = m->hidden, de = M->e_tables * m->engram_head_dim;
   float *kv = RT_ALLOC(ar, float, (size_t)n * (hc + 1) * d);
   const float *eq = lin_in(M, e, n, de, ar, NULL, l, -1); /* engram.wkv is FP8; its rows are exact */
-  RT_TIMED(ar, ENGRAM, op_engram_inject(X, kv, NULL, eq, L->e_wkv, L->e_qw, L->e_kw, n, de, d, hc, M->eps, RT_ENGRAM_DOT_FLOOR));
+  RT_TIMED(ar, ENGRAM, op_engram_inject_q(X, kv, NULL, eq, &L->e_wkv, L->e_qw, L->e_kw, n, d, hc, M->eps, RT_ENGRAM_DOT_FLOOR));
   round_x(M, X, n, "engram.x", l);
 }
 
@@ -462,16 +501,18 @@ static void oproj(const struct rt_model *M, float *y, float *z, float *o, const 
   const struct plan_model *m = &M->p->model;
   const int d = m->hidden, G = m->o_groups, R = m->o_rank, hd = m->heads * m->head_dim, gw = hd / G;
   if (!m->num_lin_mxfp8) {
-    op_grouped_oproj(y, z, o, L->wo_a, L->wo_b, n, m->heads, m->head_dim, G, R, d);
+    op_grouped_oproj_q(y, z, o, &L->wo_a, &L->wo_b, n, m->heads, m->head_dim, G);
     return;
   }
   op_mxfp8_qdq(o, n, hd, hd, RT_MXFP8_BLOCK); /* blocks of 32 inside a group when 32 divides its width */
   rt_rtrace_f32("attn.o", l, a, n, hd, hd, o);
-  for (int g = 0; g < G; g++)
-    op_linear(z + (size_t)g * R, o + (size_t)g * gw, L->wo_a + (size_t)g * R * gw, n, gw, R, hd, G * R);
+  for (int g = 0; g < G; g++) {
+    struct op_qweight wg = op_qweight_rows(&L->wo_a, g * R, R);
+    op_qlinear(z + (size_t)g * R, o + (size_t)g * gw, &wg, n, hd, G * R);
+  }
   op_mxfp8_qdq(z, n, G * R, G * R, RT_MXFP8_BLOCK);
   rt_rtrace_f32("attn.z", l, a, n, G * R, G * R, z);
-  op_linear(y, z, L->wo_b, n, G * R, d, G * R, d);
+  op_qlinear(y, z, &L->wo_b, n, G * R, d);
 }
 
 int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, float *pre, const struct rt_buses *b,
@@ -496,11 +537,11 @@ int rt_attn(const struct rt_model *M, const struct graph_node *nd, float *X, flo
   RT_TIMED(ar, QKV, op_rope_angles_init(&ang, abuf, L->rope, pos, n));
   float *cq = RT_ALLOC(ar, float, (size_t)n * m->q_rank);
   float *q = RT_ALLOC(ar, float, (size_t)n * hd);
-  RT_TIMED(ar, QKV, op_q_latent(cq, a_q, L->wq_a, L->q_norm, n, d, m->q_rank, M->eps));
+  RT_TIMED(ar, QKV, op_q_latent_q(cq, a_q, &L->wq_a, L->q_norm, n, M->eps));
   const float *cq_q = lin_in(M, cq, n, m->q_rank, ar, "attn.cq", l, nd->a); /* wq_b and indexer.wq_b are FP8 */
-  RT_TIMED(ar, QKV, op_q_main(q, cq_q, L->wq_b, &ang, L->rope, n, m->q_rank, m->heads, m->head_dim, m->q_head_norm, M->eps));
+  RT_TIMED(ar, QKV, op_q_main_q(q, cq_q, &L->wq_b, &ang, L->rope, n, m->heads, m->head_dim, m->q_head_norm, M->eps));
   float *kS = RT_ALLOC(ar, float, (size_t)n * m->head_dim);
-  RT_TIMED(ar, QKV, op_swa_kv(kS, a_q, L->wkv, L->kv_norm, &ang, L->rope, n, d, m->head_dim, M->eps));
+  RT_TIMED(ar, QKV, op_swa_kv_q(kS, a_q, &L->wkv, L->kv_norm, &ang, L->rope, n, M->eps));
   if (nd->flags & GRAPH_F_RING_RESET) rt_ring_reset(ring, nd->r0);
   if (nd->r0 > ring->r0) ring->r0 = nd->r0;
   uint8_t *fresh;
@@ -570,11 +611,11 @@ void rt_attn_rows(const struct rt_model *M, const struct graph_node *const *nds,
   RT_TIMED(ar, QKV, op_rope_angles_init(&ang, abuf, L->rope, pos, B));
   float *cq = RT_ALLOC(ar, float, (size_t)B * m->q_rank);
   float *q = RT_ALLOC(ar, float, (size_t)B * hd);
-  RT_TIMED(ar, QKV, op_q_latent(cq, a_q, L->wq_a, L->q_norm, B, d, m->q_rank, M->eps));
+  RT_TIMED(ar, QKV, op_q_latent_q(cq, a_q, &L->wq_a, L->q_norm, B, M->eps));
   const float *cq_q = lin_in(M, cq, B, m->q_rank, ar, NULL, l, 0);
-  RT_TIMED(ar, QKV, op_q_main(q, cq_q, L->wq_b, &ang, L->rope, B, m->q_rank, m->heads, m->head_dim, m->q_head_norm, M->eps));
+  RT_TIMED(ar, QKV, op_q_main_q(q, cq_q, &L->wq_b, &ang, L->rope, B, m->heads, m->head_dim, m->q_head_norm, M->eps));
   float *kS = RT_ALLOC(ar, float, (size_t)B * m->head_dim);
-  RT_TIMED(ar, QKV, op_swa_kv(kS, a_q, L->wkv, L->kv_norm, &ang, L->rope, B, d, m->head_dim, M->eps));
+  RT_TIMED(ar, QKV, op_swa_kv_q(kS, a_q, &L->wkv, L->kv_norm, &ang, L->rope, B, M->eps));
   float *o = RT_ALLOC(ar, float, (size_t)B * hd);
   uint8_t **fresh = RT_ALLOC(ar, uint8_t *, B);
   const size_t half = (size_t)(L->rope->rope_dim / 2);
@@ -670,7 +711,7 @@ void rt_moe_route(const struct rt_model *M, const struct graph_node *nd, float *
   const struct op_moe_weights *w = &M->L[nd->layer].moe;
   void *ws = rt_arena_alloc(ar, op_moe_workspace_bytes(n, &M->moe));
   float *scores = RT_ALLOC(ar, float, (size_t)n * M->moe.n_routed); /* op_moe_forward's steps, one by one */
-  RT_TIMED(ar, MOE, op_moe_scores(scores, x, w->router, n, &M->moe);
+  RT_TIMED(ar, MOE, op_moe_scores_q(scores, x, &w->q.router, n, &M->moe);
            op_moe_select(sel, wt, scores, w->bias, NULL, n, &M->moe); op_moe_shared(y, x, w, n, &M->moe, ws));
   op_qdq_tap.fn = NULL;
 }
@@ -736,6 +777,6 @@ void rt_head(const struct rt_model *M, float *logits, const float *X, const floa
   float *hn = RT_ALLOC(ar, float, (size_t)n * d);
   op_rmsnorm(hn, h, M->norm, n, d, M->eps);
   round_io(M, hn, n, "head.hn", M->p->n_layers, -1);
-  op_linear(logits, hn, M->lm_head, n, d, m->vocab, d, m->vocab);
+  op_qlinear(logits, hn, &M->lm_head, n, d, m->vocab);
   ar->fam_s[RT_FAM_HEAD] += rt_clock() - t0;
 }

@@ -43,17 +43,22 @@ struct rt_layer {
   const struct plan_layer *pl;
   const float *attn_norm, *ffn_norm;
   const float *hc_fn[2], *hc_scale[2], *hc_base[2]; /* [0] attention, [1] MoE */
-  const float *wq_a, *q_norm, *wq_b, *wkv, *kv_norm, *sink, *wo_a, *wo_b;
-  const float *iq_b, *iw;          /* index sources */
+  /* The linears as views (ops/qweight.h): each in its held format
+   * (runtime/load/weights.h), F32 views with --weights-format f32. */
+  struct op_qweight wq_a, wq_b, wkv, wo_a, wo_b;
+  const float *q_norm, *kv_norm, *sink;
+  struct op_qweight iq_b;          /* index sources */
+  const float *iw;
   struct op_comp_layer comp;       /* KV sources */
-  struct op_moe_weights moe;
+  struct op_moe_weights moe;       /* its views in moe.q (has_q) */
   const struct op_rope *rope;      /* rope_swa or rope_csa */
   /* Engram layers */
   int e_module;
   const uint8_t *e_table;
   const uint8_t *e_scales; /* a checkpoint's table in the mmap tier: e_table its values, these its scales */
   int64_t e_rows;
-  const float *e_wkv, *e_qw, *e_kw;
+  struct op_qweight e_wkv;
+  const float *e_qw, *e_kw;
   uint64_t e_mult[64];
 };
 
@@ -63,7 +68,8 @@ struct rt_model {
   const struct plan *p;
   const struct weights *w;
   struct rt_layer *L;              /* (n_layers) */
-  const float *embed, *norm, *lm_head;
+  struct op_qweight embed, lm_head; /* (vocab, hidden) views */
+  const float *norm;
   const float *head_fn, *head_scale, *head_base; /* learned merge only */
   struct op_rope rope_swa, rope_csa, rope_idx;
   struct op_mhc_cfg mhc;
@@ -81,6 +87,10 @@ struct rt_model {
   struct rt_dev_ctx *dev;
 };
 
+/* The MoE weights of `<prefix>.<idx>.ffn.*` (layers.l or mtp.k) as views
+ * (moe->has_q; bias as floats); shared: the plan has a shared expert. */
+void rt_bind_moe(const struct weights *w, const char *prefix, int idx, bool shared, struct op_moe_weights *moe);
+
 /* Bind p to w (w checked against p). Returns 0, or CEDAR_EUNSUPPORTED /
  * CEDAR_EINVAL / CEDAR_ENOMEM with a message. */
 int rt_model_init(struct rt_model *M, const struct plan *p, const struct weights *w, char *err, size_t err_len);
@@ -95,6 +105,9 @@ void rt_model_free(struct rt_model *M);
 int rt_model_set_cmap(struct rt_model *M, const int32_t *map, int n, int n_distinct, const char *source, char *err,
                       size_t err_len);
 
+/* h (n, hidden) = the embedding rows of tok (decoded from the held format);
+ * the index of the first id outside the vocabulary, or -1. */
+int rt_embed_rows(const struct rt_model *M, float *h, const int32_t *tok, int n);
 /* X (n, hc, d) = every stream the embedding of tok; pre (n, hc) = the
  * one-hot (1, 0, ..., 0) layer 0's attention mixes with. Token ids are
  * checked by the caller. */

@@ -84,7 +84,7 @@ const int32_t *rt__select_topk(const struct rt_model *M, const struct graph_node
     RT_TIMED(ar, INDEXER, op_rope_angles_init(&own, buf, &M->rope_idx, pos, n));
     ang = &own;
   }
-  RT_TIMED(ar, INDEXER, op_q_indexer(qI, cq, L->iq_b, ang, &M->rope_idx, n, m->q_rank, m->idx_heads, m->idx_head_dim));
+  RT_TIMED(ar, INDEXER, op_q_indexer_q(qI, cq, &L->iq_b, ang, &M->rope_idx, n, m->idx_heads, m->idx_head_dim));
   if (m->idx_q_mxfp4) RT_TIMED(ar, INDEXER, q_mxfp4_roundtrip(M, qI, n * m->idx_heads, ar));
   if (m->idx_q_mxfp4) rt_rtrace_f32("idx.qI", nd->layer, pos[0], n, m->idx_heads * m->idx_head_dim,
                                     m->idx_heads * m->idx_head_dim, qI);

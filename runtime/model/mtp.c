@@ -13,6 +13,7 @@
 #include "ops/formats.h"
 #include "ops/mhc.h"
 #include "ops/qkv.h"
+#include "ops/qlinear.h"
 #include "ops/rope.h"
 #include "base/check.h"
 
@@ -26,6 +27,14 @@ static const float *need(const struct weights *w, int k, const char *name) {
   const float *t = weights_f32(w, full);
   CEDAR_ASSERT_MSG(t != NULL, "weights lack %s although they were checked against the plan", full);
   return t;
+}
+
+static struct op_qweight need_qw(const struct weights *w, int k, const char *name) {
+  char full[WEIGHTS_NAME_MAX];
+  snprintf(full, sizeof full, "mtp.%d.%s", k, name);
+  struct op_qweight q = weights_qw(w, full);
+  CEDAR_ASSERT_MSG(q.data != NULL, "weights lack %s although they were checked against the plan", full);
+  return q;
 }
 
 int rt_mtp_init(struct rt_mtp *D, const struct rt_model *M, char *err, size_t err_len) {
@@ -68,27 +77,18 @@ int rt_mtp_init(struct rt_mtp *D, const struct rt_model *M, char *err, size_t er
       snprintf(name, sizeof name, "%s.scale", sub[s]), b->hc_scale[s] = need(w, k, name);
       snprintf(name, sizeof name, "%s.base", sub[s]), b->hc_base[s] = need(w, k, name);
     }
-    b->wq_a = need(w, k, "attn.wq_a");
+    b->wq_a = need_qw(w, k, "attn.wq_a");
     b->q_norm = need(w, k, "attn.q_norm");
-    b->wq_b = need(w, k, "attn.wq_b");
-    b->wkv = need(w, k, "attn.wkv");
+    b->wq_b = need_qw(w, k, "attn.wq_b");
+    b->wkv = need_qw(w, k, "attn.wkv");
     b->kv_norm = need(w, k, "attn.kv_norm");
     b->sink = m->sink ? need(w, k, "attn.sink") : NULL;
-    b->wo_a = need(w, k, "attn.wo_a");
-    b->wo_b = need(w, k, "attn.wo_b");
-    b->moe = (struct op_moe_weights){
-        .router = need(w, k, "ffn.gate"),
-        .bias = need(w, k, "ffn.bias"),
-        .gate = need(w, k, "ffn.experts.w_gate"),
-        .up = need(w, k, "ffn.experts.w_up"),
-        .down = need(w, k, "ffn.experts.w_down"),
-        .shared_gate = m->n_shared ? need(w, k, "ffn.shared.w_gate") : NULL,
-        .shared_up = m->n_shared ? need(w, k, "ffn.shared.w_up") : NULL,
-        .shared_down = m->n_shared ? need(w, k, "ffn.shared.w_down") : NULL,
-    };
+    b->wo_a = need_qw(w, k, "attn.wo_a");
+    b->wo_b = need_qw(w, k, "attn.wo_b");
+    rt_bind_moe(w, "mtp", k, m->n_shared > 0, &b->moe);
   }
   int last = D->blocks - 1;
-  D->main_proj = need(w, 0, "main_proj");
+  D->main_proj = need_qw(w, 0, "main_proj");
   D->main_norm = need(w, 0, "main_norm");
   D->norm = need(w, last, "norm");
   D->mk_embed = need(w, last, "markov_head.embed");
@@ -180,7 +180,7 @@ static void main_rows(const struct rt_mtp *D, struct rt_mtp_cap *c, int64_t lo, 
     if (c->main_tag[slot] != p) {
       const float *cat = lin_in(D, c->rows + (size_t)slot * T * d, 1, T * d, ar); /* main_proj is FP8 */
       float *mr = c->main + (size_t)slot * d;
-      op_linear(mr, cat, D->main_proj, 1, T * d, d, T * d, d);
+      op_qlinear(mr, cat, &D->main_proj, 1, T * d, d);
       op_rmsnorm(mr, mr, D->main_norm, 1, d, D->M->eps);
       round_io(D, mr, (size_t)d);
       c->main_tag[slot] = p;
@@ -219,15 +219,15 @@ static void attend(const struct rt_mtp *D, const struct rt_mtp_block *b, float *
   op_rope_angles_init(&ad, bd, rope, dpos, B);
   const float *a_q = lin_in(D, a_in, B, d, ar); /* wq_a and wkv are FP8 */
   float *cq = RT_ALLOC(ar, float, (size_t)B * m->q_rank), *q = RT_ALLOC(ar, float, (size_t)B * hd);
-  op_q_latent(cq, a_q, b->wq_a, b->q_norm, B, d, m->q_rank, M->eps);
+  op_q_latent_q(cq, a_q, &b->wq_a, b->q_norm, B, M->eps);
   const float *cq_q = lin_in(D, cq, B, m->q_rank, ar);
-  op_q_main(q, cq_q, b->wq_b, &ad, rope, B, m->q_rank, H, dh, m->q_head_norm, M->eps);
+  op_q_main_q(q, cq_q, &b->wq_b, &ad, rope, B, H, dh, m->q_head_norm, M->eps);
   float *kS = RT_ALLOC(ar, float, (size_t)nk * dh); /* keys: the main rows, then the draft rows */
   if (nm > 0) {
     op_rope_angles_init(&am, bm, rope, mpos, nm);
-    op_swa_kv(kS, lin_in(D, mainr, nm, d, ar), b->wkv, b->kv_norm, &am, rope, nm, d, dh, M->eps);
+    op_swa_kv_q(kS, lin_in(D, mainr, nm, d, ar), &b->wkv, b->kv_norm, &am, rope, nm, M->eps);
   }
-  op_swa_kv(kS + (size_t)nm * dh, a_q, b->wkv, b->kv_norm, &ad, rope, B, d, dh, M->eps);
+  op_swa_kv_q(kS + (size_t)nm * dh, a_q, &b->wkv, b->kv_norm, &ad, rope, B, M->eps);
   /* every key through the plan's SWA storage format, as the target's ring holds its window */
   size_t eb = M->swa_bytes;
   uint8_t *packed = RT_ALLOC(ar, uint8_t, (size_t)nk * eb);
@@ -243,13 +243,15 @@ static void attend(const struct rt_mtp *D, const struct rt_mtp_block *b, float *
   float *z = RT_ALLOC(ar, float, (size_t)B * m->o_groups * m->o_rank);
   const int G = m->o_groups, R = m->o_rank, gw = hd / G;
   if (!m->num_lin_mxfp8) {
-    op_grouped_oproj(y, z, o, b->wo_a, b->wo_b, B, H, dh, G, R, d);
+    op_grouped_oproj_q(y, z, o, &b->wo_a, &b->wo_b, B, H, dh, G);
   } else { /* as runtime/model/model.c's oproj: o and z through MXFP8 (wo_a, wo_b are FP8) */
     op_mxfp8_qdq(o, B, hd, hd, MTP_MXFP8_BLOCK);
-    for (int g = 0; g < G; g++)
-      op_linear(z + (size_t)g * R, o + (size_t)g * gw, b->wo_a + (size_t)g * R * gw, B, gw, R, hd, G * R);
+    for (int g = 0; g < G; g++) {
+      struct op_qweight wg = op_qweight_rows(&b->wo_a, g * R, R);
+      op_qlinear(z + (size_t)g * R, o + (size_t)g * gw, &wg, B, hd, G * R);
+    }
     op_mxfp8_qdq(z, B, G * R, G * R, MTP_MXFP8_BLOCK);
-    op_linear(y, z, b->wo_b, B, G * R, d, G * R, d);
+    op_qlinear(y, z, &b->wo_b, B, G * R, d);
   }
   round_io(D, y, (size_t)B * d);
 }
@@ -286,7 +288,7 @@ int rt_mtp_draft_block(const struct rt_mtp *D, struct rt_mtp_cap *c, int64_t P, 
   for (int i = 1; i < B; i++) ids[i] = D->noise;
   float *h = RT_ALLOC(ar, float, (size_t)B * d), *X = RT_ALLOC(ar, float, (size_t)B * hc * d);
   float *pre = RT_ALLOC(ar, float, (size_t)B * hc);
-  if (op_embed(h, M->embed, ids, B, d, V) >= 0) {
+  if (rt_embed_rows(M, h, ids, B) >= 0) {
     snprintf(err, err_len, "the drafter's token %d is outside the vocabulary", y0);
     return CEDAR_EINVAL;
   }
@@ -321,7 +323,7 @@ int rt_mtp_draft_block(const struct rt_mtp *D, struct rt_mtp_cap *c, int64_t P, 
   op_rmsnorm(xn, h, D->norm, B, d, M->eps);
   round_io(D, xn, (size_t)B * d);
   float *base = RT_ALLOC(ar, float, (size_t)B * V), *lg = logits ? logits : RT_ALLOC(ar, float, (size_t)B * V);
-  op_linear(base, xn, M->lm_head, B, d, V, d, V);
+  op_qlinear(base, xn, &M->lm_head, B, d, V);
   if (op_dspark_markov_draft(draft, lg, NULL, NULL, base, D->mk_embed, D->mk_head, y0, B, V, D->rank, 0.0f, 1.0f,
                              NULL)) {
     snprintf(err, err_len, "the drafter's logits after position %lld hold NaN or +inf, or no finite value",

@@ -58,7 +58,8 @@
 struct rt_mtp_block {
   const float *attn_norm, *ffn_norm;
   const float *hc_fn[2], *hc_scale[2], *hc_base[2];
-  const float *wq_a, *q_norm, *wq_b, *wkv, *kv_norm, *sink, *wo_a, *wo_b;
+  struct op_qweight wq_a, wq_b, wkv, wo_a, wo_b; /* views in their held formats (runtime/load/weights.h) */
+  const float *q_norm, *kv_norm, *sink;
   struct op_moe_weights moe;
 };
 
@@ -67,7 +68,8 @@ struct rt_mtp {
   int blocks, B, window, n_targets, rank, noise;
   int targets[8];
   struct rt_mtp_block blk[8];
-  const float *main_proj, *main_norm, *norm, *mk_embed, *mk_head, *conf;
+  struct op_qweight main_proj;
+  const float *main_norm, *norm, *mk_embed, *mk_head, *conf;
   struct op_moe_cfg moe;
 };
 
