@@ -314,8 +314,16 @@ static void report_json(const struct plan *p, const struct ropts *o, const struc
   cJSON_AddNumberToObject(m, "scratch", (double)(res->prefill.scratch_peak_bytes > res->decode.scratch_peak_bytes
                                                      ? res->prefill.scratch_peak_bytes
                                                      : res->decode.scratch_peak_bytes));
-  cJSON_AddNumberToObject(m, "weights", (double)w->list.total_bytes);
+  struct weights_resident wr;
+  weights_resident(w, &wr);
+  cJSON_AddNumberToObject(m, "weights", (double)wr.total);
   cJSON_AddNumberToObject(m, "max_rss", rss_kb * 1024.0);
+  cJSON *wj = cJSON_AddObjectToObject(j, "weights_resident"); /* by held format (docs/weights.md) */
+  static const char *const fmt[4] = {"f32", "bf16", "fp8", "fp4"};
+  for (int i = 0; i < 4; i++) cJSON_AddNumberToObject(wj, fmt[i], (double)wr.bytes[i]);
+  cJSON_AddNumberToObject(wj, "widened_f32", (double)wr.widened);
+  cJSON_AddNumberToObject(wj, "widened_stored", (double)wr.widened_stored);
+  cJSON_AddNumberToObject(wj, "engram_mapped", (double)wr.engram_mapped);
   cJSON *ops = cJSON_AddObjectToObject(j, "op_seconds");
   for (int i = 0; i < GRAPH_OP_COUNT; i++) {
     if (!res->prefill.op_nodes[i] && !res->decode.op_nodes[i]) continue;

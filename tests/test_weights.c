@@ -27,6 +27,8 @@
 #include <xxhash.h>
 
 #include "ops/formats.h"
+#include "ops/qweight.h"
+#include "runtime/load/checkpoint.h"
 #include "base/check.h"
 #include "runtime/load/weights.h"
 #include "tests/harness.h"
@@ -269,6 +271,7 @@ static void check_engram_rows(const uint8_t *t, const struct weights_spec *s) {
 
 /* Every value finite and in its documented range; big uniform tensors have
  * RMS a / sqrt(3) within 3% (a tensor filled at the wrong scale fails). */
+static void check_range(const float *x, const struct weights_spec *s, uint64_t n, int hc, int d);
 static void check_ranges(const struct weights *w, const struct plan *p) {
   int hc = p->model.hc_streams, d = p->model.hidden;
   for (size_t i = 0; i < w->list.n; i++) {
@@ -277,26 +280,40 @@ static void check_ranges(const struct weights *w, const struct plan *p) {
       check_engram_rows(w->data[i], s);
       continue;
     }
-    const float *x = w->data[i];
+    /* The generator's draws are checked below; the tensor holds them passed
+     * through its stored format (weights.h, "held formats"), exactly. */
     uint64_t n = s->nbytes / 4;
-    if (!h_finite(x, n, s->name)) continue;
-    if (ends_with(s->name, ".sink") || ends_with(s->name, ".scale")) {
-      float want = ends_with(s->name, ".sink") ? 0.0f : 1.0f;
-      for (uint64_t k = 0; k < n; k++) EXPECT(x[k] == want, "%s[%llu] = %g, want %g", s->name, (unsigned long long)k, x[k], want);
-      continue;
-    }
-    if (ends_with(s->name, ".base")) {
-      check_base(x, s, hc);
-      continue;
-    }
-    bool norm = ends_with(s->name, "norm") || ends_with(s->name, "q_w") || ends_with(s->name, "k_w");
-    double a = norm ? 0.02 : linear_bound(s, hc, d), c = norm ? 1 : 0, sq = 0;
-    uint64_t bad = 0;
-    for (uint64_t k = 0; k < n; k++) bad += !(fabs(x[k] - c) < a), sq += (x[k] - c) * (double)(x[k] - c);
-    EXPECT(!bad, "%s: %llu values outside %g +- %g", s->name, (unsigned long long)bad, c, a);
-    double rms = sqrt(sq / (double)n), want = a / sqrt(3.0);
-    if (n >= 4096) EXPECT(fabs(rms / want - 1) < 0.03, "%s: RMS %g, want %g", s->name, rms, want);
+    float *x = malloc(s->nbytes + 4), *st = malloc(s->nbytes + 4);
+    weights_fill(x, s, w->seed);
+    memcpy(st, x, s->nbytes);
+    weights_store_values(st, s, (int64_t)(n / (uint64_t)s->shape[s->ndim - 1]));
+    EXPECT(!memcmp(st, w->data[i], s->nbytes), "%s: not the generator's values in its stored format (%s)", s->name,
+           op_wfmt_name(weights_stored_fmt(s)));
+    free(st);
+    check_range(x, s, n, hc, d);
+    free(x);
   }
+}
+
+/* One tensor's generator values: finite and in their documented range. */
+static void check_range(const float *x, const struct weights_spec *s, uint64_t n, int hc, int d) {
+  if (!h_finite(x, n, s->name)) return;
+  if (ends_with(s->name, ".sink") || ends_with(s->name, ".scale")) {
+    float want = ends_with(s->name, ".sink") ? 0.0f : 1.0f;
+    for (uint64_t k = 0; k < n; k++) EXPECT(x[k] == want, "%s[%llu] = %g, want %g", s->name, (unsigned long long)k, x[k], want);
+    return;
+  }
+  if (ends_with(s->name, ".base")) {
+    check_base(x, s, hc);
+    return;
+  }
+  bool norm = ends_with(s->name, "norm") || ends_with(s->name, "q_w") || ends_with(s->name, "k_w");
+  double a = norm ? 0.02 : linear_bound(s, hc, d), c = norm ? 1 : 0, sq = 0;
+  uint64_t bad = 0;
+  for (uint64_t k = 0; k < n; k++) bad += !(fabs(x[k] - c) < a), sq += (x[k] - c) * (double)(x[k] - c);
+  EXPECT(!bad, "%s: %llu values outside %g +- %g", s->name, (unsigned long long)bad, c, a);
+  double rms = sqrt(sq / (double)n), want = a / sqrt(3.0);
+  if (n >= 4096) EXPECT(fabs(rms / want - 1) < 0.03, "%s: RMS %g, want %g", s->name, rms, want);
 }
 
 /* The generator as weights.h documents it, written out here: element i is
@@ -321,6 +338,7 @@ static void check_generator(const struct weights *w, uint64_t seed) {
     if (!x) continue;
     for (uint64_t i = 0; i < s->nbytes / 4; i += 7) {
       float want = cases[c].add + documented_draw(cases[c].name, seed, i, cases[c].a);
+      if (weights_stored_fmt(s) == OP_W_BF16) want = ckpt_bf16_to_f32(ckpt_f32_to_bf16(want)); /* stored values */
       if (x[i] != want) {
         EXPECT(0, "%s[%llu] = %.9g, the documented generator gives %.9g", cases[c].name, (unsigned long long)i, x[i],
                want);

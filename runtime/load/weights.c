@@ -420,8 +420,15 @@ uint64_t weights_identity(const struct weights *w) {
   CEDAR_ASSERT(st != NULL);
   XXH3_64bits_reset_withSeed(st, w->list.fingerprint);
   bool in_file = w->list.engram_in_file; /* the mmap tier: the tables by their files (weights.h) */
-  for (size_t i = 0; i < w->list.n; i++)
-    if (!(in_file && is_engram_table(&w->list.t[i]))) XXH3_64bits_update(st, w->data[i], weights_held_bytes(w, i)); /* a part: its rows */
+  for (size_t i = 0; i < w->list.n; i++) {
+    if (in_file && is_engram_table(&w->list.t[i])) continue;
+    if (weights_fmt_at(w, i) == OP_W_F32) {
+      XXH3_64bits_update(st, w->data[i], weights_held_bytes(w, i)); /* a part: its rows */
+      continue;
+    } /* held in a stored format: its elements and scales (weights_held.c) */
+    XXH3_64bits_update(st, w->qw[i].data, op_qweight_data_bytes(&w->qw[i]));
+    XXH3_64bits_update(st, w->qw[i].scale, op_qweight_scale_bytes(&w->qw[i]));
+  }
   size_t n_files = w->shards ? w->shards->n : w->file ? 1 : 0;
   for (size_t k = 0; in_file && k < n_files; k++) {
     const st_file_t *f = w->shards ? w->shards->files[k] : w->file;

@@ -26,9 +26,9 @@ resident() {
   grep '^resident weights:' "$1" | head -1 | tr -d ',;()' | awk '
     { total = $3; widened = 0; wstored = 0; mapped = 0; cost = -1
       for (i = 1; i <= NF; i++) {
-        if ($i == "widened") { widened = $(i - 2); wstored = $(i + 4) }
+        if ($i == "widened") { widened = $(i - 1); wstored = $(i + 4) }
         if ($i == "file:") mapped = $(i + 1)
-        if ($i == "formats):") cost = $(i + 1)
+        if ($i == "formats:") cost = $(i + 1)
       }
       print total - widened + wstored + mapped, cost, total }'
 }
