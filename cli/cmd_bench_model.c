@@ -540,7 +540,7 @@ int cmd_bench_model(int argc, char **argv) {
   int rc = make_configs(&B, ex, workers);
   if (rc >= 0) return rc;
   if (B.model) {
-    if (bench_load(B.model, r[0].path, B.repeat, json)) return 1;
+    if (bench_load(B.model, r[0].path, B.repeat, json, B.weights_f32)) return 1;
     if (!n_plans) n_plans = 1; /* the plan the checkpoint implies (path NULL) */
   }
   if (!n_plans) {

@@ -58,13 +58,13 @@ static int open_weights(struct rt_engine *e, char *err, size_t len) {
   struct rt_ep_part epp; /* routed experts on ranks: this rank holds only its shard's (expert_par.h) */
   const struct weights_part *part = rt_pipe_multi(&e->plan) ? rt_ep_part_init(&epp, &e->plan, comm_world_rank()) : NULL;
   if (o->model)
-    rc = ckpt_load(&e->weights, &e->plan, o->model, true, o->problems, NULL, err, len);
+    rc = ckpt_load_held(&e->weights, &e->plan, o->model, true, !o->weights_f32, o->problems, NULL, err, len);
   else if (o->weights)
     rc = weights_load_part(&e->weights, &e->plan, o->weights, part, o->problems, err, len);
   else /* with the mmap tier the Engram tables come from their file */
     rc = weights_synth_part(&e->weights, &e->plan, o->seed, max, e->plan.serving.engram_tier == PLAN_ENGRAM_TIER_MMAP,
                             part, err, len);
-  if (!rc && !o->weights && !o->weights_f32) /* synthetic and checkpoint values are stored values: hold them so */
+  if (!rc && !o->weights && !o->weights_f32 && !e->weights.qw) /* synthetic values are stored values: hold them so */
     rc = weights_hold_stored(&e->weights, err, len);
   if (!rc) rt_ep_note_weights(&e->plan, &e->weights); /* what this rank holds, for its report */
   return rc ? rc : rt_engram_tier_open(&e->engram, &e->plan, &e->weights, err, len);

@@ -20,6 +20,7 @@
 #include "base/check.h"
 #include "base/file.h"
 #include "base/log.h"
+#include "ops/qweight.h"
 
 /* ---- problems ------------------------------------------------------------------ */
 
@@ -245,11 +246,19 @@ static void to_f32(float *out, const struct st_tensor *t) {
 
 static int64_t tiles(int64_t n) { return (n + CKPT_BLOCK - 1) / CKPT_BLOCK; }
 
+static uint64_t round_align(uint64_t n) { return (n + WEIGHTS_ALIGN - 1) / WEIGHTS_ALIGN * WEIGHTS_ALIGN; }
+
 /* Fill `out` (s->nbytes, aligned) with internal tensor s, or point *in_place
  * at the mapping (an mmap-tier Engram table: its values, and *scales at its
- * scales). Returns false after a problem. */
+ * scales). qv (a stored hold; NULL: F32) comes with its held format set
+ * (weights_held_fmt): FP8 and BF16 tensors are then used in place (a BF16 one
+ * at an odd address copied), the experts copied into one stack at out
+ * (elements, then the scales at the next aligned offset), and qv's data
+ * and scales point at them; a tensor the file has as F32 sets it to F32.
+ * Returns false after a problem. */
 static bool fill(struct ckpt *k, struct ctx *c, const struct weights_spec *s, const struct ckpt_map_row *row, int layer,
-                 void *out, const void **in_place, const void **scales, struct ckpt_load_stats *st) {
+                 void *out, const void **in_place, const void **scales, struct op_qweight *qv,
+                 struct ckpt_load_stats *st) {
   char name[160], name2[160];
   const int64_t *sh = s->shape;
   ckpt_map_name(name, sizeof name, layer, row->released ? row->released : "", 0);
@@ -260,6 +269,15 @@ static bool fill(struct ckpt *k, struct ctx *c, const struct weights_spec *s, co
     case CKPT_FLOAT: {
       const struct st_tensor *t = take(k, c, name, s->name, ST_F32, true, s->ndim, sh);
       if (!t) return false;
+      if (qv && qv->fmt == OP_W_BF16 && t->dtype == ST_BF16) { /* held as stored: in place, or a copy when odd */
+        bool odd = (uintptr_t)t->data % 2;
+        if (odd) memcpy(out, t->data, t->nbytes);
+        else *in_place = t->data;
+        qv->data = odd ? out : t->data;
+        *(odd ? &st->copied_bytes : &st->in_place_bytes) += t->nbytes;
+        return true;
+      }
+      if (qv) qv->fmt = OP_W_F32; /* an F32 tensor in the file: held as F32 */
       if (t->dtype == ST_F32 && (uintptr_t)t->data % WEIGHTS_ALIGN == 0) {
         *in_place = t->data;
         st->in_place_bytes += t->nbytes;
@@ -279,6 +297,11 @@ static bool fill(struct ckpt *k, struct ctx *c, const struct weights_spec *s, co
       const struct st_tensor *q = take(k, c, name, s->name, ST_F8_E4M3, false, 2, w);
       const struct st_tensor *sc = take(k, c, name2, s->name, ST_F8_E8M0, false, 2, ws);
       if (!q || !sc) return false;
+      if (qv && qv->fmt == OP_W_FP8) { /* held as stored: read in place (bytes: any alignment) */
+        qv->data = *in_place = q->data, qv->scale = sc->data;
+        st->in_place_bytes += q->nbytes + sc->nbytes;
+        return true;
+      }
       ckpt_fp8_dequant(out, q->data, sc->data, rows, cols);
       st->dequant_bytes += q->nbytes + sc->nbytes;
       return true;
@@ -299,6 +322,14 @@ static bool fill(struct ckpt *k, struct ctx *c, const struct weights_spec *s, co
         const struct st_tensor *sc = take(k, c, name2, s->name, ST_F8_E8M0, false, 2, ws);
         if (!q || !sc) {
           ok = false;
+          continue;
+        }
+        if (qv && qv->fmt == OP_W_FP4) { /* held as stored: the experts' tensors made one stack (copied) */
+          uint8_t *d = (uint8_t *)out + round_align((uint64_t)(R * rows * cols / 2));
+          memcpy((uint8_t *)out + e * rows * cols / 2, q->data, q->nbytes);
+          memcpy(d + e * rows * (cols / CKPT_BLOCK), sc->data, sc->nbytes);
+          qv->data = out, qv->scale = d;
+          st->copied_bytes += q->nbytes + sc->nbytes;
           continue;
         }
         ckpt_fp4_dequant((float *)out + e * rows * cols, q->data, sc->data, rows, cols);
@@ -341,16 +372,33 @@ static bool fill(struct ckpt *k, struct ctx *c, const struct weights_spec *s, co
 
 /* ---- the load ------------------------------------------------------------------- */
 
-static uint64_t round_align(uint64_t n) { return (n + WEIGHTS_ALIGN - 1) / WEIGHTS_ALIGN * WEIGHTS_ALIGN; }
-
 static void close_ckpt(struct ckpt *k, bool keep_shards) {
   if (!keep_shards) ckpt_shards_free(k->s);
   free(k->e);
   cJSON_Delete(k->index);
 }
 
+/* Arena bytes tensor s may need: F32 (dequantized or copied) without a
+ * stored hold; with one, by its held format: nothing for FP8 (in place), a
+ * BF16 copy in case it sits at an odd address, the experts' stack. */
+static uint64_t reserve(const struct weights_spec *s, bool stored) {
+  enum op_wfmt f = stored ? weights_held_fmt(s) : OP_W_F32;
+  int64_t cols = s->ndim ? s->shape[s->ndim - 1] : 1, rows = (int64_t)(s->nbytes / 4) / (cols ? cols : 1);
+  switch (f) {
+    case OP_W_FP8: return 0;
+    case OP_W_BF16: return round_align(s->nbytes / 2);
+    case OP_W_FP4: return round_align((uint64_t)(rows * cols / 2)) + round_align((uint64_t)(rows * (cols / CKPT_BLOCK)));
+    default: return round_align(s->nbytes);
+  }
+}
+
 int ckpt_load(struct weights *w, const struct plan *p, const char *dir, bool verify, struct weights_problems *pr,
               struct ckpt_load_stats *stats, char *err, size_t err_len) {
+  return ckpt_load_held(w, p, dir, verify, false, pr, stats, err, err_len);
+}
+
+int ckpt_load_held(struct weights *w, const struct plan *p, const char *dir, bool verify, bool stored,
+                   struct weights_problems *pr, struct ckpt_load_stats *stats, char *err, size_t err_len) {
   memset(w, 0, sizeof *w);
   struct ckpt_load_stats local = {0}, *st = stats ? stats : &local;
   memset(st, 0, sizeof *st);
@@ -366,12 +414,13 @@ int ckpt_load(struct weights *w, const struct plan *p, const char *dir, bool ver
   const struct weights_list *l = &w->list;
   uint64_t arena = 0;
   for (size_t i = 0; i < l->n; i++)
-    if (!(in_file && l->t[i].init == WEIGHTS_ENGRAM_ROWS)) arena += round_align(l->t[i].nbytes);
+    if (!(in_file && l->t[i].init == WEIGHTS_ENGRAM_ROWS)) arena += reserve(&l->t[i], stored);
   w->data = cedar_xcalloc(l->n ? l->n : 1, sizeof *w->data);
+  if (stored) w->qw = cedar_xcalloc(l->n ? l->n : 1, sizeof *w->qw);
   if (in_file && l->engram_bytes) w->engram_scales = cedar_xcalloc(l->n, sizeof *w->engram_scales);
   if (opened && (arena > SIZE_MAX || posix_memalign(&w->arena, WEIGHTS_ALIGN, (size_t)(arena ? arena : 1)))) {
     w->arena = NULL;
-    problem(&c, "cannot allocate %" PRIu64 " bytes for the dequantized weights", arena);
+    problem(&c, "cannot allocate %" PRIu64 " bytes for the %s weights", arena, stored ? "copied" : "dequantized");
   }
   if (w->arena && arena >= ((uint64_t)4 << 20)) { /* first touch of the arena in 2 MB pages where THP allows:
                                                   * 512x fewer page faults while dequantizing (docs/PERF.md) */
@@ -387,9 +436,17 @@ int ckpt_load(struct weights *w, const struct plan *p, const char *dir, bool ver
     CEDAR_ASSERT_MSG(row, "no checkpoint mapping for %s (add a row to runtime/load/ckpt_map.c)", l->t[i].name);
     const void *in_place = NULL;
     bool split = in_file && l->t[i].init == WEIGHTS_ENGRAM_ROWS;
-    if (fill(&k, &c, &l->t[i], row, layer, at, &in_place, split ? &w->engram_scales[i] : NULL, st))
+    const struct weights_spec *s = &l->t[i];
+    struct op_qweight *qv = w->qw ? &w->qw[i] : NULL;
+    if (qv) { /* its held format and 2-D view; fill points it at the bytes */
+      int64_t cols = s->ndim ? s->shape[s->ndim - 1] : 1;
+      *qv = (struct op_qweight){weights_held_fmt(s), (int)((int64_t)(s->nbytes / 4) / (cols ? cols : 1)), (int)cols,
+                                NULL, NULL};
+    }
+    if (fill(&k, &c, s, row, layer, at, &in_place, split ? &w->engram_scales[i] : NULL, qv, st))
       w->data[i] = in_place ? in_place : at;
-    if (!in_place && !split) at += round_align(l->t[i].nbytes);
+    if (qv && qv->fmt == OP_W_F32) qv->data = w->data[i];
+    if (!in_place && !split) at += reserve(s, stored);
   }
   if (opened && w->arena)
     for (size_t i = 0; i < k.n; i++) {

@@ -11,7 +11,9 @@
  * ONE mapping table (ckpt_map.c): F32 tensors of the same shape are used in
  * place in the mapping when 64-byte aligned; FP8 (E4M3 with E8M0 32x32 tile
  * scales), packed E2M1 experts (E8M0 per row group of 32) and BF16 are
- * dequantized to F32 at load; Engram tables are regrouped into cedar's rows
+ * dequantized to F32 at load (ckpt_load), or held in their stored formats
+ * (ckpt_load_held: FP8 and BF16 in place, experts copied into FP4 stacks;
+ * the engine's default); Engram tables are regrouped into cedar's rows
  * (E4M3 values then E8M0 scales), except under serving.engram.tier: mmap,
  * where each table stays in the shards' mappings as its two tensors (never
  * copied: struct weights' engram_scales, runtime/model/engram_tier.h) and its two
@@ -71,6 +73,16 @@ int ckpt_plan(const char *dir, const char *plan_path, struct plan *p, struct wei
  * false skips the content hashes (`weights check --hash` records them). */
 int ckpt_load(struct weights *w, const struct plan *p, const char *dir, bool verify_hashes,
               struct weights_problems *pr, struct ckpt_load_stats *stats, char *err, size_t err_len);
+/* The same with stored true: each tensor held in its held format
+ * (weights.h "held formats"; w->qw set), read from the shards' mappings in
+ * place where it can be: FP8 linears (values and scales) and BF16 tensors
+ * (one at an odd address copied) stay in the mappings, each layer's routed
+ * experts (one released tensor per expert) are copied into one FP4 stack,
+ * tensors held as F32 are dequantized or copied as ckpt_load does. No F32
+ * arena for stored-quantized tensors. stats counts each (in_place_bytes,
+ * copied_bytes, dequant_bytes). stored false: ckpt_load. */
+int ckpt_load_held(struct weights *w, const struct plan *p, const char *dir, bool verify_hashes, bool stored,
+                   struct weights_problems *pr, struct ckpt_load_stats *stats, char *err, size_t err_len);
 
 /* Write w (synthetic F32 weights of plan p) as a released-layout checkpoint
  * into dir (created if missing; an existing checkpoint is replaced as a whole set,
