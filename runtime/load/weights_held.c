@@ -178,8 +178,9 @@ int weights_hold_stored(struct weights *w, char *err, size_t err_len) {
       uint64_t sb, db = stored_bytes(f, hr, cols, &sb);
       at += round_align(db) + round_align(sb);
     }
-    w->data[i] = w->qw[i].data;
   }
+  for (size_t i = 0; i < l->n; i++) /* only now: a refusal above leaves w as it was */
+    if (w->data[i]) w->data[i] = w->qw[i].data;
   free(w->arena);
   w->arena = base;
   w->arena_bytes = arena;
