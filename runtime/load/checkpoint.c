@@ -248,6 +248,15 @@ static int64_t tiles(int64_t n) { return (n + CKPT_BLOCK - 1) / CKPT_BLOCK; }
 
 static uint64_t round_align(uint64_t n) { return (n + WEIGHTS_ALIGN - 1) / WEIGHTS_ALIGN * WEIGHTS_ALIGN; }
 
+/* The whole pages of [p, p + n) in a shard's read-only mapping leave this
+ * process (a tensor copied out of it: its pages in the mapping are not read
+ * again; the hashes were verified before). Advice: on failure they stay. */
+static void release_pages(const void *p, size_t n) {
+  uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), b = ((uintptr_t)p + pg - 1) / pg * pg;
+  uintptr_t e = ((uintptr_t)p + n) / pg * pg;
+  if (e > b) (void)madvise((void *)b, e - b, MADV_DONTNEED);
+}
+
 /* Fill `out` (s->nbytes, aligned) with internal tensor s, or point *in_place
  * at the mapping (an mmap-tier Engram table: its values, and *scales at its
  * scales). qv (a stored hold; NULL: F32) comes with its held format set
@@ -328,6 +337,8 @@ static bool fill(struct ckpt *k, struct ctx *c, const struct weights_spec *s, co
           uint8_t *d = (uint8_t *)out + round_align((uint64_t)(R * rows * cols / 2));
           memcpy((uint8_t *)out + e * rows * cols / 2, q->data, q->nbytes);
           memcpy(d + e * rows * (cols / CKPT_BLOCK), sc->data, sc->nbytes);
+          release_pages(q->data, q->nbytes); /* resident once: the stack, not the copy's source too */
+          release_pages(sc->data, sc->nbytes);
           qv->data = out, qv->scale = d;
           st->copied_bytes += q->nbytes + sc->nbytes;
           continue;
