@@ -50,6 +50,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ops/qweight.h"
 #include "runtime/load/safetensors.h"
 #include "scheduler/plan.h"
 
@@ -243,7 +244,6 @@ uint64_t weights_identity(const struct weights *w);
  * and indexer's projections) widened to F32, counted apart in
  * weights_resident; a 3-D FP8 tensor whose slabs are not whole tile rows
  * (o_rank % 32) widened too. */
-struct op_qweight;
 enum op_wfmt weights_stored_fmt(const struct weights_spec *s);
 enum op_wfmt weights_held_fmt(const struct weights_spec *s);
 /* x: n_rows rows of s's 2-D view (leading dims folded) replaced by their
