@@ -3,7 +3,6 @@
 #include "runtime/engine/batch.h"
 
 #include <math.h>
-#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +10,7 @@
 
 #include "base/check.h"
 #include "runtime/exec/exec.h"
+#include "runtime/gen/step.h"
 #include "scheduler/batch_policy.h"
 
 static double now_s(void) {
@@ -261,21 +261,6 @@ static int seg_tokens(const struct rt_bq *q, int s) {
   return 0;
 }
 
-/* A run of op groups on an arena whose out-of-memory jump lands here. */
-#define GUARDED(ar, rc, body)            \
-  do {                                   \
-    jmp_buf jb_;                         \
-    jmp_buf *prev_ = (ar)->on_oom;       \
-    if (setjmp(jb_)) {                   \
-      (ar)->on_oom = prev_;              \
-      (rc) = RT_ENOMEM_SCRATCH;          \
-      break;                             \
-    }                                    \
-    (ar)->on_oom = &jb_;                 \
-    body;                                \
-    (ar)->on_oom = prev_;                \
-  } while (0)
-
 /* The next segment of q's prefill, as the direct executor runs those nodes;
  * after the last one the request samples its first token. */
 static void prefill_segment(struct rt_batch *b, int h) {
@@ -327,111 +312,23 @@ static void first_token(struct rt_batch *b, int h) {
 
 /* ---- the batched decode step ---------------------------------------------- */
 
-static void *at(void *const *buf, int d) { return d < 0 ? NULL : buf[d]; }
-
-/* One decode position of each of the B requests hs, their tiles batched
- * into the same op groups (batch.h). */
+/* One decode position of each of the B requests hs through the one step
+ * function (runtime/gen/step.h), their tiles batched into the same op
+ * groups (batch.h); out (B, vocab). A row that failed fails its request. */
 static void decode_rows(struct rt_batch *b, const int *hs, int B, float *out) {
-  const struct rt_model *M = b->M;
-  const struct plan *p = M->p;
-  const int V = p->model.vocab;
-  struct graph *g = cedar_xcalloc((size_t)B, sizeof(*g));
-  int *rc = cedar_xcalloc((size_t)B, sizeof(int));
-  char err[256];
+  const int V = b->M->p->model.vocab;
+  struct rt_step_row *w = cedar_xcalloc((size_t)B, sizeof(*w));
   for (int i = 0; i < B; i++) {
     struct rt_bq *q = b->q[hs[i]];
     rt_request_push_token(&q->r, q->r.pending);
     q->r.pending = -1;
-    int e = graph_build_decode(&g[i], p, q->r.n_pos, err, sizeof err);
-    CEDAR_ASSERT_MSG(!e, "decode graph: %s", err);
-    CEDAR_ASSERT(g[i].n_node == g[0].n_node && g[i].n_data == g[0].n_data);
+    w[i] = (struct rt_step_row){.r = &q->r, .n = 1, .logits = out + (size_t)i * V};
   }
-  const struct graph *g0 = &g[0];
-  /* activations and buses: B rows of each, request i's at row i */
-  void **base = cedar_xcalloc((size_t)g0->n_data, sizeof(void *));
-  void **rows = cedar_xcalloc((size_t)B * g0->n_data, sizeof(void *));
-  for (int d = 0; d < g0->n_data; d++) {
-    const struct graph_data *gd = &g0->data[d];
-    if (gd->kind != GRAPH_ACT && gd->kind != GRAPH_BUS) continue;
-    base[d] = cedar_xaligned(64, (size_t)((B * gd->bytes + 63) / 64 * 64 + 64));
-    for (int i = 0; i < B; i++) rows[(size_t)i * g0->n_data + d] = (char *)base[d] + (size_t)i * gd->bytes;
-  }
-  const struct graph_node **nds = cedar_xmalloc(sizeof(*nds) * (size_t)B);
-  struct rt_bound *st = cedar_xmalloc(sizeof(*st) * (size_t)B);
-  struct rt_buses *bs = cedar_xmalloc(sizeof(*bs) * (size_t)B);
-  int *rrc = cedar_xmalloc(sizeof(int) * (size_t)B);
-  float *logits = NULL;
-  for (int k = 0; k < g0->n_node; k++) {
-    const struct graph_node *nd = &g0->node[k];
-    for (int i = 0; i < B; i++) {
-      CEDAR_ASSERT(g[i].node[k].op == nd->op && g[i].node[k].layer == nd->layer);
-      nds[i] = &g[i].node[k];
-    }
-    volatile int grc = 0;
-    /* an expert-parallel layer's route, shards and sum (expert_par.h): per request, like the transfers */
-    switch (nd->op == GRAPH_MOE && (nd->flags & GRAPH_F_EP) ? GRAPH_OP_COUNT : nd->op) {
-    case GRAPH_EMBED: {
-      int32_t *tok = RT_ALLOC(b->ar, int32_t, B);
-      for (int i = 0; i < B; i++) tok[i] = b->q[hs[i]]->r.tokens[nds[i]->a];
-      GUARDED(b->ar, grc, rt_embed(M, base[nd->x], base[nd->aux], tok, B, b->ar));
-      break;
-    }
-    case GRAPH_ENGRAM:
-      GUARDED(b->ar, grc, rt_engram_inject(M, nd->layer, base[nd->x], base[nd->aux], B, b->ar));
-      break;
-    case GRAPH_MOE: {
-      struct graph_node all = *nd;
-      all.n = B;
-      GUARDED(b->ar, grc, rt_moe(M, &all, base[nd->x], base[nd->aux], b->ar));
-      break;
-    }
-    case GRAPH_HEAD:
-      logits = base[nd->aux];
-      GUARDED(b->ar, grc, rt_head(M, logits, base[nd->x], at(base, nd->pre), B, b->ar));
-      break;
-    case GRAPH_ATTN:
-      for (int i = 0; i < B; i++) {
-        void **ri = rows + (size_t)i * g0->n_data;
-        rt_bind_node(&g[i], &b->q[hs[i]]->r, nds[i], &st[i]);
-        bs[i] = (struct rt_buses){at(ri, nd->bus[GRAPH_TOPK_OUT]), at(ri, nd->bus[GRAPH_POOL_OUT]),
-                                  at(ri, nd->bus[GRAPH_TOPK_IN]), at(ri, nd->bus[GRAPH_POOL_IN])};
-      }
-      GUARDED(b->ar, grc, rt_attn_rows(M, nds, B, base[nd->x], base[nd->aux], bs, st, rrc, b->ar));
-      for (int i = 0; i < B && !grc; i++)
-        if (rrc[i] && !rc[i]) rc[i] = rrc[i];
-      break;
-    default: /* per request, through the dispatch every executor shares */
-      for (int i = 0; i < B; i++) {
-        int e = rt_run_node(&g[i], M, &b->q[hs[i]]->r, nds[i], rows + (size_t)i * g0->n_data, NULL, NULL, 0, b->ar);
-        if (e && !rc[i]) rc[i] = e;
-        rt_arena_reset(b->ar);
-      }
-      break;
-    }
-    rt_arena_reset(b->ar);
-    if (grc) /* scratch for the batched group itself: every row fails */
-      for (int i = 0; i < B; i++)
-        if (!rc[i]) rc[i] = grc;
-  }
-  for (int i = 0; i < B; i++) {
-    if (rc[i]) {
-      rt_node_error(&g[i].node[0], rc[i], err, sizeof err);
-      fail(b, hs[i], err);
-      continue;
-    }
-    b->q[hs[i]]->r.n_pos++;
-  }
-  memcpy(out, logits, sizeof(float) * (size_t)B * V);
-  for (int d = 0; d < g0->n_data; d++) free(base[d]);
-  for (int i = 0; i < B; i++) graph_free(&g[i]);
-  free(base);
-  free(rows);
-  free(nds);
-  free(st);
-  free(bs);
-  free(rrc);
-  free(rc);
-  free(g);
+  struct rt_gen_opts o = gen_opts(b);
+  rt_gen_step(b->M, w, B, &o, b->ar, NULL);
+  for (int i = 0; i < B; i++)
+    if (w[i].rc) fail(b, hs[i], w[i].err);
+  free(w);
 }
 
 /* ---- one step ---------------------------------------------------------------- */

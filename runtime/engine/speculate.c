@@ -12,6 +12,7 @@
 #include "ops/dspark.h"
 #include "ops/sample.h"
 #include "base/check.h"
+#include "runtime/gen/step.h"
 
 _Static_assert(RT_MTP_SLACK > RT_SPEC_LMAX + 1, "a verify step must not overwrite the capture window a draft reads (runtime/model/mtp.h)");
 
@@ -214,19 +215,13 @@ static int verify(const struct rt_model *M, struct rt_request *r, struct rt_spec
   }
   rt_spec_snap_take(s, r, n);
   for (int i = 0; i < n; i++) rt_request_push_token(r, tok[i]);
-  struct graph g;
-  int rc = graph_build_verify(&g, M->p, r->n_pos, n, err, err_len);
-  if (!rc) {
-    struct rt_exec_out out = {.logits = logits, .pos = NULL};
-    rc = rt_exec_direct(&g, M, r, &out, st, NULL, o->user, err, err_len);
-    if (!rc && o->on_graph) o->on_graph(o->graph_user, &g, NULL);
-    graph_free(&g);
-  }
-  if (!rc)
-    r->n_pos += n;
-  else
+  struct rt_step_row w = {.r = r, .n = n, .logits = logits}; /* the one step function (runtime/gen/step.h) */
+  rt_gen_step(M, &w, 1, o, NULL, st);
+  if (w.rc) {
+    snprintf(err, err_len, "%s", w.err);
     r->tail_log = NULL; /* the request fails (pages ran out): it is dropped, never continued */
-  return rc;
+  }
+  return w.rc;
 }
 
 /* Row i's logits after o's repetition penalty over the ids consumed up to

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "base/check.h"
+#include "runtime/gen/step.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -176,17 +177,14 @@ static int prefill(const struct rt_model *M, struct rt_request *r, int64_t n, co
   return rc;
 }
 
+/* One decode position of r through the one step function (step.h). */
 static int decode_step(const struct rt_model *M, struct rt_request *r, float *logits, const struct rt_gen_opts *o,
                        struct rt_gen_result *res, char *err, size_t err_len) {
-  struct graph g;
-  int rc = graph_build_decode(&g, M->p, r->n_pos, err, err_len);
-  if (rc) return rc;
-  res->decode_nodes = g.n_node;
-  struct rt_exec_out out = {.logits = logits, .pos = NULL};
-  rc = rt_gen_run_graph(&g, M, r, &out, &res->decode, o, NULL, true, NULL, err, err_len);
-  graph_free(&g);
-  if (!rc) r->n_pos++;
-  return rc;
+  struct rt_step_row w = {.r = r, .n = 1, .logits = logits};
+  rt_gen_step(M, &w, 1, o, NULL, &res->decode);
+  if (w.nodes) res->decode_nodes = w.nodes;
+  if (w.rc) snprintf(err, err_len, "%s", w.err);
+  return w.rc;
 }
 
 struct rt_sample_opts rt_gen_sample_opts(const struct rt_gen_opts *o) {
