@@ -8,7 +8,6 @@
 #include <time.h>
 
 #include "base/check.h"
-#include "runtime/gen/step.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -177,59 +176,8 @@ static int prefill(const struct rt_model *M, struct rt_request *r, int64_t n, co
   return rc;
 }
 
-/* One decode position of r through the one step function (step.h). */
-static int decode_step(const struct rt_model *M, struct rt_request *r, float *logits, const struct rt_gen_opts *o,
-                       struct rt_gen_result *res, char *err, size_t err_len) {
-  struct rt_step_row w = {.r = r, .n = 1, .logits = logits};
-  rt_gen_step(M, &w, 1, o, NULL, &res->decode);
-  if (w.nodes) res->decode_nodes = w.nodes;
-  if (w.rc) snprintf(err, err_len, "%s", w.err);
-  return w.rc;
-}
-
 struct rt_sample_opts rt_gen_sample_opts(const struct rt_gen_opts *o) {
   return (struct rt_sample_opts){o->temperature, o->top_p, o->top_k, o->rep_penalty, o->teacher, o->n_teacher};
-}
-
-/* The next token from one position's logits into res and r->pending (one
- * sampler path: sampler.h; a non-finite row fails the request and never
- * reaches the token stream), then o->on_token. */
-static int take_token(struct rt_sampler *s, const float *logits, const struct rt_gen_opts *o, uint64_t *rng,
-                      int64_t pos, struct rt_request *r, struct rt_gen_result *res, char *err, size_t err_len) {
-  struct rt_sample_opts so = rt_gen_sample_opts(o);
-  int32_t id;
-  int rc = rt_sample_next(s, &so, r, logits, pos, rng, &id, err, err_len);
-  if (rc) return rc;
-  res->tokens[res->n_tokens++] = r->pending = id;
-  if (o->on_token && o->on_token(o->token_user, id)) res->stopped = true;
-  return 0;
-}
-
-int rt_gen_decode(const struct rt_model *M, struct rt_request *r, const struct rt_gen_opts *o, struct rt_sampler *s,
-                  uint64_t *rng, struct rt_gen_result *res, char *err, size_t err_len) {
-  const int V = M->p->model.vocab;
-  if (res->n_tokens < 1 || r->pending < 0) { /* a driver's state without a sampled token: refuse, never decode -1 */
-    snprintf(err, err_len, "the decode loop has no sampled token to continue from; this request is dropped");
-    return CEDAR_EINVAL;
-  }
-  double steady = 0;
-  int rc = 0;
-  for (int i = res->n_tokens; i < o->max_new && !rc && !res->stopped; i++) {
-    double t = now_s();
-    rt_request_push_token(r, r->pending);
-    r->pending = -1;
-    float *lg = res->decode_logits + (size_t)(i - 1) * V;
-    rc = decode_step(M, r, lg, o, res, err, err_len);
-    if (!rc) rc = take_token(s, lg, o, rng, r->n_pos - 1, r, res, err, err_len);
-    if (rc) break;
-    double dt = now_s() - t;
-    if (i == 1)
-      res->first_itl_s = dt;
-    else
-      steady += dt;
-  }
-  if (res->n_tokens > 2) res->steady_itl_s = steady / (res->n_tokens - 2);
-  return rc;
 }
 
 /* Prefill the request's tokens [0, n) from the state it holds (hit_opts
@@ -251,7 +199,7 @@ static int run_request(const struct rt_model *M, struct rt_request *r, int64_t n
   if (!rc) rc = prefill(M, r, n, o, hit_opts, res, err, err_len);
   if (!rc) {
     const float *last = res->prefill_logits + (size_t)(res->prefill_rows - 1) * V;
-    rc = take_token(&smp, last, o, &rng, n - 1, r, res, err, err_len);
+    rc = rt_gen_take_token(&smp, last, o, &rng, n - 1, r, res, err, err_len);
     res->ttft_s = now_s() - t0;
   }
   if (!rc) rc = rt_gen_decode(M, r, o, &smp, &rng, res, err, err_len);

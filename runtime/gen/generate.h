@@ -136,13 +136,21 @@ struct rt_gen_result {
 /* The sampler options of o (sampler.h). */
 struct rt_sample_opts rt_gen_sample_opts(const struct rt_gen_opts *o);
 
+/* The next token from one position's logits (pos) through the one sampler
+ * path (sampler.h) into res->tokens and r->pending, then o->on_token: 0, or
+ * CEDAR_EINVAL with err (non-finite logits fail the request and never reach
+ * the token stream). Defined in step.c beside the loop below. */
+int rt_gen_take_token(struct rt_sampler *s, const float *logits, const struct rt_gen_opts *o, uint64_t *rng,
+                      int64_t pos, struct rt_request *r, struct rt_gen_result *res, char *err, size_t err_len);
+
 /* The decode loop every single-request driver runs after its prefill
  * (rt_generate; P/D and stages on the decode home): r holds r->n_pos
  * positions and r->pending the last sampled token; res->tokens holds
  * res->n_tokens (>= 1) tokens with room for o->max_new, res->decode_logits
  * room for o->max_new - 1 rows. Steps until o->max_new tokens, until
  * o->on_token stops the request, or until a step or the sampler fails
- * (non-finite logits fail the request: no -1 enters the token stream). */
+ * (non-finite logits fail the request: no -1 enters the token stream).
+ * Each step is one row of the one step function (step.h: rt_gen_step). */
 int rt_gen_decode(const struct rt_model *M, struct rt_request *r, const struct rt_gen_opts *o, struct rt_sampler *s,
                   uint64_t *rng, struct rt_gen_result *res, char *err, size_t err_len);
 

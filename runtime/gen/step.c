@@ -3,6 +3,7 @@
 #include "runtime/gen/step.h"
 
 #include <setjmp.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,9 +161,66 @@ int rt_gen_step(const struct rt_model *M, struct rt_step_row *rows, int n_rows, 
     else
       step_alone(M, &rows[i], o, st);
   }
-  if (B) step_lockstep(M, w, B, ar); /* one row too: the batch's arena counts its op groups */
+  if (B) step_lockstep(M, w, B, ar); /* one row too: the batch's arena counts its groups */
   free(w);
   int failed = 0;
   for (int i = 0; i < n_rows; i++) failed += rows[i].rc != 0;
   return failed;
 }
+
+/* ---- the decode loop of the single-request drivers (generate.h) ---------------- */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One decode position of r through the one step function (step.h). */
+static int decode_step(const struct rt_model *M, struct rt_request *r, float *logits, const struct rt_gen_opts *o,
+                       struct rt_gen_result *res, char *err, size_t err_len) {
+  struct rt_step_row w = {.r = r, .n = 1, .logits = logits};
+  rt_gen_step(M, &w, 1, o, NULL, &res->decode);
+  if (w.nodes) res->decode_nodes = w.nodes;
+  if (w.rc) snprintf(err, err_len, "%s", w.err);
+  return w.rc;
+}
+
+int rt_gen_take_token(struct rt_sampler *s, const float *logits, const struct rt_gen_opts *o, uint64_t *rng,
+                      int64_t pos, struct rt_request *r, struct rt_gen_result *res, char *err, size_t err_len) {
+  struct rt_sample_opts so = rt_gen_sample_opts(o);
+  int32_t id;
+  int rc = rt_sample_next(s, &so, r, logits, pos, rng, &id, err, err_len);
+  if (rc) return rc;
+  res->tokens[res->n_tokens++] = r->pending = id;
+  if (o->on_token && o->on_token(o->token_user, id)) res->stopped = true;
+  return 0;
+}
+
+int rt_gen_decode(const struct rt_model *M, struct rt_request *r, const struct rt_gen_opts *o, struct rt_sampler *s,
+                  uint64_t *rng, struct rt_gen_result *res, char *err, size_t err_len) {
+  const int V = M->p->model.vocab;
+  if (res->n_tokens < 1 || r->pending < 0) { /* a driver's state without a sampled token: refuse, never decode -1 */
+    snprintf(err, err_len, "the decode loop has no sampled token to continue from; this request is dropped");
+    return CEDAR_EINVAL;
+  }
+  double steady = 0;
+  int rc = 0;
+  for (int i = res->n_tokens; i < o->max_new && !rc && !res->stopped; i++) {
+    double t = now_s();
+    rt_request_push_token(r, r->pending);
+    r->pending = -1;
+    float *lg = res->decode_logits + (size_t)(i - 1) * V;
+    rc = decode_step(M, r, lg, o, res, err, err_len);
+    if (!rc) rc = rt_gen_take_token(s, lg, o, rng, r->n_pos - 1, r, res, err, err_len);
+    if (rc) break;
+    double dt = now_s() - t;
+    if (i == 1)
+      res->first_itl_s = dt;
+    else
+      steady += dt;
+  }
+  if (res->n_tokens > 2) res->steady_itl_s = steady / (res->n_tokens - 2);
+  return rc;
+}
+
