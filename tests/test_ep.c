@@ -73,8 +73,7 @@ static void expect_same_state(const struct plan *p, const struct rt_request *a, 
 }
 
 /* The load figures of the last run against the placement. */
-static void check_load(const struct plan *p, const char *what) {
-  const struct rt_ep_stats *s = rt_ep_last_stats();
+static void check_load(const struct rt_ep_stats *s, const struct plan *p, const char *what) {
   const struct plan_placement *pl = &p->serving.place;
   int d = p->model.hidden, k = p->model.n_active;
   int64_t pairs = 0, rows = 0, disp = 0, comb = 0, remote_rows = 0, remote_pairs = 0;
@@ -115,9 +114,12 @@ static void equivalence(struct fx *ep, struct fx *one, enum rt_executor ex, bool
       struct rt_gen_result a, b;
       char what[128];
       snprintf(what, sizeof what, "%s %s n=%lld chunk=%d", ep->path, rt_executor_name(ex), (long long)n, chunks[c]);
-      int rc = rt_pipe_generate(&ep->M, ep->pools, &ra, tok, n, &o, &a, err, sizeof err);
+      struct rt_pipe_stats fp;
+      struct rt_ep_stats fe;
+      struct rt_pipe_figs figs = {&fp, &fe};
+      int rc = rt_pipe_generate(&ep->M, ep->pools, &ra, tok, n, &o, &figs, &a, err, sizeof err);
       EXPECT(rc == 0, "%s: expert-parallel run: %s", what, err);
-      if (!rc) check_load(ep->p, what);
+      if (!rc) check_load(&fe, ep->p, what);
       int rc2 = rt_generate(&one->M, one->pools, &rb, tok, n, &o, &b, err, sizeof err);
       EXPECT(rc2 == 0, "%s: one process: %s", what, err);
       if (!rc && !rc2) {
@@ -144,16 +146,32 @@ static void attribution(struct fx *ep) {
   struct rt_gen_opts o = {.chunk = 16, .replay = -1, .max_new = 1};
   struct rt_request r = {0};
   struct rt_gen_result res;
-  int rc = rt_pipe_generate(&ep->M, ep->pools, &r, tok, 37, &o, &res, err, sizeof err);
+  struct rt_pipe_stats fp;
+  struct rt_ep_stats fe;
+  struct rt_pipe_figs figs = {&fp, &fe};
+  int rc = rt_pipe_generate(&ep->M, ep->pools, &r, tok, 37, &o, &figs, &res, err, sizeof err);
   EXPECT(rc == 0, "attribution run: %s", err);
   if (!rc) {
-    const struct rt_ep_stats *s = rt_ep_last_stats();
+    const struct rt_ep_stats *s = &fe;
     int64_t a = s->rank[0].expert_rows, b = s->rank[1].expert_rows;
     EXPECT(a > 0 && b > 0, "ep2: both shards computed (%lld, %lld)", (long long)a, (long long)b);
     EXPECT(s->rank[1].dispatch_bytes == 0 && s->rank[0].combine_bytes == 0,
            "ep2: rank 1 dispatches nothing, rank 0 sends no combine");
     EXPECT(s->layers == ep->p->n_layers && s->shards == 2, "ep2: %d layers, %d shards", s->layers, s->shards);
   }
+  rt_gen_result_free(&res);
+  rt_request_free(&r);
+  if (rc) return;
+  /* the figures are the caller's (pipeline.h: rt_pipe_figs): a second
+   * request counts into its own, and the first request's stay as they were */
+  struct rt_ep_stats keep = fe, fe2;
+  struct rt_pipe_stats fp2;
+  struct rt_pipe_figs figs2 = {&fp2, &fe2};
+  rc = rt_pipe_generate(&ep->M, ep->pools, &r, tok, 20, &o, &figs2, &res, err, sizeof err);
+  EXPECT(rc == 0, "second run: %s", err);
+  EXPECT(!memcmp(&keep, &fe, sizeof fe), "ep2: a second request changed the first request's figures");
+  EXPECT(!rc && fe2.passes > 0 && fe2.passes < fe.passes, "ep2: the second request's own passes (%lld, first %lld)",
+         (long long)fe2.passes, (long long)fe.passes);
   rt_gen_result_free(&res);
   rt_request_free(&r);
 }
@@ -362,11 +380,12 @@ static void refusals(void) {
   plan_diags_free(&dg);
   if (!h_load_plan("tests/plans/ep2-tiny-40.yaml", &p)) return;
   struct rt_gen_opts o = {.executor = RT_EXEC_STARPU};
-  int rc = rt_ep_begin(&p, &o, true, err, sizeof err);
+  struct rt_ep_stats fe;
+  int rc = rt_ep_begin(&p, &o, true, &fe, err, sizeof err);
   EXPECT(rc == CEDAR_EUNSUPPORTED && strstr(err, "--executor direct"), "starpu across ranks: rc %d: %s", rc, err);
   rt_ep_end();
   o.executor = RT_EXEC_DIRECT;
-  EXPECT(rt_ep_begin(&p, &o, false, err, sizeof err) == 0, "one process: %s", err);
+  EXPECT(rt_ep_begin(&p, &o, false, &fe, err, sizeof err) == 0, "one process: %s", err);
   rt_ep_end();
   EXPECT(plan_ep_layer(&p, 0) && plan_ep_layer(&p, 39) && !plan_ep_layer(&p, 40), "ep2 layers");
   EXPECT_EQ(plan_expert_rank(&p, 5, 1), 0, "expert 1 of ep2 on rank 0");

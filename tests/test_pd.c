@@ -98,7 +98,7 @@ static void check_equivalence(struct fx *pd, struct fx *one, enum rt_executor ex
       struct rt_pd_stats st;
       char what[96];
       snprintf(what, sizeof what, "%s n=%lld chunk=%d", rt_executor_name(ex), (long long)n, chunks[c]);
-      int rc = rt_pd_generate(&pd->M, pd->pools, &ra, tok, n, &o, &a, &st, err, sizeof err);
+      int rc = rt_pd_generate(&pd->M, pd->pools, &ra, tok, n, &o, &a, &st, NULL, err, sizeof err);
       EXPECT(rc == 0, "%s: P/D run: %s", what, err);
       int rc2 = rt_generate(&one->M, one->pools, &rb, tok, n, &o, &b, err, sizeof err);
       EXPECT(rc2 == 0, "%s: one process: %s", what, err);
@@ -136,7 +136,7 @@ static void expect_refusal(struct fx *pd, enum rt_pd_fault f, int64_t n, const c
   struct rt_pd_stats st;
   rt_pd_set_fault(f);
   err[0] = 0;
-  int rc = rt_pd_generate(&pd->M, pd->pools, &r, tok, n, &o, &res, &st, err, sizeof err);
+  int rc = rt_pd_generate(&pd->M, pd->pools, &r, tok, n, &o, &res, &st, NULL, err, sizeof err);
   rt_pd_set_fault(RT_PD_FAULT_NONE);
   EXPECT(rc == CEDAR_EINVAL, "%s: D decoded (rc %d)", label, rc);
   EXPECT(strstr(err, want) != NULL, "%s: message '%s' lacks '%s'", label, err, want);
@@ -155,7 +155,7 @@ static void check_refusals_and_faults(struct fx *pd) {
   struct rt_gen_result res;
   struct rt_pd_stats st;
   err[0] = 0;
-  int rc = rt_pd_generate(&pd->M, pd->pools, &r, tok, 8, &o, &res, &st, err, sizeof err);
+  int rc = rt_pd_generate(&pd->M, pd->pools, &r, tok, 8, &o, &res, &st, NULL, err, sizeof err);
   EXPECT(rc == CEDAR_EUNSUPPORTED && strstr(err, "runs without the prefix cache") && strstr(err, "turn the prefix"),
          "a prefix cache with P/D: rc %d, '%s'", rc, err);
   EXPECT(pages_in_use(pd) == 0, "prefix-cache refusal: pages held");
@@ -187,7 +187,7 @@ static void check_nonfinite_decode(struct fx *f, const char *label) {
   int32_t t = 1, y1 = -1;
   for (; t < 64; t++) { /* a prompt id the model does not answer with itself */
     for (int i = 0; i < n; i++) tok[i] = t;
-    int rc = rt_pd_generate(&f->M, f->pools, &r, tok, n, &o, &res, &st, err, sizeof err);
+    int rc = rt_pd_generate(&f->M, f->pools, &r, tok, n, &o, &res, &st, NULL, err, sizeof err);
     EXPECT(rc == 0, "%s: clean run: %s", label, err);
     y1 = rc == 0 && res.n_tokens ? res.tokens[0] : -1;
     rt_gen_result_free(&res);
@@ -203,7 +203,7 @@ static void check_nonfinite_decode(struct fx *f, const char *label) {
   memcpy(keep, row, sizeof(float) * (size_t)d);
   for (int i = 0; i < d; i++) row[i] = NAN;
   err[0] = 0;
-  int rc = rt_pd_generate(&f->M, f->pools, &r, tok, n, &o, &res, &st, err, sizeof err);
+  int rc = rt_pd_generate(&f->M, f->pools, &r, tok, n, &o, &res, &st, NULL, err, sizeof err);
   memcpy(row, keep, sizeof(float) * (size_t)d);
   free(keep);
   EXPECT(rc == CEDAR_EINVAL && strstr(err, "NaN or +inf") && strstr(err, "position 16"),

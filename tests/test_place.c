@@ -218,7 +218,10 @@ static void equivalence(struct fx *pp, struct fx *one, enum rt_executor ex) {
       struct rt_gen_result a, b;
       char what[128];
       snprintf(what, sizeof what, "%s %s n=%lld chunk=%d", pp->path, rt_executor_name(ex), (long long)n, chunks[c]);
-      int rc = rt_pipe_generate(&pp->M, pp->pools, &ra, tok, n, &o, &a, err, sizeof err);
+      struct rt_pipe_stats fp;
+      struct rt_ep_stats fe;
+      struct rt_pipe_figs figs = {&fp, &fe};
+      int rc = rt_pipe_generate(&pp->M, pp->pools, &ra, tok, n, &o, &figs, &a, err, sizeof err);
       EXPECT(rc == 0, "%s: staged run: %s", what, err);
       int rc2 = rt_generate(&one->M, one->pools, &rb, tok, n, &o, &b, err, sizeof err);
       EXPECT(rc2 == 0, "%s: one process: %s", what, err);

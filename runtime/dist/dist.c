@@ -23,14 +23,12 @@ int rt_dist_generate(enum graph_run run, const struct rt_model *M, struct rt_kv_
                      struct rt_dist_report *rep, char *err, size_t err_len) {
   memset(rep, 0, sizeof *rep);
   const struct plan *p = M->p;
-  int rc = run == GRAPH_RUN_PD ? rt_pd_generate(M, pools, r, prompt, n, o, res, &rep->pd_stats, err, err_len)
-                               : rt_pipe_generate(M, pools, r, prompt, n, o, res, err, err_len);
+  /* the pipeline driver runs the ranks (for experts too): its per-rank figures go straight into rep */
+  struct rt_pipe_figs figs = {&rep->pipe_stats, &rep->ep_stats};
+  int rc = run == GRAPH_RUN_PD ? rt_pd_generate(M, pools, r, prompt, n, o, res, &rep->pd_stats, &figs, err, err_len)
+                               : rt_pipe_generate(M, pools, r, prompt, n, o, &figs, res, err, err_len);
   rep->pd = run == GRAPH_RUN_PD;
   rep->pipe = plan_has_stages(p);
   rep->ep = p->serving.place.n_ep_ranks > 0;
-  if (rep->pipe || rep->ep) { /* the pipeline driver ran the ranks (for experts too): its per-rank figures */
-    rep->pipe_stats = *rt_pipe_last_stats();
-    rep->ep_stats = *rt_ep_last_stats();
-  }
   return rc;
 }

@@ -53,23 +53,23 @@ static struct {
   int n_m, cap_m;
   int served;  /* outputs this rank sent back */
   int hold_at; /* CEDAR_EP_TEST_FAULT=hold[:N]: the N-th output is never sent (a test) */
+  struct rt_ep_stats *fig; /* the request's figures: its caller's, from rt_ep_begin to rt_ep_end (else NULL: none counted) */
   pthread_mutex_t mu;
 } ep = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-static struct rt_ep_stats last;
 static int64_t held_here = -1; /* rt_ep_note_weights */
-const struct rt_ep_stats *rt_ep_last_stats(void) { return &last; }
 
 static double deadline_s(void) { return rt_pd_deadline_s(); } /* CEDAR_PD_DEADLINE_S, checked (pd.h) */
 
 /* ---- the request ------------------------------------------------------------ */
 
-int rt_ep_begin(const struct plan *p, const struct rt_gen_opts *o, bool mpi, char *err, size_t err_len) {
+int rt_ep_begin(const struct plan *p, const struct rt_gen_opts *o, bool mpi, struct rt_ep_stats *fig, char *err,
+                size_t err_len) {
   rt_ep_register(); /* this feature's node entries (backend.h) */
   const struct plan_placement *pl = &p->serving.place;
-  memset(&last, 0, sizeof last);
-  last.shards = pl->n_ep_ranks;
-  for (int l = 0; l < p->n_layers; l++) last.layers += plan_ep_layer(p, l);
+  memset(fig, 0, sizeof *fig);
+  fig->shards = pl->n_ep_ranks;
+  for (int l = 0; l < p->n_layers; l++) fig->layers += plan_ep_layer(p, l);
   ep.on = false;
   if (!pl->n_ep_ranks) return 0;
   if (mpi && o->executor == RT_EXEC_STARPU) {
@@ -84,14 +84,15 @@ int rt_ep_begin(const struct plan *p, const struct rt_gen_opts *o, bool mpi, cha
              comm_world_size());
     return CEDAR_EUNSUPPORTED;
   }
-  last.mpi = ep.on = mpi;
+  fig->mpi = ep.on = mpi;
   ep.me = mpi ? comm_world_rank() : 0;
   ep.world = mpi ? comm_world_size() : 1;
   memset(ep.cnt, 0, sizeof ep.cnt);
   ep.served = 0;
-  if (mpi && held_here >= 0 && ep.me < RT_EP_MAX_RANKS) last.rank[ep.me].held_expert_bytes = held_here;
+  if (mpi && held_here >= 0 && ep.me < RT_EP_MAX_RANKS) fig->rank[ep.me].held_expert_bytes = held_here;
   const char *f = getenv("CEDAR_EP_TEST_FAULT");
   ep.hold_at = f && !strncmp(f, "hold", 4) ? (f[4] == ':' ? atoi(f + 5) : 1) : 0;
+  ep.fig = fig; /* until rt_ep_end */
   return 0;
 }
 
@@ -109,6 +110,7 @@ static struct ep_msg *new_msg(size_t n) {
 }
 
 void rt_ep_end(void) {
+  ep.fig = NULL; /* the figures are the caller's from here */
   for (int i = 0; i < ep.n_m; i++) {
     free(ep.m[i]->buf);
     free(ep.m[i]);
@@ -154,15 +156,15 @@ static int all_done(char *err, size_t err_len) {
 int rt_ep_gather(char *err, size_t err_len) {
   if (!ep.on) return 0;
   if (ep.me != 0) {
-    struct ep_msg *m = new_msg(sizeof last);
-    memcpy(m->buf, &last, sizeof last);
-    int rc = post(m, sizeof last, 0, tag_of(EP_STATS, 0), true);
+    struct ep_msg *m = new_msg(sizeof *ep.fig);
+    memcpy(m->buf, ep.fig, sizeof *ep.fig);
+    int rc = post(m, sizeof *ep.fig, 0, tag_of(EP_STATS, 0), true);
     if (rc) snprintf(err, err_len, "rank %d: sending the expert-parallel figures failed", ep.me);
     return rc ? rc : all_done(err, err_len);
   }
   for (int r = 1; r < ep.world; r++) {
-    struct ep_msg *m = new_msg(sizeof last);
-    int rc = post(m, sizeof last, r, tag_of(EP_STATS, 0), false);
+    struct ep_msg *m = new_msg(sizeof *ep.fig);
+    int rc = post(m, sizeof *ep.fig, r, tag_of(EP_STATS, 0), false);
     if (rc) return snprintf(err, err_len, "rank 0: receiving the expert-parallel figures failed"), rc;
     if (!wait_done(&m->st, deadline_s())) {
       snprintf(err, err_len, "rank 0: no expert-parallel figures from rank %d for %.0f s (CEDAR_PD_DEADLINE_S)", r,
@@ -170,9 +172,9 @@ int rt_ep_gather(char *err, size_t err_len) {
       return CEDAR_EIO;
     }
     const struct rt_ep_stats *o = m->buf;
-    last.passes += o->passes;
+    ep.fig->passes += o->passes;
     for (int k = 0; k < RT_EP_MAX_RANKS; k++) {
-      struct rt_ep_rank *a = &last.rank[k];
+      struct rt_ep_rank *a = &ep.fig->rank[k];
       const struct rt_ep_rank *b = &o->rank[k];
       a->rows += b->rows, a->expert_rows += b->expert_rows, a->expert_s += b->expert_s;
       a->dispatch_bytes += b->dispatch_bytes, a->dispatch_meta_bytes += b->dispatch_meta_bytes;
@@ -189,7 +191,7 @@ int rt_ep_gather(char *err, size_t err_len) {
 static void count(int rank, void (*f)(struct rt_ep_rank *, int64_t, int64_t, double), int64_t a, int64_t b,
                   double c) {
   pthread_mutex_lock(&ep.mu);
-  if (rank >= 0 && rank < RT_EP_MAX_RANKS) f(&last.rank[rank], a, b, c);
+  if (ep.fig && rank >= 0 && rank < RT_EP_MAX_RANKS) f(&ep.fig->rank[rank], a, b, c);
   pthread_mutex_unlock(&ep.mu);
 }
 static void add_load(struct rt_ep_rank *k, int64_t rows, int64_t pairs, double s) {
@@ -473,7 +475,7 @@ int rt_ep_sum(const struct rt_node_ctx *c) {
   ar->fam_s[RT_FAM_MOE] += rt_clock() - t0;
   rt_moe_finish(M, nd, c->buf[nd->x], S.post, S.C, y, S.sel, ar);
   pthread_mutex_lock(&ep.mu);
-  last.passes += n;
+  if (ep.fig) ep.fig->passes += n;
   pthread_mutex_unlock(&ep.mu);
   return 0;
 }

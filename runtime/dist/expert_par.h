@@ -59,7 +59,8 @@
  * executor yet: no placement puts expert homes on two GPUs of one rank
  * (shards are ranks; CUDA stages are refused).
  *
- * Figures (rt_ep_last_stats, gathered on rank 0): rows and expert-rows
+ * Figures (into the caller's struct rt_ep_stats from rt_ep_begin to
+ * rt_ep_end, gathered on rank 0): rows and expert-rows
  * each rank computed, its expert seconds, dispatch bytes (token rows, and
  * the routing metadata apart) and combine bytes; the same in one process
  * (counted as if remote), so both runs can be compared.
@@ -102,13 +103,17 @@ struct rt_ep_stats {
 };
 
 
-/* Before a request (rt_pipe_generate): checks what cannot run (the StarPU
- * executor across ranks), resets the figures, and turns the messages on
- * when mpi (this request runs on ranks). 0 or CEDAR_EUNSUPPORTED + err. */
-int rt_ep_begin(const struct plan *p, const struct rt_gen_opts *o, bool mpi, char *err, size_t err_len);
+/* Before a request (rt_pipe_open): checks what cannot run (the StarPU
+ * executor across ranks), resets the figures *fig (the caller's: the node
+ * entries count into it until rt_ep_end; a plan without routed experts on
+ * ranks counts nothing) and turns the messages on when mpi (this request
+ * runs on ranks). 0 or CEDAR_EUNSUPPORTED + err. */
+int rt_ep_begin(const struct plan *p, const struct rt_gen_opts *o, bool mpi, struct rt_ep_stats *fig, char *err,
+                size_t err_len);
 /* Rank 0 gathers every rank's figures (after a request that succeeded). */
 int rt_ep_gather(char *err, size_t err_len);
-/* After StarPU-MPI let go of the messages (comm_stop): free them. */
+/* After StarPU-MPI let go of the messages (comm_stop): free them; the
+ * figures are the caller's alone from here. */
 void rt_ep_end(void);
 
 
@@ -121,7 +126,6 @@ int rt_ep_shard(const struct rt_node_ctx *c);
 int rt_ep_sum(const struct rt_node_ctx *c);
 int rt_ep_transfer_node(const struct rt_node_ctx *c);
 
-const struct rt_ep_stats *rt_ep_last_stats(void);
 
 /* NCCL for a dispatch or combine between two GPUs of one rank
  * (runtime/dist/ep_nccl.c; compiled, never run). wanted: nd is an expert

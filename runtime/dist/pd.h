@@ -150,12 +150,14 @@ int rt_pd_ready(const struct plan *p, const struct rt_pd_meta *m, const struct r
  * pools (D's in LOCAL mode: P takes pools of its own). r is D's request
  * (initialised here; on RT_PD_PREFILL left zeroed). Returns 0, 1 when
  * this rank has no report to print (P under mpirun), or a negative
- * cedar_status with err. st: the transfer figures. Under mpirun a transfer
+ * cedar_status with err. st: the transfer figures; figs: where a plan
+ * with stages or experts puts theirs (pipeline.h; NULL: not kept). Under mpirun a transfer
  * fails when no message completes for CEDAR_PD_DEADLINE_S seconds (default
  * 60); messages still posted then end the job (runtime/comm/comm_mpi.c). */
+struct rt_pipe_figs; /* pipeline.h */
 int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
                    int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, struct rt_pd_stats *st,
-                   char *err, size_t err_len);
+                   const struct rt_pipe_figs *figs, char *err, size_t err_len);
 
 /* CEDAR_PD_DEADLINE_S, the deadline of every wait between ranks (P/D,
  * stages, experts): seconds in (0, 86400], default 60 when unset. A value
@@ -166,9 +168,6 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
 double rt_pd_deadline_s(void);
 /* 0, or -1 with "CEDAR_PD_DEADLINE_S=<value>: why" in err. */
 int rt_pd_deadline_check(char *err, size_t err_len);
-
-/* The last rt_pd_generate's figures in this process (for reports). */
-const struct rt_pd_stats *rt_pd_last_stats(void);
 
 /* What the decode rank knows of the prefill rank's part of the last request
  * under mpirun with a trace asked for (rt_gen_opts.on_graph on the StarPU

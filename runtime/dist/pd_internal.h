@@ -76,7 +76,6 @@ int pd_ready_mask(const struct plan *p, const struct rt_pd_meta *m, const struct
                   const struct rt_pd_rx *rx, const bool *mine, bool all, char *err, size_t err_len);
 
 /* Shared by pd_run.c and pd_stage.c (P/D with stages or experts): */
-extern struct rt_pd_stats pd_last; /* rt_pd_last_stats */
 double pd_deadline_s(void);        /* CEDAR_PD_DEADLINE_S, default 60 */
 /* Wait until ms[idx[..]] all completed, or none did for dl seconds (false;
  * rx->first_missing names it when rx). die_at: a test fault (0: none). */
@@ -93,7 +92,7 @@ int pd_decode(const struct rt_model *M, const struct rt_gen_opts *o, struct rt_r
  * experts): runtime/dist/pd_stage.c. rt_pd_generate's contract. */
 int pd_stage_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
                       int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, struct rt_pd_stats *st,
-                      char *err, size_t err_len);
+                      const struct rt_pipe_figs *figs, char *err, size_t err_len);
 
 /* The messages after a prefill graph's transfer messages, in P/D's
  * message table: each one's slot (n_node + its index) and its MPI tag

@@ -23,10 +23,6 @@
 /* receive's "P went quiet past the deadline" (never leaves this file). */
 #define PD_STALLED (-100)
 
-struct rt_pd_stats pd_last;
-const struct rt_pd_stats *rt_pd_last_stats(void) { return &pd_last; }
-#define last pd_last
-
 int rt_pd_deadline_check(char *err, size_t err_len) { return comm_deadline_check(err, err_len); }
 
 double pd_deadline_s(void) { return comm_deadline_s(); }
@@ -100,6 +96,9 @@ struct run {
   struct rt_model mp, md;         /* P/D with stages or experts in one process: the views' models */
   struct plan *vp, *vd;
   const struct rt_gen_opts *o;
+  struct rt_pipe_figs figs;       /* where the stages' and experts' figures go (the caller's, or own_*) */
+  struct rt_pipe_stats own_pipe;
+  struct rt_ep_stats own_ep;
   struct graph g;
   int64_t n;
   struct pd_link L;
@@ -457,7 +456,9 @@ static int run_open(struct run *R, const struct rt_model *M, enum rt_pd_role rol
   struct graph_opts go = {.chunk = o->chunk, .replay = o->replay, .all_logits = o->all_logits};
   int rc = graph_build_prefill(&R->g, R->MP->p, R->n, &go, err, err_len);
   if (!rc && views) { /* the routed experts' figures (rt_ep_begin): one process, no messages */
-    rc = rt_pipe_open(p, R->vp->serving.place.n_ep_ranks ? R->vp : R->vd, o, R->n, err, err_len);
+    if (!R->figs.pipe) R->figs.pipe = &R->own_pipe;
+    if (!R->figs.ep) R->figs.ep = &R->own_ep;
+    rc = rt_pipe_open(p, R->vp->serving.place.n_ep_ranks ? R->vp : R->vd, o, R->n, &R->figs, err, err_len);
     *opened = !rc;
   }
   if (rc) return rc;
@@ -646,7 +647,7 @@ static int pd_refuse(int64_t n, const struct rt_gen_opts *o, char *err, size_t e
 
 int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
                    int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, struct rt_pd_stats *st,
-                   char *err, size_t err_len) {
+                   const struct rt_pipe_figs *figs, char *err, size_t err_len) {
   rt_pd_register(); /* this feature's node entries (backend.h) */
   const struct plan *p = M->p;
   memset(res, 0, sizeof(*res));
@@ -655,7 +656,7 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
   int rc = pd_refuse(n, o, err, err_len);
   if (rc) return rc;
   if (plan_place_pd(p) && comm_world_size() > 1) /* each role on ranks of its own (pd_stage.c) */
-    return pd_stage_generate(M, pools, r, prompt, n, o, res, st, err, err_len);
+    return pd_stage_generate(M, pools, r, prompt, n, o, res, st, figs, err, err_len);
   if (role == RT_PD_IDLE || role == RT_PD_NONE) {
     if (role == RT_PD_IDLE && !comm_meet(deadline_s())) comm_abort("the other ranks did not start the request");
     if (role == RT_PD_IDLE && !comm_start(err, err_len)) comm_stop();
@@ -664,6 +665,7 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
   struct run *R = cedar_xcalloc(1, sizeof(*R));
   R->o = o;
   R->n = n;
+  if (figs) R->figs = *figs;
   struct rt_kv_pool *pools_p = NULL;
   struct rt_request rp = {0};
   bool opened = false;
@@ -693,7 +695,6 @@ int rt_pd_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt
   if (role == RT_PD_DECODE && R->mpi_on && !R->acked)
     d_answer(R, pools, r, rc, err); /* refused before the barrier: P hears why */
   if (opened) rc = rt_pipe_close(R->vd, r, rc, err, err_len);
-  last = *st;
   if (rp.plan) rt_request_free(&rp);
   if (pools_p) {
     rt_kv_pools_free(pools_p, p->n_layers);

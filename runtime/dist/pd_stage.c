@@ -27,7 +27,8 @@
  *     message is still posted), never a hang.
  *
  * Rank 0 reports (the pipeline's rule): the D ranks' transfer figures are
- * summed there (rt_pd_last_stats), with the pipeline's and the experts'.
+ * summed there (into the caller's st), with the pipeline's and the
+ * experts' (into the caller's figs).
  * Test: tests/cli/pdx_mpi.sh.
  */
 #include <stdatomic.h>
@@ -419,7 +420,7 @@ static void stage_free(struct stage_run *S) {
 
 int pd_stage_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
                       int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, struct rt_pd_stats *st,
-                      char *err, size_t err_len) {
+                      const struct rt_pipe_figs *figs, char *err, size_t err_len) {
   const struct plan *p = M->p;
   struct rt_gen_opts ob;
   const int V = p->model.vocab;
@@ -438,6 +439,9 @@ int pd_stage_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct
   float *logits = NULL;
   int64_t *pos = NULL;
   bool opened = false, pools_on = false;
+  struct rt_pipe_stats own_pipe; /* the caller keeps no figures (figs NULL): this request's own */
+  struct rt_ep_stats own_ep;
+  struct rt_pipe_figs fg = {figs && figs->pipe ? figs->pipe : &own_pipe, figs && figs->ep ? figs->ep : &own_ep};
   struct graph_opts go = {.chunk = o->chunk, .replay = o->replay, .all_logits = o->all_logits};
   int rc = graph_build_prefill(&S->g, vp, n, &go, err, err_len);
   if (rc) goto out;
@@ -447,7 +451,7 @@ int pd_stage_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct
   if (rc) goto out;
   bool is_p = false, is_d = false;
   for (int q = 0; q < W; q++) is_p |= S->feeds[q], is_d |= S->fed_by[q];
-  rc = rt_pipe_open(p, vp->serving.place.n_ep_ranks ? vp : vd, o, n, err, err_len);
+  rc = rt_pipe_open(p, vp->serving.place.n_ep_ranks ? vp : vd, o, n, &fg, err, err_len);
   if (rc) goto out;
   opened = true;
   ob = *o; /* this rank's nodes, and the ranks' meeting after each graph */
@@ -519,7 +523,6 @@ decided:
   if (!rc) rc = final_figures(S, p, n, t_end - t0, st, err, err_len);
 out:
   if (opened) rc = rt_pipe_close(vd, r, rc, err, err_len);
-  pd_last = *st;
   if (rp.plan) rt_request_free(&rp);
   if (pools_on) rt_kv_pools_free(pools_p, p->n_layers);
   free(pools_p);

@@ -43,14 +43,13 @@ static struct {
   bool trace;         /* record the nodes' times for one trace (rt_pipe_trace) */
   double *arrive;     /* (cap_arrive) this graph's receives: when each message arrived (CLOCK_MONOTONIC s), by node */
   int cap_arrive;
+  struct rt_pipe_stats *fig; /* the request's figures: its caller's (rt_pipe_open), between open and close */
 } pp = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static struct rt_pipe_trace ptr; /* rank 0: the last graph's records */
 static double *ptr_rec;
 static int ptr_cap;
 
-static struct rt_pipe_stats last;
-const struct rt_pipe_stats *rt_pipe_last_stats(void) { return &last; }
 
 static double deadline_s(void) { return rt_pd_deadline_s(); } /* CEDAR_PD_DEADLINE_S, checked (pd.h) */
 
@@ -153,7 +152,7 @@ int rt_pipe_transfer_node(const struct rt_node_ctx *c) {
       memcpy((uint8_t *)s->buf + (size_t)(e - e0) * seq->pool->entry_bytes, rt_kv_entry(seq, e),
              seq->pool->entry_bytes);
     pthread_mutex_lock(&pp.mu);
-    struct rt_pipe_rank *rk = &last.rank[pp.me];
+    struct rt_pipe_rank *rk = &pp.fig->rank[pp.me];
     rk->bytes_sent += (int64_t)bytes;
     rk->messages++;
     int64_t *tot = kv ? (g->flow != GRAPH_DECODE ? &rk->kv_prefill : &rk->kv_decode)
@@ -315,7 +314,7 @@ int rt_pipe_after_graph(const struct graph *g, struct rt_exec_out *out, const st
     double busy = 0;
     for (int op = 0; op < GRAPH_OP_COUNT; op++)
       if (op != GRAPH_TRANSFER) busy += st->op_seconds[op];
-    struct rt_pipe_rank *rk = &last.rank[pp.me];
+    struct rt_pipe_rank *rk = &pp.fig->rank[pp.me];
     /* st accumulates over the decode steps; the prefill is one graph */
     if (g->flow == GRAPH_DECODE)
       rk->decode_busy_s = busy, rk->decode_wall_s = st->seconds;
@@ -352,14 +351,15 @@ int rt_pipe_after_graph(const struct graph *g, struct rt_exec_out *out, const st
 /* Rank 0 gathers every rank's figures (each within the deadline). */
 static int gather_figures(void) {
   int rc = 0;
-  if (pp.me != 0) return xchg(&last.rank[pp.me], sizeof last.rank[0], 0, tag_of(0xffffd), true);
+  if (pp.me != 0) return xchg(&pp.fig->rank[pp.me], sizeof pp.fig->rank[0], 0, tag_of(0xffffd), true);
   for (int r = 1; r < pp.world && r < RT_PIPE_MAX_RANKS && !rc; r++)
-    rc = xchg(&last.rank[r], sizeof last.rank[0], r, tag_of(0xffffd), false);
+    rc = xchg(&pp.fig->rank[r], sizeof pp.fig->rank[0], r, tag_of(0xffffd), false);
   for (int r = 0; r < pp.world && r < RT_PIPE_MAX_RANKS && !rc; r++) { /* what every sender moved */
-    last.act_bytes_prefill += last.rank[r].act_prefill;
-    last.act_bytes_decode += last.rank[r].act_decode;
-    last.kv_bytes_prefill += last.rank[r].kv_prefill;
-    last.kv_bytes_decode += last.rank[r].kv_decode;
+    struct rt_pipe_stats *f = pp.fig;
+    f->act_bytes_prefill += f->rank[r].act_prefill;
+    f->act_bytes_decode += f->rank[r].act_decode;
+    f->kv_bytes_prefill += f->rank[r].kv_prefill;
+    f->kv_bytes_decode += f->rank[r].kv_decode;
   }
   return rc;
 }
@@ -381,24 +381,28 @@ static int fault_parse(char *err, size_t err_len) {
 }
 
 int rt_pipe_open(const struct plan *p, const struct plan *ep_plan, const struct rt_gen_opts *o, int64_t n,
-                 char *err, size_t err_len) {
+                 const struct rt_pipe_figs *figs, char *err, size_t err_len) {
+  CEDAR_ASSERT_MSG(figs && figs->pipe && figs->ep, "rt_pipe_open needs the request's figures (pipeline.h)");
   rt_pipe_register(); /* this feature's node entries (backend.h) */
   if (fault_parse(err, err_len)) return CEDAR_EINVAL;
-  memset(&last, 0, sizeof last);
-  last.ranks = plan_place_ranks(p);
-  last.stages = p->serving.place.n_stages;
+  struct rt_pipe_stats *f = figs->pipe;
+  memset(f, 0, sizeof *f);
+  f->ranks = plan_place_ranks(p);
+  f->stages = p->serving.place.n_stages;
   int chunk = o->chunk > 0 ? o->chunk : p->serving.prefill_chunk;
-  last.chunks = (int)((n + chunk - 1) / chunk);
-  int rc = rt_ep_begin(ep_plan, o, rt_pipe_multi(p), err, err_len); /* routed experts on ranks (expert_par.h) */
+  f->chunks = (int)((n + chunk - 1) / chunk);
+  int rc = rt_ep_begin(ep_plan, o, rt_pipe_multi(p), figs->ep, err, err_len); /* routed experts on ranks (expert_par.h) */
   if (rc || !rt_pipe_multi(p)) return rc;
   if (o->cache) {
     snprintf(err, err_len, "layer stages on several ranks run without the prefix cache (each rank would cache only "
              "its layers); run without --cache");
+    rt_ep_end();
     return CEDAR_EUNSUPPORTED;
   }
   if (comm_world_size() > RT_PIPE_MAX_RANKS) {
     snprintf(err, err_len, "layer stages run on at most %d ranks; mpirun gave %d", RT_PIPE_MAX_RANKS,
              comm_world_size());
+    rt_ep_end();
     return CEDAR_EUNSUPPORTED;
   }
   /* every rank's engine up before any deadline counts (a slow start is not
@@ -407,11 +411,15 @@ int rt_pipe_open(const struct plan *p, const struct plan *ep_plan, const struct 
     snprintf(err, err_len, "rank %d: the other ranks did not start the request within %.0f s (CEDAR_PD_DEADLINE_S): "
              "one died or is stuck; ending the job", comm_world_rank(), deadline_s());
     comm_abort(err);
+    rt_ep_end();
     return CEDAR_EIO;
   }
   rc = comm_start(err, err_len);
-  if (rc) return rc;
-  last.mpi = true;
+  if (rc) {
+    rt_ep_end();
+    return rc;
+  }
+  f->mpi = true;
   pp.me = comm_world_rank();
   pp.world = comm_world_size();
   pp.seq = 0;
@@ -421,6 +429,7 @@ int rt_pipe_open(const struct plan *p, const struct plan *ep_plan, const struct 
   pp.err[0] = 0;
   pp.suspect = -1;
   pp.trace = o->on_graph && o->executor == RT_EXEC_STARPU;
+  pp.fig = f; /* used only while pp.on */
   pp.on = true;
   return 0;
 }
@@ -488,9 +497,12 @@ int rt_pipe_gather(void *bufs, size_t n, int tag, double dl, bool *got, int susp
 }
 
 int rt_pipe_close(const struct plan *p, const struct rt_request *r, int rc, char *err, size_t err_len) {
-  if (!pp.on) return rc; /* one process: nothing was opened */
+  if (!pp.on) { /* one process: nothing was opened but the experts' figures */
+    rt_ep_end();
+    return rc;
+  }
   if (!rc) { /* the entries of the sources this rank holds (not the copies it received for its readers) */
-    struct rt_pipe_rank *k = &last.rank[pp.me];
+    struct rt_pipe_rank *k = &pp.fig->rank[pp.me];
     if (plan_has_stages(p)) {
       for (int l = 0; l < p->n_layers; l++) {
         const struct rt_kv_seq *s = &r->seq[l];
@@ -511,6 +523,7 @@ int rt_pipe_close(const struct plan *p, const struct rt_request *r, int rc, char
     if (!rc) rc = rt_ep_gather(err, err_len);
   }
   pp.on = false;
+  pp.fig = NULL; /* the figures are the caller's from here */
   ptr.g = NULL; /* no later graph is this request's */
   /* The end: every message completed, then every rank meets within the
    * deadline before StarPU-MPI stops, because starpu_mpi_shutdown's barrier
@@ -548,9 +561,10 @@ int rt_pipe_close(const struct plan *p, const struct rt_request *r, int rc, char
 }
 
 int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
-                     int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len) {
+                     int64_t n, const struct rt_gen_opts *o, const struct rt_pipe_figs *figs, struct rt_gen_result *res,
+                     char *err, size_t err_len) {
   const struct plan *p = M->p;
-  int rc = rt_pipe_open(p, p, o, n, err, err_len);
+  int rc = rt_pipe_open(p, p, o, n, figs, err, err_len);
   if (rc) return rc;
   struct rt_gen_opts ob = *o;
   rt_pipe_bind(&ob);

@@ -33,6 +33,7 @@
 
 #include "runtime/node/backend.h"
 #include "runtime/exec/exec.h"
+#include "runtime/dist/expert_par.h"
 #include "runtime/gen/generate.h"
 
 #define RT_PIPE_MAX_RANKS 64
@@ -56,18 +57,30 @@ struct rt_pipe_stats {
   int64_t kv_bytes_decode;        /* the same, summed over the decode steps */
 };
 
+/* Where one request's figures go: its caller's (rt_dist_report's parts,
+ * the engine's), written while the request runs and complete when it
+ * returns (rank 0 has every rank's); nothing of them stays in this module.
+ * Both are required. */
+struct rt_pipe_figs {
+  struct rt_pipe_stats *pipe;
+  struct rt_ep_stats *ep;
+};
+
 /* This process runs the stages of plan p as ranks of an MPI job. */
 bool rt_pipe_multi(const struct plan *p);
 
-/* One request through the stages (rt_generate's flow). Returns 0 on the
- * reporting rank (0), 1 on the others, or a negative status with err. */
+/* One request through the stages (rt_generate's flow), its figures into
+ * figs. Returns 0 on the reporting rank (0), 1 on the others, or a
+ * negative status with err. */
 int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
-                     int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res, char *err, size_t err_len);
+                     int64_t n, const struct rt_gen_opts *o, const struct rt_pipe_figs *figs, struct rt_gen_result *res,
+                     char *err, size_t err_len);
 
 /* For a driver that runs its own graphs across the ranks (runtime/
  * pd_stage.c: P/D with stages or experts): rt_pipe_open makes the ranks
  * meet and starts StarPU-MPI under mpirun (nothing in one process), the
- * routed experts of ep_plan's placement on (rt_ep_begin); every graph run
+ * routed experts of ep_plan's placement on (rt_ep_begin), the request's
+ * figures counted into figs until rt_pipe_close; every graph run
  * until rt_pipe_close runs with the options rt_pipe_bind sets (this rank's
  * nodes, then rt_pipe_after_graph), in the same order on every rank. rt_pipe_close gathers the figures (r's
  * global entries counted by p's stages), meets every rank within the
@@ -75,7 +88,7 @@ int rt_pipe_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct 
  * the others. rt_pipe_xchg sends / receives n bytes with rank peer, tag
  * below 0xffff0 (its own space per graph), within the deadline. */
 int rt_pipe_open(const struct plan *p, const struct plan *ep_plan, const struct rt_gen_opts *o, int64_t n,
-                 char *err, size_t err_len);
+                 const struct rt_pipe_figs *figs, char *err, size_t err_len);
 int rt_pipe_close(const struct plan *p, const struct rt_request *r, int rc, char *err, size_t err_len);
 int rt_pipe_xchg(void *buf, size_t n, int peer, int tag, bool send);
 /* rt_pipe_xchg within dl seconds instead of the deadline. */
@@ -120,9 +133,6 @@ struct rt_pipe_trace {
   const double *rec;
 };
 const struct rt_pipe_trace *rt_pipe_graph_trace(const struct graph *g);
-
-/* The last request's figures (rank 0 has every rank's). */
-const struct rt_pipe_stats *rt_pipe_last_stats(void);
 
 /* Register the stage boundary's TRANSFER entry (GRAPH_F_STAGE nodes that
  * are not expert packets;
