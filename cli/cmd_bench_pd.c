@@ -86,7 +86,7 @@ static int parse(int argc, char **argv, struct bopts *o) {
 }
 
 static void no_graph(void *user, const struct graph *g, const struct rt_task_time *times) {
-  (void)user, (void)g, (void)times; /* asks P for its node times (rt_pd_last_trace) */
+  (void)user, (void)g, (void)times; /* asks P for its node times (the report's pd_trace) */
 }
 
 static int cmp_d(const void *a, const void *b) {
@@ -213,7 +213,7 @@ int cmd_bench_pd(int argc, char **argv) {
     goto out;
   }
   const struct rt_pd_stats *st = &e.dist.pd_stats;
-  const struct rt_pd_trace *x = rt_pd_last_trace();
+  const struct rt_pd_trace *x = e.dist.pd_trace.g ? &e.dist.pd_trace : NULL; /* P's part (the engine frees it) */
   double ttft_pd = st->prefill_s + st->handoff_s; /* P's request start to D ready with y1 */
   int64_t bytes = 0;
   double busy = 0;
@@ -251,7 +251,6 @@ int cmd_bench_pd(int argc, char **argv) {
            1e-6 * bw1, 1e-6 * bw8);
     status = 0;
   }
-  rt_pd_trace_release();
   rt_gen_result_free(&res);
   rt_engine_request_free(&e, &r);
 out:

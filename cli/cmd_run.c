@@ -640,7 +640,7 @@ int cmd_run(int argc, char **argv) {
     fprintf(stderr, "cedar run: %s\n", err);
     goto out;
   }
-  if (sk.tracing) run_pd_trace(&sk.trace, p); /* under mpirun: P's rank and the transfers too */
+  if (sk.tracing) run_pd_trace(&sk.trace, p, &e.dist.pd_trace); /* under mpirun: P's rank and the transfers too */
   status = report_request(&e, &r, prompt, n, &o, &res);
 out:
   status |= sink_close(&sk, &o, status == 0);

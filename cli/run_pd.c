@@ -100,9 +100,8 @@ void run_pd_cost_json(struct cJSON *j, const struct plan *p, int64_t n) {
   cJSON_AddNumberToObject(o, "total", (double)k.total);
 }
 
-void run_pd_trace(struct viz_trace *t, const struct plan *p) {
-  const struct rt_pd_trace *x = rt_pd_last_trace();
-  if (!x) return;
+void run_pd_trace(struct viz_trace *t, const struct plan *p, const struct rt_pd_trace *x) {
+  if (!x->g) return;
   (void)p;
   const struct graph *g = x->g;
   char name[96], old[sizeof t->process];
@@ -158,5 +157,4 @@ void run_pd_trace(struct viz_trace *t, const struct plan *p) {
     viz_trace_add_flow(t, base + k, idx, "transfer");
   }
   free(ord);
-  rt_pd_trace_release();
 }

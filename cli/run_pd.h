@@ -23,9 +23,9 @@ void run_pd_cost_print(FILE *f, const struct plan *p, int64_t n);
 void run_pd_cost_json(struct cJSON *j, const struct plan *p, int64_t n);
 /* `cedar run --trace` on the decode rank of a P/D run under mpirun: the
  * trace becomes one process per rank (D's, which already holds D's graphs,
- * and P's prefill graph from rt_pd_last_trace) with a flow per transfer
- * from its send on P to its arrival on D. Nothing when the last request
- * left no P part. */
-void run_pd_trace(struct viz_trace *t, const struct plan *p);
+ * and P's prefill graph from the request's report, x) with a flow per
+ * transfer from its send on P to its arrival on D. Nothing when the
+ * request left no P part (x->g NULL). */
+void run_pd_trace(struct viz_trace *t, const struct plan *p, const struct rt_pd_trace *x);
 
 #endif

@@ -116,7 +116,7 @@ static void equivalence(struct fx *ep, struct fx *one, enum rt_executor ex, bool
       snprintf(what, sizeof what, "%s %s n=%lld chunk=%d", ep->path, rt_executor_name(ex), (long long)n, chunks[c]);
       struct rt_pipe_stats fp;
       struct rt_ep_stats fe;
-      struct rt_pipe_figs figs = {&fp, &fe};
+      struct rt_pipe_figs figs = {&fp, &fe, NULL};
       int rc = rt_pipe_generate(&ep->M, ep->pools, &ra, tok, n, &o, &figs, &a, err, sizeof err);
       EXPECT(rc == 0, "%s: expert-parallel run: %s", what, err);
       if (!rc) check_load(&fe, ep->p, what);
@@ -148,7 +148,7 @@ static void attribution(struct fx *ep) {
   struct rt_gen_result res;
   struct rt_pipe_stats fp;
   struct rt_ep_stats fe;
-  struct rt_pipe_figs figs = {&fp, &fe};
+  struct rt_pipe_figs figs = {&fp, &fe, NULL};
   int rc = rt_pipe_generate(&ep->M, ep->pools, &r, tok, 37, &o, &figs, &res, err, sizeof err);
   EXPECT(rc == 0, "attribution run: %s", err);
   if (!rc) {
@@ -166,7 +166,7 @@ static void attribution(struct fx *ep) {
    * request counts into its own, and the first request's stay as they were */
   struct rt_ep_stats keep = fe, fe2;
   struct rt_pipe_stats fp2;
-  struct rt_pipe_figs figs2 = {&fp2, &fe2};
+  struct rt_pipe_figs figs2 = {&fp2, &fe2, NULL};
   rc = rt_pipe_generate(&ep->M, ep->pools, &r, tok, 20, &o, &figs2, &res, err, sizeof err);
   EXPECT(rc == 0, "second run: %s", err);
   EXPECT(!memcmp(&keep, &fe, sizeof fe), "ep2: a second request changed the first request's figures");

@@ -220,7 +220,7 @@ static void equivalence(struct fx *pp, struct fx *one, enum rt_executor ex) {
       snprintf(what, sizeof what, "%s %s n=%lld chunk=%d", pp->path, rt_executor_name(ex), (long long)n, chunks[c]);
       struct rt_pipe_stats fp;
       struct rt_ep_stats fe;
-      struct rt_pipe_figs figs = {&fp, &fe};
+      struct rt_pipe_figs figs = {&fp, &fe, NULL};
       int rc = rt_pipe_generate(&pp->M, pp->pools, &ra, tok, n, &o, &figs, &a, err, sizeof err);
       EXPECT(rc == 0, "%s: staged run: %s", what, err);
       int rc2 = rt_generate(&one->M, one->pools, &rb, tok, n, &o, &b, err, sizeof err);

@@ -18,13 +18,18 @@ void rt_dist_register(void) {
   rt_ep_register();   /* expert parallel: route, dispatch and combine, shards, sum */
 }
 
+void rt_dist_report_free(struct rt_dist_report *rep) {
+  rt_pd_trace_free(&rep->pd_trace);
+  memset(rep, 0, sizeof *rep);
+}
+
 int rt_dist_generate(enum graph_run run, const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r,
                      const int32_t *prompt, int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res,
                      struct rt_dist_report *rep, char *err, size_t err_len) {
-  memset(rep, 0, sizeof *rep);
+  rt_dist_report_free(rep);
   const struct plan *p = M->p;
   /* the pipeline driver runs the ranks (for experts too): its per-rank figures go straight into rep */
-  struct rt_pipe_figs figs = {&rep->pipe_stats, &rep->ep_stats};
+  struct rt_pipe_figs figs = {&rep->pipe_stats, &rep->ep_stats, &rep->pd_trace};
   int rc = run == GRAPH_RUN_PD ? rt_pd_generate(M, pools, r, prompt, n, o, res, &rep->pd_stats, &figs, err, err_len)
                                : rt_pipe_generate(M, pools, r, prompt, n, o, &figs, res, err, err_len);
   rep->pd = run == GRAPH_RUN_PD;

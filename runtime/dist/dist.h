@@ -39,16 +39,22 @@ void rt_dist_register(void);
 /* What one request's distribution measured, returned to its caller (the
  * engine keeps its last request's: rt_engine.dist): P/D's transfer figures,
  * the layer stages' and the routed experts', each rank's gathered on the
- * reporting rank. A part is valid when its flag is set. */
+ * reporting rank, and P's part of a P/D trace. A part is valid when its
+ * flag is set (the trace when pd_trace.g is set). The drivers write into
+ * it while the request runs: no module keeps a request's figures. */
 struct rt_dist_report {
   bool pd, pipe, ep;
   struct rt_pd_stats pd_stats;
   struct rt_pipe_stats pipe_stats;
   struct rt_ep_stats ep_stats;
+  struct rt_pd_trace pd_trace; /* owned: rt_dist_report_free */
 };
+/* Free what rep owns and zero it (a zeroed report: nothing). */
+void rt_dist_report_free(struct rt_dist_report *rep);
 
 /* One request through the driver of run (GRAPH_RUN_PD: rt_pd_generate;
- * GRAPH_RUN_RANKS: rt_pipe_generate), its figures into *rep. Returns what
+ * GRAPH_RUN_RANKS: rt_pipe_generate), its figures into *rep (zeroed, or a
+ * previous request's report: freed first). Returns what
  * the driver returns (RT_GEN_ELSEWHERE on a rank that does not report). */
 int rt_dist_generate(enum graph_run run, const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r,
                      const int32_t *prompt, int64_t n, const struct rt_gen_opts *o, struct rt_gen_result *res,

@@ -169,12 +169,15 @@ double rt_pd_deadline_s(void);
 /* 0, or -1 with "CEDAR_PD_DEADLINE_S=<value>: why" in err. */
 int rt_pd_deadline_check(char *err, size_t err_len);
 
-/* What the decode rank knows of the prefill rank's part of the last request
+/* What the decode rank knows of the prefill rank's part of a request
  * under mpirun with a trace asked for (rt_gen_opts.on_graph on the StarPU
  * executor): P's prefill graph, when each of its nodes ran on P, and when
  * each transfer message arrived on D, all on D's clock of struct
  * rt_task_time (P converts its times to CLOCK_MONOTONIC, D back: one clock
- * on one host). NULL when there is none. cli/run_pd.c makes it one trace. */
+ * on one host). rt_pd_generate writes it where rt_pipe_figs.pd_trace says
+ * (the request's report, runtime/dist/dist.h), g NULL when there is none;
+ * it owns what it points to (rt_pd_trace_free). cli/run_pd.c makes it one
+ * trace. */
 struct rt_pd_trace {
   const struct graph *g;
   const struct rt_task_time *p_times; /* (g->n_node) worker: P's */
@@ -182,8 +185,7 @@ struct rt_pd_trace {
   const int64_t *msg_bytes;           /* (g->n_node) transfers: the message's bytes; others 0 */
   int p_rank, d_rank, p_workers;
 };
-const struct rt_pd_trace *rt_pd_last_trace(void);
-void rt_pd_trace_release(void);
+void rt_pd_trace_free(struct rt_pd_trace *t);
 
 /* Test hooks: what a P/D run does to the package before D's barrier
  * (negative tests of SPEC 8.9.45). */

@@ -33,23 +33,13 @@ double rt_pd_deadline_s(void) { return pd_deadline_s(); }
 
 /* ---- P's part of a multi-rank trace (rt_pd_last_trace) -------------------- */
 
-static struct rt_pd_trace tr;
-static struct graph tr_g;
-static struct rt_task_time *tr_times;
-static double *tr_arrive;
-static int64_t *tr_bytes;
-
-const struct rt_pd_trace *rt_pd_last_trace(void) { return tr.g ? &tr : NULL; }
-
-void rt_pd_trace_release(void) {
-  if (tr.g) graph_free(&tr_g);
-  free(tr_times);
-  free(tr_arrive);
-  free(tr_bytes);
-  tr_times = NULL;
-  tr_arrive = NULL;
-  tr_bytes = NULL;
-  memset(&tr, 0, sizeof tr);
+void rt_pd_trace_free(struct rt_pd_trace *t) {
+  if (t->g) graph_free((struct graph *)t->g);
+  free((void *)t->g);
+  free((void *)t->p_times);
+  free((void *)t->arrive_us);
+  free((void *)t->msg_bytes);
+  memset(t, 0, sizeof *t);
 }
 
 /* CLOCK_MONOTONIC microseconds minus rt_task_time's clock, now. */
@@ -590,25 +580,27 @@ static int d_side_run(struct run *R, enum rt_pd_role role, struct rt_kv_pool *po
   return run_decode(R, r, res, err, err_len);
 }
 
-/* D under mpirun with a trace: P's part on D's clock, kept for
- * rt_pd_last_trace (the trace takes R's graph). */
+/* D under mpirun with a trace: P's part on D's clock, into the caller's
+ * R->figs.pd_trace (the trace takes R's graph). */
 static void keep_p_trace(struct run *R, const struct plan *p) {
+  struct rt_pd_trace *t = R->figs.pd_trace;
+  if (!t) return;
   for (int k = 0; k < R->g.n_node; k++) free(R->L.buf[k]), R->L.buf[k] = NULL;
-  rt_pd_trace_release();
+  rt_pd_trace_free(t);
   double off = clock_offset_us();
-  tr_times = cedar_xcalloc((size_t)R->g.n_node + 1, sizeof(*tr_times));
-  tr_arrive = cedar_xcalloc((size_t)R->g.n_node + 1, sizeof(*tr_arrive));
+  struct rt_task_time *times = cedar_xcalloc((size_t)R->g.n_node + 1, sizeof(*times));
+  double *arrive = cedar_xcalloc((size_t)R->g.n_node + 1, sizeof(*arrive));
+  int workers = 0;
   for (int k = 0; k < R->g.n_node; k++) {
-    tr_times[k] = (struct rt_task_time){(int)R->tmsg[3 * k], 0, R->tmsg[3 * k + 1] - off, R->tmsg[3 * k + 2] - off};
-    if (tr_times[k].worker > tr.p_workers - 1) tr.p_workers = tr_times[k].worker + 1;
+    times[k] = (struct rt_task_time){(int)R->tmsg[3 * k], 0, R->tmsg[3 * k + 1] - off, R->tmsg[3 * k + 2] - off};
+    if (times[k].worker > workers - 1) workers = times[k].worker + 1;
   }
-  tr_bytes = R->mbytes;
-  R->mbytes = NULL;
-  for (int i = 0; i < R->n_xfer; i++) tr_arrive[R->xfer[i]] = 1e6 * R->L.ms[R->xfer[i]].t_done - off;
-  tr_g = R->g;
+  for (int i = 0; i < R->n_xfer; i++) arrive[R->xfer[i]] = 1e6 * R->L.ms[R->xfer[i]].t_done - off;
+  struct graph *g = cedar_xmalloc(sizeof *g);
+  *g = R->g;
   memset(&R->g, 0, sizeof R->g); /* the trace owns it now */
-  tr = (struct rt_pd_trace){&tr_g, tr_times, tr_arrive, tr_bytes, p->serving.prefill_rank, p->serving.decode_rank,
-                            tr.p_workers};
+  *t = (struct rt_pd_trace){g, times, arrive, R->mbytes, p->serving.prefill_rank, p->serving.decode_rank, workers};
+  R->mbytes = NULL;
 }
 
 static void run_free(struct run *R) {

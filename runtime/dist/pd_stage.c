@@ -441,7 +441,8 @@ int pd_stage_generate(const struct rt_model *M, struct rt_kv_pool *pools, struct
   bool opened = false, pools_on = false;
   struct rt_pipe_stats own_pipe; /* the caller keeps no figures (figs NULL): this request's own */
   struct rt_ep_stats own_ep;
-  struct rt_pipe_figs fg = {figs && figs->pipe ? figs->pipe : &own_pipe, figs && figs->ep ? figs->ep : &own_ep};
+  struct rt_pipe_figs fg = {figs && figs->pipe ? figs->pipe : &own_pipe, figs && figs->ep ? figs->ep : &own_ep,
+                            NULL};
   struct graph_opts go = {.chunk = o->chunk, .replay = o->replay, .all_logits = o->all_logits};
   int rc = graph_build_prefill(&S->g, vp, n, &go, err, err_len);
   if (rc) goto out;

@@ -60,10 +60,12 @@ struct rt_pipe_stats {
 /* Where one request's figures go: its caller's (rt_dist_report's parts,
  * the engine's), written while the request runs and complete when it
  * returns (rank 0 has every rank's); nothing of them stays in this module.
- * Both are required. */
+ * pipe and ep are required (rt_pipe_open). */
+struct rt_pd_trace; /* pd.h */
 struct rt_pipe_figs {
   struct rt_pipe_stats *pipe;
   struct rt_ep_stats *ep;
+  struct rt_pd_trace *pd_trace; /* P/D's trace of P's part (rt_pd_generate), or NULL: not kept */
 };
 
 /* This process runs the stages of plan p as ranks of an MPI job. */

@@ -228,6 +228,7 @@ int rt_engine_open(struct rt_engine *e, const struct rt_engine_opts *o, char *er
 void rt_engine_close(struct rt_engine *e) {
   if (!e->open) return;
   rt_engine_dev_close(e); /* its StarPU handles go before StarPU */
+  rt_dist_report_free(&e->dist);
   stop_exec(e);
   if (e->cache) pc_free(e->cache); /* its pages go back to the pools first */
   free(e->cache);
@@ -272,7 +273,7 @@ int rt_engine_generate(struct rt_engine *e, struct rt_request *r, const int32_t 
   }
   if (e->run == GRAPH_RUN_RANKS) /* layer stages, expert shards (runtime/dist/pipeline.h) */
     return rt_dist_generate(e->run, &e->model, e->pools, r, prompt, n, &go, res, &e->dist, err, err_len);
-  memset(&e->dist, 0, sizeof e->dist); /* one home: no distribution figures */
+  rt_dist_report_free(&e->dist); /* one home: no distribution figures */
   int rc = rt_generate(&e->model, e->pools, r, prompt, n, &go, res, err, err_len);
   if (!rc && e->dev) rc = rt_dev_request_download(e->dev, r, err, err_len); /* the host reads r's state next */
   return rc;
