@@ -9,7 +9,9 @@
  * M = batch rows and the stateful parts (each request's SWA ring,
  * compressor tail, KV append, Top-K and sparse attention, Engram row
  * gather, decoder-global projection) run on each request's own state
- * (rt_attn_rows, runtime/model/model.h). New requests are admitted at step
+ * (rt_attn_rows, runtime/model/model.h): the decode rows go through the
+ * one step function every driver calls (runtime/gen/step.h: rt_gen_step,
+ * in lockstep on the batch's arena). New requests are admitted at step
  * boundaries and their prefill advances one segment (one tile of the
  * prefill graph, at most serving.batch.chunk positions) a step beside the
  * decode rows, under serving.batch.step_tokens (which requests join a step:

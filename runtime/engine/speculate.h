@@ -28,7 +28,9 @@
  * Drafters: the model's DSpark (runtime/model/mtp.h: rt_mtp_drafter) or a forced one
  * for tests and benchmarks (rt_forced_drafter: agrees with a reference
  * continuation at chosen positions, so every rollback path can be driven).
- * Not here: batching of several requests' verify rows (issue 16, batch).
+ * The verify forward is one row of the one step function (runtime/gen/step.h).
+ * Not here: speculation inside continuous batching (not built; cedar serve
+ * refuses --speculate).
  * Test: tests/test_speculate.c (ctest -R speculate).
  */
 #ifndef CEDAR_RUNTIME_SPECULATE_H
