@@ -179,11 +179,10 @@ static int parse(int argc, char **argv, struct sopts *o, char *key, size_t key_l
       break;
     case 'q': s->quiet = true; break;
     case 'h': fputs(usage, stdout); return 0;
-    case 1001: /* asked for (issue 27), not built: refused by name, never ignored */
-      return cli_usage_error("serve", "--speculate: speculative decoding inside continuous batching is not built "
-                             "yet (the batch's step runs a verify row alone, but no drafting or rollback runs per "
-                             "request in the batch); serve without it, or decode one request speculatively with "
-                             "cedar run --speculate");
+    case 1001: /* asked for (issue 27), not wired: refused by name, never ignored */
+      return cli_usage_error("serve", "--speculate: cedar serve does not draft yet (its batch loop can verify a "
+                             "request's drafts, greedily: rt_batch_speculate, but serve wires no drafter into it); "
+                             "serve without it, or decode one request speculatively with cedar run --speculate");
     default: return cli_usage_error("serve", "unknown option %s (cedar serve --help)", argv[optind - 1]);
     }
   }

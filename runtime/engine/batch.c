@@ -103,6 +103,7 @@ static void release(struct rt_batch *b, struct rt_bq *q) {
   if (q->g_live) graph_free(&q->g), q->g_live = false;
   free(q->seg), q->seg = NULL;
   free(q->plogits), q->plogits = NULL;
+  if (q->spec) rt_spec_req_free(q->spec), free(q->spec), q->spec = NULL;
   if (b->o.cache) pc_release(b->o.cache, &q->hit);
   if (q->r_live) rt_request_free(&q->r), q->r_live = false;
 }
@@ -155,6 +156,38 @@ void rt_batch_sample(struct rt_batch *b, int h, float temperature, float top_p, 
   struct rt_bq *q = b->q[h];
   q->temperature = temperature, q->top_p = top_p > 0 ? top_p : 1;
   q->top_k = top_k, q->rep_penalty = rep_penalty;
+}
+
+int rt_batch_speculate(struct rt_batch *b, int h, struct rt_drafter d, int lmax, char *err, size_t err_len) {
+  struct rt_bq *q = h >= 0 && h < b->n_q ? b->q[h] : NULL;
+  if (!q || q->state != RT_BQ_WAITING || q->spec) {
+    snprintf(err, err_len, "speculation is set on a request before its first step, once");
+    return CEDAR_EINVAL;
+  }
+  const struct plan *p = b->M->p;
+  if (lmax < 0 || lmax > RT_SPEC_LMAX || lmax > d.max_draft || lmax + 1 > p->model.window) {
+    snprintf(err, err_len, "speculation verifies 0 to %d drafts a round (the drafter's %d, the window %d); got %d",
+             RT_SPEC_LMAX, d.max_draft, p->model.window - 1, lmax);
+    return CEDAR_EINVAL;
+  }
+  if (q->temperature > 0) {
+    snprintf(err, err_len, "speculation inside the batch accepts greedily; a sampled request (temperature %g) "
+             "decodes plainly here (sampled acceptance is cedar run --speculate's)", q->temperature);
+    return CEDAR_EUNSUPPORTED;
+  }
+  if (b->o.cache) {
+    snprintf(err, err_len, "speculation inside the batch runs without a prefix cache (its rollback is not yet checked "
+             "with cached pages)");
+    return CEDAR_EUNSUPPORTED;
+  }
+  struct rt_spec_req *x = cedar_xmalloc(sizeof *x);
+  if (rt_spec_req_init(x, b->M, d, lmax, q->rep_penalty)) {
+    free(x);
+    snprintf(err, err_len, "out of memory for the request's speculative rounds");
+    return CEDAR_ENOMEM;
+  }
+  q->spec = x;
+  return 0;
 }
 
 void rt_batch_stop(struct rt_batch *b, int h) {
@@ -219,9 +252,15 @@ static int admit(struct rt_batch *b, int h, char *err, size_t err_len) {
   q->t_token = cedar_xmalloc(sizeof(double) * (size_t)q->max_new);
   if (b->o.keep_logits) q->logits = cedar_xmalloc(sizeof(float) * (size_t)q->max_new * p->model.vocab);
   q->t_admit = b->clock;
-  int rc = rt_request_init(&q->r, h, p, b->pools, q->n + q->max_new);
+  if (q->spec && q->temperature > 0) { /* rt_batch_sample after rt_batch_speculate */
+    snprintf(err, err_len, "speculation inside the batch accepts greedily, and this request samples (temperature %g)",
+             q->temperature);
+    return CEDAR_EUNSUPPORTED;
+  }
+  int64_t cap = q->n + q->max_new + (q->spec ? q->spec->lmax + 1 : 0); /* a last round may verify past max_new */
+  int rc = rt_request_init(&q->r, h, p, b->pools, cap);
   if (rc) {
-    snprintf(err, err_len, "out of memory for a request of %lld tokens", (long long)(q->n + q->max_new));
+    snprintf(err, err_len, "out of memory for a request of %lld tokens", (long long)cap);
     return rc;
   }
   q->r_live = true;
@@ -314,21 +353,61 @@ static void first_token(struct rt_batch *b, int h) {
 
 /* One decode position of each of the B requests hs through the one step
  * function (runtime/gen/step.h), their tiles batched into the same op
- * groups (batch.h); out (B, vocab). A row that failed fails its request. */
+ * groups (batch.h), out (B, vocab); a speculative request's verify row
+ * (its pending token and drafts) alone into its own buffer. A row that
+ * failed fails its request. */
 static void decode_rows(struct rt_batch *b, const int *hs, int B, float *out) {
   const int V = b->M->p->model.vocab;
   struct rt_step_row *w = cedar_xcalloc((size_t)B, sizeof(*w));
+  int *wh = cedar_xmalloc(sizeof(int) * (size_t)B), n = 0;
   for (int i = 0; i < B; i++) {
     struct rt_bq *q = b->q[hs[i]];
-    rt_request_push_token(&q->r, q->r.pending);
-    q->r.pending = -1;
-    w[i] = (struct rt_step_row){.r = &q->r, .n = 1, .logits = out + (size_t)i * V};
+    if (q->spec) {
+      char err[400];
+      int left = q->max_new - q->n_tokens; /* drafts past max_new are wasted work */
+      int rows = rt_spec_propose(q->spec, b->M, &q->r, left - 1, err, sizeof err);
+      if (rows < 0) {
+        fail(b, hs[i], err);
+        continue;
+      }
+      w[n] = (struct rt_step_row){.r = &q->r, .n = rows, .alone = true, .logits = q->spec->lg};
+    } else {
+      rt_request_push_token(&q->r, q->r.pending);
+      q->r.pending = -1;
+      w[n] = (struct rt_step_row){.r = &q->r, .n = 1, .logits = out + (size_t)i * V};
+    }
+    wh[n++] = hs[i];
   }
   struct rt_gen_opts o = gen_opts(b);
-  rt_gen_step(b->M, w, B, &o, b->ar, NULL);
-  for (int i = 0; i < B; i++)
-    if (w[i].rc) fail(b, hs[i], w[i].err);
+  rt_gen_step(b->M, w, n, &o, b->ar, NULL);
+  for (int i = 0; i < n; i++)
+    if (w[i].rc) {
+      if (b->q[wh[i]]->spec) rt_spec_abandon(&b->q[wh[i]]->r);
+      fail(b, wh[i], w[i].err);
+    }
+  free(wh);
   free(w);
+}
+
+/* A speculative request's round after its verify row ran: greedy
+ * acceptance and rollback (speculate.h), then its committed tokens (up to
+ * max_new), stamped with the clock. */
+static void take_round(struct rt_batch *b, int h, double t) {
+  struct rt_bq *q = b->q[h];
+  const int V = b->M->p->model.vocab;
+  int32_t acc[RT_SPEC_LMAX + 1];
+  char why[400];
+  int a = rt_spec_settle_greedy(q->spec, b->M, &q->r, acc, why, sizeof why);
+  if (a < 0) {
+    fail(b, h, why);
+    return;
+  }
+  for (int i = 0; i <= a && q->n_tokens < q->max_new; i++) {
+    if (b->o.keep_logits) memcpy(q->logits + (size_t)q->n_tokens * V, q->spec->lg + (size_t)i * V, sizeof(float) * V);
+    q->t_token[q->n_tokens] = t;
+    q->tokens[q->n_tokens++] = acc[i];
+  }
+  if (q->n_tokens == q->max_new) finish(b, h);
 }
 
 /* ---- one step ---------------------------------------------------------------- */
@@ -345,7 +424,8 @@ int64_t rt_batch_run_step(struct rt_batch *b, struct rt_batch_step *st) {
     const struct rt_bq *q = b->q[b->live[i]];
     pq[i].phase = q->state == RT_BQ_WAITING ? BP_WAITING : q->state == RT_BQ_PREFILL ? BP_PREFILL : BP_DECODE;
     pq[i].next = q->state == RT_BQ_WAITING ? (int)(q->n < b->o.chunk ? q->n : b->o.chunk)
-               : q->state == RT_BQ_PREFILL ? seg_tokens(q, q->next_seg) : 1;
+               : q->state == RT_BQ_PREFILL ? seg_tokens(q, q->next_seg)
+               : q->spec ? q->spec->lmax + 1 : 1; /* a verify row: at most its drafts and the pending token */
   }
   struct bp_limits lim = {b->o.max_requests, b->o.step_tokens};
   int64_t tokens = bp_plan_step(pq, n, &lim, take, &st->admitted);
@@ -388,7 +468,12 @@ int64_t rt_batch_run_step(struct rt_batch *b, struct rt_batch_step *st) {
   b->clock += st->seconds;
   /* every token of the step is stamped with the clock at its end */
   for (int i = 0; i < B; i++)
-    if (b->q[hs[i]]->state == RT_BQ_DECODE) take_token(b, hs[i], logits + (size_t)i * V, b->clock);
+    if (b->q[hs[i]]->state == RT_BQ_DECODE) {
+      if (b->q[hs[i]]->spec)
+        take_round(b, hs[i], b->clock);
+      else
+        take_token(b, hs[i], logits + (size_t)i * V, b->clock);
+    }
   for (int i = 0; i < n_ended; i++) first_token(b, ended[i]);
   st->decode_rows = B;
   st->tokens = tokens;

@@ -36,7 +36,10 @@
  *
  * One thread; the direct executor only (StarPU and P/D plans are refused
  * by rt_batch_init with a message).
- * Test: tests/test_batch.c (16 requests batched = alone, bitwise; the abort
+ * Speculative requests (rt_batch_speculate): their verify rows run beside
+ * the decode rows, greedy, bitwise plain greedy decoding.
+ * Test: tests/test_batch_spec.c (speculative beside plain, bitwise plain
+ * greedy), tests/test_batch.c (16 requests batched = alone, bitwise; the abort
  * storm; admission under the budget), tests/cli/serve_sim_batch.sh.
  */
 #ifndef CEDAR_RUNTIME_BATCH_H
@@ -45,6 +48,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "runtime/engine/speculate.h"
 #include "runtime/gen/generate.h"
 #include "runtime/gen/sampler.h"
 #include "runtime/model/model.h"
@@ -64,6 +68,7 @@ struct rt_bq {
   int64_t n;
   int max_new;
   uint64_t rng;            /* sampling state, seeded by rt_batch_submit */
+  struct rt_spec_req *spec;/* speculative rounds (rt_batch_speculate), or NULL */
   struct rt_request r;
   bool r_live;             /* r holds state (pages) */
   /* the prefill graph, run segment by segment */
@@ -141,6 +146,18 @@ int rt_batch_submit(struct rt_batch *b, const int32_t *prompt, int64_t n, int ma
  * applied as rt_generate applies them (ops/sample.h), so a request sampled
  * here gets the tokens rt_generate gives it with the same options. */
 void rt_batch_sample(struct rt_batch *b, int h, float temperature, float top_p, int top_k, float rep_penalty);
+/* Decode request h speculatively, before its first step: each step it
+ * drafts up to lmax tokens with d (clamped to what it has left and what
+ * the verify may hold), its verify row runs alone through the step
+ * function beside the batch's decode rows, and greedy acceptance commits
+ * the agreeing drafts plus the correction or bonus token (speculate.h:
+ * rt_spec_req): its tokens are bitwise those plain greedy decoding gives.
+ * The step's budget counts lmax + 1 tokens for it. Returns 0, or
+ * CEDAR_EINVAL / CEDAR_EUNSUPPORTED with a message (a sampled request:
+ * acceptance here is greedy; a prefix cache: the rollback is not checked
+ * with cached pages; lmax outside [0, RT_SPEC_LMAX], the drafter's or the
+ * window's bound; a request already admitted). */
+int rt_batch_speculate(struct rt_batch *b, int h, struct rt_drafter d, int lmax, char *err, size_t err_len);
 /* One step (batch_policy.h). Returns the tokens it ran (0: nothing to run). */
 int64_t rt_batch_run_step(struct rt_batch *b, struct rt_batch_step *st);
 /* Abort request h: its pages return now; a finished one is left as is. */

@@ -473,6 +473,72 @@ int rt_generate_spec(const struct rt_model *M, struct rt_kv_pool *pools, struct 
   return rc;
 }
 
+/* ---- one request's rounds inside a batch step (speculate.h: rt_spec_req) ------------ */
+
+int rt_spec_req_init(struct rt_spec_req *x, const struct rt_model *M, struct rt_drafter d, int lmax, float rep_penalty) {
+  memset(x, 0, sizeof *x);
+  const int V = M->p->model.vocab;
+  x->drafter = d;
+  x->lmax = lmax;
+  x->rep_penalty = rep_penalty;
+  x->lg = malloc(sizeof(float) * (size_t)V * (lmax + 1));
+  x->pen = rep_penalty > 0 && rep_penalty != 1.0f ? malloc(sizeof(float) * (size_t)V) : NULL;
+  if (x->lg && (x->pen || !(rep_penalty > 0 && rep_penalty != 1.0f)) && !rt_spec_snap_init(&x->snap, M->p, lmax + 1))
+    return 0;
+  free(x->lg);
+  free(x->pen);
+  memset(x, 0, sizeof *x);
+  return CEDAR_ENOMEM;
+}
+
+void rt_spec_req_free(struct rt_spec_req *x) {
+  if (!x->lg) return;
+  rt_spec_snap_free(&x->snap);
+  free(x->lg);
+  free(x->pen);
+  memset(x, 0, sizeof *x);
+}
+
+int rt_spec_propose(struct rt_spec_req *x, const struct rt_model *M, struct rt_request *r, int want, char *err,
+                    size_t err_len) {
+  int32_t y0 = r->pending;
+  float conf[RT_SPEC_LMAX];
+  if (want > x->lmax) want = x->lmax;
+  int cap = graph_verify_rows_max(M->p, r->n_pos) - 1; /* key_slot: vendor early in a request */
+  if (want > cap) want = cap;
+  int L = want > 0 ? x->drafter.draft(x->drafter.self, M, r, y0, want, x->draft, NULL, conf, err, err_len) : 0;
+  if (L < 0) return L;
+  if (r->n_tokens + L + 1 > r->max_tokens) {
+    snprintf(err, err_len, "the request holds %lld ids and has room for %lld: %d more do not fit",
+             (long long)r->n_tokens, (long long)r->max_tokens, L + 1);
+    return CEDAR_EINVAL;
+  }
+  x->L = L;
+  x->pos = r->n_pos;
+  rt_spec_snap_take(&x->snap, r, L + 1);
+  rt_request_push_token(r, y0);
+  for (int i = 0; i < L; i++) rt_request_push_token(r, x->draft[i]);
+  r->pending = -1;
+  return L + 1;
+}
+
+int rt_spec_settle_greedy(struct rt_spec_req *x, const struct rt_model *M, struct rt_request *r, int32_t *acc,
+                          char *err, size_t err_len) {
+  const int V = M->p->model.vocab;
+  struct rt_gen_opts o = {.rep_penalty = x->rep_penalty};
+  int64_t seen = r->n_tokens - (x->L + 1); /* the ids before the round's first token */
+  int a = accept_greedy(x->lg, x->draft, x->L, V, &o, r->tokens, seen, x->pen, acc, x->pos, err, err_len);
+  if (a < 0) {
+    rt_spec_abandon(r);
+    return a;
+  }
+  rt_spec_commit(&x->snap, r, a + 1);
+  r->pending = acc[a];
+  return a;
+}
+
+void rt_spec_abandon(struct rt_request *r) { r->tail_log = NULL; }
+
 /* ---- the DSpark drafter (runtime/model/mtp.h) as a speculate.h drafter ------------------------------------------------ */
 
 void rt_mtp_drafter_init(struct rt_mtp_drafter *f, const struct rt_mtp *D, struct rt_mtp_cap *cap) {

@@ -28,10 +28,11 @@
  * Drafters: the model's DSpark (runtime/model/mtp.h: rt_mtp_drafter) or a forced one
  * for tests and benchmarks (rt_forced_drafter: agrees with a reference
  * continuation at chosen positions, so every rollback path can be driven).
- * The verify forward is one row of the one step function (runtime/gen/step.h).
- * Not here: speculation inside continuous batching (not built; cedar serve
- * refuses --speculate).
- * Test: tests/test_speculate.c (ctest -R speculate).
+ * The verify forward is one row of the one step function (runtime/gen/step.h);
+ * continuous batching drives a request's rounds through rt_spec_req
+ * (below; runtime/engine/batch.h: rt_batch_speculate).
+ * Test: tests/test_speculate.c (ctest -R speculate), tests/test_batch_spec.c
+ * (inside the batch).
  */
 #ifndef CEDAR_RUNTIME_SPECULATE_H
 #define CEDAR_RUNTIME_SPECULATE_H
@@ -145,6 +146,38 @@ int rt_spec_accept_sampled(const float *logits, const int32_t *draft, const floa
 int rt_generate_spec(const struct rt_model *M, struct rt_kv_pool *pools, struct rt_request *r, const int32_t *prompt,
                      int64_t n, const struct rt_gen_opts *o, struct rt_spec_opts *so, struct rt_gen_result *res,
                      struct rt_spec_stats *stats, char *err, size_t err_len);
+
+/* One request's speculative rounds driven by another loop (continuous
+ * batching: runtime/engine/batch.c), greedy: rt_spec_propose drafts up to
+ * want tokens after r->pending, keeps what the verify may touch and pushes
+ * the pending token and the drafts (returns the verify row's positions,
+ * L + 1, or a negative status with err; r->pending becomes -1); the loop
+ * runs that row through the one step function (runtime/gen/step.h) into
+ * x->lg, alone; rt_spec_settle_greedy accepts as rt_generate_spec's greedy
+ * rounds do (the penalized argmax of each row), commits a + 1 positions,
+ * writes them to acc (L + 1) and sets r->pending; returns a, or a negative
+ * status with err (non-finite logits: the request fails). A row that
+ * failed: rt_spec_abandon (the request is dropped, never continued). The
+ * committed tokens equal plain greedy decoding's, bit for bit. */
+struct rt_spec_req {
+  struct rt_drafter drafter;
+  int lmax;
+  float rep_penalty;   /* 0 or 1: off */
+  struct rt_spec_snap snap;
+  int L;               /* this round's drafts */
+  int64_t pos;         /* this round's first position */
+  int32_t draft[RT_SPEC_LMAX];
+  float *lg;           /* (lmax + 1, V): the verify row's logits */
+  float *pen;          /* (V) with a penalty */
+};
+/* 0, or CEDAR_ENOMEM. */
+int rt_spec_req_init(struct rt_spec_req *x, const struct rt_model *M, struct rt_drafter d, int lmax, float rep_penalty);
+void rt_spec_req_free(struct rt_spec_req *x);
+int rt_spec_propose(struct rt_spec_req *x, const struct rt_model *M, struct rt_request *r, int want, char *err,
+                    size_t err_len);
+int rt_spec_settle_greedy(struct rt_spec_req *x, const struct rt_model *M, struct rt_request *r, int32_t *acc,
+                          char *err, size_t err_len);
+void rt_spec_abandon(struct rt_request *r);
 
 /* A drafter for speculate.h over D (runtime/model/mtp.h), with its capture (the request's
  * r->mtp_cap must be c: rt_gen_opts.mtp_cap attaches it at the prefill). */

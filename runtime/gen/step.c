@@ -156,7 +156,7 @@ int rt_gen_step(const struct rt_model *M, struct rt_step_row *rows, int n_rows, 
   int B = 0;
   for (int i = 0; i < n_rows; i++) {
     rows[i].rc = 0, rows[i].nodes = 0, rows[i].err[0] = 0;
-    if (batched && rows[i].n == 1)
+    if (batched && rows[i].n == 1 && !rows[i].alone)
       w[B++] = &rows[i];
     else
       step_alone(M, &rows[i], o, st);

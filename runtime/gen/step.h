@@ -18,8 +18,8 @@
  * Engram injection, the attention's projections, MoE, head) run once over
  * the B rows and the stateful parts run on each request's own state
  * (rt_attn_rows, runtime/model/model.h); with row-invariant ops each row's
- * logits are bitwise those it gets alone. Other rows (more positions, or
- * another executor) run alone, one after another, before them.
+ * logits are bitwise those it gets alone. Other rows (more positions,
+ * .alone, or another executor) run alone, one after another, before them.
  *
  * Not here: pushing the ids (the caller pushes each row's ids for
  * [r->n_pos, r->n_pos + n) before the step), sampling and acceptance.
@@ -36,6 +36,7 @@
 struct rt_step_row {
   struct rt_request *r; /* ids of [r->n_pos, r->n_pos + n) pushed; n_pos advances by n when the row ran */
   int n;                /* positions: 1 (decode) or 1 + drafts (verify), at most the window */
+  bool alone;           /* run on its own graph even with one position (a verify row: its tail log, capture) */
   float *logits;        /* (n, vocab): the step writes them */
   int rc;               /* out: 0, or a negative cedar_status with err; a failed row's state is unusable */
   int nodes;            /* out: nodes of its graph */

@@ -16,7 +16,7 @@
 #  5. --api-key: 401 without or with a wrong key, 200 with it; 429 with
 #     Retry-After past --max-waiting;
 #  6. SIGTERM while a stream runs: the stream finishes, the server exits 0;
-#  7. usage errors exit 2 (--speculate is refused by name: not built); --help lists the options.
+#  7. usage errors exit 2 (--speculate is refused by name: serve wires no drafter); --help lists the options.
 # Every server gets --port 0 (a free port, read from --port-file) and is
 # stopped by the script; every wait is bounded. Skips (77) without the npm
 # tokenizer (make install-deps) or curl.
@@ -208,7 +208,7 @@ set +e
 "$cedar" serve --port 70000 >/dev/null 2>&1; [ $? = 2 ] || fail "--port 70000 is a usage error"
 "$cedar" serve --bogus >/dev/null 2>&1; [ $? = 2 ] || fail "an unknown option is a usage error"
 "$cedar" serve --plan "$plan" --speculate mtp --port 0 >/dev/null 2>"$tmp/err"; [ $? = 2 ] || fail "--speculate"
-grep -q "inside continuous batching is not built yet" "$tmp/err" || fail "the --speculate refusal: $(cat "$tmp/err")"
+grep -q "cedar serve does not draft yet" "$tmp/err" || fail "the --speculate refusal: $(cat "$tmp/err")"
 "$cedar" serve --help | grep -q -- "--speculate" && fail "--help offers --speculate, which serve refuses"
 "$cedar" serve --plan "$plan" --host not-an-address --port 0 >/dev/null 2>"$tmp/err"; [ $? = 1 ] || fail "--host not-an-address"
 grep -q "not an IPv4 or IPv6 address" "$tmp/err" || fail "--host's message: $(cat "$tmp/err")"
