@@ -78,6 +78,13 @@ static bool parse_s(const char *s, double lo, double *out) {
   return true;
 }
 
+/* --speculate: asked for (issue 27), not wired: refused by name, never ignored. */
+static int refuse_speculate(void) {
+  return cli_usage_error("serve", "--speculate: cedar serve does not draft yet (its batch loop can verify a request's "
+                         "drafts, greedily: rt_batch_speculate, but serve wires no drafter into it); serve without "
+                         "it, or decode one request speculatively with cedar run --speculate");
+}
+
 static int parse(int argc, char **argv, struct sopts *o, char *key, size_t key_len) {
   static const struct option opts[] = {
       {"plan", required_argument, NULL, 'p'},          {"weights", required_argument, NULL, 'w'},
@@ -179,10 +186,7 @@ static int parse(int argc, char **argv, struct sopts *o, char *key, size_t key_l
       break;
     case 'q': s->quiet = true; break;
     case 'h': fputs(usage, stdout); return 0;
-    case 1001: /* asked for (issue 27), not wired: refused by name, never ignored */
-      return cli_usage_error("serve", "--speculate: cedar serve does not draft yet (its batch loop can verify a "
-                             "request's drafts, greedily: rt_batch_speculate, but serve wires no drafter into it); "
-                             "serve without it, or decode one request speculatively with cedar run --speculate");
+    case 1001: return refuse_speculate();
     default: return cli_usage_error("serve", "unknown option %s (cedar serve --help)", argv[optind - 1]);
     }
   }
