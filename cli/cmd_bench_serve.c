@@ -79,7 +79,7 @@ struct bsopts {
   uint64_t seed;
   double rate, temperature, timeout_s;
   struct sm_slo slo;
-  double pct[16];
+  double pct[SM_MAX_PCT];
   int n_pct;
   bool json;
 };
@@ -130,19 +130,6 @@ static bool parse_pos(const char *s, double lo, double hi, double *out) {
   if (errno || *end || end == s || !isfinite(v) || v < lo || v > hi) return false;
   *out = v;
   return true;
-}
-
-static bool parse_percentiles(const char *arg, struct bsopts *o) {
-  char buf[128], *save = NULL;
-  snprintf(buf, sizeof buf, "%s", arg);
-  o->n_pct = 0;
-  for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-    char *end;
-    double p = strtod(t, &end);
-    if (*end || end == t || !(p > 0 && p < 100) || o->n_pct == 16) return false;
-    o->pct[o->n_pct++] = p;
-  }
-  return o->n_pct > 0;
 }
 
 /* The URL's host is a loopback address written out; http; no user, query
@@ -241,7 +228,7 @@ static int parse(int argc, char **argv, struct bsopts *o) {
       break;
     }
     case 'p':
-      if (!parse_percentiles(optarg, o)) return cli_usage_error("bench serve", "--percentiles takes up to 16 numbers in (0, 100), comma-separated");
+      if (!(o->n_pct = sm_parse_percentiles(optarg, o->pct))) return cli_usage_error("bench serve", "--percentiles takes up to 16 numbers in (0, 100), comma-separated");
       break;
     case 'T':
       if (!parse_pos(optarg, 0.001, 86400, &o->timeout_s)) return cli_usage_error("bench serve", "--timeout-s takes 0.001..86400 seconds");

@@ -3,6 +3,7 @@
  * bench serve alike.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,4 +101,17 @@ void sm_totals(struct sm_run *m, double dur, const double *pct, int n_pct, cJSON
             "requests within their SLOs, %lld failed)\n", dur > 0 ? done / dur : 0, dur > 0 ? out / dur : 0,
             dur > 0 ? (in + out) / dur : 0, dur > 0 ? good / dur : 0, (long long)m->good, (long long)m->n,
             (long long)m->failed);
+}
+
+int sm_parse_percentiles(const char *arg, double pct[SM_MAX_PCT]) {
+  char buf[128], *save = NULL;
+  if (snprintf(buf, sizeof buf, "%s", arg) >= (int)sizeof buf) return 0;
+  int n = 0;
+  for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    char *end;
+    double p = strtod(t, &end);
+    if (*end || end == t || !(p > 0 && p < 100) || n == SM_MAX_PCT) return 0;
+    pct[n++] = p;
+  }
+  return n;
 }

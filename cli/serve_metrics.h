@@ -62,6 +62,10 @@ double sm_pct(const double *v, int64_t n, double p);
  * request_goodput, good_requests, output_throughput, total_token_throughput,
  * percentiles, <stat>_<metric>_ms); with txt, the same as four metric lines
  * and a throughput line. Sorts m's samples. */
+/* --percentiles' comma-separated list into pct (at most SM_MAX_PCT, each in
+ * (0, 100), at least one): its count, or 0 when the list is not that. */
+#define SM_MAX_PCT 16
+int sm_parse_percentiles(const char *arg, double pct[SM_MAX_PCT]);
 void sm_totals(struct sm_run *m, double duration, const double *pct, int n_pct, cJSON *obj, FILE *txt);
 
 #endif

@@ -91,7 +91,7 @@ struct bopts {
   bool burst_every_set;
   int64_t burst;
   double slo_ttft, slo_tpot, slo_e2el;
-  double pct[16];
+  double pct[SM_MAX_PCT];
   int n_pct;
   int step_tokens, chunk;
   bool no_cache, json, floor, weights_f32;
@@ -113,20 +113,6 @@ static bool parse_ms(const char *s, double *out) {
   double v = strtod(s, &end);
   if (errno || *end || end == s || !isfinite(v) || v <= 0) return false;
   *out = v;
-  return true;
-}
-
-/* --percentiles' comma-separated list into o (up to 16, each in (0, 100)). */
-static bool parse_percentiles(const char *arg, struct bopts *o) {
-  char buf[128], *save = NULL;
-  snprintf(buf, sizeof buf, "%s", arg);
-  o->n_pct = 0;
-  for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-    char *end;
-    double p = strtod(t, &end);
-    if (*end || end == t || !(p > 0 && p < 100) || o->n_pct == 16) return false;
-    o->pct[o->n_pct++] = p;
-  }
   return true;
 }
 
@@ -213,7 +199,7 @@ static int parse(int argc, char **argv, struct bopts *o) {
       break;
     }
     case 'P':
-      if (!parse_percentiles(optarg, o))
+      if (!(o->n_pct = sm_parse_percentiles(optarg, o->pct)))
         return cli_usage_error("serve-sim", "--percentiles takes up to 16 numbers in (0, 100), comma-separated (got '%s')", optarg);
       break;
     case 'T':

@@ -105,15 +105,7 @@ static void join_batch(struct srv *s, struct srv_req *r) {
   }
   r->handle = h;
   rt_batch_sample(&s->batch, h, r->prm.temperature, r->prm.top_p, r->prm.top_k, r->prm.rep_penalty);
-  memset(&r->tout, 0, sizeof r->tout);
-  r->tout.tok = s->text.tok;
-  r->tout.eos_id = s->text.eos_id;
-  r->tout.stops = (const char *const *)r->prm.stop;
-  r->tout.n_stops = r->prm.n_stop;
-  r->tout.emit = emit;
-  r->tout.user = r;
-  text_out_init(&r->tout);
-  r->tout_live = true;
+  srv_tout_open(s, r);
   s->m.prompt_tokens += (uint64_t)r->n_ids;
 }
 
@@ -241,4 +233,14 @@ void *srv_loop_main(void *arg) {
 /* For the ranks' engine thread (serve/ranks.c), which ends requests and
  * grows their text the same way. */
 void srv_end_req(struct srv *s, struct srv_req *r, enum srv_end end, const char *why) { end_req(s, r, end, why); }
-void srv_emit(void *user, const char *t, size_t n) { emit(user, t, n); }
+void srv_tout_open(struct srv *s, struct srv_req *r) {
+  memset(&r->tout, 0, sizeof r->tout);
+  r->tout.tok = s->text.tok;
+  r->tout.eos_id = s->text.eos_id;
+  r->tout.stops = (const char *const *)r->prm.stop;
+  r->tout.n_stops = r->prm.n_stop;
+  r->tout.emit = emit;
+  r->tout.user = r;
+  text_out_init(&r->tout);
+  r->tout_live = true;
+}

@@ -24,15 +24,7 @@
 
 /* r's ids as text, its end and its metrics (s->mu held). */
 static void deliver(struct srv *s, struct srv_req *r, const int32_t *ids, int n) {
-  memset(&r->tout, 0, sizeof r->tout);
-  r->tout.tok = s->text.tok;
-  r->tout.eos_id = s->text.eos_id;
-  r->tout.stops = (const char *const *)r->prm.stop;
-  r->tout.n_stops = r->prm.n_stop;
-  r->tout.emit = srv_emit;
-  r->tout.user = r;
-  text_out_init(&r->tout);
-  r->tout_live = true;
+  srv_tout_open(s, r);
   double now = srv_now();
   srv_hist_observe(&s->m.ttft, now - r->t_arrive); /* every id arrives at once: no inter-token latency to observe */
   for (int k = 0; k < n; k++) {

@@ -79,10 +79,11 @@ void srv_http_completed(void *cls, struct MHD_Connection *c, void **con_cls, enu
 void *srv_loop_main(void *arg);
 /* The engine thread with several ranks, one request at a time through
  * o.ranks.run (ranks.c); and the end of a request and its
- * text_out emit, shared with it (loop.c; s->mu held). */
+ * streamed text (its text_out, set up for r), shared with it (loop.c;
+ * s->mu held). */
 void *srv_ranks_main(void *arg);
 void srv_end_req(struct srv *s, struct srv_req *r, enum srv_end end, const char *why);
-void srv_emit(void *user, const char *t, size_t n);
+void srv_tout_open(struct srv *s, struct srv_req *r);
 /* Queue r for the engine (refs +1). Returns 0, or 429 / 503 with err when
  * the queue is full or the server drains. */
 int srv_submit(struct srv *s, struct srv_req *r, char *err, size_t err_len);
