@@ -114,6 +114,16 @@ bool cli_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
   return true;
 }
 
+bool cli_parse_range(const char *s, int64_t lo, int64_t hi, int64_t *a, int64_t *b) {
+  char buf[64];
+  if (snprintf(buf, sizeof buf, "%s", s) >= (int)sizeof buf) return false;
+  char *c = strchr(buf, ':');
+  if (c) *c = 0;
+  if (!cli_parse_int(buf, lo, hi, a)) return false;
+  if (!c) return *b = *a, true;
+  return cli_parse_int(c + 1, *a, hi, b);
+}
+
 bool cli_parse_weights_format(const char *s, bool *f32) {
   if (strcmp(s, "stored") && strcmp(s, "f32")) return false;
   *f32 = !strcmp(s, "f32");

@@ -82,6 +82,8 @@ bool cli_json_has_nul(const char *text);
 #include <stdbool.h>
 #include <stdint.h>
 bool cli_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out);
+/* "A" or "A:B" (lo <= A <= B <= hi) into a and b (b = a for "A"). */
+bool cli_parse_range(const char *s, int64_t lo, int64_t hi, int64_t *a, int64_t *b);
 /* --weights-format: "stored" (false: each tensor in its stored format, the
  * default) or "f32" (true: the same values held as F32); false when s is
  * neither. */

@@ -113,16 +113,6 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static bool parse_range(const char *s, int64_t lo, int64_t hi, int64_t *a, int64_t *b) {
-  char buf[64];
-  snprintf(buf, sizeof buf, "%s", s);
-  char *c = strchr(buf, ':');
-  if (c) *c = 0;
-  if (!cli_parse_int(buf, lo, hi, a)) return false;
-  if (!c) return *b = *a, true;
-  return cli_parse_int(c + 1, *a, hi, b);
-}
-
 static bool parse_pos(const char *s, double lo, double hi, double *out) {
   char *end;
   errno = 0;
@@ -203,11 +193,11 @@ static int parse(int argc, char **argv, struct bsopts *o) {
       if (!cli_parse_int(optarg, 1, 1 << 20, &o->conc)) return cli_usage_error("bench serve", "--concurrency takes 1..1048576");
       break;
     case 'L':
-      if (!parse_range(optarg, 1, 1 << 24, &o->plen_lo, &o->plen_hi))
+      if (!cli_parse_range(optarg, 1, 1 << 24, &o->plen_lo, &o->plen_hi))
         return cli_usage_error("bench serve", "--prompt-len takes A or A:B with 1 <= A <= B");
       break;
     case 'N':
-      if (!parse_range(optarg, 1, 1 << 24, &o->new_lo, &o->new_hi))
+      if (!cli_parse_range(optarg, 1, 1 << 24, &o->new_lo, &o->new_hi))
         return cli_usage_error("bench serve", "--max-new takes A or A:B with 1 <= A <= B");
       break;
     case 'V':

@@ -97,16 +97,6 @@ struct bopts {
   bool no_cache, json, floor, weights_f32;
 };
 
-static bool parse_range(const char *s, int64_t lo, int64_t hi, int64_t *a, int64_t *b) {
-  char buf[64];
-  snprintf(buf, sizeof buf, "%s", s);
-  char *c = strchr(buf, ':');
-  if (c) *c = 0;
-  if (!cli_parse_int(buf, lo, hi, a)) return false;
-  if (!c) return *b = *a, true;
-  return cli_parse_int(c + 1, *a, hi, b);
-}
-
 static bool parse_ms(const char *s, double *out) {
   char *end;
   errno = 0;
@@ -174,11 +164,11 @@ static int parse(int argc, char **argv, struct bopts *o) {
       return cli_usage_error("serve-sim", "--requests FILE (the chat workload) runs without --max-batch; with it give "
                              "--trace FILE (arrival times, prompts, SLOs) or --num-prompts K");
     case 'l':
-      if (!parse_range(optarg, 1, 1 << 24, &o->plen_lo, &o->plen_hi))
+      if (!cli_parse_range(optarg, 1, 1 << 24, &o->plen_lo, &o->plen_hi))
         return cli_usage_error("serve-sim", "--prompt-len takes A or A:B with 1 <= A <= B (got '%s')", optarg);
       break;
     case 'm':
-      if (!parse_range(optarg, 1, 1 << 20, &o->new_lo, &o->new_hi))
+      if (!cli_parse_range(optarg, 1, 1 << 20, &o->new_lo, &o->new_hi))
         return cli_usage_error("serve-sim", "--max-new takes A or A:B with 1 <= A <= B (got '%s')", optarg);
       break;
     case 'R':

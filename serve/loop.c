@@ -112,12 +112,7 @@ static void join_batch(struct srv *s, struct srv_req *r) {
 /* Steps 1-3 of the loop. act holds the requests in the batch. */
 static void intake(struct srv *s, struct srv_req ***act, int *n_act, int *cap) {
   while (s->q_head) {
-    struct srv_req *r = s->q_head;
-    s->q_head = r->next;
-    if (!s->q_head) s->q_tail = NULL;
-    r->next = NULL;
-    s->n_queued--;
-    s->m.waiting--;
+    struct srv_req *r = srv_pop(s);
     if (r->cancel) {
       end_req(s, r, SRV_END_CANCELLED, NULL);
       continue;
@@ -233,6 +228,16 @@ void *srv_loop_main(void *arg) {
 /* For the ranks' engine thread (serve/ranks.c), which ends requests and
  * grows their text the same way. */
 void srv_end_req(struct srv *s, struct srv_req *r, enum srv_end end, const char *why) { end_req(s, r, end, why); }
+struct srv_req *srv_pop(struct srv *s) {
+  struct srv_req *r = s->q_head;
+  s->q_head = r->next;
+  if (!s->q_head) s->q_tail = NULL;
+  r->next = NULL;
+  s->n_queued--;
+  s->m.waiting--;
+  return r;
+}
+
 void srv_tout_open(struct srv *s, struct srv_req *r) {
   memset(&r->tout, 0, sizeof r->tout);
   r->tout.tok = s->text.tok;

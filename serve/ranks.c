@@ -64,12 +64,7 @@ void *srv_ranks_main(void *arg) {
       pthread_cond_timedwait(&s->loop_cv, &s->mu, &ts);
       continue;
     }
-    struct srv_req *r = s->q_head;
-    s->q_head = r->next;
-    if (!s->q_head) s->q_tail = NULL;
-    r->next = NULL;
-    s->n_queued--;
-    s->m.waiting--;
+    struct srv_req *r = srv_pop(s);
     if (r->cancel) {
       srv_end_req(s, r, SRV_END_CANCELLED, NULL);
       continue;

@@ -84,6 +84,8 @@ void *srv_loop_main(void *arg);
 void *srv_ranks_main(void *arg);
 void srv_end_req(struct srv *s, struct srv_req *r, enum srv_end end, const char *why);
 void srv_tout_open(struct srv *s, struct srv_req *r);
+/* The queue's head, taken off it (the queue is not empty). */
+struct srv_req *srv_pop(struct srv *s);
 /* Queue r for the engine (refs +1). Returns 0, or 429 / 503 with err when
  * the queue is full or the server drains. */
 int srv_submit(struct srv *s, struct srv_req *r, char *err, size_t err_len);
